@@ -1,0 +1,325 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"kvtier/chunk"
+	"kvtier/engine"
+	"kvtier/kvformat"
+	"kvtier/tier/disk"
+)
+
+// benchFlags hold `kvtier bench` options. The default chunk is one
+// Llama-3-8B chunk: 32 layers, 8 KV heads, head dim 128, bf16, 256 tokens.
+type benchFlags struct {
+	layers, heads, headDim, tokens int
+	dtype                          string
+	chunks, rounds                 int
+	dir                            string
+	skipDisk                       bool
+	json                           bool
+}
+
+// benchReport is what `kvtier bench --json` prints. Throughputs are GB/s
+// (1e9 bytes per second); each ratio divides by the baseline measured in
+// the same run.
+type benchReport struct {
+	ChunkBytes int `json:"chunk_bytes"`
+	Chunks     int `json:"chunks"`
+
+	MemcpyGBps       float64 `json:"memcpy_gbps"`
+	RAMStoreGBps     float64 `json:"ram_store_gbps"`
+	RAMRetrieveGBps  float64 `json:"ram_retrieve_gbps"`
+	RAMStoreRatio    float64 `json:"ram_store_ratio"`
+	RAMRetrieveRatio float64 `json:"ram_retrieve_ratio"`
+
+	DiskDirectIO      bool    `json:"disk_direct_io"`
+	RawWriteGBps      float64 `json:"raw_odirect_write_gbps,omitempty"`
+	RawReadGBps       float64 `json:"raw_odirect_read_gbps,omitempty"`
+	DiskWriteGBps     float64 `json:"disk_write_gbps,omitempty"`
+	DiskReadGBps      float64 `json:"disk_read_gbps,omitempty"`
+	DiskWriteRatio    float64 `json:"disk_write_ratio,omitempty"`
+	DiskReadRatio     float64 `json:"disk_read_ratio,omitempty"`
+	LookupTokens      int     `json:"lookup_tokens"`
+	LookupMeanMicros  float64 `json:"lookup_mean_us"`
+	LookupP99Micros   float64 `json:"lookup_p99_us"`
+	HashNsPerChunk    float64 `json:"hash_kvtier_ns_per_chunk"`
+	VLLMNsPerBlock    float64 `json:"hash_vllm_ns_per_block"`
+	SGLangNsPerPage   float64 `json:"hash_sglang_ns_per_page"`
+	HashChunkTokens   int     `json:"hash_chunk_tokens"`
+	VLLMBlockTokens   int     `json:"hash_vllm_block_tokens"`
+	SGLangPageTokens  int     `json:"hash_sglang_page_tokens"`
+}
+
+func benchCmd() *cobra.Command {
+	var f benchFlags
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "measure the RAM and disk tiers, lookup and hashing against same-run baselines",
+		Long: `bench measures kvtier's tiers next to a baseline measured in the same run:
+RAM-tier store and retrieve against a plain memcpy of the same bytes, disk-tier
+write and read against raw O_DIRECT sequential I/O of the same bytes in the same
+directory, the latency of Lookup for a 32,768-token prompt, and the cost of each
+hash. Machines are noisy: read the ratios, not the absolute figures.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := runBench(cmd.Context(), f, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			if f.json {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(r)
+			}
+			printBench(cmd.OutOrStdout(), r)
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.IntVar(&f.layers, "layers", 32, "model layers")
+	fl.IntVar(&f.heads, "kv-heads", 8, "KV heads")
+	fl.IntVar(&f.headDim, "head-dim", 128, "head dimension")
+	fl.IntVar(&f.tokens, "chunk-tokens", 256, "tokens per chunk")
+	fl.StringVar(&f.dtype, "dtype", "bfloat16", "KV dtype")
+	fl.IntVar(&f.chunks, "chunks", 16, "chunks per measured round")
+	fl.IntVar(&f.rounds, "rounds", 3, "measured rounds (the best is reported)")
+	fl.StringVar(&f.dir, "dir", ".kvtier-bench", "directory for the disk measurements (use a real disk: tmpfs refuses O_DIRECT)")
+	fl.BoolVar(&f.skipDisk, "skip-disk", false, "skip the disk measurements")
+	fl.BoolVar(&f.json, "json", false, "print JSON")
+	return cmd
+}
+
+func runBench(ctx context.Context, f benchFlags, progress io.Writer) (*benchReport, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if f.chunks <= 0 || f.rounds <= 0 {
+		return nil, fmt.Errorf("--chunks and --rounds must be positive")
+	}
+	dt, err := kvformat.ParseDType(f.dtype)
+	if err != nil {
+		return nil, fmt.Errorf("--dtype: %w", err)
+	}
+	chunkBytes := 2 * f.layers * f.heads * f.headDim * dt.Size() * f.tokens
+	if chunkBytes <= 0 {
+		return nil, fmt.Errorf("chunk shape gives %d bytes", chunkBytes)
+	}
+	r := &benchReport{ChunkBytes: chunkBytes, Chunks: f.chunks}
+	fmt.Fprintf(progress, "chunk %d bytes × %d chunks, best of %d rounds\n", chunkBytes, f.chunks, f.rounds)
+
+	src, err := mapBuffers(f.chunks, chunkBytes)
+	if err != nil {
+		return nil, err
+	}
+	dst, err := mapBuffers(f.chunks, chunkBytes)
+	if err != nil {
+		return nil, err
+	}
+	fillPattern(src)
+
+	fmt.Fprintln(progress, "memcpy baseline, RAM tier ...")
+	r.MemcpyGBps = bestOf(f.rounds, int64(f.chunks*chunkBytes), func() error {
+		for i := range src {
+			copy(dst[i], src[i])
+		}
+		return nil
+	})
+	if err := benchRAM(ctx, f, r, src, dst); err != nil {
+		return nil, err
+	}
+	if !f.skipDisk {
+		fmt.Fprintln(progress, "raw O_DIRECT baseline, disk tier ...")
+		if err := benchDisk(ctx, f, r, src, dst); err != nil {
+			return nil, err
+		}
+	}
+	fmt.Fprintln(progress, "lookup, hashes ...")
+	if err := benchLookup(ctx, r); err != nil {
+		return nil, err
+	}
+	benchHashes(r)
+	return r, nil
+}
+
+// mapBuffers returns n page-aligned buffers of size bytes outside the Go
+// heap, pre-faulted, like the arena's memory.
+func mapBuffers(n, size int) ([][]byte, error) {
+	bufs := make([][]byte, n)
+	for i := range bufs {
+		b, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
+		if err != nil {
+			return nil, fmt.Errorf("mmap %d bytes: %w", size, err)
+		}
+		bufs[i] = b
+	}
+	return bufs, nil
+}
+
+func fillPattern(bufs [][]byte) {
+	x := uint64(0x9E3779B97F4A7C15)
+	for _, b := range bufs {
+		for i := 0; i+8 <= len(b); i += 8 {
+			x ^= x << 13
+			x ^= x >> 7
+			x ^= x << 17
+			for j := range 8 {
+				b[i+j] = byte(x >> (8 * j))
+			}
+		}
+	}
+}
+
+// bestOf runs fn rounds times and returns the best throughput in GB/s.
+func bestOf(rounds int, bytes int64, fn func() error) float64 {
+	best := 0.0
+	for range rounds {
+		start := time.Now()
+		if err := fn(); err != nil {
+			return 0
+		}
+		if gbps := float64(bytes) / time.Since(start).Seconds() / 1e9; gbps > best {
+			best = gbps
+		}
+	}
+	return best
+}
+
+func benchTokens(n int, salt uint32) []uint32 {
+	t := make([]uint32, n)
+	for i := range t {
+		t[i] = uint32(i)*2654435761 + salt
+	}
+	return t
+}
+
+// benchRAM stores the chunks through the engine (one copy into the arena)
+// and retrieves them (one copy out), each round under fresh keys so that
+// stores are never no-ops.
+func benchRAM(ctx context.Context, f benchFlags, r *benchReport, src, dst [][]byte) error {
+	total := int64(f.chunks * r.ChunkBytes)
+	e, err := engine.Open(engine.Options{ChunkSize: f.tokens, RAMBytes: total + int64(r.ChunkBytes), Policy: "LRU", Prefault: true})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	scope := chunk.Scope{Model: "bench", WorldSize: 1, Format: f.dtype}
+	var storeErr, getErr error
+	round := uint32(0)
+	// Warm once so page faults of first touch are not measured.
+	for _, warm := range []bool{true, false} {
+		rounds := f.rounds
+		if warm {
+			rounds = 1
+		}
+		var req engine.Request
+		r.RAMStoreGBps = bestOf(rounds, total, func() error {
+			round++
+			req = engine.Request{Scope: scope, Tokens: benchTokens(f.chunks*f.tokens, round)}
+			n, err := e.Store(ctx, req, src)
+			if err == nil && n != f.chunks {
+				err = fmt.Errorf("stored %d of %d chunks", n, f.chunks)
+			}
+			storeErr = err
+			return err
+		})
+		r.RAMRetrieveGBps = bestOf(rounds, total, func() error {
+			got, err := e.Retrieve(ctx, req, dst)
+			if err == nil && got.Chunks != f.chunks {
+				err = fmt.Errorf("retrieved %d of %d chunks", got.Chunks, f.chunks)
+			}
+			getErr = err
+			return err
+		})
+	}
+	if storeErr != nil || getErr != nil {
+		return fmt.Errorf("RAM bench: store: %v, retrieve: %v", storeErr, getErr)
+	}
+	for i := range src {
+		if !slices.Equal(src[i], dst[i]) {
+			return fmt.Errorf("RAM bench: chunk %d read back different bytes", i)
+		}
+	}
+	r.RAMStoreRatio = r.RAMStoreGBps / r.MemcpyGBps
+	r.RAMRetrieveRatio = r.RAMRetrieveGBps / r.MemcpyGBps
+	return nil
+}
+
+// benchDisk measures raw O_DIRECT sequential I/O and then the disk tier's
+// Put and Get of the same buffers in the same directory.
+func benchDisk(ctx context.Context, f benchFlags, r *benchReport, src, dst [][]byte) error {
+	if err := os.MkdirAll(f.dir, 0o755); err != nil {
+		return err
+	}
+	rawDir, err := os.MkdirTemp(f.dir, "raw-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(rawDir)
+	tierDir, err := os.MkdirTemp(f.dir, "tier-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tierDir)
+
+	total := int64(f.chunks * r.ChunkBytes)
+	r.RawWriteGBps, r.RawReadGBps, err = rawDirect(filepath.Join(rawDir, "raw"), src, f.rounds)
+	if err != nil {
+		return fmt.Errorf("raw O_DIRECT baseline in %s: %w", f.dir, err)
+	}
+	d, err := disk.Open(tierDir, disk.Options{Capacity: 2*total + 64<<20})
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	r.DiskDirectIO = d.DirectIO()
+	var failed error
+	round := uint32(0)
+	r.DiskWriteGBps = bestOf(f.rounds, total, func() error {
+		round++
+		for i := range src {
+			if err := d.Put(ctx, benchKey(round, i), src[i]); err != nil {
+				failed = err
+				return err
+			}
+		}
+		return nil
+	})
+	r.DiskReadGBps = bestOf(f.rounds, total, func() error {
+		for i := range dst {
+			if _, err := d.Get(ctx, benchKey(round, i), dst[i]); err != nil {
+				failed = err
+				return err
+			}
+		}
+		return nil
+	})
+	if failed != nil {
+		return fmt.Errorf("disk bench: %w", failed)
+	}
+	for i := range src {
+		if !slices.Equal(src[i], dst[i]) {
+			return fmt.Errorf("disk bench: chunk %d read back different bytes", i)
+		}
+	}
+	r.DiskWriteRatio = r.DiskWriteGBps / r.RawWriteGBps
+	r.DiskReadRatio = r.DiskReadGBps / r.RawReadGBps
+	return nil
+}
+
+func benchKey(round uint32, i int) chunk.Key {
+	var k chunk.Key
+	k.Scope = 0xbe4c
+	k.Hash[0], k.Hash[1], k.Hash[2] = byte(round), byte(i), byte(i>>8)
+	return k
+}

@@ -1,0 +1,47 @@
+// Command kvtier is kvtier's single binary. This release has the offline
+// tools: `bench` measures the tiers against raw baselines in one run and
+// `replay` drives a request trace through the real engine. The node
+// daemon (`serve`) and the controller come in later releases.
+package main
+
+import (
+	"fmt"
+	"os"
+	"runtime/debug"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	root := &cobra.Command{
+		Use:           "kvtier",
+		Short:         "kvtier: a tiered KV-cache layer for LLM serving",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(benchCmd(), replayCmd(), versionCmd())
+	if err := root.Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "kvtier:", err)
+		os.Exit(1)
+	}
+}
+
+func versionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "print the version",
+		Args:  cobra.NoArgs,
+		Run: func(cmd *cobra.Command, _ []string) {
+			v := "(devel)"
+			if bi, ok := debug.ReadBuildInfo(); ok {
+				v = bi.Main.Version
+				for _, s := range bi.Settings {
+					if s.Key == "vcs.revision" {
+						v += " " + s.Value
+					}
+				}
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), "kvtier", v)
+		},
+	}
+}

@@ -1,0 +1,165 @@
+// Package config holds kvtier's configuration: a YAML file overlaid with
+// KVTIER_<KEY> environment variables.
+//
+// Key names follow LMCache's wherever the meaning is the same, so an LMCache
+// user can hand kvtier the file they already have (LMCACHE_CONFIG_FILE is
+// honoured too). LMCache options kvtier has no equivalent for yet are accepted
+// only while they hold LMCache's default: a file that relies on blending or
+// PD disaggregation fails loudly instead of silently losing the feature.
+//
+// Loading is strict, because a typo in a cache configuration does not crash
+// anything — it just quietly makes the cache smaller, slower or absent.
+// Unknown keys, keys given twice, values of the wrong type, bad values and
+// KVTIER_ variables that match no key are all errors, reported together.
+// Each is a *KeyError naming the key and where its value came from
+// (file:line or the variable); only unreadable files and malformed YAML
+// produce other errors.
+//
+// The flow is: defaults → file → environment → normalise → validate.
+// A null value in the file means "keep the default".
+package config
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Config is the effective configuration. Field order is the order of
+// String() and of docs/configuration.md.
+type Config struct {
+	// ChunkSize is the number of tokens per chunk (LMCache chunk_size).
+	ChunkSize int `yaml:"chunk_size"`
+
+	// LocalCPU enables the RAM tier; MaxLocalCPUSize is its size in GB as
+	// LMCache counts them (GiB, 1<<30 bytes). See LocalCPUBytes.
+	LocalCPU        bool    `yaml:"local_cpu"`
+	MaxLocalCPUSize float64 `yaml:"max_local_cpu_size"`
+
+	// LocalDisk is the directory of the disk tier, "" when disabled. The file
+	// may write it as LMCache does ("file:///path"); after loading it is a
+	// clean absolute path. MaxLocalDiskSize is in GiB like MaxLocalCPUSize.
+	LocalDisk        string  `yaml:"local_disk"`
+	MaxLocalDiskSize float64 `yaml:"max_local_disk_size"`
+
+	// RemoteURL selects the remote tier by scheme, "" when disabled.
+	// RemoteSerde is the chunk encoding used there; LMCache's "naive" is
+	// loaded as "raw".
+	RemoteURL   string `yaml:"remote_url"`
+	RemoteSerde string `yaml:"remote_serde"`
+
+	// CachePolicy names the eviction policy, in upper case after loading.
+	CachePolicy string `yaml:"cache_policy"`
+
+	// SaveUnfullChunk stores a prompt's last, partial chunk too;
+	// SaveDecodeCache stores KV produced while decoding, not only prefill.
+	SaveUnfullChunk bool `yaml:"save_unfull_chunk"`
+	SaveDecodeCache bool `yaml:"save_decode_cache"`
+
+	// Namespace is mixed into every chunk key, so tenants never share KV.
+	Namespace string `yaml:"namespace"`
+
+	// DataDir is where the daemon keeps state that is not cache content.
+	DataDir string `yaml:"data_dir"`
+
+	// DiskDirectIO is auto, on or off: whether the disk tier bypasses the
+	// page cache with O_DIRECT. auto uses it where the filesystem allows.
+	DiskDirectIO string `yaml:"disk_direct_io"`
+	// DiskSegmentSize is the size of one log segment of the disk tier.
+	DiskSegmentSize Size `yaml:"disk_segment_size"`
+
+	// WriteQueueDepth bounds the writes queued for each tier below RAM.
+	WriteQueueDepth int `yaml:"write_queue_depth"`
+	// WriteWait is the longest a store blocks on a full lower-tier queue
+	// before that tier's copy is dropped. Zero never blocks.
+	WriteWait time.Duration `yaml:"write_wait"`
+	// LeaseTTL is how long a pin protects a chunk from eviction unless renewed.
+	LeaseTTL time.Duration `yaml:"lease_ttl"`
+
+	// Hugepages backs the RAM arena with huge pages (LMCache's
+	// local_cpu_use_hugepages is accepted as a synonym); Prefault touches
+	// every page at start so the first requests do not pay for page faults.
+	Hugepages bool `yaml:"hugepages"`
+	Prefault  bool `yaml:"prefault"`
+
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `yaml:"log_level"`
+
+	// ExtraConfig is LMCache's free-form extra_config, kept as read.
+	ExtraConfig map[string]any `yaml:"extra_config,omitempty"`
+}
+
+// Enumerated values, in the order error messages list them.
+var (
+	cachePolicies = []string{"LRU", "LFU", "FIFO", "MRU", "S3FIFO", "ARC"}
+	remoteSerdes  = []string{"raw", "naive", "zstd", "lz4", "fp8", "int8"}
+	directIOModes = []string{"auto", "on", "off"}
+	logLevels     = []string{"debug", "info", "warn", "error"}
+)
+
+// Default returns the built-in defaults. DataDir depends on the user, see
+// docs/configuration.md.
+func Default() Config { return defaults(os.Getenv, os.Geteuid()) }
+
+func defaults(getenv func(string) string, euid int) Config {
+	return Config{
+		ChunkSize:        256,
+		LocalCPU:         true,
+		MaxLocalCPUSize:  5.0,
+		MaxLocalDiskSize: 0,
+		RemoteSerde:      "raw",
+		CachePolicy:      "LRU",
+		DataDir:          defaultDataDir(getenv, euid),
+		DiskDirectIO:     "auto",
+		DiskSegmentSize:  256 * MiB,
+		WriteQueueDepth:  64,
+		WriteWait:        5 * time.Millisecond,
+		LeaseTTL:         10 * time.Second,
+		LogLevel:         "info",
+	}
+}
+
+// defaultDataDir is /var/lib/kvtier for root (a system daemon) and the XDG
+// state directory for anyone else, who could not write to /var/lib.
+func defaultDataDir(getenv func(string) string, euid int) string {
+	const system = "/var/lib/kvtier"
+	if euid == 0 {
+		return system
+	}
+	if d := getenv("XDG_STATE_HOME"); filepath.IsAbs(d) {
+		return filepath.Join(d, "kvtier")
+	}
+	if h := getenv("HOME"); filepath.IsAbs(h) {
+		return filepath.Join(h, ".local", "state", "kvtier")
+	}
+	return system
+}
+
+// LocalCPUBytes is MaxLocalCPUSize in bytes, truncated as LMCache does.
+func (c Config) LocalCPUBytes() Size { return gibToBytes(c.MaxLocalCPUSize) }
+
+// LocalDiskBytes is MaxLocalDiskSize in bytes, truncated as LMCache does.
+func (c Config) LocalDiskBytes() Size { return gibToBytes(c.MaxLocalDiskSize) }
+
+func gibToBytes(gib float64) Size { return Size(gib * float64(GiB)) }
+
+// String returns the effective configuration as YAML with secrets hidden,
+// so that logging a Config never leaks a password.
+func (c Config) String() string {
+	var b strings.Builder
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	err := enc.Encode(c.Redacted())
+	if err == nil {
+		err = enc.Close()
+	}
+	if err != nil {
+		// Only a value put into ExtraConfig by hand can fail to encode.
+		return fmt.Sprintf("config: cannot render: %v", err)
+	}
+	return b.String()
+}

@@ -1,0 +1,51 @@
+package config
+
+import (
+	"bytes"
+	"os"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+)
+
+// FuzzParse feeds arbitrary bytes to the YAML loader. It must never panic,
+// and whatever it accepts must marshal to a document it accepts again with
+// the same meaning (compared as marshalled text, which also copes with NaN
+// inside extra_config).
+func FuzzParse(f *testing.F) {
+	for _, p := range []string{"testdata/lmcache.yaml", "testdata/lmcache_pd.yaml"} {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
+	for _, s := range []string{
+		"", "~", "- 1", "chunk_size: 1.5", "a: &x [*x]", "chunk_size: 1\nchunk_size: 2",
+		"extra_config: {a: [1, {b: .nan}]}", "disk_segment_size: 1.5GiB\nwrite_wait: 1ms",
+		"local_disk: file:///x\nmax_local_disk_size: .inf", "? [a]\n: 1", "<<: {chunk_size: 3}",
+		"remote_url: 'redis://u:p@h:1?token=x'\nlocal_cpu_use_hugepages: on",
+		"chunk_size: 1\n---\n", "extra_config: !!binary aGVsbG8=", "namespace: !!str 12",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := Parse(data, "fuzz.yaml")
+		if err != nil {
+			return
+		}
+		out, err := yaml.Marshal(c)
+		if err != nil {
+			t.Fatalf("accepted config does not marshal: %v", err)
+		}
+		again, err := Parse(out, "marshalled.yaml")
+		if err != nil {
+			t.Fatalf("marshalled config is rejected: %v\ninput: %q\nmarshalled:\n%s", err, data, out)
+		}
+		out2, err := yaml.Marshal(again)
+		if err != nil || !bytes.Equal(out, out2) {
+			t.Fatalf("round trip changed the config:\n%s\n---\n%s", out, out2)
+		}
+		_ = c.String()
+	})
+}

@@ -1,0 +1,303 @@
+package config
+
+import (
+	"fmt"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// kvtier's own keys come from Config's yaml tags, so the struct is the one
+// list of what kvtier understands; the tables below only add LMCache names.
+
+var (
+	keyOrder   = orderedKeys()         // keys in struct order
+	fieldIndex = indexFields(keyOrder) // key → index of the Config field
+)
+
+func indexFields(keys []string) map[string]int {
+	m := make(map[string]int, len(keys))
+	for i, k := range keys {
+		m[k] = i
+	}
+	return m
+}
+
+func orderedKeys() []string {
+	t := reflect.TypeFor[Config]()
+	keys := make([]string, t.NumField())
+	for i := range keys {
+		keys[i] = tagName(t.Field(i))
+	}
+	return keys
+}
+
+func tagName(f reflect.StructField) string {
+	name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+	return name
+}
+
+// synonyms maps LMCache key names to the kvtier key that means the same.
+var synonyms = map[string]string{
+	"local_cpu_use_hugepages": "hugepages",
+}
+
+// lmcacheOnly lists LMCache options kvtier recognises but does not
+// implement, each with LMCache's default (nil stands for Python's None).
+// Taken from lmcache/v1/config.py at LMCache commit 000620e3, including the
+// deprecated names LMCache still maps onto them. A file may carry these
+// keys, but only with their default: anything else would be silently
+// ignored, which is worse than an error.
+var lmcacheOnly = map[string]any{
+	// Layerwise pipelining.
+	"use_layerwise": false,
+	// CacheBlend.
+	"enable_blending":        false,
+	"blend_special_str":      " # # ",
+	"blend_recompute_ratios": nil,
+	"blend_thresholds":       nil,
+	"blend_check_layers":     nil,
+	"blend_min_tokens":       256,
+	// P2P sharing between engine instances.
+	"enable_p2p":       false,
+	"p2p_host":         nil,
+	"p2p_init_ports":   nil,
+	"p2p_lookup_ports": nil,
+	"transfer_channel": nil,
+	// LMCache controller.
+	"enable_controller":    false,
+	"lmcache_instance_id":  nil,
+	"controller_pull_url":  nil,
+	"controller_reply_url": nil,
+	"controller_url":       nil, // deprecated name of controller_pull_url
+	"lmcache_worker_ports": nil,
+	"lmcache_worker_ids":   nil,
+	// Prefill/decode disaggregation.
+	"enable_pd":           false,
+	"pd_role":             nil,
+	"pd_buffer_size":      nil,
+	"pd_buffer_device":    nil,
+	"pd_peer_host":        nil,
+	"pd_peer_init_port":   nil,
+	"pd_peer_alloc_port":  nil,
+	"pd_proxy_host":       nil,
+	"pd_proxy_port":       nil,
+	"enable_xpyd":         false, // deprecated name of enable_pd
+	"nixl_role":           nil,   // deprecated name of pd_role
+	"nixl_peer_host":      nil,
+	"nixl_peer_init_port": nil,
+	"nixl_proxy_host":     nil,
+	"nixl_proxy_port":     nil,
+	"nixl_buffer_size":    nil,
+	"nixl_buffer_device":  nil,
+}
+
+// allKeyNames is every name a file may use, sorted so that typo
+// suggestions are deterministic.
+var allKeyNames = sortedKeyNames()
+
+func sortedKeyNames() []string {
+	names := slices.Clone(keyOrder)
+	for k := range synonyms {
+		names = append(names, k)
+	}
+	for k := range lmcacheOnly {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// holdsDefault reports whether a decoded YAML value leaves an LMCache-only
+// option at its default. Empty strings and lists count as unset.
+func holdsDefault(v, def any) bool {
+	switch x := v.(type) {
+	case nil:
+		return true
+	case string:
+		return x == "" || x == def
+	case []any:
+		return len(x) == 0
+	case map[string]any:
+		return len(x) == 0
+	}
+	return v == def // def is never a map or slice, so this cannot panic
+}
+
+// envHoldsDefault is holdsDefault for an environment value.
+func envHoldsDefault(s string, def any) bool {
+	switch d := def.(type) {
+	case bool:
+		b, err := parseBool(s)
+		return err == nil && b == d
+	case int:
+		i, err := strconv.Atoi(strings.TrimSpace(s))
+		return err == nil && i == d
+	case string:
+		return s == "" || s == d
+	}
+	return s == ""
+}
+
+var (
+	durationType = reflect.TypeFor[time.Duration]()
+	sizeType     = reflect.TypeFor[Size]()
+)
+
+// decodeField decodes a YAML value into one Config field. It checks kinds
+// itself rather than passing yaml.v3's messages on, so every error reads
+// "want X, got Y".
+func decodeField(dst reflect.Value, n *yaml.Node) error {
+	switch dst.Type() {
+	case durationType:
+		if n.Kind != yaml.ScalarNode {
+			return wantError(dst.Type(), n)
+		}
+		d, err := time.ParseDuration(n.Value)
+		if err != nil {
+			return fmt.Errorf("want %s: %w", want(dst.Type()), err)
+		}
+		dst.SetInt(int64(d))
+		return nil
+	case sizeType:
+		var s Size
+		if err := s.UnmarshalYAML(n); err != nil {
+			return err
+		}
+		dst.SetInt(int64(s))
+		return nil
+	}
+	if n.Kind != yaml.ScalarNode && dst.Kind() != reflect.Map {
+		return wantError(dst.Type(), n)
+	}
+	// yaml.v3 would truncate 1.5 into an int; a chunk size is never fractional.
+	if dst.Kind() == reflect.Int && n.ShortTag() != "!!int" {
+		return wantError(dst.Type(), n)
+	}
+	v := reflect.New(dst.Type())
+	if err := n.Decode(v.Interface()); err != nil {
+		return wantError(dst.Type(), n)
+	}
+	dst.Set(v.Elem())
+	return nil
+}
+
+// parseField parses an environment value into one Config field.
+func parseField(dst reflect.Value, s string) error {
+	switch dst.Type() {
+	case durationType:
+		d, err := time.ParseDuration(strings.TrimSpace(s))
+		if err != nil {
+			return fmt.Errorf("want %s: %w", want(dst.Type()), err)
+		}
+		dst.SetInt(int64(d))
+		return nil
+	case sizeType:
+		v, err := ParseSize(s)
+		if err != nil {
+			return err
+		}
+		dst.SetInt(int64(v))
+		return nil
+	}
+	bad := fmt.Errorf("want %s, got %q", want(dst.Type()), clip(s))
+	switch dst.Kind() {
+	case reflect.Bool:
+		b, err := parseBool(s)
+		if err != nil {
+			return bad
+		}
+		dst.SetBool(b)
+	case reflect.Int:
+		i, err := strconv.ParseInt(strings.TrimSpace(s), 10, 0)
+		if err != nil {
+			return bad
+		}
+		dst.SetInt(i)
+	case reflect.Float64:
+		f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+		if err != nil {
+			return bad
+		}
+		dst.SetFloat(f)
+	case reflect.String:
+		dst.SetString(s)
+	case reflect.Map:
+		// JSON, as LMCache takes it, is also YAML flow syntax.
+		m := reflect.New(dst.Type())
+		if strings.TrimSpace(s) != "" {
+			if err := yaml.Unmarshal([]byte(s), m.Interface()); err != nil {
+				return bad
+			}
+		}
+		dst.Set(m.Elem())
+	default:
+		return fmt.Errorf("internal: no environment parser for %s", dst.Type())
+	}
+	return nil
+}
+
+// parseBool accepts what LMCache's environment parsing accepts.
+func parseBool(s string) (bool, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "true", "1":
+		return true, nil
+	case "false", "0":
+		return false, nil
+	}
+	return false, fmt.Errorf("want true, false, 1 or 0, got %q", clip(s))
+}
+
+func want(t reflect.Type) string {
+	switch t {
+	case durationType:
+		return "a duration such as 5ms or 10s"
+	case sizeType:
+		return `a size such as "512MiB"`
+	}
+	switch t.Kind() {
+	case reflect.Int:
+		return "an integer"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Float64:
+		return "a number"
+	case reflect.String:
+		return "a string"
+	case reflect.Map:
+		return "a mapping"
+	}
+	return t.String()
+}
+
+func wantError(t reflect.Type, n *yaml.Node) error {
+	return fmt.Errorf("want %s, got %s", want(t), describe(n))
+}
+
+// describe names a YAML value for an error message.
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.ScalarNode:
+		return strconv.Quote(clip(n.Value))
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.AliasNode:
+		return "an alias"
+	}
+	return "nothing"
+}
+
+// clip keeps error messages readable when the value is huge.
+func clip(s string) string {
+	const max = 60
+	if len(s) <= max {
+		return s
+	}
+	return s[:max] + "…"
+}

@@ -1,0 +1,53 @@
+package config
+
+import (
+	"reflect"
+	"testing"
+)
+
+func TestRedactURL(t *testing.T) {
+	cases := map[string]string{
+		"":                                     "",
+		"redis://cache:6379":                   "redis://cache:6379",
+		"redis://:hunter2@cache:6379/0":        "redis://:REDACTED@cache:6379/0",
+		"redis://app:hunter2@cache:6379":       "redis://app:REDACTED@cache:6379",
+		"https://ghp_token123@host/x":          "https://REDACTED@host/x",
+		"s3://bucket/p?region=us&secret_key=k": "s3://bucket/p?region=us&secret_key=REDACTED",
+		"s3://b?AccessKeyId=A&X-Amz-Signature=s&token=t&x=1": "s3://b?AccessKeyId=REDACTED&X-Amz-Signature=REDACTED&token=REDACTED&x=1",
+		"redis://h?password=p%40ss":                          "redis://h?password=REDACTED",
+		"redis://h?pass%77ord=x":                             "redis://h?password=REDACTED", // escaped names are seen through
+		"lm://localhost:65432?keyless=1":                     "lm://localhost:65432?keyless=1",
+		"redis://a:b@h:port":                                 "REDACTED", // unparseable: hide it all
+	}
+	for in, want := range cases {
+		if got := redactURL(in); got != want {
+			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestRedactedConfig(t *testing.T) {
+	c := Default()
+	c.RemoteURL = "redis://u:pw@h:1"
+	c.ExtraConfig = map[string]any{
+		"s3_access_key": "AKIA",
+		"aws":           map[string]any{"SecretAccessKey": "s", "region": "eu"},
+		"endpoints":     []any{"redis://x:pw2@h", 3},
+		"chunk_meta":    true,
+	}
+	r := c.Redacted()
+	want := map[string]any{
+		"s3_access_key": "REDACTED",
+		"aws":           map[string]any{"SecretAccessKey": "REDACTED", "region": "eu"},
+		"endpoints":     []any{"redis://x:REDACTED@h", 3},
+		"chunk_meta":    true,
+	}
+	if r.RemoteURL != "redis://u:REDACTED@h:1" || !reflect.DeepEqual(r.ExtraConfig, want) {
+		t.Errorf("Redacted() = %q %#v", r.RemoteURL, r.ExtraConfig)
+	}
+	// The original is untouched, nested maps included.
+	if c.RemoteURL != "redis://u:pw@h:1" || c.ExtraConfig["aws"].(map[string]any)["SecretAccessKey"] != "s" ||
+		c.ExtraConfig["endpoints"].([]any)[0] != "redis://x:pw2@h" {
+		t.Errorf("Redacted modified its receiver: %#v", c.ExtraConfig)
+	}
+}

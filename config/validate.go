@@ -1,0 +1,158 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/url"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// Bounds that no sensible configuration comes near; they exist so that a
+// stray digit fails at load time rather than in an allocation.
+const (
+	maxChunkSize       = 1 << 20
+	maxGiB             = 1 << 20 // 1 PiB of RAM or disk
+	maxWriteQueueDepth = 1 << 20
+	minSegmentSize     = MiB
+	segmentAlign       = 4 * KiB // O_DIRECT needs block-aligned segments
+)
+
+// Validate reports every invalid value, each as a *KeyError joined with
+// errors.Join. It checks a normalised copy, so spellings Load would accept
+// ("lru", "file:///x") are valid here too.
+func (c Config) Validate() error {
+	var errs []error
+	if err := c.normalize(); err != nil {
+		errs = append(errs, err)
+	}
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, &KeyError{Key: key, Err: fmt.Errorf(format, args...)})
+	}
+
+	if c.ChunkSize < 1 || c.ChunkSize > maxChunkSize {
+		bad("chunk_size", "want 1 to %d tokens, got %d", maxChunkSize, c.ChunkSize)
+	}
+	if err := checkGiB(c.MaxLocalCPUSize, c.LocalCPU, "local_cpu is true"); err != nil {
+		bad("max_local_cpu_size", "%w", err)
+	}
+	if err := checkGiB(c.MaxLocalDiskSize, c.LocalDisk != "", "local_disk is set"); err != nil {
+		bad("max_local_disk_size", "%w", err)
+	}
+	if c.RemoteURL != "" {
+		if err := checkURL(c.RemoteURL); err != nil {
+			bad("remote_url", "%w", err)
+		}
+	}
+	switch {
+	case c.RemoteSerde == "cachegen":
+		bad("remote_serde", "%q %w", c.RemoteSerde, ErrUnsupported)
+	case !slices.Contains(remoteSerdes, c.RemoteSerde):
+		bad("remote_serde", "%w", oneOf(c.RemoteSerde, remoteSerdes))
+	}
+	if !slices.Contains(cachePolicies, c.CachePolicy) {
+		bad("cache_policy", "%w", oneOf(c.CachePolicy, cachePolicies))
+	}
+	if !filepath.IsAbs(c.DataDir) {
+		bad("data_dir", "want an absolute path, got %q", c.DataDir)
+	}
+	if !slices.Contains(directIOModes, c.DiskDirectIO) {
+		bad("disk_direct_io", "%w", oneOf(c.DiskDirectIO, directIOModes))
+	}
+	if c.DiskSegmentSize < minSegmentSize || c.DiskSegmentSize%segmentAlign != 0 {
+		bad("disk_segment_size", "want at least %v and a multiple of %v, got %v",
+			minSegmentSize, segmentAlign, c.DiskSegmentSize)
+	}
+	if c.WriteQueueDepth < 1 || c.WriteQueueDepth > maxWriteQueueDepth {
+		bad("write_queue_depth", "want 1 to %d, got %d", maxWriteQueueDepth, c.WriteQueueDepth)
+	}
+	if c.WriteWait < 0 {
+		bad("write_wait", "want 0 or more, got %v", c.WriteWait)
+	}
+	if c.LeaseTTL <= 0 {
+		bad("lease_ttl", "want more than 0, got %v", c.LeaseTTL)
+	}
+	if !slices.Contains(logLevels, c.LogLevel) {
+		bad("log_level", "%w", oneOf(c.LogLevel, logLevels))
+	}
+	return errors.Join(errs...)
+}
+
+// normalize rewrites accepted spellings into the one form the rest of
+// kvtier reads. Only local_disk can be unparseable.
+func (c *Config) normalize() error {
+	c.CachePolicy = strings.ToUpper(strings.TrimSpace(c.CachePolicy))
+	c.RemoteSerde = strings.ToLower(strings.TrimSpace(c.RemoteSerde))
+	if c.RemoteSerde == "naive" { // LMCache's name for the raw encoding
+		c.RemoteSerde = "raw"
+	}
+	c.DiskDirectIO = strings.ToLower(strings.TrimSpace(c.DiskDirectIO))
+	c.LogLevel = strings.ToLower(strings.TrimSpace(c.LogLevel))
+	if c.LogLevel == "warning" { // Python's name, for LMCache users
+		c.LogLevel = "warn"
+	}
+	p, err := diskPath(c.LocalDisk)
+	if err != nil {
+		return &KeyError{Key: "local_disk", Err: err}
+	}
+	c.LocalDisk = p
+	return nil
+}
+
+// diskPath turns LMCache's "file:///path" or a plain absolute path into a
+// clean absolute path. Like LMCache it strips "file://" textually, so
+// "file://cache/" means the relative path "cache/", which is refused: a
+// daemon's working directory is no place for a cache.
+func diskPath(s string) (string, error) {
+	if s == "" {
+		return "", nil
+	}
+	p, isFileURL := strings.CutPrefix(s, "file://")
+	if !isFileURL {
+		if i := strings.Index(s, "://"); i > 0 {
+			return "", fmt.Errorf("want file:///path or an absolute path, got scheme %q", s[:i])
+		}
+	}
+	if !filepath.IsAbs(p) {
+		return "", fmt.Errorf("want an absolute path such as /var/cache/kvtier or file:///var/cache/kvtier, got %q", clip(s))
+	}
+	return filepath.Clean(p), nil
+}
+
+// checkGiB checks a size in LMCache's GB; it must be above zero when the
+// tier it sizes is enabled (why says when that is).
+func checkGiB(gib float64, needed bool, why string) error {
+	switch {
+	case math.IsNaN(gib) || gib < 0 || gib > maxGiB:
+		return fmt.Errorf("want 0 to %d (GB), got %v", maxGiB, gib)
+	case needed && gib == 0:
+		return fmt.Errorf("want more than 0 (GB) when %s", why)
+	}
+	return nil
+}
+
+// checkURL accepts any scheme: the remote tier registry knows which exist.
+// Messages show the URL redacted, since it may carry a password.
+func checkURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // url.Error repeats the whole URL, password included
+		}
+		return fmt.Errorf("want a URL such as redis://host:6379: %w", err)
+	}
+	switch {
+	case u.Scheme == "":
+		return fmt.Errorf("want a URL with a scheme, such as redis://host:6379, got %q", redactURL(s))
+	case u.Opaque != "":
+		// "localhost:6379" parses as scheme "localhost" with an opaque rest,
+		// and so does "user:password@host": do not echo the rest.
+		return fmt.Errorf("want scheme://host or scheme:///path, got %q followed by no \"//\"", u.Scheme+":")
+	case u.Host == "" && u.Path == "":
+		return fmt.Errorf("want scheme://host or scheme:///path, got %q", redactURL(s))
+	}
+	return nil
+}

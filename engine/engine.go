@@ -1,0 +1,209 @@
+// Package engine is the API the daemon, the bench and the tests use to
+// cache KV by tokens: Lookup says how much of a prompt's prefix is cached
+// (and in which tier), Store saves chunk bytes, Retrieve returns them, and
+// Prefetch pulls a prefix up into RAM ahead of use. It turns tokens into
+// chunk keys (package chunk) and delegates storage to a tier.Manager.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"kvtier/arena"
+	"kvtier/chunk"
+	"kvtier/tier"
+)
+
+// Request names the tokens an operation is about.
+type Request struct {
+	Scope  chunk.Scope // model, parallel layout, KV format and namespace
+	Tokens []uint32    // the whole prompt, from its first token
+	// Skip is how many leading tokens the caller already holds (on the GPU);
+	// they are neither stored nor retrieved. A multiple of the chunk size.
+	Skip int
+}
+
+// Hit describes a cached prefix.
+type Hit struct {
+	Tokens int // prefix tokens available, counted from the prompt's start
+	Chunks int // chunks covering them
+	// ByTier[i] is how many of those tokens tier i (0 = RAM) would serve.
+	ByTier [tier.MaxTiers]int
+}
+
+// Engine caches KV chunks by token prefix. Safe for concurrent use.
+type Engine struct {
+	chunkSize  int
+	saveUnfull bool
+	mgr        *tier.Manager
+	arena      *arena.Arena // owned when opened by Open
+	namespace  string       // applied to requests that name none
+	log        *slog.Logger
+
+	mu       sync.RWMutex
+	chunkers map[chunk.Scope]*chunk.Chunker
+
+	keyPool sync.Pool // *[]chunk.Key
+}
+
+// New returns an engine over mgr that cuts prompts into chunks of
+// chunkSize tokens, keeping a trailing partial chunk when saveUnfull.
+func New(mgr *tier.Manager, chunkSize int, saveUnfull bool, log *slog.Logger) (*Engine, error) {
+	if chunkSize <= 0 {
+		return nil, fmt.Errorf("engine: chunk size %d must be positive", chunkSize)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Engine{chunkSize: chunkSize, saveUnfull: saveUnfull, mgr: mgr, log: log,
+		chunkers: make(map[chunk.Scope]*chunk.Chunker)}, nil
+}
+
+// ChunkSize returns the number of tokens per chunk.
+func (e *Engine) ChunkSize() int { return e.chunkSize }
+
+// Manager returns the tier manager behind the engine.
+func (e *Engine) Manager() *tier.Manager { return e.mgr }
+
+// Arena returns the RAM tier's arena.
+func (e *Engine) Arena() *arena.Arena { return e.mgr.RAM().Arena() }
+
+// Chunker returns the (cached) chunker of scope.
+func (e *Engine) Chunker(scope chunk.Scope) (*chunk.Chunker, error) {
+	e.mu.RLock()
+	c, ok := e.chunkers[scope]
+	e.mu.RUnlock()
+	if ok {
+		return c, nil
+	}
+	c, err := chunk.NewChunker(scope, e.chunkSize, e.saveUnfull)
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	e.mu.Lock()
+	if prev, ok := e.chunkers[scope]; ok {
+		c = prev
+	} else {
+		e.chunkers[scope] = c
+	}
+	e.mu.Unlock()
+	return c, nil
+}
+
+// keys computes the request's chunk keys into a pooled buffer and returns
+// it with the chunker and the index of the first chunk after Skip. The
+// caller returns the buffer with e.putKeys.
+func (e *Engine) keys(r Request) (*chunk.Chunker, *[]chunk.Key, int, error) {
+	if r.Scope.Namespace == "" {
+		r.Scope.Namespace = e.namespace
+	}
+	c, err := e.Chunker(r.Scope)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	first, err := c.FirstChunk(r.Skip, len(r.Tokens))
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("engine: %w", err)
+	}
+	kp, _ := e.keyPool.Get().(*[]chunk.Key)
+	if kp == nil {
+		kp = new([]chunk.Key)
+	}
+	*kp = c.Keys((*kp)[:0], r.Tokens)
+	return c, kp, first, nil
+}
+
+func (e *Engine) putKeys(kp *[]chunk.Key) { e.keyPool.Put(kp) }
+
+// tokensThrough returns how many tokens chunks [0, n) cover.
+func tokensThrough(c *chunk.Chunker, n, numTokens int) int {
+	if n == 0 {
+		return 0
+	}
+	_, end := c.Bounds(n-1, numTokens)
+	return end
+}
+
+// Lookup returns the longest cached prefix of the prompt.
+func (e *Engine) Lookup(r Request) (Hit, error) {
+	c, kp, _, err := e.keys(r)
+	if err != nil {
+		return Hit{}, err
+	}
+	defer e.putKeys(kp)
+	n, byChunks := e.mgr.Lookup(*kp)
+	h := Hit{Chunks: n, Tokens: tokensThrough(c, n, len(r.Tokens))}
+	done := 0
+	for i, cnt := range byChunks {
+		if cnt == 0 {
+			continue
+		}
+		h.ByTier[i] = tokensThrough(c, done+cnt, len(r.Tokens)) - tokensThrough(c, done, len(r.Tokens))
+		done += cnt
+	}
+	return h, nil
+}
+
+// Store saves the chunks after r.Skip: chunks[j] holds the KV bytes of
+// chunk FirstChunk+j. It returns how many chunks were stored.
+func (e *Engine) Store(ctx context.Context, r Request, chunks [][]byte) (int, error) {
+	_, kp, first, err := e.keys(r)
+	if err != nil {
+		return 0, err
+	}
+	defer e.putKeys(kp)
+	keys := (*kp)[first:]
+	if len(chunks) > len(keys) {
+		return 0, fmt.Errorf("engine: %d chunk buffers for %d chunks after skip", len(chunks), len(keys))
+	}
+	return e.mgr.Store(ctx, keys[:len(chunks)], chunks)
+}
+
+// Retrieved says what Retrieve returned.
+type Retrieved struct {
+	Chunks int // leading chunks after Skip copied into dst
+	Tokens int // tokens they cover
+}
+
+// Retrieve copies the cached chunks after r.Skip into dst, in order,
+// stopping at the first chunk that is not cached (the hit mask is always a
+// prefix). dst[j] is resliced to chunk j's length.
+func (e *Engine) Retrieve(ctx context.Context, r Request, dst [][]byte) (Retrieved, error) {
+	c, kp, first, err := e.keys(r)
+	if err != nil {
+		return Retrieved{}, err
+	}
+	defer e.putKeys(kp)
+	keys := (*kp)[first:]
+	if len(dst) < len(keys) {
+		keys = keys[:len(dst)]
+	}
+	n, err := e.mgr.Retrieve(ctx, keys, dst)
+	got := Retrieved{Chunks: n}
+	if n > 0 {
+		got.Tokens = tokensThrough(c, first+n, len(r.Tokens)) - r.Skip
+	}
+	return got, err
+}
+
+// Prefetch asks for the prompt's chunks after r.Skip to be promoted into
+// RAM in the background. It never blocks and reports whether it was queued.
+func (e *Engine) Prefetch(r Request) (bool, error) {
+	_, kp, first, err := e.keys(r)
+	if err != nil {
+		return false, err
+	}
+	defer e.putKeys(kp)
+	return e.mgr.Prefetch((*kp)[first:]), nil
+}
+
+// Close closes the manager and its tiers, and the arena if Open made it.
+func (e *Engine) Close() error {
+	if e.mgr == nil {
+		return errors.New("engine: not open")
+	}
+	return e.closeAll()
+}

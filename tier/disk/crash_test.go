@@ -1,0 +1,184 @@
+package disk
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// The crash test re-executes this test binary as a child that stores chunks
+// and reports each acknowledged Put and Remove on stdout; the parent kills
+// it with SIGKILL at a random point and checks what survived.
+const (
+	crashDirEnv  = "KVTIER_DISK_CRASH_DIR"
+	crashBaseEnv = "KVTIER_DISK_CRASH_BASE"
+	crashModeEnv = "KVTIER_DISK_CRASH_DIRECT"
+)
+
+func TestMain(m *testing.M) {
+	if dir := os.Getenv(crashDirEnv); dir != "" {
+		crashChild(dir)
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func crashOptions(mode DirectMode) Options {
+	return Options{Capacity: 1 << 30, SegmentSize: 512 << 10, DirectIO: mode}
+}
+
+func crashSize(n uint64) int { return testSize(n, 128<<10) }
+
+// removable says which keys the child removes right after storing them.
+func removable(n uint64) bool { return n%5 == 0 }
+
+// crashChild puts keys base, base+1, ... from four goroutines, printing
+// "P n" once Put(n) has returned and "R n" once Remove(n) has, until killed.
+func crashChild(dir string) {
+	base, _ := strconv.ParseUint(os.Getenv(crashBaseEnv), 10, 64)
+	mode, _ := strconv.Atoi(os.Getenv(crashModeEnv))
+	d, err := Open(dir, crashOptions(DirectMode(mode)))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "open:", err)
+		os.Exit(2)
+	}
+	var next atomic.Uint64
+	var out sync.Mutex
+	report := func(what string, n uint64) {
+		out.Lock()
+		fmt.Fprintf(os.Stdout, "%s %d\n", what, n) // one write(2): a whole line or nothing
+		out.Unlock()
+	}
+	for range 4 {
+		go func() {
+			for {
+				n := base + next.Add(1) - 1
+				k := testKey(n)
+				if err := d.Put(context.Background(), k, testPayload(k, crashSize(n))); err != nil {
+					fmt.Fprintln(os.Stderr, "put:", err)
+					os.Exit(3)
+				}
+				report("P", n)
+				if removable(n) && d.Remove(k) {
+					report("R", n)
+				}
+			}
+		}()
+	}
+	time.Sleep(time.Minute) // the parent kills us long before
+	os.Exit(4)
+}
+
+func TestCrashRecovery(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns child processes")
+	}
+	dir := t.TempDir()
+	r := rand.New(rand.NewPCG(2026, 7))
+	put, removed := map[uint64]bool{}, map[uint64]bool{}
+	const trials = 24
+	for trial := range trials {
+		base := uint64(trial) * 1_000_000
+		mode := DirectAuto
+		if trial%3 == 2 {
+			mode = DirectOff
+		}
+		acks := r.IntN(50) // 0: kill during start-up and recovery
+		seen := runCrashChild(t, dir, base, mode, acks, time.Duration(r.IntN(30))*time.Millisecond, put, removed)
+
+		d := openTier(t, dir, crashOptions(DirectAuto))
+		for n := range put {
+			k := testKey(n)
+			want := testPayload(k, crashSize(n))
+			switch {
+			case removed[n]:
+				if d.Contains(k) {
+					t.Fatalf("trial %d: key %d came back after its Remove was acknowledged", trial, n)
+				}
+			case removable(n): // the Remove may or may not have happened
+				getOutcome(t, d, k, want)
+			default:
+				checkGet(t, d, k, want)
+			}
+		}
+		// Puts in flight at the kill may be present, absent or torn, but
+		// never wrong.
+		for n := base; n < base+seen+40; n++ {
+			if !put[n] {
+				k := testKey(n)
+				getOutcome(t, d, k, testPayload(k, crashSize(n)))
+			}
+		}
+		if err := d.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("%d acknowledged puts, %d acknowledged removes over %d kills", len(put), len(removed), trials)
+	if len(put) == 0 {
+		t.Fatal("no child ever acknowledged a put")
+	}
+}
+
+// runCrashChild runs one child, SIGKILLs it after it acknowledged acks
+// operations (or after delay, if acks is 0), records every acknowledgement
+// it printed before dying, and returns how many keys it reported.
+func runCrashChild(t *testing.T, dir string, base uint64, mode DirectMode, acks int, delay time.Duration,
+	put, removed map[uint64]bool) uint64 {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(),
+		crashDirEnv+"="+dir,
+		fmt.Sprintf("%s=%d", crashBaseEnv, base),
+		fmt.Sprintf("%s=%d", crashModeEnv, mode))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var hung atomic.Bool
+	watchdog := time.AfterFunc(30*time.Second, func() { hung.Store(true); cmd.Process.Kill() })
+	defer watchdog.Stop()
+	if acks == 0 {
+		time.Sleep(delay)
+		cmd.Process.Kill()
+	}
+	var seen uint64
+	lines := bufio.NewScanner(stdout)
+	for count := 0; lines.Scan(); count++ {
+		if count == acks {
+			cmd.Process.Kill() // lines already in the pipe still count
+		}
+		var what string
+		var n uint64
+		if _, err := fmt.Sscanf(lines.Text(), "%s %d", &what, &n); err != nil {
+			t.Fatalf("child said %q", lines.Text())
+		}
+		if what == "R" {
+			removed[n] = true
+		} else {
+			put[n] = true
+		}
+		seen = max(seen, n-base+1)
+	}
+	err = cmd.Wait()
+	if hung.Load() {
+		t.Fatalf("child made no progress for 30s\n%s", stderr.String())
+	}
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != -1 {
+		t.Fatalf("child did not die by our signal: %v\n%s", err, stderr.String())
+	}
+	return seen
+}

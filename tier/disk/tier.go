@@ -1,0 +1,671 @@
+// Package disk is kvtier's persistent local-disk tier: a log-structured
+// store of KV chunks that survives restarts and crashes.
+//
+// Chunks are appended as self-describing records (see FORMAT in format.go)
+// to segment files in one directory. Each record carries its key, its
+// location and checksums of header and payload, so the in-memory index can
+// be rebuilt after a restart by reading only the header blocks, and no torn,
+// misplaced or bit-rotted record is ever handed out: every Get verifies the
+// payload against its xxh3 checksum and drops a record that fails.
+//
+// Records are padded to 4096 bytes so that, where the file system allows,
+// all I/O is O_DIRECT straight between the caller's (page-aligned, usually
+// shared-memory) buffer and the device: one pwritev of header, payload and
+// padded tail per Put, one preadv per Get. A Put returns only after its
+// record is durable (fdatasync, shared by concurrent Puts) unless the
+// options trade that away; only then does the record become visible.
+//
+// Space is freed one record at a time by punching holes into the segment
+// files, so eviction can follow a true LRU order without compaction, and the
+// bytes the files occupy never exceed the capacity: a Put reserves its
+// record's padded size first and waits for evictions' punches to finish
+// before writing. A segment whose records are all gone is deleted. Remove
+// punches and fsyncs before returning, so removed data never reappears.
+//
+// I/O runs on a few goroutines fed by priority queues (reads, then deletes,
+// then writes); no lock is held across I/O. Pins are leases that keep
+// records from eviction until they lapse.
+package disk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/zeebo/xxh3"
+	"golang.org/x/sys/unix"
+
+	"kvtier/chunk"
+	"kvtier/tier"
+)
+
+// DirectMode says whether segment files use O_DIRECT.
+type DirectMode int
+
+const (
+	// DirectAuto uses O_DIRECT where the file system accepts it and
+	// buffered I/O where it refuses it.
+	DirectAuto DirectMode = iota
+	// DirectOn requires O_DIRECT: Open fails where it is refused.
+	DirectOn
+	// DirectOff uses the page cache.
+	DirectOff
+)
+
+// SyncMode says when written records are flushed to stable storage.
+type SyncMode int
+
+const (
+	// SyncEach makes every record durable (fdatasync) before its Put
+	// returns; Puts that finish together share one fdatasync. A crash
+	// never loses an acknowledged Put.
+	SyncEach SyncMode = iota
+	// SyncNone leaves flushing to the operating system (and to Close). A
+	// crash may lose acknowledged Puts, but never returns wrong bytes.
+	SyncNone
+)
+
+// Options configure a Tier. Zero values take the defaults noted.
+type Options struct {
+	Capacity    int64      // bytes the segment files may occupy; required
+	SegmentSize int64      // bytes per segment file before a new one starts; default 256 MiB
+	DirectIO    DirectMode // default DirectAuto
+	Sync        SyncMode   // default SyncEach
+	QueueDepth  int        // I/O goroutines, i.e. I/Os in flight; default 2
+	BounceSize  int        // per-goroutine staging for unaligned buffers; default 1 MiB
+	Logger      *slog.Logger
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.Capacity <= 0 {
+		return o, fmt.Errorf("disk: capacity %d must be positive", o.Capacity)
+	}
+	if o.SegmentSize <= 0 {
+		o.SegmentSize = 256 << 20
+	}
+	o.SegmentSize = alignUp(o.SegmentSize)
+	if o.QueueDepth <= 0 {
+		o.QueueDepth = 2
+	}
+	if o.BounceSize <= 0 {
+		o.BounceSize = 1 << 20
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case o.DirectIO < DirectAuto || o.DirectIO > DirectOff:
+		return o, fmt.Errorf("disk: unknown direct I/O mode %d", o.DirectIO)
+	case o.Sync < SyncEach || o.Sync > SyncNone:
+		return o, fmt.Errorf("disk: unknown sync mode %d", o.Sync)
+	}
+	return o, nil
+}
+
+// Tier is the disk tier. It implements tier.Tier.
+type Tier struct {
+	dir    string
+	opts   Options
+	log    *slog.Logger
+	lockFD int
+	direct bool
+	start  time.Time // origin of the pin clock
+	sched  *sched
+	ops    sync.Pool // *op
+	calls  sync.WaitGroup
+
+	mu       sync.Mutex
+	space    sync.Cond // signalled when bytes are freed or writes finish
+	closed   bool
+	idx      index
+	segs     map[uint64]*segment
+	active   *segment // segment new records go to; nil until the first Put
+	nextSeg  uint64
+	used     int64 // bytes reserved: live + being written + waiting for a punch + leaked
+	writing  int64 // bytes of Puts in flight
+	punching int64 // bytes of punches queued or running
+	st       tier.Stats
+}
+
+var _ tier.Tier = (*Tier)(nil)
+
+// Open opens (creating if needed) the tier in dir, rebuilding its index from
+// the segment files and repairing whatever a crash left behind.
+func Open(dir string, opts Options) (*Tier, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("disk: create %s: %w", dir, err)
+	}
+	lockFD, err := lockDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	direct, err := probe(dir, opts.DirectIO)
+	if err != nil {
+		unix.Close(lockFD)
+		return nil, err
+	}
+	t := &Tier{
+		dir:    dir,
+		opts:   opts,
+		log:    opts.Logger.With("tier", "disk", "dir", dir),
+		lockFD: lockFD,
+		direct: direct,
+		start:  time.Now(),
+		idx:    newIndex(),
+		segs:   make(map[uint64]*segment),
+	}
+	t.space.L = &t.mu
+	t.ops.New = func() any { return &op{done: make(chan struct{}, 1)} }
+	t.st.Name = t.Name()
+	t.st.Capacity = opts.Capacity
+	if err := t.recover(); err != nil {
+		t.closeFiles()
+		return nil, err
+	}
+	t.sched = newSched(opts.QueueDepth, opts.BounceSize, t.exec)
+	return t, nil
+}
+
+// DirectIO reports whether the segment files use O_DIRECT.
+func (t *Tier) DirectIO() bool { return t.direct }
+
+// Name implements tier.Tier.
+func (t *Tier) Name() string { return "disk" }
+
+// Contains implements tier.Tier.
+func (t *Tier) Contains(key chunk.Key) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.idx.liveSlot(key)
+	return ok
+}
+
+// PrefixContains implements tier.Tier.
+func (t *Tier) PrefixContains(keys []chunk.Key) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for n, k := range keys {
+		if _, ok := t.idx.liveSlot(k); !ok {
+			return n
+		}
+	}
+	return len(keys)
+}
+
+// Size implements tier.Tier.
+func (t *Tier) Size(key chunk.Key) (int, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	i, ok := t.idx.liveSlot(key)
+	if !ok {
+		return 0, false
+	}
+	return int(t.idx.slots[i].size), true
+}
+
+// Pin implements tier.Tier. A pin only extends an existing lease.
+func (t *Tier) Pin(keys []chunk.Key, ttl time.Duration) int {
+	until := t.now() + int64(ttl)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for n, k := range keys {
+		i, ok := t.idx.liveSlot(k)
+		if !ok {
+			return n
+		}
+		s := &t.idx.slots[i]
+		s.pinUntil = max(s.pinUntil, until)
+	}
+	return len(keys)
+}
+
+// Stats implements tier.Tier. It walks the index to sum pinned bytes, so it
+// is meant for periodic scraping, not for hot paths.
+func (t *Tier) Stats() tier.Stats {
+	now := t.now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	st := t.st
+	st.Used = t.used
+	st.Objects = int64(t.idx.live)
+	for i := range t.idx.slots {
+		if s := &t.idx.slots[i]; s.state == slotLive && s.pinUntil > now {
+			st.Pinned += recordSize(s.size)
+		}
+	}
+	return st
+}
+
+// Put implements tier.Tier. It returns once the record is written and, with
+// SyncEach, durable. Reserving space may wait for evictions to free it; if
+// everything evictable is pinned, Put fails with tier.ErrBusy.
+func (t *Tier) Put(ctx context.Context, key chunk.Key, data []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	need := recordSize(int64(len(data)))
+	if need > t.opts.Capacity {
+		return fmt.Errorf("disk: put %v: %d bytes on disk: %w", key, need, tier.ErrTooLarge)
+	}
+	if stored, err := t.enter(key); stored || err != nil {
+		return err
+	}
+	defer t.calls.Done()
+	sum := xxh3.Hash(data)
+
+	t.mu.Lock()
+	r, err := t.reserveLocked(key, int64(len(data)), need)
+	t.mu.Unlock()
+	if err != nil || r.seg == nil {
+		return err
+	}
+	seg := r.seg
+	if r.fresh {
+		t.createSegment(seg)
+	}
+	<-seg.ready
+	err = seg.openErr
+	if err == nil {
+		o := t.getOp()
+		o.kind, o.seg, o.buf = opWrite, seg, data
+		o.hdr = header{seg: seg.id, off: r.off, key: key, size: int64(len(data)), sum: sum}
+		if err = t.sched.do(ctx, o); err == nil {
+			err = o.err
+		}
+		t.putOp(o)
+	}
+	if err == nil && t.opts.Sync == SyncEach {
+		err = seg.sync.sync(seg.fd)
+	}
+	t.finishPut(r, len(data), err)
+	if err != nil {
+		return fmt.Errorf("disk: put %v in segment %d: %w", key, seg.id, err)
+	}
+	return nil
+}
+
+// reservation is the space a Put holds while it writes.
+type reservation struct {
+	slot  int32
+	seg   *segment // nil: nothing reserved, the key is stored already
+	off   int64
+	need  int64 // bytes on disk
+	fresh bool  // seg is new: this Put creates its file
+}
+
+// enter registers a Put call unless the tier is closed or key is already
+// there (stored). On (false, nil) the caller must call t.calls.Done.
+func (t *Tier) enter(key chunk.Key) (stored bool, err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return false, tier.ErrClosed
+	}
+	if _, ok := t.idx.get(key); ok {
+		return true, nil
+	}
+	t.calls.Add(1)
+	return false, nil
+}
+
+// reserveLocked makes room for a need-byte record, evicting least recently
+// used records as needed, and places it. The reservation is empty if key
+// was stored meanwhile.
+func (t *Tier) reserveLocked(key chunk.Key, size, need int64) (reservation, error) {
+	for {
+		if t.closed {
+			return reservation{}, tier.ErrClosed
+		}
+		if _, ok := t.idx.get(key); ok {
+			return reservation{}, nil
+		}
+		if t.used+need <= t.opts.Capacity {
+			break
+		}
+		// Evict only what the punches already under way will not free.
+		if t.used-t.punching+need > t.opts.Capacity && t.evictOneLocked() {
+			continue
+		}
+		if t.punching == 0 && t.writing == 0 {
+			return reservation{}, fmt.Errorf("disk: put %v: %d of %d bytes pinned: %w",
+				key, t.used, t.opts.Capacity, tier.ErrBusy)
+		}
+		t.space.Wait()
+	}
+	t.used += need
+	t.writing += need
+	r := reservation{need: need}
+	r.seg, r.fresh = t.placeLocked(need)
+	r.off = r.seg.tail - need
+	r.slot = t.idx.add(slot{key: key, seg: r.seg.id, off: r.off, size: size})
+	return r, nil
+}
+
+// placeLocked appends need bytes to the active segment, starting a new one
+// when the record does not fit. A record larger than a segment gets a
+// segment of its own.
+func (t *Tier) placeLocked(need int64) (seg *segment, fresh bool) {
+	seg = t.active
+	if seg == nil || seg.failed || (seg.tail > 0 && seg.tail+need > t.opts.SegmentSize) {
+		if seg != nil {
+			t.active = nil
+			t.retireIfEmptyLocked(seg)
+		}
+		seg = &segment{id: t.nextSeg, fd: -1, ready: make(chan struct{})}
+		seg.path = filepath.Join(t.dir, segmentName(seg.id))
+		t.nextSeg++
+		t.segs[seg.id] = seg
+		t.active = seg
+		fresh = true
+	}
+	seg.tail += need
+	seg.live++
+	return seg, fresh
+}
+
+// createSegment creates seg's file, and makes its name durable before any
+// record in it can be acknowledged.
+func (t *Tier) createSegment(seg *segment) {
+	defer close(seg.ready)
+	fd, err := openFile(seg.path, openFlags(t.direct)|unix.O_CREAT|unix.O_EXCL, 0o644)
+	if err != nil {
+		seg.openErr = fmt.Errorf("create %s: %w", seg.path, err)
+		return
+	}
+	if err := syncDir(t.dir); err != nil {
+		unix.Close(fd)
+		seg.openErr = fmt.Errorf("sync directory %s: %w", t.dir, err)
+		return
+	}
+	seg.fd = fd
+}
+
+// finishPut publishes a written record, or gives its space back.
+func (t *Tier) finishPut(r reservation, n int, err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	defer t.space.Broadcast()
+	t.writing -= r.need
+	if err == nil {
+		t.idx.publish(r.slot)
+		t.st.Puts++
+		t.st.BytesWritten += uint64(n)
+		return
+	}
+	t.idx.drop(r.slot)
+	seg := r.seg
+	if seg.openErr != nil || seg.sync.failed() {
+		seg.failed = true
+	}
+	if seg.openErr != nil { // nothing was written
+		t.used -= r.need
+		seg.live--
+		t.retireIfEmptyLocked(seg)
+		return
+	}
+	t.punchLocked(seg, r.off, r.need, false) // part of it may have reached the disk
+}
+
+// Get implements tier.Tier. dst must hold at least Size(key) bytes.
+func (t *Tier) Get(ctx context.Context, key chunk.Key, dst []byte) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return 0, tier.ErrClosed
+	}
+	i, ok := t.idx.liveSlot(key)
+	if !ok {
+		t.st.Misses++
+		t.mu.Unlock()
+		return 0, tier.ErrNotFound
+	}
+	loc := t.idx.slots[i]
+	if int64(len(dst)) < loc.size {
+		t.mu.Unlock()
+		return 0, fmt.Errorf("disk: get %v: buffer of %d bytes for %d: %w", key, len(dst), loc.size, io.ErrShortBuffer)
+	}
+	seg := t.segs[loc.seg]
+	seg.refs++
+	t.idx.touch(i)
+	t.calls.Add(1)
+	t.mu.Unlock()
+	defer t.calls.Done()
+
+	payload := dst[:loc.size]
+	o := t.getOp()
+	o.kind, o.seg, o.off, o.buf = opRead, seg, loc.off, payload
+	err := t.sched.do(ctx, o)
+	ioErr, h, hdrErr := o.err, o.hdr, o.hdrErr
+	t.putOp(o)
+	var bad error // why the record is corrupt
+	switch {
+	case err != nil:
+	case errors.Is(ioErr, io.ErrUnexpectedEOF): // the file was cut short
+		bad = ioErr
+	case ioErr != nil:
+		err = fmt.Errorf("disk: get %v from segment %d: %w", key, seg.id, ioErr)
+	case hdrErr != nil:
+		bad = hdrErr
+	case h.key != key || h.seg != loc.seg || h.off != loc.off || h.size != loc.size:
+		bad = errMisplaced
+	case xxh3.Hash(payload) != h.sum:
+		bad = errPayloadSum
+	}
+	return t.finishGet(key, loc, seg, err, bad)
+}
+
+// finishGet settles a Get's outcome. A record that failed validation is
+// dropped, unless it had already left the index while we read it: then it
+// was removed or evicted under us, and the reader simply missed it.
+func (t *Tier) finishGet(key chunk.Key, loc slot, seg *segment, err, bad error) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	seg.refs--
+	t.retireIfEmptyLocked(seg)
+	switch {
+	case err != nil:
+		return 0, err
+	case bad == nil:
+		t.st.Hits++
+		t.st.BytesRead += uint64(loc.size)
+		return int(loc.size), nil
+	}
+	i, ok := t.idx.liveSlot(key)
+	if !ok || t.idx.slots[i].seg != loc.seg || t.idx.slots[i].off != loc.off {
+		t.st.Misses++
+		return 0, tier.ErrNotFound
+	}
+	t.st.Corrupt++
+	t.dropLocked(i, false)
+	t.log.Warn("dropped corrupt record", "key", key, "segment", loc.seg, "offset", loc.off, "err", bad)
+	return 0, fmt.Errorf("disk: get %v at segment %d offset %d: %w: %w", key, loc.seg, loc.off, bad, tier.ErrCorrupt)
+}
+
+// Remove implements tier.Tier. It returns once the record's space has been
+// punched out and the punch fsync'ed, so the record stays gone after a
+// crash. A Put still in flight for key is not affected.
+func (t *Tier) Remove(key chunk.Key) bool {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return false
+	}
+	i, ok := t.idx.liveSlot(key)
+	if !ok {
+		t.mu.Unlock()
+		return false
+	}
+	t.st.Removes++
+	o := t.dropLocked(i, true)
+	t.calls.Add(1)
+	t.mu.Unlock()
+	defer t.calls.Done()
+	<-o.done
+	t.putOp(o)
+	return true
+}
+
+// Close implements tier.Tier: it waits for calls in flight, runs queued
+// punches, makes everything durable and releases the directory.
+func (t *Tier) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	t.space.Broadcast()
+	t.mu.Unlock()
+	t.calls.Wait()
+	t.sched.close()
+	return t.closeFiles()
+}
+
+// closeFiles syncs and closes every segment and unlocks the directory.
+func (t *Tier) closeFiles() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var errs []error
+	for _, seg := range t.segs {
+		if seg.fd < 0 {
+			continue
+		}
+		if err := unix.Fsync(seg.fd); err != nil {
+			errs = append(errs, fmt.Errorf("disk: sync %s: %w", seg.path, err))
+		}
+		unix.Close(seg.fd)
+		seg.fd = -1
+	}
+	if t.lockFD >= 0 {
+		unix.Close(t.lockFD)
+		t.lockFD = -1
+	}
+	return errors.Join(errs...)
+}
+
+// evictOneLocked evicts the least recently used unpinned record.
+func (t *Tier) evictOneLocked() bool {
+	i := t.idx.victim(t.now())
+	if i < 0 {
+		return false
+	}
+	t.st.Evictions++
+	t.dropLocked(i, false)
+	return true
+}
+
+// dropLocked takes live slot i out of the index and queues the punch that
+// frees its bytes. A durable drop returns the op to wait on; otherwise the
+// punch runs on its own.
+func (t *Tier) dropLocked(i int32, durable bool) *op {
+	s := t.idx.slots[i]
+	t.idx.drop(i)
+	return t.punchLocked(t.segs[s.seg], s.off, recordSize(s.size), durable)
+}
+
+// punchLocked queues freeing n bytes at off in seg. The bytes stay counted
+// as used until the punch is done, so the files never outgrow the capacity.
+func (t *Tier) punchLocked(seg *segment, off, n int64, durable bool) *op {
+	t.punching += n
+	o := t.getOp()
+	o.kind, o.seg, o.off, o.length = opPunch, seg, off, n
+	o.durable, o.async = durable, !durable
+	t.sched.submit(o)
+	if durable {
+		return o
+	}
+	return nil
+}
+
+// retireIfEmptyLocked queues deleting seg once nothing can touch it again.
+func (t *Tier) retireIfEmptyLocked(seg *segment) {
+	if seg == t.active || seg.live > 0 || seg.refs > 0 || seg.retiring {
+		return
+	}
+	seg.retiring = true
+	o := t.getOp()
+	o.kind, o.seg, o.async = opRetire, seg, true
+	t.sched.submit(o)
+}
+
+// exec runs one op on an I/O goroutine.
+func (t *Tier) exec(w *worker, o *op) {
+	switch o.kind {
+	case opRead:
+		o.err = w.readRecord(o.seg.fd, t.direct, o.off, o.buf)
+		if o.err == nil {
+			o.hdr, o.hdrErr = decodeHeader(w.hdr)
+		}
+	case opWrite:
+		o.err = w.writeRecord(o.seg.fd, t.direct, &o.hdr, o.buf)
+	case opPunch:
+		t.execPunch(o)
+	case opRetire:
+		t.execRetire(o.seg)
+	}
+	if o.async {
+		t.putOp(o)
+		return
+	}
+	o.done <- struct{}{}
+}
+
+func (t *Tier) execPunch(o *op) {
+	seg := o.seg
+	err := punch(seg.fd, o.off, o.length)
+	if err == nil && o.durable {
+		err = unix.Fsync(seg.fd)
+	}
+	if err != nil {
+		t.log.Error("freeing record space failed", "segment", seg.id, "offset", o.off, "err", err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.punching -= o.length
+	if err != nil {
+		seg.leaked += o.length
+	} else {
+		t.used -= o.length
+	}
+	seg.live--
+	t.retireIfEmptyLocked(seg)
+	t.space.Broadcast()
+}
+
+func (t *Tier) execRetire(seg *segment) {
+	if seg.fd >= 0 {
+		unix.Close(seg.fd)
+	}
+	if err := os.Remove(seg.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.log.Error("deleting empty segment failed", "segment", seg.id, "err", err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	seg.fd = -1
+	t.used -= seg.leaked
+	delete(t.segs, seg.id)
+	t.space.Broadcast()
+}
+
+func (t *Tier) getOp() *op { return t.ops.Get().(*op) }
+
+func (t *Tier) putOp(o *op) {
+	*o = op{done: o.done}
+	t.ops.Put(o)
+}
+
+// now is the pin clock: monotonic nanoseconds since Open.
+func (t *Tier) now() int64 { return int64(time.Since(t.start)) }

@@ -1,0 +1,494 @@
+package tier
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"kvtier/arena"
+	"kvtier/chunk"
+)
+
+// MaxTiers bounds the hierarchy's depth (RAM plus lower tiers) so per-tier
+// breakdowns fit in fixed arrays on the hot path.
+const MaxTiers = 8
+
+// RAM is what the manager needs from the top tier beyond Tier: objects in a
+// shared arena that it can hand out, fill and index without extra copies.
+// tier/mem implements it.
+type RAM interface {
+	Tier
+	Arena() *arena.Arena
+	// Acquire refs the objects of the leading stored keys into ids and
+	// returns how many; the caller Unrefs each on the arena.
+	Acquire(keys []chunk.Key, ids []arena.ID) int
+	// Reserve allocates an invisible object (evicting if needed) holding
+	// one caller reference.
+	Reserve(size int) (arena.ID, []byte, error)
+	// Commit makes a reserved object visible under key.
+	Commit(key chunk.Key, id arena.ID)
+	// Clear removes every object of scope (all when scope is 0).
+	Clear(scope uint64) int
+}
+
+// Options tune the manager. Zero values take the defaults noted.
+type Options struct {
+	// QueueDepth is the number of pending writes each lower tier may have
+	// (default 64). Queued writes hold arena references, not copies.
+	QueueDepth int
+	// WriteWait is the longest Store blocks on a full lower-tier queue
+	// before dropping that tier's write (default 5ms; negative means never
+	// wait). Dropped writes are counted, never retried.
+	WriteWait time.Duration
+	// Writers is the number of writer goroutines per lower tier (default 2).
+	Writers int
+	// FetchParallel bounds concurrent reads from lower tiers during one
+	// retrieve or prefetch (default 4).
+	FetchParallel int
+	// PrefetchQueue bounds pending prefetch requests (default 256); when it
+	// is full a prefetch is dropped: prefetching is a hint.
+	PrefetchQueue int
+	Logger        *slog.Logger
+}
+
+func (o *Options) setDefaults() {
+	if o.QueueDepth <= 0 {
+		o.QueueDepth = 64
+	}
+	if o.WriteWait == 0 {
+		o.WriteWait = 5 * time.Millisecond
+	}
+	if o.Writers <= 0 {
+		o.Writers = 2
+	}
+	if o.FetchParallel <= 0 {
+		o.FetchParallel = 4
+	}
+	if o.PrefetchQueue <= 0 {
+		o.PrefetchQueue = 256
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Manager orders the tiers: a RAM tier on top and any number of lower tiers
+// below it, fastest first. It writes every stored chunk to all tiers (RAM
+// synchronously, the rest through bounded queues), reads waterfall from the
+// fastest tier holding a key, promotes lower-tier hits into RAM, and
+// prefetches whole prefixes in the background.
+type Manager struct {
+	ram   RAM
+	arena *arena.Arena
+	lower []*lowerTier
+	opts  Options
+
+	mu       sync.RWMutex // guards closed against queue sends
+	closed   bool
+	stopping atomic.Bool // set by Close so prefetchers stop reading
+	prefetch chan []chunk.Key
+	wg       sync.WaitGroup
+
+	idPool sync.Pool // *[]arena.ID scratch for Retrieve
+
+	prefetchDropped atomic.Uint64
+	promoted        atomic.Uint64
+}
+
+// lowerTier is a tier below RAM with its write queue and counters.
+type lowerTier struct {
+	Tier
+	queue   chan writeJob
+	pending atomic.Int64  // writes queued or being written
+	dropped atomic.Uint64 // writes dropped because the queue stayed full
+	failed  atomic.Uint64 // writes the tier refused
+}
+
+// writeJob asks a writer to copy one RAM object to a lower tier. It holds
+// an arena reference that the writer drops when done.
+type writeJob struct {
+	key chunk.Key
+	id  arena.ID
+}
+
+// NewManager builds a manager over ram and the lower tiers, fastest first,
+// and starts their writers. The manager owns the tiers: Close closes them.
+func NewManager(ram RAM, lower []Tier, opts Options) (*Manager, error) {
+	if ram == nil {
+		return nil, errors.New("tier manager: a RAM tier is required")
+	}
+	if len(lower)+1 > MaxTiers {
+		return nil, fmt.Errorf("tier manager: %d tiers, at most %d", len(lower)+1, MaxTiers)
+	}
+	opts.setDefaults()
+	m := &Manager{ram: ram, arena: ram.Arena(), opts: opts, prefetch: make(chan []chunk.Key, opts.PrefetchQueue)}
+	for _, t := range lower {
+		lt := &lowerTier{Tier: t, queue: make(chan writeJob, opts.QueueDepth)}
+		m.lower = append(m.lower, lt)
+		for range opts.Writers {
+			m.wg.Add(1)
+			go m.writer(lt)
+		}
+	}
+	for range 2 {
+		m.wg.Add(1)
+		go m.prefetcher()
+	}
+	return m, nil
+}
+
+// Tiers returns the tiers, RAM first.
+func (m *Manager) Tiers() []Tier {
+	ts := []Tier{m.ram}
+	for _, lt := range m.lower {
+		ts = append(ts, lt.Tier)
+	}
+	return ts
+}
+
+// RAM returns the top tier.
+func (m *Manager) RAM() RAM { return m.ram }
+
+// Lookup returns how many leading keys are stored somewhere in the
+// hierarchy and how many of those each tier (RAM = 0) would serve.
+func (m *Manager) Lookup(keys []chunk.Key) (n int, byTier [MaxTiers]int) {
+	n = m.ram.PrefixContains(keys)
+	byTier[0] = n
+	for n < len(keys) {
+		found := false
+		for i, lt := range m.lower {
+			if c := lt.PrefixContains(keys[n:]); c > 0 {
+				byTier[i+1] += c
+				n += c
+				found = true
+				break
+			}
+		}
+		if !found {
+			break
+		}
+	}
+	return n, byTier
+}
+
+// Store writes chunks[i] under keys[i] into RAM and queues it for every
+// lower tier. It returns how many chunks it stored; chunks already in RAM
+// count as stored. It blocks at most Options.WriteWait per full queue.
+func (m *Manager) Store(ctx context.Context, keys []chunk.Key, chunks [][]byte) (int, error) {
+	if len(chunks) < len(keys) {
+		return 0, fmt.Errorf("tier manager: %d keys but %d chunks", len(keys), len(chunks))
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.closed {
+		return 0, ErrClosed
+	}
+	for i, k := range keys {
+		if err := ctx.Err(); err != nil {
+			return i, err
+		}
+		if m.ram.Contains(k) {
+			continue
+		}
+		id, buf, err := m.ram.Reserve(len(chunks[i]))
+		if err != nil {
+			return i, err
+		}
+		copy(buf, chunks[i])
+		m.ram.Commit(k, id)
+		m.enqueueWrites(k, id, len(m.lower))
+		m.arena.Unref(id)
+	}
+	return len(keys), nil
+}
+
+// enqueueWrites queues object id for the first upTo lower tiers. Called
+// with m.mu read-locked.
+func (m *Manager) enqueueWrites(k chunk.Key, id arena.ID, upTo int) {
+	var timer *time.Timer
+	for _, lt := range m.lower[:upTo] {
+		if !m.arena.Ref(id) {
+			return
+		}
+		job := writeJob{key: k, id: id}
+		lt.pending.Add(1)
+		select {
+		case lt.queue <- job:
+			continue
+		default:
+		}
+		if m.opts.WriteWait > 0 {
+			if timer == nil {
+				timer = time.NewTimer(m.opts.WriteWait)
+				defer timer.Stop()
+			}
+			select {
+			case lt.queue <- job:
+				continue
+			case <-timer.C:
+			}
+		}
+		lt.pending.Add(-1)
+		lt.dropped.Add(1)
+		m.arena.Unref(id)
+	}
+}
+
+// writer drains one lower tier's queue until Close.
+func (m *Manager) writer(lt *lowerTier) {
+	defer m.wg.Done()
+	for job := range lt.queue {
+		if !lt.Contains(job.key) {
+			if err := lt.Put(context.Background(), job.key, m.arena.Bytes(job.id)); err != nil {
+				lt.failed.Add(1)
+				m.opts.Logger.Warn("lower tier write failed", "tier", lt.Name(), "key", job.key.String(), "err", err)
+			}
+		}
+		m.arena.Unref(job.id)
+		lt.pending.Add(-1)
+	}
+}
+
+// Acquire refs the RAM objects of the leading keys stored anywhere in the
+// hierarchy, promoting lower-tier hits into RAM, and returns how many it
+// acquired. ids must have room for len(keys). The caller Unrefs each id on
+// Arena(). This is the zero-copy read path.
+func (m *Manager) Acquire(ctx context.Context, keys []chunk.Key, ids []arena.ID) (int, error) {
+	n := m.ram.Acquire(keys, ids)
+	if n == len(keys) || len(m.lower) == 0 {
+		return n, nil
+	}
+	got, err := m.promote(ctx, keys[n:], ids[n:])
+	return n + got, err
+}
+
+// Retrieve copies the leading stored chunks into dst (dst[i] is resliced
+// to the chunk's length) and returns how many it copied. A dst[i] shorter
+// than its chunk is an error.
+func (m *Manager) Retrieve(ctx context.Context, keys []chunk.Key, dst [][]byte) (int, error) {
+	if len(dst) < len(keys) {
+		return 0, fmt.Errorf("tier manager: %d keys but %d buffers", len(keys), len(dst))
+	}
+	idsp := m.ids(len(keys))
+	defer m.idPool.Put(idsp)
+	ids := (*idsp)[:len(keys)]
+	n, err := m.Acquire(ctx, keys, ids)
+	copied := n
+	for i := range n {
+		src := m.arena.Bytes(ids[i])
+		if len(dst[i]) < len(src) && i < copied {
+			err = errors.Join(err, fmt.Errorf("tier manager: buffer %d holds %d bytes, chunk has %d", i, len(dst[i]), len(src)))
+			copied = i
+		}
+		if i < copied {
+			dst[i] = dst[i][:copy(dst[i], src)]
+		}
+		m.arena.Unref(ids[i])
+	}
+	return copied, err
+}
+
+func (m *Manager) ids(n int) *[]arena.ID {
+	if p, ok := m.idPool.Get().(*[]arena.ID); ok && cap(*p) >= n {
+		return p
+	}
+	s := make([]arena.ID, n)
+	return &s
+}
+
+// promote reads the leading keys held by lower tiers into new RAM objects,
+// up to FetchParallel at a time, indexes them in RAM and refs them into
+// ids. Hits from a tier below the first lower tier are also queued for the
+// lower tiers above it. It returns the length of the promoted prefix.
+func (m *Manager) promote(ctx context.Context, keys []chunk.Key, ids []arena.ID) (int, error) {
+	src := make([]int, 0, len(keys))
+	for _, k := range keys {
+		t := m.holder(k)
+		if t < 0 {
+			break
+		}
+		src = append(src, t)
+	}
+	if len(src) == 0 {
+		return 0, nil
+	}
+	errs := make([]error, len(src))
+	sem := make(chan struct{}, m.opts.FetchParallel)
+	var wg sync.WaitGroup
+	for i, t := range src {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			ids[i], errs[i] = m.fetch(ctx, keys[i], t)
+		}()
+	}
+	wg.Wait()
+	n := 0
+	for n < len(src) && errs[n] == nil {
+		n++
+	}
+	for i := n; i < len(src); i++ { // drop what lies past the first failure
+		if errs[i] == nil {
+			m.arena.Unref(ids[i])
+		}
+	}
+	var err error
+	if n < len(src) && !errors.Is(errs[n], ErrNotFound) && !errors.Is(errs[n], ErrCorrupt) {
+		err = errs[n]
+	}
+	return n, err
+}
+
+// holder returns the index in m.lower of the first lower tier holding k,
+// or -1.
+func (m *Manager) holder(k chunk.Key) int {
+	for i, lt := range m.lower {
+		if lt.Contains(k) {
+			return i
+		}
+	}
+	return -1
+}
+
+// fetch reads k from lower tier t into a new RAM object, commits it and
+// returns it with one reference for the caller.
+func (m *Manager) fetch(ctx context.Context, k chunk.Key, t int) (arena.ID, error) {
+	lt := m.lower[t]
+	size, ok := lt.Size(k)
+	if !ok {
+		return 0, ErrNotFound
+	}
+	id, buf, err := m.ram.Reserve(size)
+	if err != nil {
+		return 0, err
+	}
+	n, err := lt.Get(ctx, k, buf)
+	if err == nil && n != size {
+		err = fmt.Errorf("tier %s: read %d bytes of %d: %w", lt.Name(), n, size, ErrCorrupt)
+	}
+	if err != nil {
+		m.arena.Unref(id)
+		return 0, err
+	}
+	m.ram.Commit(k, id)
+	m.promoted.Add(1)
+	if t > 0 {
+		m.mu.RLock()
+		if !m.closed {
+			m.enqueueWrites(k, id, t)
+		}
+		m.mu.RUnlock()
+	}
+	return id, nil
+}
+
+// Prefetch asks for keys to be promoted into RAM in the background. It
+// never blocks; a prefetch that finds the queue full is dropped.
+func (m *Manager) Prefetch(keys []chunk.Key) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.closed || len(keys) == 0 {
+		return false
+	}
+	select {
+	case m.prefetch <- append([]chunk.Key(nil), keys...):
+		return true
+	default:
+		m.prefetchDropped.Add(1)
+		return false
+	}
+}
+
+func (m *Manager) prefetcher() {
+	defer m.wg.Done()
+	for keys := range m.prefetch {
+		if m.stopping.Load() {
+			continue // drain without reading: Close is waiting
+		}
+		ids := make([]arena.ID, len(keys))
+		n, _ := m.Acquire(context.Background(), keys, ids)
+		for _, id := range ids[:n] {
+			m.arena.Unref(id)
+		}
+	}
+}
+
+// Remove deletes key from every tier and reports whether any held it.
+func (m *Manager) Remove(key chunk.Key) bool {
+	found := m.ram.Remove(key)
+	for _, lt := range m.lower {
+		found = lt.Remove(key) || found
+	}
+	return found
+}
+
+// QueueStats describes one lower tier's write queue.
+type QueueStats struct {
+	Tier     string
+	Depth    int    // writes pending now
+	Capacity int    // QueueDepth
+	Dropped  uint64 // writes dropped on a full queue
+	Failed   uint64 // writes the tier refused
+}
+
+// Stats returns each tier's stats, RAM first, and each lower tier's queue.
+func (m *Manager) Stats() ([]Stats, []QueueStats) {
+	st := []Stats{m.ram.Stats()}
+	var qs []QueueStats
+	for _, lt := range m.lower {
+		st = append(st, lt.Stats())
+		qs = append(qs, QueueStats{Tier: lt.Name(), Depth: len(lt.queue), Capacity: cap(lt.queue), Dropped: lt.dropped.Load(), Failed: lt.failed.Load()})
+	}
+	return st, qs
+}
+
+// Promoted returns how many objects were promoted from lower tiers.
+func (m *Manager) Promoted() uint64 { return m.promoted.Load() }
+
+// Flush waits until every queued lower-tier write has been attempted.
+func (m *Manager) Flush(ctx context.Context) error {
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		var pending int64
+		for _, lt := range m.lower {
+			pending += lt.pending.Load()
+		}
+		if pending == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// Close stops accepting work, finishes queued writes, and closes every
+// tier. The arena stays with its owner.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	m.stopping.Store(true)
+	for _, lt := range m.lower {
+		close(lt.queue)
+	}
+	close(m.prefetch)
+	m.mu.Unlock()
+	m.wg.Wait()
+	err := m.ram.Close()
+	for _, lt := range m.lower {
+		err = errors.Join(err, lt.Close())
+	}
+	return err
+}

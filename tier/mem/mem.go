@@ -1,0 +1,280 @@
+// Package mem is kvtier's RAM tier: chunk objects live in an off-heap,
+// memfd-backed arena (package arena) and are indexed by chunk key. The tier
+// evicts by a pluggable policy when the arena is full, never evicts objects
+// that readers hold, and exposes arena objects directly so the manager can
+// read lower tiers straight into RAM (promotion without a second copy) and a
+// connector can map the same bytes.
+package mem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"kvtier/arena"
+	"kvtier/chunk"
+	"kvtier/tier"
+	"kvtier/tier/policy"
+)
+
+// Tier is the RAM tier. All methods are safe for concurrent use.
+type Tier struct {
+	arena *arena.Arena
+
+	mu     sync.Mutex
+	index  map[chunk.Key]arena.ID
+	policy policy.Policy[chunk.Key]
+	busy   func(chunk.Key) bool // policy callback, allocated once
+
+	hits, misses, puts, evictions, removes atomic.Uint64
+	bytesRead, bytesWritten            atomic.Uint64
+}
+
+var _ tier.Tier = (*Tier)(nil)
+
+// New returns a RAM tier over a, evicting by the named policy.
+func New(a *arena.Arena, policyName string) (*Tier, error) {
+	p, err := policy.New[chunk.Key](policyName)
+	if err != nil {
+		return nil, fmt.Errorf("mem tier: %w", err)
+	}
+	t := &Tier{arena: a, index: make(map[chunk.Key]arena.ID), policy: p}
+	t.busy = t.isBusy
+	return t, nil
+}
+
+// Arena returns the arena the tier allocates from.
+func (t *Tier) Arena() *arena.Arena { return t.arena }
+
+// Name implements tier.Tier.
+func (t *Tier) Name() string { return "mem" }
+
+// isBusy reports whether someone besides the tier holds the object; such
+// objects are skipped by eviction. Called with t.mu held.
+func (t *Tier) isBusy(k chunk.Key) bool {
+	id, ok := t.index[k]
+	return ok && t.arena.Refs(id) > 1
+}
+
+// Contains implements tier.Tier.
+func (t *Tier) Contains(key chunk.Key) bool {
+	t.mu.Lock()
+	_, ok := t.index[key]
+	t.mu.Unlock()
+	return ok
+}
+
+// PrefixContains implements tier.Tier.
+func (t *Tier) PrefixContains(keys []chunk.Key) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i, k := range keys {
+		if _, ok := t.index[k]; !ok {
+			return i
+		}
+	}
+	return len(keys)
+}
+
+// Size implements tier.Tier.
+func (t *Tier) Size(key chunk.Key) (int, bool) {
+	t.mu.Lock()
+	id, ok := t.index[key]
+	t.mu.Unlock()
+	if !ok {
+		return 0, false
+	}
+	return t.arena.Size(id), true
+}
+
+// Get implements tier.Tier by copying the object out of the arena.
+func (t *Tier) Get(_ context.Context, key chunk.Key, dst []byte) (int, error) {
+	var ids [1]arena.ID
+	if t.Acquire([]chunk.Key{key}, ids[:]) == 0 {
+		return 0, tier.ErrNotFound
+	}
+	defer t.arena.Unref(ids[0])
+	src := t.arena.Bytes(ids[0])
+	if len(dst) < len(src) {
+		return 0, fmt.Errorf("mem tier: destination of %d bytes for object of %d: %w", len(dst), len(src), tier.ErrTooLarge)
+	}
+	n := copy(dst, src)
+	t.bytesRead.Add(uint64(n))
+	return n, nil
+}
+
+// Acquire takes a reference on the objects of the leading keys that are
+// stored, writing their ids to ids (len(ids) >= len(keys)), counts them as
+// accessed, and returns how many it acquired. The caller must Unref each id
+// on the tier's arena. One lock round trip serves the whole batch.
+func (t *Tier) Acquire(keys []chunk.Key, ids []arena.ID) int {
+	t.mu.Lock()
+	n := 0
+	for ; n < len(keys); n++ {
+		id, ok := t.index[keys[n]]
+		if !ok || !t.arena.Ref(id) {
+			break
+		}
+		ids[n] = id
+		t.policy.Access(keys[n])
+	}
+	t.mu.Unlock()
+	t.hits.Add(uint64(n))
+	if n < len(keys) {
+		t.misses.Add(1)
+	}
+	return n
+}
+
+// Put implements tier.Tier: it copies data into a new arena object.
+func (t *Tier) Put(_ context.Context, key chunk.Key, data []byte) error {
+	if t.Contains(key) {
+		return nil
+	}
+	id, buf, err := t.Reserve(len(data))
+	if err != nil {
+		return err
+	}
+	copy(buf, data)
+	t.Commit(key, id)
+	t.arena.Unref(id)
+	return nil
+}
+
+// Reserve allocates an object of size bytes, evicting unpinned objects as
+// needed, and returns it with one reference held by the caller. The object
+// is not visible until Commit; the caller drops its reference with the
+// arena's Unref whether or not it commits.
+func (t *Tier) Reserve(size int) (arena.ID, []byte, error) {
+	if int64(size) > t.arena.Capacity() {
+		return 0, nil, fmt.Errorf("mem tier: object of %d bytes, arena of %d: %w", size, t.arena.Capacity(), tier.ErrTooLarge)
+	}
+	for {
+		id, err := t.arena.Alloc(size)
+		if err == nil {
+			return id, t.arena.Bytes(id), nil
+		}
+		if !errors.Is(err, arena.ErrNoSpace) {
+			return 0, nil, fmt.Errorf("mem tier: %w", err)
+		}
+		if !t.evictOne() {
+			return 0, nil, fmt.Errorf("mem tier: every object is pinned: %w", err)
+		}
+	}
+}
+
+// evictOne drops the policy's next unpinned victim and reports whether
+// there was one.
+func (t *Tier) evictOne() bool {
+	t.mu.Lock()
+	k, ok := t.policy.Evict(t.busy)
+	var id arena.ID
+	if ok {
+		id = t.index[k]
+		delete(t.index, k)
+	}
+	t.mu.Unlock()
+	if !ok {
+		return false
+	}
+	t.arena.Unref(id)
+	t.evictions.Add(1)
+	return true
+}
+
+// Commit makes a reserved object visible under key. The tier takes its own
+// reference; the caller still holds (and must drop) the one from Reserve.
+// If key is already stored, the new object is simply not indexed and is
+// freed when the caller drops its reference.
+func (t *Tier) Commit(key chunk.Key, id arena.ID) {
+	t.mu.Lock()
+	if _, dup := t.index[key]; !dup && t.arena.Ref(id) {
+		t.index[key] = id
+		t.policy.Admit(key)
+		t.puts.Add(1)
+		t.bytesWritten.Add(uint64(t.arena.Size(id)))
+	}
+	t.mu.Unlock()
+}
+
+// Remove implements tier.Tier.
+func (t *Tier) Remove(key chunk.Key) bool {
+	t.mu.Lock()
+	id, ok := t.index[key]
+	if ok {
+		delete(t.index, key)
+		t.policy.Remove(key)
+	}
+	t.mu.Unlock()
+	if ok {
+		t.arena.Unref(id)
+		t.removes.Add(1)
+	}
+	return ok
+}
+
+// Clear removes every object whose scope matches (all objects when scope
+// is 0) and returns how many it removed.
+func (t *Tier) Clear(scope uint64) int {
+	t.mu.Lock()
+	var drop []arena.ID
+	for k, id := range t.index {
+		if scope == 0 || k.Scope == scope {
+			delete(t.index, k)
+			t.policy.Remove(k)
+			drop = append(drop, id)
+		}
+	}
+	t.mu.Unlock()
+	for _, id := range drop {
+		t.arena.Unref(id)
+	}
+	t.removes.Add(uint64(len(drop)))
+	return len(drop)
+}
+
+// Pin implements tier.Tier with arena leases that lapse after ttl.
+func (t *Tier) Pin(keys []chunk.Key, ttl time.Duration) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i, k := range keys {
+		id, ok := t.index[k]
+		if !ok {
+			return i
+		}
+		if _, err := t.arena.Lease(id, ttl); err != nil {
+			return i
+		}
+	}
+	return len(keys)
+}
+
+// Stats implements tier.Tier.
+func (t *Tier) Stats() tier.Stats {
+	t.mu.Lock()
+	objects := len(t.index)
+	t.mu.Unlock()
+	return tier.Stats{
+		Name:         "mem",
+		Capacity:     t.arena.Capacity(),
+		Used:         t.arena.Used(),
+		Objects:      int64(objects),
+		Pinned:       t.arena.Pinned(),
+		Hits:         t.hits.Load(),
+		Misses:       t.misses.Load(),
+		Puts:         t.puts.Load(),
+		Evictions:    t.evictions.Load(),
+		Removes:      t.removes.Load(),
+		BytesRead:    t.bytesRead.Load(),
+		BytesWritten: t.bytesWritten.Load(),
+	}
+}
+
+// Close drops every object. The arena belongs to the caller.
+func (t *Tier) Close() error {
+	t.Clear(0)
+	return nil
+}

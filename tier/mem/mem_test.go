@@ -1,0 +1,146 @@
+package mem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"kvtier/arena"
+	"kvtier/chunk"
+	"kvtier/tier"
+)
+
+func newTier(t *testing.T, capacity int64, policy string) *Tier {
+	t.Helper()
+	a, err := arena.New(arena.Options{Capacity: capacity, ReapInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	m, err := New(a, policy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func k(scope uint64, i byte) chunk.Key { return chunk.Key{Scope: scope, Hash: chunk.Hash{i}} }
+
+func TestEvictsByPolicyWhenFull(t *testing.T) {
+	m := newTier(t, 4*4096, "LRU")
+	ctx := context.Background()
+	for i := range byte(4) {
+		if err := m.Put(ctx, k(1, i), bytes.Repeat([]byte{i}, 4096)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	buf := make([]byte, 4096)
+	if _, err := m.Get(ctx, k(1, 0), buf); err != nil { // 0 becomes most recent
+		t.Fatal(err)
+	}
+	if err := m.Put(ctx, k(1, 9), make([]byte, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	if !m.Contains(k(1, 0)) || m.Contains(k(1, 1)) {
+		t.Fatal("LRU should have evicted key 1, not the just-read key 0")
+	}
+	st := m.Stats()
+	if st.Evictions != 1 || st.Objects != 4 || st.Used > st.Capacity {
+		t.Fatalf("stats after one eviction: %+v", st)
+	}
+}
+
+func TestPinnedObjectsAreNotEvicted(t *testing.T) {
+	m := newTier(t, 2*4096, "LRU")
+	ctx := context.Background()
+	m.Put(ctx, k(1, 1), make([]byte, 4096))
+	m.Put(ctx, k(1, 2), make([]byte, 4096))
+	if n := m.Pin([]chunk.Key{k(1, 1), k(1, 2), k(1, 3)}, time.Hour); n != 2 {
+		t.Fatalf("Pin = %d, want the 2 stored leading keys", n)
+	}
+	err := m.Put(ctx, k(1, 3), make([]byte, 4096))
+	if !errors.Is(err, arena.ErrNoSpace) {
+		t.Fatalf("Put with everything pinned = %v, want ErrNoSpace", err)
+	}
+	if !m.Contains(k(1, 1)) || !m.Contains(k(1, 2)) {
+		t.Fatal("a pinned object was evicted")
+	}
+	// Leases lapse on their own: after expiry the put succeeds.
+	m.Arena().ExpireLeases(time.Now().Add(2 * time.Hour))
+	if p := m.Arena().Pinned(); p != 0 {
+		t.Fatalf("pinned after expiry = %d", p)
+	}
+	if err := m.Put(ctx, k(1, 3), make([]byte, 4096)); err != nil {
+		t.Fatalf("Put after leases lapsed: %v", err)
+	}
+}
+
+func TestReserveCommitVisibility(t *testing.T) {
+	m := newTier(t, 1<<20, "FIFO")
+	id, buf, err := m.Reserve(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(buf, "hello")
+	if m.Contains(k(1, 1)) {
+		t.Fatal("reserved object visible before commit")
+	}
+	m.Commit(k(1, 1), id)
+	m.Arena().Unref(id)
+	got := make([]byte, 100)
+	if n, err := m.Get(context.Background(), k(1, 1), got); err != nil || n != 100 || string(got[:5]) != "hello" {
+		t.Fatalf("Get = %d %q %v", n, got[:5], err)
+	}
+	// An uncommitted reservation leaves nothing behind.
+	id2, _, _ := m.Reserve(100)
+	m.Arena().Unref(id2)
+	if m.Stats().Objects != 1 {
+		t.Fatalf("objects = %d, want 1", m.Stats().Objects)
+	}
+	if _, _, err := m.Reserve(2 << 20); !errors.Is(err, tier.ErrTooLarge) {
+		t.Fatalf("Reserve beyond capacity = %v, want ErrTooLarge", err)
+	}
+}
+
+func TestClearByScope(t *testing.T) {
+	m := newTier(t, 1<<20, "LRU")
+	ctx := context.Background()
+	for i := range byte(3) {
+		m.Put(ctx, k(1, i), []byte{i})
+		m.Put(ctx, k(2, i), []byte{i})
+	}
+	if n := m.Clear(1); n != 3 {
+		t.Fatalf("Clear(1) = %d", n)
+	}
+	if m.Contains(k(1, 0)) || !m.Contains(k(2, 0)) {
+		t.Fatal("Clear(1) removed the wrong scope")
+	}
+	if n := m.Clear(0); n != 3 || m.Arena().Used() != 0 {
+		t.Fatalf("Clear(0) = %d, used %d", n, m.Arena().Used())
+	}
+}
+
+func TestGetShortBufferAndMiss(t *testing.T) {
+	m := newTier(t, 1<<20, "LRU")
+	ctx := context.Background()
+	m.Put(ctx, k(1, 1), make([]byte, 64))
+	if _, err := m.Get(ctx, k(1, 1), make([]byte, 10)); err == nil {
+		t.Fatal("short destination accepted")
+	}
+	if _, err := m.Get(ctx, k(1, 2), make([]byte, 64)); !errors.Is(err, tier.ErrNotFound) {
+		t.Fatalf("miss = %v, want ErrNotFound", err)
+	}
+	if m.Arena().Pinned() != 0 {
+		t.Fatal("failed Get left a pin")
+	}
+}
+
+func TestUnknownPolicy(t *testing.T) {
+	a, _ := arena.New(arena.Options{Capacity: 1 << 20})
+	defer a.Close()
+	if _, err := New(a, "random"); err == nil {
+		t.Fatal("unknown policy accepted")
+	}
+}

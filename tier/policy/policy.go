@@ -1,0 +1,79 @@
+// Package policy holds kvtier's pluggable eviction policies: LRU, LFU, FIFO,
+// MRU, S3-FIFO and ARC behind one small interface.
+//
+// A policy only orders keys; it never holds data and never decides when to
+// evict. The owner (a tier) admits keys as it stores objects, reports hits
+// and deletions, and when it needs room — by bytes, by its own rule — calls
+// Evict until enough is free. Every object therefore counts as one, and the
+// adaptive policies (S3-FIFO, ARC) size their queues from the current Len().
+//
+// Evict takes a busy predicate so the owner can protect pinned or leased
+// objects: busy keys are skipped and keep their place and state, and Evict
+// reports ok=false when nothing else is left.
+//
+// The implementations keep their nodes in slice-backed arrays linked by
+// int32 indices, with a map from key to index. There are no per-entry heap
+// pointers for the garbage collector to scan, and released indices are
+// reused, so steady-state operations do not allocate.
+//
+// Policies are not safe for concurrent use: the owner calls them under its
+// own mutex.
+package policy
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Policy orders the keys of one cache for eviction.
+type Policy[K comparable] interface {
+	// Name is the policy's canonical name, as listed by Names.
+	Name() string
+	// Admit records that k was just inserted. k was not tracked; admitting
+	// a tracked key counts as an Access.
+	Admit(k K)
+	// Access records a hit on k. Untracked keys are ignored.
+	Access(k K)
+	// Remove forgets k because the owner deleted it (not an eviction): no
+	// history of k is kept.
+	Remove(k K)
+	// Evict chooses the next victim, skipping keys for which busy(k) is
+	// true, stops tracking it and returns it. ok is false when every
+	// tracked key is busy or none is tracked. busy may be nil.
+	Evict(busy func(K) bool) (k K, ok bool)
+	// Len returns how many keys are tracked (history entries excluded).
+	Len() int
+}
+
+// Canonical policy names.
+const (
+	LRU    = "LRU"
+	LFU    = "LFU"
+	FIFO   = "FIFO"
+	MRU    = "MRU"
+	S3FIFO = "S3FIFO"
+	ARC    = "ARC"
+)
+
+// Names lists the policies New accepts, default first.
+func Names() []string { return []string{LRU, LFU, FIFO, MRU, S3FIFO, ARC} }
+
+// New returns an empty policy by name, case-insensitively. The empty name
+// gives LRU; "S3-FIFO" is accepted for S3FIFO.
+func New[K comparable](name string) (Policy[K], error) {
+	switch strings.ToUpper(strings.TrimSpace(name)) {
+	case "", LRU:
+		return newRecency[K](LRU), nil
+	case MRU:
+		return newRecency[K](MRU), nil
+	case FIFO:
+		return newRecency[K](FIFO), nil
+	case LFU:
+		return newLFU[K](), nil
+	case S3FIFO, "S3-FIFO":
+		return newS3FIFO[K](), nil
+	case ARC:
+		return newARC[K](), nil
+	}
+	return nil, fmt.Errorf("policy: unknown eviction policy %q (valid: %s)", name, strings.Join(Names(), ", "))
+}
