@@ -27,6 +27,7 @@ type Options struct {
 	DiskBytes       int64
 	DiskDirectIO    disk.DirectMode
 	DiskSegmentSize int64
+	DiskSync        disk.SyncMode
 
 	Tier   tier.Options
 	Logger *slog.Logger
@@ -53,7 +54,7 @@ func Open(o Options) (*Engine, error) {
 	var lower []tier.Tier
 	if o.DiskDir != "" {
 		d, err := disk.Open(o.DiskDir, disk.Options{Capacity: o.DiskBytes, DirectIO: o.DiskDirectIO,
-			SegmentSize: o.DiskSegmentSize, Logger: o.Logger})
+			SegmentSize: o.DiskSegmentSize, Sync: o.DiskSync, Logger: o.Logger})
 		if err != nil {
 			a.Close()
 			return nil, fmt.Errorf("engine: %w", err)

@@ -43,12 +43,18 @@ import (
 // the image of a record that sits inside another record's payload, or a block
 // written to the wrong place, is never taken for a record.
 //
+// A record's payload is written first and its header block after it, so
+// after a process crash a valid header always has its payload behind it (a
+// power failure may reorder unsynced writes: the payload checksum catches
+// that), and a crash in between leaves a hole where the header belongs.
+//
 // Removed and evicted records are never rewritten: their byte range is
 // punched out (fallocate PUNCH_HOLE), which gives the space back to the file
 // system and makes the range read as zeros. A scan that meets an all-zero
 // header block skips ahead with lseek(SEEK_DATA); one that meets any other
 // invalid block looks for the next valid header block by block. There are no
-// tombstones: a Remove is durable once its punch has been fsync'ed.
+// tombstones: every punch is fsync'ed, and a Remove waits for the punches of
+// all copies of its key, including older copies still being evicted.
 
 const (
 	blockSize  = 4096

@@ -51,6 +51,11 @@ func (t *Tier) recover() error {
 	}
 	for id, seg := range t.segs {
 		if seg.live > 0 {
+			// Make the punches above durable: an older copy of a key
+			// must not come back after a later Remove of it.
+			if err := unix.Fsync(seg.fd); err != nil {
+				return fmt.Errorf("disk: sync %s: %w", seg.path, err)
+			}
 			continue
 		}
 		unix.Close(seg.fd)

@@ -42,16 +42,16 @@ func aligned(b []byte) bool {
 	return len(b) == 0 || uintptr(unsafe.Pointer(unsafe.SliceData(b)))&(blockSize-1) == 0
 }
 
-// writeRecord stores h and payload at h.off. The payload goes straight from
-// the caller's memory in one pwritev (header, whole blocks, padded tail)
-// whenever the file is buffered or the memory is block aligned; otherwise it
-// is staged through the bounce buffer.
-func (w *worker) writeRecord(fd int, direct bool, h *header, payload []byte) error {
-	h.encode(w.hdr)
+// writePayload stores a record's payload, zero padded to a whole block,
+// after the header block at off. It goes straight from the caller's memory
+// in one pwritev (whole blocks, padded tail) whenever the file is buffered
+// or the memory is block aligned; otherwise it is staged through the bounce
+// buffer. The header is written separately, after the payload: see Put.
+func (w *worker) writePayload(fd int, direct bool, off int64, payload []byte) error {
 	defer w.clearIOV()
+	off += blockSize
 	if !direct || aligned(payload) {
 		bulk := len(payload) &^ (blockSize - 1)
-		w.iov = append(w.iov, w.hdr)
 		if bulk > 0 {
 			w.iov = append(w.iov, payload[:bulk])
 		}
@@ -60,34 +60,23 @@ func (w *worker) writeRecord(fd int, direct bool, h *header, payload []byte) err
 			clear(w.tail[n:])
 			w.iov = append(w.iov, w.tail)
 		}
-		return pwritevFull(fd, w.iov, h.off)
+		return pwritevFull(fd, w.iov, off)
 	}
-	// Staged: the header travels with the first piece.
-	off := h.off
-	w.iov = append(w.iov, w.hdr)
-	for pos := 0; ; {
+	for pos := 0; pos < len(payload); {
 		n := copy(w.bounce, payload[pos:])
 		padded := int(alignUp(int64(n)))
 		clear(w.bounce[n:padded])
-		w.iov = append(w.iov, w.bounce[:padded])
-		total := int64(padded)
-		if pos == 0 {
-			total += blockSize
-		}
-		if err := pwritevFull(fd, w.iov, off); err != nil {
+		if err := pwritevFull(fd, append(w.iov[:0], w.bounce[:padded]), off); err != nil {
 			return err
 		}
-		off += total
+		off += int64(padded)
 		pos += n
-		w.iov = w.iov[:0]
-		if pos >= len(payload) {
-			return nil
-		}
 	}
+	return nil
 }
 
 // readRecord reads the record at off whose payload fills dst exactly,
-// leaving its header block in w.hdr. Like writeRecord it reads straight into
+// leaving its header block in w.hdr. Like writePayload it reads straight into
 // dst unless O_DIRECT cannot use dst's memory.
 func (w *worker) readRecord(fd int, direct bool, off int64, dst []byte) error {
 	defer w.clearIOV()
@@ -125,6 +114,25 @@ func (w *worker) readRecord(fd int, direct bool, off int64, dst []byte) error {
 func (w *worker) clearIOV() {
 	clear(w.iov[:cap(w.iov)]) // drop references to callers' buffers
 	w.iov = w.iov[:0]
+}
+
+// writeHeader encodes h into block (one aligned block) and writes it.
+func writeHeader(fd int, block []byte, h *header) error {
+	h.encode(block)
+	for b, off := block, h.off; len(b) > 0; {
+		n, err := unix.Pwrite(fd, b, off)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return io.ErrShortWrite
+		}
+		b, off = b[n:], off+int64(n)
+	}
+	return nil
 }
 
 // pwritevFull writes all of iov at off, resuming after short writes. It

@@ -3,6 +3,8 @@ package disk
 import (
 	"context"
 	"sync"
+
+	"kvtier/chunk"
 )
 
 // The scheduler feeds a fixed set of I/O goroutines from one priority queue
@@ -27,7 +29,7 @@ type opKind uint8
 
 const (
 	opRead   opKind = iota // read a record into buf
-	opWrite                // write a record from buf
+	opWrite                // write a record's payload from buf
 	opPunch                // free a record's byte range
 	opRetire               // close and delete a segment with no records left
 )
@@ -46,17 +48,44 @@ func (k opKind) class() class {
 // op is one unit of work for an I/O goroutine. Ops are pooled: the done
 // channel is made once and reused, so submitting work allocates nothing.
 type op struct {
-	kind    opKind
-	async   bool // nobody waits: the worker returns the op to the pool
-	durable bool // punch: fsync before reporting done
-	seg     *segment
-	off     int64  // record offset in seg
-	length  int64  // punch: bytes to free
-	buf     []byte // read: destination payload; write: source payload
-	hdr     header // write: header to store; read: header found
-	hdrErr  error  // read: why the header block was rejected
-	err     error  // I/O error
-	done    chan struct{}
+	kind   opKind
+	async  bool // nobody waits: the worker returns the op to the pool
+	seg    *segment
+	key    chunk.Key // punch: whose copy is freed
+	off    int64     // record offset in seg
+	length int64     // punch: bytes to free
+	buf    []byte    // read: destination payload; write: source payload
+	hdr    header    // read: the header found
+	block  []byte    // write: one aligned block for the caller's header
+	hdrErr error     // read: why the header block was rejected
+	err    error     // I/O error
+	done   chan struct{}
+}
+
+// opPool recycles ops. Unlike a sync.Pool it is not emptied by garbage
+// collections, so ops (and the header blocks they carry) are made only as
+// many times as there are operations in flight at once.
+type opPool struct {
+	mu   sync.Mutex
+	free []*op
+}
+
+func (p *opPool) get() *op {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n := len(p.free); n > 0 {
+		o := p.free[n-1]
+		p.free = p.free[:n-1]
+		return o
+	}
+	return &op{done: make(chan struct{}, 1)}
+}
+
+func (p *opPool) put(o *op) {
+	*o = op{done: o.done, block: o.block}
+	p.mu.Lock()
+	p.free = append(p.free, o)
+	p.mu.Unlock()
 }
 
 // ring is a FIFO of ops that reuses its storage.
@@ -141,6 +170,11 @@ func (s *sched) submit(o *op) {
 // to finish, because the worker may be using the caller's buffer.
 func (s *sched) do(ctx context.Context, o *op) error {
 	s.submit(o)
+	return s.wait(ctx, o)
+}
+
+// wait is the second half of do, for callers with work to overlap.
+func (s *sched) wait(ctx context.Context, o *op) error {
 	select {
 	case <-o.done:
 		return nil

@@ -10,8 +10,9 @@
 //
 // Records are padded to 4096 bytes so that, where the file system allows,
 // all I/O is O_DIRECT straight between the caller's (page-aligned, usually
-// shared-memory) buffer and the device: one pwritev of header, payload and
-// padded tail per Put, one preadv per Get. A Put returns only after its
+// shared-memory) buffer and the device. A Put writes the payload with one
+// pwritev while it checksums the same bytes, then the header block; a Get
+// reads header and payload with one preadv. A Put returns only after its
 // record is durable (fdatasync, shared by concurrent Puts) unless the
 // options trade that away; only then does the record become visible.
 //
@@ -19,8 +20,10 @@
 // files, so eviction can follow a true LRU order without compaction, and the
 // bytes the files occupy never exceed the capacity: a Put reserves its
 // record's padded size first and waits for evictions' punches to finish
-// before writing. A segment whose records are all gone is deleted. Remove
-// punches and fsyncs before returning, so removed data never reappears.
+// before writing; Puts also evict a little ahead (Options.Headroom) so that
+// they rarely wait. A segment whose records are all gone is deleted. Every
+// punch is fsync'ed, and Remove returns only once every copy of its key is
+// durably gone, so removed data never reappears.
 //
 // I/O runs on a few goroutines fed by priority queues (reads, then deletes,
 // then writes); no lock is held across I/O. Pins are leases that keep
@@ -77,9 +80,15 @@ type Options struct {
 	SegmentSize int64      // bytes per segment file before a new one starts; default 256 MiB
 	DirectIO    DirectMode // default DirectAuto
 	Sync        SyncMode   // default SyncEach
-	QueueDepth  int        // I/O goroutines, i.e. I/Os in flight; default 2
-	BounceSize  int        // per-goroutine staging for unaligned buffers; default 1 MiB
-	Logger      *slog.Logger
+	// Headroom is how many bytes Puts keep free by evicting ahead of need,
+	// so that the next Put finds its space already punched out instead of
+	// waiting for it (freeing blocks can take milliseconds). Default
+	// Capacity/64, at most 256 MiB; negative means none: evict only on
+	// demand.
+	Headroom   int64
+	QueueDepth int // I/O goroutines, i.e. I/Os in flight; default 2
+	BounceSize int // per-goroutine staging for unaligned buffers; default 1 MiB
+	Logger     *slog.Logger
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -90,6 +99,10 @@ func (o Options) withDefaults() (Options, error) {
 		o.SegmentSize = 256 << 20
 	}
 	o.SegmentSize = alignUp(o.SegmentSize)
+	if o.Headroom == 0 {
+		o.Headroom = min(o.Capacity/64, 256<<20)
+	}
+	o.Headroom = max(o.Headroom, 0)
 	if o.QueueDepth <= 0 {
 		o.QueueDepth = 2
 	}
@@ -117,11 +130,12 @@ type Tier struct {
 	direct bool
 	start  time.Time // origin of the pin clock
 	sched  *sched
-	ops    sync.Pool // *op
+	ops    opPool
 	calls  sync.WaitGroup
 
 	mu       sync.Mutex
-	space    sync.Cond // signalled when bytes are freed or writes finish
+	space    sync.Cond           // broadcast when bytes are freed, writes finish or punches end
+	ghosts   map[chunk.Key]int32 // copies of a key whose punch has not yet been made durable
 	closed   bool
 	idx      index
 	segs     map[uint64]*segment
@@ -163,9 +177,9 @@ func Open(dir string, opts Options) (*Tier, error) {
 		start:  time.Now(),
 		idx:    newIndex(),
 		segs:   make(map[uint64]*segment),
+		ghosts: make(map[chunk.Key]int32),
 	}
 	t.space.L = &t.mu
-	t.ops.New = func() any { return &op{done: make(chan struct{}, 1)} }
 	t.st.Name = t.Name()
 	t.st.Capacity = opts.Capacity
 	if err := t.recover(); err != nil {
@@ -261,7 +275,6 @@ func (t *Tier) Put(ctx context.Context, key chunk.Key, data []byte) error {
 		return err
 	}
 	defer t.calls.Done()
-	sum := xxh3.Hash(data)
 
 	t.mu.Lock()
 	r, err := t.reserveLocked(key, int64(len(data)), need)
@@ -274,15 +287,8 @@ func (t *Tier) Put(ctx context.Context, key chunk.Key, data []byte) error {
 		t.createSegment(seg)
 	}
 	<-seg.ready
-	err = seg.openErr
-	if err == nil {
-		o := t.getOp()
-		o.kind, o.seg, o.buf = opWrite, seg, data
-		o.hdr = header{seg: seg.id, off: r.off, key: key, size: int64(len(data)), sum: sum}
-		if err = t.sched.do(ctx, o); err == nil {
-			err = o.err
-		}
-		t.putOp(o)
+	if err = seg.openErr; err == nil {
+		err = t.write(ctx, seg, r.off, key, data)
 	}
 	if err == nil && t.opts.Sync == SyncEach {
 		err = seg.sync.sync(seg.fd)
@@ -294,8 +300,32 @@ func (t *Tier) Put(ctx context.Context, key chunk.Key, data []byte) error {
 	return nil
 }
 
+// write stores a record in two steps: an I/O goroutine writes the payload
+// while this one checksums it, then the header follows. Overlapping the
+// checksum with the transfer hides its cost; writing the header last means a
+// valid header is never found before its payload was written.
+func (t *Tier) write(ctx context.Context, seg *segment, off int64, key chunk.Key, data []byte) error {
+	o := t.getOp()
+	defer t.putOp(o)
+	o.kind, o.seg, o.off, o.buf = opWrite, seg, off, data
+	t.sched.submit(o)
+	sum := xxh3.Hash(data)
+	if err := t.sched.wait(ctx, o); err != nil {
+		return err
+	}
+	if o.err != nil {
+		return o.err
+	}
+	if o.block == nil {
+		o.block = alignedBuf(blockSize) // kept with the pooled op
+	}
+	h := header{seg: seg.id, off: off, key: key, size: int64(len(data)), sum: sum}
+	return writeHeader(seg.fd, o.block, &h)
+}
+
 // reservation is the space a Put holds while it writes.
 type reservation struct {
+	key   chunk.Key
 	slot  int32
 	seg   *segment // nil: nothing reserved, the key is stored already
 	off   int64
@@ -344,7 +374,9 @@ func (t *Tier) reserveLocked(key chunk.Key, size, need int64) (reservation, erro
 	}
 	t.used += need
 	t.writing += need
-	r := reservation{need: need}
+	for t.opts.Capacity-(t.used-t.punching) < t.opts.Headroom && t.evictOneLocked() {
+	}
+	r := reservation{key: key, need: need}
 	r.seg, r.fresh = t.placeLocked(need)
 	r.off = r.seg.tail - need
 	r.slot = t.idx.add(slot{key: key, seg: r.seg.id, off: r.off, size: size})
@@ -413,7 +445,7 @@ func (t *Tier) finishPut(r reservation, n int, err error) {
 		t.retireIfEmptyLocked(seg)
 		return
 	}
-	t.punchLocked(seg, r.off, r.need, false) // part of it may have reached the disk
+	t.punchLocked(seg, r.off, r.need, r.key) // part or all of it may have reached the disk
 }
 
 // Get implements tier.Tier. dst must hold at least Size(key) bytes.
@@ -489,32 +521,32 @@ func (t *Tier) finishGet(key chunk.Key, loc slot, seg *segment, err, bad error) 
 		return 0, tier.ErrNotFound
 	}
 	t.st.Corrupt++
-	t.dropLocked(i, false)
+	t.dropLocked(i)
 	t.log.Warn("dropped corrupt record", "key", key, "segment", loc.seg, "offset", loc.off, "err", bad)
 	return 0, fmt.Errorf("disk: get %v at segment %d offset %d: %w: %w", key, loc.seg, loc.off, bad, tier.ErrCorrupt)
 }
 
-// Remove implements tier.Tier. It returns once the record's space has been
-// punched out and the punch fsync'ed, so the record stays gone after a
+// Remove implements tier.Tier. It returns once every copy of key known to
+// be on disk — this one, and any older copy still being evicted — has been
+// punched out and the punch fsync'ed, so removed data stays gone after a
 // crash. A Put still in flight for key is not affected.
 func (t *Tier) Remove(key chunk.Key) bool {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	if t.closed {
-		t.mu.Unlock()
 		return false
 	}
 	i, ok := t.idx.liveSlot(key)
 	if !ok {
-		t.mu.Unlock()
 		return false
 	}
 	t.st.Removes++
-	o := t.dropLocked(i, true)
+	t.dropLocked(i)
 	t.calls.Add(1)
-	t.mu.Unlock()
 	defer t.calls.Done()
-	<-o.done
-	t.putOp(o)
+	for t.ghosts[key] > 0 {
+		t.space.Wait()
+	}
 	return true
 }
 
@@ -563,31 +595,28 @@ func (t *Tier) evictOneLocked() bool {
 		return false
 	}
 	t.st.Evictions++
-	t.dropLocked(i, false)
+	t.dropLocked(i)
 	return true
 }
 
 // dropLocked takes live slot i out of the index and queues the punch that
-// frees its bytes. A durable drop returns the op to wait on; otherwise the
-// punch runs on its own.
-func (t *Tier) dropLocked(i int32, durable bool) *op {
+// frees its bytes.
+func (t *Tier) dropLocked(i int32) {
 	s := t.idx.slots[i]
 	t.idx.drop(i)
-	return t.punchLocked(t.segs[s.seg], s.off, recordSize(s.size), durable)
+	t.punchLocked(t.segs[s.seg], s.off, recordSize(s.size), s.key)
 }
 
-// punchLocked queues freeing n bytes at off in seg. The bytes stay counted
-// as used until the punch is done, so the files never outgrow the capacity.
-func (t *Tier) punchLocked(seg *segment, off, n int64, durable bool) *op {
+// punchLocked queues freeing n bytes at off in seg, which hold a copy of
+// key. The bytes stay counted as used until the punch is done, so the files
+// never outgrow the capacity, and the copy stays counted as a ghost of key
+// until the punch is durable, so that a Remove can wait for it.
+func (t *Tier) punchLocked(seg *segment, off, n int64, key chunk.Key) {
 	t.punching += n
+	t.ghosts[key]++
 	o := t.getOp()
-	o.kind, o.seg, o.off, o.length = opPunch, seg, off, n
-	o.durable, o.async = durable, !durable
+	o.kind, o.seg, o.off, o.length, o.key, o.async = opPunch, seg, off, n, key, true
 	t.sched.submit(o)
-	if durable {
-		return o
-	}
-	return nil
 }
 
 // retireIfEmptyLocked queues deleting seg once nothing can touch it again.
@@ -610,7 +639,7 @@ func (t *Tier) exec(w *worker, o *op) {
 			o.hdr, o.hdrErr = decodeHeader(w.hdr)
 		}
 	case opWrite:
-		o.err = w.writeRecord(o.seg.fd, t.direct, &o.hdr, o.buf)
+		o.err = w.writePayload(o.seg.fd, t.direct, o.off, o.buf)
 	case opPunch:
 		t.execPunch(o)
 	case opRetire:
@@ -623,10 +652,12 @@ func (t *Tier) exec(w *worker, o *op) {
 	o.done <- struct{}{}
 }
 
+// execPunch frees a record's bytes and fsyncs, so that an evicted copy can
+// never outlive a later Remove of its key across a crash.
 func (t *Tier) execPunch(o *op) {
 	seg := o.seg
 	err := punch(seg.fd, o.off, o.length)
-	if err == nil && o.durable {
+	if err == nil {
 		err = unix.Fsync(seg.fd)
 	}
 	if err != nil {
@@ -639,6 +670,9 @@ func (t *Tier) execPunch(o *op) {
 		seg.leaked += o.length
 	} else {
 		t.used -= o.length
+	}
+	if t.ghosts[o.key]--; t.ghosts[o.key] <= 0 {
+		delete(t.ghosts, o.key)
 	}
 	seg.live--
 	t.retireIfEmptyLocked(seg)
@@ -660,12 +694,9 @@ func (t *Tier) execRetire(seg *segment) {
 	t.space.Broadcast()
 }
 
-func (t *Tier) getOp() *op { return t.ops.Get().(*op) }
+func (t *Tier) getOp() *op { return t.ops.get() }
 
-func (t *Tier) putOp(o *op) {
-	*o = op{done: o.done}
-	t.ops.Put(o)
-}
+func (t *Tier) putOp(o *op) { t.ops.put(o) }
 
 // now is the pin clock: monotonic nanoseconds since Open.
 func (t *Tier) now() int64 { return int64(time.Since(t.start)) }

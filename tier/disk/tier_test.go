@@ -274,7 +274,7 @@ func TestBadOptions(t *testing.T) {
 func TestLRUEviction(t *testing.T) {
 	const size = 10000
 	rec := recordSize(size)
-	d := openTier(t, t.TempDir(), Options{Capacity: 4 * rec})
+	d := openTier(t, t.TempDir(), Options{Capacity: 4 * rec, Headroom: -1})
 	defer d.Close()
 	k := func(i int) chunk.Key { return testKey(uint64(i)) }
 	for i := range 4 {
@@ -298,10 +298,27 @@ func TestLRUEviction(t *testing.T) {
 	}
 }
 
+func TestHeadroomEvictsAhead(t *testing.T) {
+	const size = 10000
+	rec := recordSize(size)
+	d := openTier(t, t.TempDir(), Options{Capacity: 4 * rec, Headroom: rec})
+	defer d.Close()
+	for i := range 3 {
+		mustPut(t, d, testKey(uint64(i)), testPayload(testKey(uint64(i)), size))
+	}
+	if st := d.Stats(); st.Evictions != 0 {
+		t.Fatalf("evicted with the headroom still free: %+v", st)
+	}
+	mustPut(t, d, testKey(3), testPayload(testKey(3), size)) // fills the headroom
+	if st := d.Stats(); st.Evictions != 1 || d.Contains(testKey(0)) || !d.Contains(testKey(3)) {
+		t.Fatalf("the put into the headroom did not evict the oldest ahead: %+v", st)
+	}
+}
+
 func TestPinsProtectUntilTheyLapse(t *testing.T) {
 	const size = 10000
 	rec := recordSize(size)
-	d := openTier(t, t.TempDir(), Options{Capacity: 3 * rec})
+	d := openTier(t, t.TempDir(), Options{Capacity: 3 * rec, Headroom: -1})
 	defer d.Close()
 	k := func(i int) chunk.Key { return testKey(uint64(i)) }
 	for i := range 3 {
@@ -329,7 +346,7 @@ func TestPinsProtectUntilTheyLapse(t *testing.T) {
 		t.Fatalf("Put after Pin tried to shorten leases: %v", err)
 	}
 
-	short := openTier(t, t.TempDir(), Options{Capacity: rec})
+	short := openTier(t, t.TempDir(), Options{Capacity: rec, Headroom: -1})
 	defer short.Close()
 	mustPut(t, short, k(0), testPayload(k(0), size))
 	short.Pin([]chunk.Key{k(0)}, time.Millisecond)
@@ -396,7 +413,7 @@ func TestReopenWithSmallerCapacityEvictsOldest(t *testing.T) {
 		mustPut(t, d, testKey(uint64(i)), testPayload(testKey(uint64(i)), size))
 	}
 	d.Close()
-	d = openTier(t, dir, Options{Capacity: 4 * recordSize(size)})
+	d = openTier(t, dir, Options{Capacity: 4 * recordSize(size), Headroom: -1})
 	defer d.Close()
 	for i := range 6 {
 		if d.Contains(testKey(uint64(i))) != (i >= 2) {
@@ -447,5 +464,49 @@ func TestConcurrentMixedOperations(t *testing.T) {
 	}
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// copiesOnDisk counts the valid record headers for key in dir's segments,
+// reading the files directly.
+func copiesOnDisk(t *testing.T, dir string, key chunk.Key) int {
+	t.Helper()
+	n := 0
+	for _, path := range segmentFiles(t, dir) {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for off := 0; off+blockSize <= len(data); off += blockSize {
+			if h, err := decodeHeader(data[off : off+blockSize]); err == nil && h.key == key {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func TestRemoveWaitsForEveryCopy(t *testing.T) {
+	const size = 20000
+	dir := t.TempDir()
+	d := openTier(t, dir, Options{Capacity: recordSize(size), Headroom: -1})
+	defer d.Close()
+	k, other := testKey(1), testKey(2)
+	for range 3 { // each put evicts the other key: copies of k pile up until punched
+		mustPut(t, d, k, testPayload(k, size))
+		mustPut(t, d, other, testPayload(other, size))
+	}
+	mustPut(t, d, k, testPayload(k, size))
+	if !d.Remove(k) {
+		t.Fatal("Remove of a stored key returned false")
+	}
+	if n := copiesOnDisk(t, dir, k); n != 0 {
+		t.Fatalf("%d copies of a removed key still on disk when Remove returned", n)
+	}
+	d.mu.Lock()
+	ghosts := len(d.ghosts)
+	d.mu.Unlock()
+	if ghosts > 1 { // only other's last eviction may still be in flight
+		t.Fatalf("%d keys with punches in flight", ghosts)
 	}
 }

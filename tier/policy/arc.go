@@ -8,17 +8,19 @@ package policy
 // grows p; one found in B2 shrinks it. Evict takes the least recent key of
 // T1 when T1 is above its target, otherwise of T2.
 //
-// The cache size c of the paper is the number of resident keys at the most
-// recent Evict (the owner evicts when full, so that is its capacity in
-// objects). The ghost lists are trimmed to the paper's bounds
+// The cache size c of the paper is the number of resident keys when the
+// owner last began evicting (it evicts when full, so that is its capacity
+// in objects; a burst of evictions for one large object does not shrink
+// it). The ghost lists are trimmed to the paper's bounds
 // |T1|+|B1| <= c and |T1|+|T2|+|B1|+|B2| <= 2c. Because Evict runs before
 // Admit, it cannot see whether the incoming key is in B2, so the paper's
 // tie rule (evict from T1 when |T1| = p and the key is in B2) is dropped.
 type arc[K comparable] struct {
 	pool           pool[K]
 	t1, t2, b1, b2 queue
-	p              int // target length of T1
-	c              int // cache size in keys, learnt at Evict
+	p              int  // target length of T1
+	c              int  // cache size in keys, learnt at Evict
+	evicting       bool // the last call was Evict: c is already learnt
 }
 
 const (
@@ -41,6 +43,7 @@ func (a *arc[K]) Name() string { return ARC }
 func (a *arc[K]) Len() int     { return a.t1.len + a.t2.len }
 
 func (a *arc[K]) Admit(k K) {
+	a.evicting = false
 	i, ok := a.pool.index[k]
 	if !ok {
 		i = a.pool.track(k)
@@ -84,8 +87,10 @@ func (a *arc[K]) Remove(k K) {
 }
 
 func (a *arc[K]) Evict(busy func(K) bool) (K, bool) {
-	a.c = a.Len()
-	a.p = min(a.p, a.c)
+	if !a.evicting {
+		a.c, a.evicting = a.Len(), true
+		a.p = min(a.p, a.c)
+	}
 	first, second := arcT2, arcT1
 	if a.t1.len > 0 && a.t1.len > a.p {
 		first, second = arcT1, arcT2

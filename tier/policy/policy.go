@@ -9,7 +9,9 @@
 //
 // Evict takes a busy predicate so the owner can protect pinned or leased
 // objects: busy keys are skipped and keep their place and state, and Evict
-// reports ok=false when nothing else is left.
+// reports ok=false when nothing else is left. Evict walks past busy keys,
+// so its cost grows with the number of pinned keys at the eviction end;
+// pins are expected to be few and short-lived.
 //
 // The implementations keep their nodes in slice-backed arrays linked by
 // int32 indices, with a map from key to index. There are no per-entry heap

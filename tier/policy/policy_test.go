@@ -62,8 +62,8 @@ func TestOrder(t *testing.T) {
 	for name, want := range map[string][]int{
 		LRU:  {2, 4, 3, 1},
 		MRU:  {1, 3, 4, 2},
-		FIFO: {1, 2, 3, 4},    // hits change nothing
-		LFU:  {2, 4, 3, 1},    // 1 has 3 refs, 3 has 2; 2 and 4 tie, 2 is older
+		FIFO: {1, 2, 3, 4}, // hits change nothing
+		LFU:  {2, 4, 3, 1}, // 1 has 3 refs, 3 has 2; 2 and 4 tie, 2 is older
 	} {
 		p := mustNew(t, name)
 		for _, k := range []int{1, 2, 3, 4} {
@@ -339,38 +339,32 @@ func TestARCGhostsAreBounded(t *testing.T) {
 	}
 }
 
+// slots returns how many node slots p has ever allocated.
+func slots(p Policy[int]) int {
+	switch p := p.(type) {
+	case *recency[int]:
+		return len(p.pool.slots)
+	case *lfu[int]:
+		return len(p.pool.slots)
+	case *s3fifo[int]:
+		return len(p.pool.slots)
+	case *arc[int]:
+		return len(p.pool.slots)
+	}
+	panic("unknown policy type")
+}
+
 func TestSlotsAreReused(t *testing.T) {
 	for _, name := range Names() {
 		p := mustNew(t, name)
 		fill(p, 100, 0, 100)
-		var before int
-		switch q := p.(type) {
-		case *recency[int]:
-			before = len(q.pool.slots)
-		case *lfu[int]:
-			before = len(q.pool.slots)
-		case *s3fifo[int]:
-			before = len(q.pool.slots)
-		case *arc[int]:
-			before = len(q.pool.slots)
-		}
+		before := slots(p)
 		for round := 0; round < 5; round++ {
 			fill(p, 100, 1000*(round+1), 1000*(round+1)+1000)
 		}
-		var after int
-		switch q := p.(type) {
-		case *recency[int]:
-			after = len(q.pool.slots)
-		case *lfu[int]:
-			after = len(q.pool.slots)
-		case *s3fifo[int]:
-			after = len(q.pool.slots)
-		case *arc[int]:
-			after = len(q.pool.slots)
-		}
 		// Ghost entries may at most double the slots; they must not grow
 		// with the number of keys ever seen.
-		if after > 2*before+16 {
+		if after := slots(p); after > 2*before+16 {
 			t.Errorf("%s: slots grew from %d to %d over 5000 churned keys", name, before, after)
 		}
 	}

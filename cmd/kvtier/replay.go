@@ -1,0 +1,355 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"kvtier/chunk"
+	"kvtier/engine"
+	"kvtier/replay"
+	"kvtier/tier/disk"
+	"kvtier/tier/policy"
+)
+
+type replayFlags struct {
+	trace         string
+	policy        string
+	ramFrac       float64
+	diskFrac      float64
+	diskDir       string
+	bytesPerToken int
+	requests      int
+	plot          string
+	sweep         string
+	noProgress    bool
+	json          bool
+}
+
+func replayCmd() *cobra.Command {
+	var f replayFlags
+	cmd := &cobra.Command{
+		Use:   "replay",
+		Short: "replay a Mooncake-format request trace through the engine and compare policies with OPT",
+		Long: `replay drives a request trace (Mooncake's JSON-lines format, one 512-token
+block per hash id) through the real engine: a RAM tier and a disk tier sized as
+fractions of the trace's distinct blocks, with KV of --bytes-per-token bytes per
+token so the run fits this machine. It prints the hit rate per tier and the bytes
+moved, then the block hit rate every eviction policy and Belady's optimum (OPT,
+offline) reach in simulation at the same RAM capacity. --plot draws hit rate
+against capacity for every policy and OPT (simulated) as an SVG chart.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runReplay(cmd.Context(), f, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.trace, "trace", "../shared/traces/conversation_trace.jsonl", "trace file (JSON lines)")
+	fl.StringVar(&f.policy, "policy", "LRU", "RAM-tier eviction policy for the engine run ("+strings.Join(policy.Names(), ", ")+")")
+	fl.Float64Var(&f.ramFrac, "ram", 0.10, "RAM tier capacity as a fraction of the trace's distinct blocks")
+	fl.Float64Var(&f.diskFrac, "disk", 0.30, "disk tier capacity as a fraction of the trace's distinct blocks (0 disables the disk tier)")
+	fl.StringVar(&f.diskDir, "disk-dir", "", "directory for the disk tier (default: a temporary directory, removed afterwards)")
+	fl.IntVar(&f.bytesPerToken, "bytes-per-token", 16, "KV bytes per token (a real Llama-3-8B stores 131072)")
+	fl.IntVar(&f.requests, "requests", 0, "replay only the first N requests (0: all)")
+	fl.StringVar(&f.plot, "plot", "", "write an SVG chart of hit rate against capacity to this file")
+	fl.StringVar(&f.sweep, "sweep", "1,2,5,10,20,30,50", "capacities for --plot, in percent of distinct blocks")
+	fl.BoolVar(&f.noProgress, "no-progress", false, "do not draw the progress bar")
+	fl.BoolVar(&f.json, "json", false, "print the report as JSON")
+	return cmd
+}
+
+// replayReport is what `kvtier replay` prints.
+type replayReport struct {
+	Trace          string  `json:"trace"`
+	Requests       int     `json:"requests"`
+	BlockRefs      int     `json:"block_refs"`
+	DistinctBlocks int     `json:"distinct_blocks"`
+	BytesPerToken  int     `json:"bytes_per_token"`
+	Policy         string  `json:"policy"`
+	RAMBlocks      int     `json:"ram_capacity_blocks"`
+	RAMBytes       int64   `json:"ram_capacity_bytes"`
+	DiskBytes      int64   `json:"disk_capacity_bytes"`
+	DiskDirect     bool    `json:"disk_direct_io"`
+	Seconds        float64 `json:"seconds"`
+
+	BlockHitRate   float64 `json:"block_hit_rate"`
+	TokenHitRate   float64 `json:"token_hit_rate"`
+	RAMTokenRate   float64 `json:"ram_token_hit_rate"`
+	DiskTokenRate  float64 `json:"disk_token_hit_rate"`
+	BytesStored    int64   `json:"bytes_stored"`
+	BytesRetrieved int64   `json:"bytes_retrieved"`
+	DiskWritten    uint64  `json:"disk_bytes_written"`
+	DiskRead       uint64  `json:"disk_bytes_read"`
+	DiskDropped    uint64  `json:"disk_writes_dropped"`
+
+	Simulated []simRow `json:"simulated"`
+}
+
+type simRow struct {
+	Policy  string  `json:"policy"`
+	HitRate float64 `json:"block_hit_rate"`
+	OfOPT   float64 `json:"fraction_of_opt"`
+}
+
+func runReplay(ctx context.Context, f replayFlags, out, progress io.Writer) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if f.ramFrac <= 0 || f.diskFrac < 0 || f.bytesPerToken <= 0 {
+		return fmt.Errorf("--ram and --bytes-per-token must be positive, --disk not negative")
+	}
+	reqs, err := readTrace(f.trace)
+	if err != nil {
+		return err
+	}
+	if f.requests > 0 && f.requests < len(reqs) {
+		reqs = reqs[:f.requests]
+	}
+	sum := replay.Summarize(reqs)
+	blockBytes := int64(replay.BlockSize * f.bytesPerToken)
+	r := &replayReport{Trace: f.trace, Requests: sum.Requests, BlockRefs: sum.BlockRefs,
+		DistinctBlocks: sum.DistinctBlocks, BytesPerToken: f.bytesPerToken, Policy: strings.ToUpper(f.policy)}
+	r.RAMBlocks = max(1, int(f.ramFrac*float64(sum.DistinctBlocks)))
+	r.RAMBytes = int64(r.RAMBlocks) * blockBytes
+	r.DiskBytes = int64(f.diskFrac*float64(sum.DistinctBlocks)) * (blockBytes + 4096) // room for each record's header block
+	fmt.Fprintf(progress, "trace: %d requests, %d block references, %d distinct blocks\n", sum.Requests, sum.BlockRefs, sum.DistinctBlocks)
+
+	if err := replayEngine(ctx, f, reqs, r, progress); err != nil {
+		return err
+	}
+	if err := simulateAt(reqs, r); err != nil {
+		return err
+	}
+	if f.plot != "" {
+		if err := plotSweep(reqs, f, sum.DistinctBlocks); err != nil {
+			return err
+		}
+		fmt.Fprintf(progress, "chart written to %s\n", f.plot)
+	}
+	if f.json {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(r)
+	}
+	printReplay(out, r)
+	return nil
+}
+
+func readTrace(path string) ([]replay.Request, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("--trace: %w", err)
+	}
+	defer fh.Close()
+	reqs, err := replay.ReadTrace(fh)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(reqs) == 0 {
+		return nil, fmt.Errorf("%s: no requests", path)
+	}
+	return reqs, nil
+}
+
+// replayEngine runs the trace through a real engine: arena-backed RAM tier
+// and, unless disabled, the disk tier.
+func replayEngine(ctx context.Context, f replayFlags, reqs []replay.Request, r *replayReport, progress io.Writer) error {
+	opts := engine.Options{ChunkSize: replay.BlockSize, SaveUnfull: true, RAMBytes: r.RAMBytes, Policy: f.policy,
+		DiskSync: disk.SyncNone}
+	if f.diskFrac > 0 {
+		dir := f.diskDir
+		if dir == "" {
+			tmp, err := os.MkdirTemp("", "kvtier-replay-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(tmp)
+			dir = filepath.Join(tmp, "disk")
+		}
+		opts.DiskDir, opts.DiskBytes = dir, r.DiskBytes
+	} else {
+		r.DiskBytes = 0
+	}
+	// The replay must see every write land, as a long-running node would:
+	// let stores wait for the disk queue instead of dropping.
+	opts.Tier.WriteWait = time.Minute
+	e, err := engine.Open(opts)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	c := newEngineCache(e, f.bytesPerToken)
+	bar := newProgressBar(progress, !f.noProgress)
+	start := time.Now()
+	res, err := replay.Run(ctx, reqs, c, bar.update)
+	bar.done()
+	if err != nil {
+		return err
+	}
+	if err := e.Manager().Flush(ctx); err != nil {
+		return err
+	}
+	r.Seconds = time.Since(start).Seconds()
+	r.BlockHitRate = res.HitRate()
+	r.TokenHitRate = float64(res.HitTokens) / float64(res.Tokens)
+	r.RAMTokenRate = float64(c.tierTokens[0]) / float64(res.Tokens)
+	r.DiskTokenRate = float64(c.tierTokens[1]) / float64(res.Tokens)
+	r.BytesStored, r.BytesRetrieved = c.stored, c.retrieved
+	stats, queues := e.Manager().Stats()
+	if len(stats) > 1 {
+		r.DiskWritten, r.DiskRead = stats[1].BytesWritten, stats[1].BytesRead
+		r.DiskDropped = queues[0].Dropped
+		if d, ok := e.Manager().Tiers()[1].(*disk.Tier); ok {
+			r.DiskDirect = d.DirectIO()
+		}
+	}
+	return nil
+}
+
+// simulateAt fills r.Simulated with every policy, OPT and the infinite
+// cache at the engine's RAM capacity.
+func simulateAt(reqs []replay.Request, r *replayReport) error {
+	names := append(policy.Names(), replay.OPT, replay.Infinite)
+	results, err := replay.Sweep(reqs, names, []int{r.RAMBlocks})
+	if err != nil {
+		return err
+	}
+	opt := 0.0
+	for _, res := range results {
+		if res.Policy == replay.OPT {
+			opt = res.HitRate()
+		}
+	}
+	for _, res := range results {
+		row := simRow{Policy: res.Policy, HitRate: res.HitRate()}
+		if opt > 0 {
+			row.OfOPT = row.HitRate / opt
+		}
+		r.Simulated = append(r.Simulated, row)
+	}
+	return nil
+}
+
+func plotSweep(reqs []replay.Request, f replayFlags, distinct int) error {
+	var caps []int
+	for _, s := range strings.Split(f.sweep, ",") {
+		pct, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+		if err != nil || pct <= 0 {
+			return fmt.Errorf("--sweep: %q is not a positive percentage", s)
+		}
+		caps = append(caps, max(1, int(pct/100*float64(distinct))))
+	}
+	names := append(policy.Names(), replay.OPT, replay.Infinite)
+	results, err := replay.Sweep(reqs, names, caps)
+	if err != nil {
+		return err
+	}
+	fh, err := os.Create(f.plot)
+	if err != nil {
+		return fmt.Errorf("--plot: %w", err)
+	}
+	title := fmt.Sprintf("%s: block hit rate by capacity (simulated)", filepath.Base(f.trace))
+	if err := replay.WriteSVG(fh, title, replay.SeriesOf(results, distinct)...); err != nil {
+		fh.Close()
+		return err
+	}
+	return fh.Close()
+}
+
+func printReplay(w io.Writer, r *replayReport) {
+	mib := func(b int64) float64 { return float64(b) / (1 << 20) }
+	fmt.Fprintf(w, "trace %s: %d requests, %d block references, %d distinct blocks\n", r.Trace, r.Requests, r.BlockRefs, r.DistinctBlocks)
+	fmt.Fprintf(w, "engine: %s policy, RAM %.0f MiB (%d blocks of 512 tokens × %d B/token)", r.Policy, mib(r.RAMBytes), r.RAMBlocks, r.BytesPerToken)
+	if r.DiskBytes > 0 {
+		fmt.Fprintf(w, ", disk %.0f MiB (O_DIRECT: %v)", mib(r.DiskBytes), r.DiskDirect)
+	}
+	fmt.Fprintf(w, ", %.1f s\n\n", r.Seconds)
+	fmt.Fprintf(w, "block hit rate      %6.2f %%\n", 100*r.BlockHitRate)
+	fmt.Fprintf(w, "token hit rate      %6.2f %%  (RAM %.2f %%, disk %.2f %%)\n", 100*r.TokenHitRate, 100*r.RAMTokenRate, 100*r.DiskTokenRate)
+	fmt.Fprintf(w, "bytes stored        %8.1f MiB, retrieved %.1f MiB\n", mib(r.BytesStored), mib(r.BytesRetrieved))
+	if r.DiskBytes > 0 {
+		fmt.Fprintf(w, "disk written        %8.1f MiB, read %.1f MiB, writes dropped %d\n", mib(int64(r.DiskWritten)), mib(int64(r.DiskRead)), r.DiskDropped)
+	}
+	fmt.Fprintf(w, "\nsimulated block hit rate at the RAM capacity (%d blocks):\n", r.RAMBlocks)
+	for _, s := range r.Simulated {
+		fmt.Fprintf(w, "  %-9s %6.2f %%", s.Policy, 100*s.HitRate)
+		if s.Policy != replay.OPT && s.Policy != replay.Infinite {
+			fmt.Fprintf(w, "   %.3f of OPT", s.OfOPT)
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// engineCache adapts the engine to replay.Cache: Lookup also retrieves the
+// hit chunks (moving their bytes, promoting disk hits into RAM), and Store
+// saves the chunks after the retrieved prefix.
+type engineCache struct {
+	e             *engine.Engine
+	scope         chunk.Scope
+	bytesPerToken int
+	skip          int // tokens retrieved by the last Lookup
+	bufs          [][]byte
+	tierTokens    [2]int64
+	stored        int64
+	retrieved     int64
+}
+
+func newEngineCache(e *engine.Engine, bytesPerToken int) *engineCache {
+	return &engineCache{e: e, bytesPerToken: bytesPerToken,
+		scope: chunk.Scope{Model: "replay", WorldSize: 1, Format: fmt.Sprintf("%dB", bytesPerToken)}}
+}
+
+// buffers returns n chunk buffers of full size, reusing earlier ones.
+func (c *engineCache) buffers(n int) [][]byte {
+	for len(c.bufs) < n {
+		c.bufs = append(c.bufs, make([]byte, c.e.ChunkSize()*c.bytesPerToken))
+	}
+	bufs := c.bufs[:n]
+	for i := range bufs {
+		bufs[i] = bufs[i][:cap(bufs[i])]
+	}
+	return bufs
+}
+
+func (c *engineCache) Lookup(tokens []uint32) (int, error) {
+	req := engine.Request{Scope: c.scope, Tokens: tokens}
+	hit, err := c.e.Lookup(req)
+	if err != nil || hit.Chunks == 0 {
+		c.skip = 0
+		return 0, err
+	}
+	got, err := c.e.Retrieve(context.Background(), req, c.buffers(hit.Chunks))
+	if err != nil {
+		return 0, err
+	}
+	c.tierTokens[0] += int64(min(hit.ByTier[0], got.Tokens))
+	c.tierTokens[1] += int64(max(0, got.Tokens-hit.ByTier[0]))
+	c.retrieved += int64(got.Tokens * c.bytesPerToken)
+	c.skip = got.Tokens - got.Tokens%c.e.ChunkSize()
+	return got.Tokens, nil
+}
+
+func (c *engineCache) Store(tokens []uint32) error {
+	cs := c.e.ChunkSize()
+	first := c.skip / cs
+	n := (len(tokens)+cs-1)/cs - first
+	if n <= 0 {
+		return nil
+	}
+	bufs := c.buffers(n)
+	for i := range bufs {
+		start := (first + i) * cs
+		bufs[i] = bufs[i][:(min(start+cs, len(tokens))-start)*c.bytesPerToken]
+		c.stored += int64(len(bufs[i]))
+	}
+	_, err := c.e.Store(context.Background(), engine.Request{Scope: c.scope, Tokens: tokens, Skip: c.skip}, bufs)
+	return err
+}
