@@ -1,0 +1,113 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestBenchSmallShape runs the whole bench on a small chunk shape and checks
+// that every figure was measured and the data round-tripped (runBench
+// compares the bytes it reads back with the bytes it stored).
+func TestBenchSmallShape(t *testing.T) {
+	f := benchFlags{layers: 2, heads: 2, headDim: 64, tokens: 256, dtype: "bf16", chunks: 4, rounds: 1, dir: t.TempDir()}
+	r, err := runBench(context.Background(), f, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.ChunkBytes != 2*2*2*64*2*256 {
+		t.Fatalf("chunk bytes = %d", r.ChunkBytes)
+	}
+	for name, v := range map[string]float64{"memcpy": r.MemcpyGBps, "ram store": r.RAMStoreGBps, "ram retrieve": r.RAMRetrieveGBps,
+		"raw write": r.RawWriteGBps, "raw read": r.RawReadGBps, "disk write": r.DiskWriteGBps, "disk read": r.DiskReadGBps,
+		"lookup": r.LookupMeanMicros, "hash": r.HashNsPerChunk, "vllm": r.VLLMNsPerBlock, "sglang": r.SGLangNsPerPage} {
+		if !(v > 0) {
+			t.Errorf("%s figure = %v, want a positive measurement", name, v)
+		}
+	}
+	if r.LookupP99Micros < r.LookupMeanMicros/10 {
+		t.Errorf("p99 %.1f µs implausibly below mean %.1f µs", r.LookupP99Micros, r.LookupMeanMicros)
+	}
+}
+
+func TestBenchRejectsBadFlags(t *testing.T) {
+	for _, f := range []benchFlags{
+		{layers: 1, heads: 1, headDim: 1, tokens: 1, dtype: "bf17", chunks: 1, rounds: 1},
+		{layers: 1, heads: 1, headDim: 1, tokens: 1, dtype: "bf16", chunks: 0, rounds: 1},
+		{layers: 0, heads: 1, headDim: 1, tokens: 1, dtype: "bf16", chunks: 1, rounds: 1},
+	} {
+		if _, err := runBench(context.Background(), f, &bytes.Buffer{}); err == nil {
+			t.Errorf("runBench(%+v) accepted bad flags", f)
+		}
+	}
+}
+
+// TestReplayRealTracePrefix replays the first requests of the bundled trace
+// through the engine (RAM and disk tiers) and checks the report against
+// the simulation: no policy beats OPT, OPT does not beat the infinite
+// cache, and the engine's LRU run matches the simulated LRU exactly when
+// the disk tier is off (same capacity in blocks, same policy code).
+func TestReplayRealTracePrefix(t *testing.T) {
+	trace := filepath.Join("..", "..", "..", "shared", "traces", "conversation_trace.jsonl")
+	if _, err := os.Stat(trace); err != nil {
+		t.Skipf("bundled trace not found: %v", err)
+	}
+	for _, disk := range []float64{0, 0.3} {
+		var out bytes.Buffer
+		plot := filepath.Join(t.TempDir(), "chart.svg")
+		f := replayFlags{trace: trace, policy: "LRU", ramFrac: 0.1, diskFrac: disk, bytesPerToken: 8, requests: 400,
+			plot: plot, sweep: "5,10,20", json: true, noProgress: true}
+		if err := runReplay(context.Background(), f, &out, &bytes.Buffer{}); err != nil {
+			t.Fatal(err)
+		}
+		var r replayReport
+		if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+			t.Fatal(err)
+		}
+		sim := map[string]float64{}
+		for _, s := range r.Simulated {
+			sim[s.Policy] = s.HitRate
+		}
+		for p, h := range sim {
+			if p != "INFINITE" && h > sim["OPT"]+1e-12 {
+				t.Errorf("%s %.4f beats OPT %.4f", p, h, sim["OPT"])
+			}
+		}
+		if sim["OPT"] > sim["INFINITE"]+1e-12 || sim["OPT"] == 0 {
+			t.Errorf("OPT %.4f vs infinite %.4f", sim["OPT"], sim["INFINITE"])
+		}
+		t.Logf("disk %.1f: engine LRU %.4f, simulated LRU %.4f, OPT %.4f", disk, r.BlockHitRate, sim["LRU"], sim["OPT"])
+		if r.Requests != 400 || r.BlockHitRate <= 0 {
+			t.Errorf("report: %+v", r)
+		}
+		// 8 B/token makes a block exactly one arena page, so the engine's
+		// RAM holds exactly RAMBlocks blocks, as the simulation does.
+		if d := r.BlockHitRate - sim["LRU"]; disk == 0 && (d > 0.001 || d < -0.001) {
+			t.Errorf("engine LRU without disk %.4f differs from simulated LRU %.4f", r.BlockHitRate, sim["LRU"])
+		}
+		if disk > 0 && (r.DiskWritten == 0 || r.DiskTokenRate <= 0) {
+			t.Errorf("disk tier unused: written %d, disk token rate %.4f", r.DiskWritten, r.DiskTokenRate)
+		}
+		svg, err := os.ReadFile(plot)
+		if err != nil || !strings.Contains(string(svg), "OPT") {
+			t.Errorf("chart missing or without OPT: %v", err)
+		}
+	}
+}
+
+func TestReplayBadTrace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "bad.jsonl")
+	os.WriteFile(path, []byte("{\"timestamp\": 0, \"input_length\": \"x\"}\n"), 0o644)
+	f := replayFlags{trace: path, policy: "LRU", ramFrac: 0.1, bytesPerToken: 8, noProgress: true}
+	if err := runReplay(context.Background(), f, &bytes.Buffer{}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "bad.jsonl") {
+		t.Fatalf("bad trace error = %v, want one naming the file", err)
+	}
+	f.trace = filepath.Join(t.TempDir(), "missing.jsonl")
+	if err := runReplay(context.Background(), f, &bytes.Buffer{}, &bytes.Buffer{}); err == nil {
+		t.Fatal("missing trace accepted")
+	}
+}
