@@ -192,14 +192,17 @@ func BenchmarkRawDirect(b *testing.B) {
 // TestRawDirectIO checks the exported baseline helper.
 func TestRawDirectIO(t *testing.T) {
 	buf := make([]byte, 1<<20+100) // unaligned length: copied to aligned memory
-	w, r, err := RawDirectIO(t.TempDir(), buf, 2)
+	w, r, err := RawDirectIO(t.TempDir(), [][]byte{buf, buf})
 	if err != nil {
 		t.Skipf("O_DIRECT unavailable here: %v", err)
 	}
 	if w <= 0 || r <= 0 {
 		t.Fatalf("rates %v, %v", w, r)
 	}
-	if _, _, err := RawDirectIO(t.TempDir(), buf, 0); err == nil {
-		t.Fatal("zero rounds accepted")
+	if _, _, err := RawDirectIO(t.TempDir(), nil); err == nil {
+		t.Fatal("no buffers accepted")
+	}
+	if _, _, err := RawDirectIO(t.TempDir(), [][]byte{buf, {}}); err == nil {
+		t.Fatal("empty buffer accepted")
 	}
 }

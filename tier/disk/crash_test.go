@@ -22,6 +22,7 @@ const (
 	crashDirEnv  = "KVTIER_DISK_CRASH_DIR"
 	crashBaseEnv = "KVTIER_DISK_CRASH_BASE"
 	crashModeEnv = "KVTIER_DISK_CRASH_DIRECT"
+	crashChurn   = "KVTIER_DISK_CRASH_CHURN"
 )
 
 func TestMain(m *testing.M) {
@@ -32,7 +33,10 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func crashOptions(mode DirectMode) Options {
+func crashOptions(mode DirectMode, churn bool) Options {
+	if churn { // constant eviction
+		return Options{Capacity: 1 << 20, SegmentSize: 128 << 10, DirectIO: mode}
+	}
 	return Options{Capacity: 1 << 30, SegmentSize: 512 << 10, DirectIO: mode}
 }
 
@@ -41,35 +45,57 @@ func crashSize(n uint64) int { return testSize(n, 128<<10) }
 // removable says which keys the child removes right after storing them.
 func removable(n uint64) bool { return n%5 == 0 }
 
-// crashChild puts keys base, base+1, ... from four goroutines, printing
-// "P n" once Put(n) has returned and "R n" once Remove(n) has, until killed.
+// crashChild runs four goroutines storing keys and printing "P n" once
+// Put(n) has returned and "R n" once Remove(n) has, until killed. Goroutine g
+// owns keys base+g, base+g+4, ...; each acts on its keys in order.
+//
+// Plain mode: put each key once; remove the removable ones right after.
+// Churn mode, in a tier far too small: put key i, put key i-1 again (a new
+// copy if it was evicted meanwhile), then remove key i-2 for good — so
+// Removes race with evictions of older copies of the same key.
 func crashChild(dir string) {
 	base, _ := strconv.ParseUint(os.Getenv(crashBaseEnv), 10, 64)
 	mode, _ := strconv.Atoi(os.Getenv(crashModeEnv))
-	d, err := Open(dir, crashOptions(DirectMode(mode)))
+	churn := os.Getenv(crashChurn) != ""
+	d, err := Open(dir, crashOptions(DirectMode(mode), churn))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "open:", err)
 		os.Exit(2)
 	}
-	var next atomic.Uint64
 	var out sync.Mutex
 	report := func(what string, n uint64) {
 		out.Lock()
 		fmt.Fprintf(os.Stdout, "%s %d\n", what, n) // one write(2): a whole line or nothing
 		out.Unlock()
 	}
-	for range 4 {
+	put := func(n uint64) {
+		k := testKey(n)
+		if err := d.Put(context.Background(), k, testPayload(k, crashSize(n))); err != nil {
+			fmt.Fprintln(os.Stderr, "put:", err)
+			os.Exit(3)
+		}
+		report("P", n)
+	}
+	remove := func(n uint64) {
+		if d.Remove(testKey(n)) {
+			report("R", n)
+		}
+	}
+	for g := range uint64(4) {
 		go func() {
-			for {
-				n := base + next.Add(1) - 1
-				k := testKey(n)
-				if err := d.Put(context.Background(), k, testPayload(k, crashSize(n))); err != nil {
-					fmt.Fprintln(os.Stderr, "put:", err)
-					os.Exit(3)
-				}
-				report("P", n)
-				if removable(n) && d.Remove(k) {
-					report("R", n)
+			for i := uint64(0); ; i++ {
+				n := base + g + 4*i
+				put(n)
+				switch {
+				case !churn:
+					if removable(n) {
+						remove(n)
+					}
+				case i >= 2:
+					put(n - 4)
+					remove(n - 8)
+				case i == 1:
+					put(n - 4)
 				}
 			}
 		}()
@@ -93,9 +119,9 @@ func TestCrashRecovery(t *testing.T) {
 			mode = DirectOff
 		}
 		acks := r.IntN(50) // 0: kill during start-up and recovery
-		seen := runCrashChild(t, dir, base, mode, acks, time.Duration(r.IntN(30))*time.Millisecond, put, removed)
+		seen := runCrashChild(t, dir, base, mode, false, acks, time.Duration(r.IntN(30))*time.Millisecond, put, removed)
 
-		d := openTier(t, dir, crashOptions(DirectAuto))
+		d := openTier(t, dir, crashOptions(DirectAuto, false))
 		for n := range put {
 			k := testKey(n)
 			want := testPayload(k, crashSize(n))
@@ -112,12 +138,7 @@ func TestCrashRecovery(t *testing.T) {
 		}
 		// Puts in flight at the kill may be present, absent or torn, but
 		// never wrong.
-		for n := base; n < base+seen+40; n++ {
-			if !put[n] {
-				k := testKey(n)
-				getOutcome(t, d, k, testPayload(k, crashSize(n)))
-			}
-		}
+		checkUnacknowledged(t, d, base, seen, put)
 		if err := d.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -128,10 +149,55 @@ func TestCrashRecovery(t *testing.T) {
 	}
 }
 
+// TestCrashWithEvictionChurn kills children that keep a tiny tier evicting
+// while they re-put and remove keys: removed keys must stay removed (no
+// older, evicted copy may resurface) and nothing may read back wrong.
+func TestCrashWithEvictionChurn(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns child processes")
+	}
+	dir := t.TempDir()
+	r := rand.New(rand.NewPCG(2026, 8))
+	put, removed := map[uint64]bool{}, map[uint64]bool{}
+	const trials = 12
+	for trial := range trials {
+		base := uint64(trial) * 1_000_000
+		seen := runCrashChild(t, dir, base, DirectAuto, true, 5+r.IntN(80), 0, put, removed)
+		d := openTier(t, dir, crashOptions(DirectAuto, true))
+		for n := range put {
+			k := testKey(n)
+			if removed[n] && d.Contains(k) {
+				t.Fatalf("trial %d: key %d came back after its Remove was acknowledged", trial, n)
+			}
+			getOutcome(t, d, k, testPayload(k, crashSize(n)))
+		}
+		checkUnacknowledged(t, d, base, seen, put)
+		if err := d.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("%d acknowledged puts, %d acknowledged removes over %d kills", len(put), len(removed), trials)
+	if len(removed) == 0 {
+		t.Fatal("no child ever acknowledged a remove")
+	}
+}
+
+// checkUnacknowledged reads keys a child may have been storing when it was
+// killed: each may be present, absent or torn, but never wrong.
+func checkUnacknowledged(t *testing.T, d *Tier, base, seen uint64, put map[uint64]bool) {
+	t.Helper()
+	for n := base; n < base+seen+40; n++ {
+		if !put[n] {
+			k := testKey(n)
+			getOutcome(t, d, k, testPayload(k, crashSize(n)))
+		}
+	}
+}
+
 // runCrashChild runs one child, SIGKILLs it after it acknowledged acks
 // operations (or after delay, if acks is 0), records every acknowledgement
 // it printed before dying, and returns how many keys it reported.
-func runCrashChild(t *testing.T, dir string, base uint64, mode DirectMode, acks int, delay time.Duration,
+func runCrashChild(t *testing.T, dir string, base uint64, mode DirectMode, churn bool, acks int, delay time.Duration,
 	put, removed map[uint64]bool) uint64 {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -139,6 +205,9 @@ func runCrashChild(t *testing.T, dir string, base uint64, mode DirectMode, acks 
 		crashDirEnv+"="+dir,
 		fmt.Sprintf("%s=%d", crashBaseEnv, base),
 		fmt.Sprintf("%s=%d", crashModeEnv, mode))
+	if churn {
+		cmd.Env = append(cmd.Env, crashChurn+"=1")
+	}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()

@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// segment is one append-only segment file. The fields after ready are
+// segment is one append-only segment file. The fields from tail on are
 // guarded by the tier's mutex.
 type segment struct {
 	id    uint64
@@ -69,6 +69,7 @@ type syncer struct {
 	durable uint64 // highest ticket known durable
 	running bool
 	err     error
+	flush   func(fd int) error // unix.Fdatasync unless a test says otherwise
 }
 
 // sync returns once every write that completed before the call is durable.
@@ -88,8 +89,12 @@ func (s *syncer) sync(fd int) error {
 	}
 	s.running = true
 	target := s.issued
+	flush := s.flush
+	if flush == nil {
+		flush = unix.Fdatasync
+	}
 	s.mu.Unlock()
-	err := unix.Fdatasync(fd)
+	err := flush(fd)
 	s.mu.Lock()
 	s.running = false
 	if err != nil {
@@ -131,36 +136,39 @@ func lockDir(dir string) (int, error) {
 func probe(dir string, mode DirectMode) (direct bool, err error) {
 	path := filepath.Join(dir, ".probe")
 	defer os.Remove(path)
-	flags := unix.O_RDWR | unix.O_CREAT | unix.O_TRUNC
-	buf := alignedBuf(2 * blockSize)
-	try := func(direct bool) error {
-		f := flags
-		if direct {
-			f |= unix.O_DIRECT
-		}
-		fd, err := openFile(path, f, 0o644)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		if _, err := unix.Pwrite(fd, buf, 0); err != nil {
-			return err
-		}
-		if err := punch(fd, 0, blockSize); err != nil {
-			return fmt.Errorf("disk: %s cannot punch holes, which the disk tier needs to free space: %w", dir, err)
-		}
-		return nil
-	}
+	var fd int
 	if mode != DirectOff {
-		err := try(true)
-		if err == nil {
-			return true, nil
-		}
-		if mode == DirectOn || !errors.Is(err, unix.EINVAL) {
+		fd, err = probeWrite(path, true)
+		switch {
+		case err == nil:
+			direct = true
+		case mode == DirectOn || !errors.Is(err, unix.EINVAL):
 			return false, fmt.Errorf("disk: O_DIRECT in %s: %w", dir, err)
 		}
 	}
-	return false, try(false)
+	if !direct {
+		if fd, err = probeWrite(path, false); err != nil {
+			return false, fmt.Errorf("disk: write in %s: %w", dir, err)
+		}
+	}
+	defer unix.Close(fd)
+	if err := punch(fd, 0, blockSize); err != nil {
+		return false, fmt.Errorf("disk: %s cannot punch holes, which the disk tier needs to free space: %w", dir, err)
+	}
+	return direct, nil
+}
+
+// probeWrite creates path and writes two aligned blocks to it.
+func probeWrite(path string, direct bool) (int, error) {
+	fd, err := openFile(path, openFlags(direct)|unix.O_CREAT|unix.O_TRUNC, 0o644)
+	if err != nil {
+		return -1, err
+	}
+	if _, err := unix.Pwrite(fd, alignedBuf(2*blockSize), 0); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
 }
 
 func punch(fd int, off, n int64) error {

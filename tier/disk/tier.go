@@ -36,6 +36,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"sync"
@@ -70,7 +71,8 @@ const (
 	// never loses an acknowledged Put.
 	SyncEach SyncMode = iota
 	// SyncNone leaves flushing to the operating system (and to Close). A
-	// crash may lose acknowledged Puts, but never returns wrong bytes.
+	// power failure or kernel crash may lose acknowledged Puts (a process
+	// crash does not); none makes a Get return wrong bytes.
 	SyncNone
 )
 
@@ -229,7 +231,11 @@ func (t *Tier) Size(key chunk.Key) (int, bool) {
 
 // Pin implements tier.Tier. A pin only extends an existing lease.
 func (t *Tier) Pin(keys []chunk.Key, ttl time.Duration) int {
-	until := t.now() + int64(ttl)
+	now := t.now()
+	until := now + int64(ttl)
+	if ttl > 0 && until < now { // overflow: a lease for all practical time
+		until = math.MaxInt64
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for n, k := range keys {
@@ -374,8 +380,7 @@ func (t *Tier) reserveLocked(key chunk.Key, size, need int64) (reservation, erro
 	}
 	t.used += need
 	t.writing += need
-	for t.opts.Capacity-(t.used-t.punching) < t.opts.Headroom && t.evictOneLocked() {
-	}
+	t.keepHeadroomLocked()
 	r := reservation{key: key, need: need}
 	r.seg, r.fresh = t.placeLocked(need)
 	r.off = r.seg.tail - need
@@ -496,7 +501,11 @@ func (t *Tier) Get(ctx context.Context, key chunk.Key, dst []byte) (int, error) 
 	case xxh3.Hash(payload) != h.sum:
 		bad = errPayloadSum
 	}
-	return t.finishGet(key, loc, seg, err, bad)
+	n, err := t.finishGet(key, loc, seg, err, bad)
+	if errors.Is(err, tier.ErrCorrupt) {
+		t.log.Warn("dropped corrupt record", "key", key, "segment", loc.seg, "offset", loc.off, "err", bad)
+	}
+	return n, err
 }
 
 // finishGet settles a Get's outcome. A record that failed validation is
@@ -522,7 +531,6 @@ func (t *Tier) finishGet(key chunk.Key, loc slot, seg *segment, err, bad error) 
 	}
 	t.st.Corrupt++
 	t.dropLocked(i)
-	t.log.Warn("dropped corrupt record", "key", key, "segment", loc.seg, "offset", loc.off, "err", bad)
 	return 0, fmt.Errorf("disk: get %v at segment %d offset %d: %w: %w", key, loc.seg, loc.off, bad, tier.ErrCorrupt)
 }
 
@@ -569,12 +577,15 @@ func (t *Tier) Close() error {
 // closeFiles syncs and closes every segment and unlocks the directory.
 func (t *Tier) closeFiles() error {
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	var errs []error
+	segs := make([]*segment, 0, len(t.segs))
 	for _, seg := range t.segs {
-		if seg.fd < 0 {
-			continue
+		if seg.fd >= 0 {
+			segs = append(segs, seg)
 		}
+	}
+	t.mu.Unlock()
+	var errs []error
+	for _, seg := range segs {
 		if err := unix.Fsync(seg.fd); err != nil {
 			errs = append(errs, fmt.Errorf("disk: sync %s: %w", seg.path, err))
 		}
@@ -586,48 +597,6 @@ func (t *Tier) closeFiles() error {
 		t.lockFD = -1
 	}
 	return errors.Join(errs...)
-}
-
-// evictOneLocked evicts the least recently used unpinned record.
-func (t *Tier) evictOneLocked() bool {
-	i := t.idx.victim(t.now())
-	if i < 0 {
-		return false
-	}
-	t.st.Evictions++
-	t.dropLocked(i)
-	return true
-}
-
-// dropLocked takes live slot i out of the index and queues the punch that
-// frees its bytes.
-func (t *Tier) dropLocked(i int32) {
-	s := t.idx.slots[i]
-	t.idx.drop(i)
-	t.punchLocked(t.segs[s.seg], s.off, recordSize(s.size), s.key)
-}
-
-// punchLocked queues freeing n bytes at off in seg, which hold a copy of
-// key. The bytes stay counted as used until the punch is done, so the files
-// never outgrow the capacity, and the copy stays counted as a ghost of key
-// until the punch is durable, so that a Remove can wait for it.
-func (t *Tier) punchLocked(seg *segment, off, n int64, key chunk.Key) {
-	t.punching += n
-	t.ghosts[key]++
-	o := t.getOp()
-	o.kind, o.seg, o.off, o.length, o.key, o.async = opPunch, seg, off, n, key, true
-	t.sched.submit(o)
-}
-
-// retireIfEmptyLocked queues deleting seg once nothing can touch it again.
-func (t *Tier) retireIfEmptyLocked(seg *segment) {
-	if seg == t.active || seg.live > 0 || seg.refs > 0 || seg.retiring {
-		return
-	}
-	seg.retiring = true
-	o := t.getOp()
-	o.kind, o.seg, o.async = opRetire, seg, true
-	t.sched.submit(o)
 }
 
 // exec runs one op on an I/O goroutine.
@@ -650,48 +619,6 @@ func (t *Tier) exec(w *worker, o *op) {
 		return
 	}
 	o.done <- struct{}{}
-}
-
-// execPunch frees a record's bytes and fsyncs, so that an evicted copy can
-// never outlive a later Remove of its key across a crash.
-func (t *Tier) execPunch(o *op) {
-	seg := o.seg
-	err := punch(seg.fd, o.off, o.length)
-	if err == nil {
-		err = unix.Fsync(seg.fd)
-	}
-	if err != nil {
-		t.log.Error("freeing record space failed", "segment", seg.id, "offset", o.off, "err", err)
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.punching -= o.length
-	if err != nil {
-		seg.leaked += o.length
-	} else {
-		t.used -= o.length
-	}
-	if t.ghosts[o.key]--; t.ghosts[o.key] <= 0 {
-		delete(t.ghosts, o.key)
-	}
-	seg.live--
-	t.retireIfEmptyLocked(seg)
-	t.space.Broadcast()
-}
-
-func (t *Tier) execRetire(seg *segment) {
-	if seg.fd >= 0 {
-		unix.Close(seg.fd)
-	}
-	if err := os.Remove(seg.path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		t.log.Error("deleting empty segment failed", "segment", seg.id, "err", err)
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	seg.fd = -1
-	t.used -= seg.leaked
-	delete(t.segs, seg.id)
-	t.space.Broadcast()
 }
 
 func (t *Tier) getOp() *op { return t.ops.get() }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"os"
 	"sync"
 	"testing"
@@ -354,6 +355,13 @@ func TestPinsProtectUntilTheyLapse(t *testing.T) {
 	mustPut(t, short, k(1), testPayload(k(1), size))
 	if short.Contains(k(0)) || short.Stats().Pinned != 0 {
 		t.Fatal("a lapsed pin still protected its record")
+	}
+
+	if short.Pin([]chunk.Key{k(1)}, time.Duration(math.MaxInt64)) != 1 { // must not overflow into the past
+		t.Fatal("Pin of a stored key failed")
+	}
+	if err := short.Put(context.Background(), k(2), testPayload(k(2), size)); !errors.Is(err, tier.ErrBusy) {
+		t.Fatalf("Put over a record pinned for all time: %v", err)
 	}
 }
 
