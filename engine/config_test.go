@@ -38,7 +38,7 @@ func TestOptionsFromConfig(t *testing.T) {
 	}
 
 	for yaml, want := range map[string]string{
-		"local_cpu: false\n":            "local_cpu",
+		"local_cpu: false\n":           "local_cpu",
 		"remote_url: redis://h:6379\n": "remote_url",
 	} {
 		c, err := config.Parse([]byte(yaml), "test.yaml")

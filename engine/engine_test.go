@@ -15,7 +15,7 @@ const chunkTokens = 16
 func open(t testing.TB, ram int64, diskDir string, saveUnfull bool) *engine.Engine {
 	t.Helper()
 	e, err := engine.Open(engine.Options{ChunkSize: chunkTokens, SaveUnfull: saveUnfull, RAMBytes: ram, Policy: "LRU",
-		DiskDir: diskDir, DiskBytes: 64 << 20, })
+		DiskDir: diskDir, DiskBytes: 64 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -42,22 +42,22 @@ type benchReport struct {
 	RAMStoreRatio    float64 `json:"ram_store_ratio"`
 	RAMRetrieveRatio float64 `json:"ram_retrieve_ratio"`
 
-	DiskDirectIO      bool    `json:"disk_direct_io"`
-	RawWriteGBps      float64 `json:"raw_odirect_write_gbps,omitempty"`
-	RawReadGBps       float64 `json:"raw_odirect_read_gbps,omitempty"`
-	DiskWriteGBps     float64 `json:"disk_write_gbps,omitempty"`
-	DiskReadGBps      float64 `json:"disk_read_gbps,omitempty"`
-	DiskWriteRatio    float64 `json:"disk_write_ratio,omitempty"`
-	DiskReadRatio     float64 `json:"disk_read_ratio,omitempty"`
-	LookupTokens      int     `json:"lookup_tokens"`
-	LookupMeanMicros  float64 `json:"lookup_mean_us"`
-	LookupP99Micros   float64 `json:"lookup_p99_us"`
-	HashNsPerChunk    float64 `json:"hash_kvtier_ns_per_chunk"`
-	VLLMNsPerBlock    float64 `json:"hash_vllm_ns_per_block"`
-	SGLangNsPerPage   float64 `json:"hash_sglang_ns_per_page"`
-	HashChunkTokens   int     `json:"hash_chunk_tokens"`
-	VLLMBlockTokens   int     `json:"hash_vllm_block_tokens"`
-	SGLangPageTokens  int     `json:"hash_sglang_page_tokens"`
+	DiskDirectIO     bool    `json:"disk_direct_io"`
+	RawWriteGBps     float64 `json:"raw_odirect_write_gbps,omitempty"`
+	RawReadGBps      float64 `json:"raw_odirect_read_gbps,omitempty"`
+	DiskWriteGBps    float64 `json:"disk_write_gbps,omitempty"`
+	DiskReadGBps     float64 `json:"disk_read_gbps,omitempty"`
+	DiskWriteRatio   float64 `json:"disk_write_ratio,omitempty"`
+	DiskReadRatio    float64 `json:"disk_read_ratio,omitempty"`
+	LookupTokens     int     `json:"lookup_tokens"`
+	LookupMeanMicros float64 `json:"lookup_mean_us"`
+	LookupP99Micros  float64 `json:"lookup_p99_us"`
+	HashNsPerChunk   float64 `json:"hash_kvtier_ns_per_chunk"`
+	VLLMNsPerBlock   float64 `json:"hash_vllm_ns_per_block"`
+	SGLangNsPerPage  float64 `json:"hash_sglang_ns_per_page"`
+	HashChunkTokens  int     `json:"hash_chunk_tokens"`
+	VLLMBlockTokens  int     `json:"hash_vllm_block_tokens"`
+	SGLangPageTokens int     `json:"hash_sglang_page_tokens"`
 }
 
 func benchCmd() *cobra.Command {

@@ -30,7 +30,7 @@ type Tier struct {
 	busy   func(chunk.Key) bool // policy callback, allocated once
 
 	hits, misses, puts, evictions, removes atomic.Uint64
-	bytesRead, bytesWritten            atomic.Uint64
+	bytesRead, bytesWritten                atomic.Uint64
 }
 
 var _ tier.Tier = (*Tier)(nil)
