@@ -230,7 +230,7 @@ func benchRAM(ctx context.Context, f benchFlags, r *benchReport, src, dst [][]by
 		if err != nil {
 			return fmt.Errorf("RAM bench: store: %w", err)
 		}
-		clear(dst[0])
+		clearChunks(dst) // so the check after the last round sees retrieved bytes
 		retrieve := bestOf(1, total, func() error {
 			var got engine.Retrieved
 			if got, err = e.Retrieve(ctx, req, dst); err == nil && got.Chunks != f.chunks {
@@ -247,10 +247,8 @@ func benchRAM(ctx context.Context, f benchFlags, r *benchReport, src, dst [][]by
 			r.RAMRetrieveGBps = max(r.RAMRetrieveGBps, retrieve)
 		}
 	}
-	for i := range src {
-		if !slices.Equal(src[i], dst[i]) {
-			return fmt.Errorf("RAM bench: chunk %d read back different bytes", i)
-		}
+	if err := sameChunks("RAM bench", src, dst); err != nil {
+		return err
 	}
 	r.RAMStoreRatio = r.RAMStoreGBps / r.MemcpyGBps
 	r.RAMRetrieveRatio = r.RAMRetrieveGBps / r.MemcpyGBps
@@ -304,6 +302,7 @@ func benchDisk(ctx context.Context, f benchFlags, r *benchReport, src, dst [][]b
 			}
 			return nil
 		}))
+		clearChunks(dst)
 		r.DiskReadGBps = max(r.DiskReadGBps, bestOf(1, total, func() error {
 			for i := range dst {
 				if _, err := d.Get(ctx, benchKey(round, i), dst[i]); err != nil {
@@ -317,13 +316,27 @@ func benchDisk(ctx context.Context, f benchFlags, r *benchReport, src, dst [][]b
 	if failed != nil {
 		return fmt.Errorf("disk bench: %w", failed)
 	}
-	for i := range src {
-		if !slices.Equal(src[i], dst[i]) {
-			return fmt.Errorf("disk bench: chunk %d read back different bytes", i)
-		}
+	if err := sameChunks("disk bench", src, dst); err != nil {
+		return err
 	}
 	r.DiskWriteRatio = r.DiskWriteGBps / r.RawWriteGBps
 	r.DiskReadRatio = r.DiskReadGBps / r.RawReadGBps
+	return nil
+}
+
+func clearChunks(bufs [][]byte) {
+	for _, b := range bufs {
+		clear(b)
+	}
+}
+
+// sameChunks checks that what a bench read back is what it wrote.
+func sameChunks(what string, src, dst [][]byte) error {
+	for i := range src {
+		if !slices.Equal(src[i], dst[i]) {
+			return fmt.Errorf("%s: chunk %d read back different bytes", what, i)
+		}
+	}
 	return nil
 }
 
