@@ -5,6 +5,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"kvtier/chunk"
 	"kvtier/engine"
@@ -236,4 +237,51 @@ func BenchmarkLookup32K(b *testing.B) {
 	for b.Loop() {
 		e.Lookup(req)
 	}
+}
+
+// TestPrefetchPullsPrefixIntoRAM restarts over a disk tier, so the prompt
+// is only on disk, and checks that Prefetch promotes every chunk after the
+// skipped prefix into RAM without a retrieve.
+func TestPrefetchPullsPrefixIntoRAM(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	toks := tokens(4*chunkTokens, 8)
+	req := engine.Request{Scope: scope, Tokens: toks}
+	e1, err := engine.Open(engine.Options{ChunkSize: chunkTokens, RAMBytes: 1 << 20, Policy: "LRU", DiskDir: dir, DiskBytes: 16 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e1.Store(ctx, req, chunksOf(toks, 0, 4)); err != nil {
+		t.Fatal(err)
+	}
+	e1.Close()
+	e2 := open(t, 1<<20, dir, false)
+	req.Skip = chunkTokens
+	if ok, err := e2.Prefetch(req); !ok || err != nil {
+		t.Fatalf("Prefetch = %v, %v", ok, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, by := e2.Manager().Lookup(keysAfterFirst(t, e2, toks))
+		if by[0] == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after prefetch RAM holds %d of the 3 chunks after the skip", by[0])
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if h, _ := e2.Lookup(engine.Request{Scope: scope, Tokens: toks}); h.ByTier[0] != 0 || h.Tokens != 4*chunkTokens {
+		t.Fatalf("chunk 0 should still be on disk only: %+v", h)
+	}
+}
+
+// keysAfterFirst returns the keys of every chunk of toks but the first.
+func keysAfterFirst(t *testing.T, e *engine.Engine, toks []uint32) []chunk.Key {
+	t.Helper()
+	c, err := e.Chunker(scope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.Keys(nil, toks)[1:]
 }

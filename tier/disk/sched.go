@@ -3,6 +3,7 @@ package disk
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"kvtier/chunk"
 )
@@ -46,7 +47,8 @@ func (k opKind) class() class {
 }
 
 // op is one unit of work for an I/O goroutine. Ops are pooled: the done
-// channel is made once and reused, so submitting work allocates nothing.
+// channel and the read progress are made once and reused, so submitting work
+// allocates nothing.
 type op struct {
 	kind   opKind
 	async  bool // nobody waits: the worker returns the op to the pool
@@ -60,6 +62,39 @@ type op struct {
 	hdrErr error     // read: why the header block was rejected
 	err    error     // I/O error
 	done   chan struct{}
+	filled *progress // read: how much of buf the worker has filled so far
+}
+
+// progress lets the goroutine waiting for a read consume the destination
+// while the worker is still filling it: the caller checksums each piece of
+// a large record as it lands instead of all of it after the last one.
+type progress struct {
+	n      atomic.Int64  // leading bytes of the buffer that hold their final contents
+	landed chan struct{} // capacity 1: a token means n may have grown
+}
+
+func newProgress() *progress { return &progress{landed: make(chan struct{}, 1)} }
+
+// publish records that the first n bytes are final and wakes the waiter. It
+// never blocks the worker: a token still unclaimed already tells the waiter
+// to look at n, which it reads after taking the token.
+func (p *progress) publish(n int) {
+	p.n.Store(int64(n))
+	select {
+	case p.landed <- struct{}{}:
+	default:
+	}
+}
+
+// reset readies p for the next op. The last token may be left unclaimed
+// when the waiter saw the op finish first; a stale one would make the next
+// waiter trust a stale count.
+func (p *progress) reset() {
+	select {
+	case <-p.landed:
+	default:
+	}
+	p.n.Store(0)
 }
 
 // opPool recycles ops. Unlike a sync.Pool it is not emptied by garbage
@@ -78,11 +113,12 @@ func (p *opPool) get() *op {
 		p.free = p.free[:n-1]
 		return o
 	}
-	return &op{done: make(chan struct{}, 1)}
+	return &op{done: make(chan struct{}, 1), filled: newProgress()}
 }
 
 func (p *opPool) put(o *op) {
-	*o = op{done: o.done, block: o.block}
+	o.filled.reset()
+	*o = op{done: o.done, filled: o.filled, block: o.block}
 	p.mu.Lock()
 	p.free = append(p.free, o)
 	p.mu.Unlock()
@@ -179,15 +215,20 @@ func (s *sched) wait(ctx context.Context, o *op) error {
 	case <-o.done:
 		return nil
 	case <-ctx.Done():
-		s.mu.Lock()
-		withdrawn := s.queues[o.kind.class()].remove(o)
-		s.mu.Unlock()
-		if withdrawn {
+		if s.withdraw(o) {
 			return ctx.Err()
 		}
 		<-o.done
 		return nil
 	}
+}
+
+// withdraw takes o out of its queue unless a worker has taken it already,
+// and reports whether it did.
+func (s *sched) withdraw(o *op) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.queues[o.kind.class()].remove(o)
 }
 
 // close lets the workers drain every queued op, then stops them.

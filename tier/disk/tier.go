@@ -12,7 +12,8 @@
 // all I/O is O_DIRECT straight between the caller's (page-aligned, usually
 // shared-memory) buffer and the device. A Put writes the payload with one
 // pwritev while it checksums the same bytes, then the header block; a Get
-// reads header and payload with one preadv. A Put returns only after its
+// reads header and payload with preadvs of a few MiB each and checksums
+// every piece while the next one is read. A Put returns only after its
 // record is durable (fdatasync, shared by concurrent Puts) unless the
 // options trade that away; only then does the record become visible.
 //
@@ -481,10 +482,9 @@ func (t *Tier) Get(ctx context.Context, key chunk.Key, dst []byte) (int, error) 
 	t.mu.Unlock()
 	defer t.calls.Done()
 
-	payload := dst[:loc.size]
 	o := t.getOp()
-	o.kind, o.seg, o.off, o.buf = opRead, seg, loc.off, payload
-	err := t.sched.do(ctx, o)
+	o.kind, o.seg, o.off, o.buf = opRead, seg, loc.off, dst[:loc.size]
+	sum, err := t.readHashed(ctx, o)
 	ioErr, h, hdrErr := o.err, o.hdr, o.hdrErr
 	t.putOp(o)
 	var bad error // why the record is corrupt
@@ -498,7 +498,7 @@ func (t *Tier) Get(ctx context.Context, key chunk.Key, dst []byte) (int, error) 
 		bad = hdrErr
 	case h.key != key || h.seg != loc.seg || h.off != loc.off || h.size != loc.size:
 		bad = errMisplaced
-	case xxh3.Hash(payload) != h.sum:
+	case sum != h.sum:
 		bad = errPayloadSum
 	}
 	n, err := t.finishGet(key, loc, seg, err, bad)
@@ -506,6 +506,39 @@ func (t *Tier) Get(ctx context.Context, key chunk.Key, dst []byte) (int, error) 
 		t.log.Warn("dropped corrupt record", "key", key, "segment", loc.seg, "offset", loc.off, "err", bad)
 	}
 	return n, err
+}
+
+// readHashed has a worker read o's record into o.buf and returns the
+// payload's xxh3-64 (valid only if o.err is nil). The worker publishes the
+// buffer piece by piece (see readRecord) and this goroutine hashes each
+// piece as soon as it lands, so for a large record only the last piece is
+// left to hash when the I/O ends, instead of all of it. The streaming
+// hasher gives the same digest as xxh3.Hash, which the format uses. Like
+// sched.wait, an ending ctx withdraws o only while it is queued: once a
+// worker has it, it is writing into the caller's buffer and we see it through.
+func (t *Tier) readHashed(ctx context.Context, o *op) (uint64, error) {
+	t.sched.submit(o)
+	var h xxh3.Hasher // stays on the stack
+	hashed := 0
+	canceled := ctx.Done()
+	for {
+		select {
+		case <-o.filled.landed:
+			n := int(o.filled.n.Load())
+			h.Write(o.buf[hashed:n])
+			hashed = n
+		case <-o.done:
+			if o.err == nil {
+				h.Write(o.buf[hashed:])
+			}
+			return h.Sum64(), nil
+		case <-canceled:
+			if t.sched.withdraw(o) {
+				return 0, ctx.Err()
+			}
+			canceled = nil // a nil channel never fires: just wait for the worker
+		}
+	}
 }
 
 // finishGet settles a Get's outcome. A record that failed validation is
@@ -603,7 +636,7 @@ func (t *Tier) closeFiles() error {
 func (t *Tier) exec(w *worker, o *op) {
 	switch o.kind {
 	case opRead:
-		o.err = w.readRecord(o.seg.fd, t.direct, o.off, o.buf)
+		o.err = w.readRecord(o.seg.fd, t.direct, o.off, o.buf, o.filled)
 		if o.err == nil {
 			o.hdr, o.hdrErr = decodeHeader(w.hdr)
 		}
