@@ -74,8 +74,8 @@ type Config struct {
 
 	// WriteQueueDepth bounds the writes queued for each tier below RAM.
 	WriteQueueDepth int `yaml:"write_queue_depth"`
-	// WriteWait is the longest a store blocks on a full lower-tier queue
-	// before that tier's copy is dropped. Zero never blocks.
+	// WriteWait is the longest one store blocks, in all, on full lower-tier
+	// queues before writes to those tiers are dropped. Zero never blocks.
 	WriteWait time.Duration `yaml:"write_wait"`
 	// LeaseTTL is how long a pin protects a chunk from eviction unless renewed.
 	LeaseTTL time.Duration `yaml:"lease_ttl"`

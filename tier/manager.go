@@ -40,9 +40,10 @@ type Options struct {
 	// QueueDepth is the number of pending writes each lower tier may have
 	// (default 64). Queued writes hold arena references, not copies.
 	QueueDepth int
-	// WriteWait is the longest Store blocks on a full lower-tier queue
-	// before dropping that tier's write (default 5ms; negative means never
-	// wait). Dropped writes are counted, never retried.
+	// WriteWait is the longest one Store call blocks, in all, on full
+	// lower-tier queues; once it is spent, writes that find a queue full
+	// are dropped for that tier (default 5ms; negative means never wait).
+	// Dropped writes are counted, never retried.
 	WriteWait time.Duration
 	// Writers is the number of writer goroutines per lower tier (default 2).
 	Writers int
@@ -156,28 +157,25 @@ func (m *Manager) RAM() RAM { return m.ram }
 // Lookup returns how many leading keys are stored somewhere in the
 // hierarchy and how many of those each tier (RAM = 0) would serve.
 func (m *Manager) Lookup(keys []chunk.Key) (n int, byTier [MaxTiers]int) {
-	n = m.ram.PrefixContains(keys)
-	byTier[0] = n
 	for n < len(keys) {
-		found := false
-		for i, lt := range m.lower {
-			if c := lt.PrefixContains(keys[n:]); c > 0 {
-				byTier[i+1] += c
-				n += c
-				found = true
-				break
-			}
+		// The fastest tier holding keys[n] serves as long a run as it can.
+		c, t := m.ram.PrefixContains(keys[n:]), 0
+		for i := 0; c == 0 && i < len(m.lower); i++ {
+			c, t = m.lower[i].PrefixContains(keys[n:]), i+1
 		}
-		if !found {
+		if c == 0 {
 			break
 		}
+		byTier[t] += c
+		n += c
 	}
 	return n, byTier
 }
 
 // Store writes chunks[i] under keys[i] into RAM and queues it for every
 // lower tier. It returns how many chunks it stored; chunks already in RAM
-// count as stored. It blocks at most Options.WriteWait per full queue.
+// count as stored. Full lower-tier queues block it at most
+// Options.WriteWait in all.
 func (m *Manager) Store(ctx context.Context, keys []chunk.Key, chunks [][]byte) (int, error) {
 	if len(chunks) < len(keys) {
 		return 0, fmt.Errorf("tier manager: %d keys but %d chunks", len(keys), len(chunks))
@@ -187,6 +185,8 @@ func (m *Manager) Store(ctx context.Context, keys []chunk.Key, chunks [][]byte) 
 	if m.closed {
 		return 0, ErrClosed
 	}
+	budget := writeBudget{wait: m.opts.WriteWait}
+	defer budget.stop()
 	for i, k := range keys {
 		if err := ctx.Err(); err != nil {
 			return i, err
@@ -200,16 +200,52 @@ func (m *Manager) Store(ctx context.Context, keys []chunk.Key, chunks [][]byte) 
 		}
 		copy(buf, chunks[i])
 		m.ram.Commit(k, id)
-		m.enqueueWrites(k, id, len(m.lower))
+		m.enqueueWrites(k, id, len(m.lower), &budget)
 		m.arena.Unref(id)
 	}
 	return len(keys), nil
 }
 
-// enqueueWrites queues object id for the first upTo lower tiers. Called
-// with m.mu read-locked.
-func (m *Manager) enqueueWrites(k chunk.Key, id arena.ID, upTo int) {
-	var timer *time.Timer
+// writeBudget bounds how long one Store (or one promotion) may block on
+// full lower-tier queues in all: Options.WriteWait from the first time a
+// queue is found full. The timer is made only then, so a Store that never
+// meets a full queue allocates nothing.
+type writeBudget struct {
+	wait     time.Duration
+	deadline time.Time
+	timer    *time.Timer
+}
+
+// expired returns a channel that fires when the budget is spent, or nil
+// when it already is.
+func (b *writeBudget) expired() <-chan time.Time {
+	if b.wait <= 0 {
+		return nil
+	}
+	if b.deadline.IsZero() {
+		b.deadline = time.Now().Add(b.wait)
+	}
+	left := time.Until(b.deadline)
+	if left <= 0 {
+		return nil
+	}
+	if b.timer == nil {
+		b.timer = time.NewTimer(left)
+	} else {
+		b.timer.Reset(left) // since Go 1.23 no stale tick survives a Reset
+	}
+	return b.timer.C
+}
+
+func (b *writeBudget) stop() {
+	if b.timer != nil {
+		b.timer.Stop()
+	}
+}
+
+// enqueueWrites queues object id for the first upTo lower tiers, blocking
+// on full queues only within budget. Called with m.mu read-locked.
+func (m *Manager) enqueueWrites(k chunk.Key, id arena.ID, upTo int, budget *writeBudget) {
 	for _, lt := range m.lower[:upTo] {
 		if !m.arena.Ref(id) {
 			return
@@ -221,15 +257,11 @@ func (m *Manager) enqueueWrites(k chunk.Key, id arena.ID, upTo int) {
 			continue
 		default:
 		}
-		if m.opts.WriteWait > 0 {
-			if timer == nil {
-				timer = time.NewTimer(m.opts.WriteWait)
-				defer timer.Stop()
-			}
+		if expired := budget.expired(); expired != nil {
 			select {
 			case lt.queue <- job:
 				continue
-			case <-timer.C:
+			case <-expired:
 			}
 		}
 		lt.pending.Add(-1)
@@ -300,15 +332,16 @@ func (m *Manager) ids(n int) *[]arena.ID {
 	return &s
 }
 
-// promote reads the leading keys held by lower tiers into new RAM objects,
-// up to FetchParallel at a time, indexes them in RAM and refs them into
-// ids. Hits from a tier below the first lower tier are also queued for the
-// lower tiers above it. It returns the length of the promoted prefix.
+// promote refs the leading keys stored anywhere into ids: keys in RAM
+// directly, keys held only by lower tiers by reading them into new RAM
+// objects (up to FetchParallel at a time) and indexing those. Hits from a
+// tier below the first lower tier are also queued for the lower tiers
+// above it. It returns the length of the prefix it acquired.
 func (m *Manager) promote(ctx context.Context, keys []chunk.Key, ids []arena.ID) (int, error) {
-	src := make([]int, 0, len(keys))
+	src := make([]int, 0, len(keys)) // lower tier holding each key, -1 for RAM
 	for _, k := range keys {
 		t := m.holder(k)
-		if t < 0 {
+		if t < 0 && !m.ram.Contains(k) {
 			break
 		}
 		src = append(src, t)
@@ -324,7 +357,13 @@ func (m *Manager) promote(ctx context.Context, keys []chunk.Key, ids []arena.ID)
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			ids[i], errs[i] = m.fetch(ctx, keys[i], t)
+			switch {
+			case m.ram.Acquire(keys[i:i+1], ids[i:i+1]) == 1:
+			case t < 0: // was in RAM only, evicted since
+				errs[i] = ErrNotFound
+			default:
+				ids[i], errs[i] = m.fetch(ctx, keys[i], t)
+			}
 		}()
 	}
 	wg.Wait()
@@ -380,7 +419,9 @@ func (m *Manager) fetch(ctx context.Context, k chunk.Key, t int) (arena.ID, erro
 	if t > 0 {
 		m.mu.RLock()
 		if !m.closed {
-			m.enqueueWrites(k, id, t)
+			budget := writeBudget{wait: m.opts.WriteWait}
+			m.enqueueWrites(k, id, t, &budget)
+			budget.stop()
 		}
 		m.mu.RUnlock()
 	}

@@ -345,3 +345,39 @@ func Example() {
 	fmt.Println(n, string(dst[0]))
 	// Output: 1 kv bytes
 }
+
+// TestWaterfallPerKey covers a prefix whose chunks are spread over the
+// tiers out of order: RAM, disk, RAM. Retrieve must take each chunk from
+// wherever it is rather than stop where RAM's own prefix ends.
+func TestWaterfallPerKey(t *testing.T) {
+	const size = 4096
+	ram := newRAM(t, 1<<20)
+	d := newDisk(t, t.TempDir(), 16<<20)
+	m, _ := tier.NewManager(ram, []tier.Tier{d}, tier.Options{WriteWait: time.Second})
+	defer m.Close()
+	ctx := context.Background()
+	keys := []chunk.Key{key(0), key(1), key(2)}
+	chunks := [][]byte{payload(0, size), payload(1, size), payload(2, size)}
+	if _, err := m.Store(ctx, keys, chunks); err != nil {
+		t.Fatal(err)
+	}
+	m.Flush(ctx)
+	ram.Remove(keys[1]) // chunk 1 now lives on disk only
+	d.Remove(keys[2])   // chunk 2 in RAM only
+	if n, by := m.Lookup(keys); n != 3 || by[0] != 2 || by[1] != 1 {
+		t.Fatalf("Lookup = %d %v, want 3: chunks 0 and 2 from RAM, 1 from disk", n, by)
+	}
+	dst := [][]byte{make([]byte, size), make([]byte, size), make([]byte, size)}
+	n, err := m.Retrieve(ctx, keys, dst)
+	if err != nil || n != 3 {
+		t.Fatalf("Retrieve = %d, %v; want all 3", n, err)
+	}
+	for i := range chunks {
+		if !bytes.Equal(dst[i], chunks[i]) {
+			t.Fatalf("chunk %d differs", i)
+		}
+	}
+	if ram.Arena().Pinned() != 0 {
+		t.Fatal("pins left after retrieve")
+	}
+}
