@@ -381,3 +381,38 @@ func TestWaterfallPerKey(t *testing.T) {
 		t.Fatal("pins left after retrieve")
 	}
 }
+
+// TestStoreWithTwoStalledTiersReturns: with every lower tier stalled and
+// its queue full, one Store must spend at most one WriteWait in all and
+// return, for every tier, rather than wait on a timer that already fired.
+func TestStoreWithTwoStalledTiersReturns(t *testing.T) {
+	ram := newRAM(t, 16<<20)
+	s1 := &stallTier{Tier: newRAM(t, 16<<20), release: make(chan struct{})}
+	s2 := &stallTier{Tier: newRAM(t, 16<<20), release: make(chan struct{})}
+	m, _ := tier.NewManager(ram, []tier.Tier{s1, s2}, tier.Options{QueueDepth: 1, Writers: 1, WriteWait: 5 * time.Millisecond})
+	ctx := context.Background()
+	for i := range 2 { // key 0 occupies each writer, key 1 fills each queue
+		m.Store(ctx, []chunk.Key{key(i)}, [][]byte{payload(i, 4096)})
+		for _, qs := m.Stats(); i == 0 && (qs[0].Depth != 0 || qs[1].Depth != 0); _, qs = m.Stats() {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		m.Store(ctx, []chunk.Key{key(2), key(3)}, [][]byte{payload(2, 4096), payload(3, 4096)})
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Store blocked on stalled tiers")
+	}
+	if _, qs := m.Stats(); qs[0].Dropped != 2 || qs[1].Dropped != 2 {
+		t.Fatalf("dropped %d and %d writes, want 2 each", qs[0].Dropped, qs[1].Dropped)
+	}
+	close(s1.release)
+	close(s2.release)
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
