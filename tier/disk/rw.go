@@ -75,65 +75,47 @@ func (w *worker) writePayload(fd int, direct bool, off int64, payload []byte) er
 	return nil
 }
 
-// readPiece is how much of a payload readRecord reads before it publishes
-// progress. The caller checksums each piece while the next one is read, so
-// only the last piece's checksum is left once the I/O ends; 4 MiB requests
-// still keep the device as busy as one large request does (measured: the
-// same rate for a 32 MiB record read whole or in 4 MiB pieces).
-const readPiece = 4 << 20
-
-// readRecord reads the record at off whose payload fills dst exactly,
-// leaving its header block in w.hdr. Like writePayload it reads straight into
-// dst unless O_DIRECT cannot use dst's memory. It reads the payload in
-// pieces and publishes to filled how much of dst holds its final bytes after
-// each one.
-func (w *worker) readRecord(fd int, direct bool, off int64, dst []byte, filled *progress) error {
-	if direct && !aligned(dst) {
-		return w.readRecordBounced(fd, off, dst, filled)
-	}
+// readRecord reads part of the payload of the record at off into dst: the
+// len(dst) bytes from payload offset from (a block multiple) on, where dst
+// ends at a block boundary or at the payload's end. Reading from the start
+// (from == 0) takes the header block along into w.hdr, in the same preadv.
+// Like writePayload it reads straight into dst unless O_DIRECT cannot use
+// dst's memory.
+func (w *worker) readRecord(fd int, direct bool, off, from int64, dst []byte) error {
 	defer w.clearIOV()
-	bulk := len(dst) &^ (blockSize - 1)
-	rest := dst[bulk:]
-	w.iov = append(w.iov, w.hdr) // the header comes with the first piece
-	at := off
-	for pos := 0; ; pos += readPiece {
-		end := min(pos+readPiece, bulk)
-		if end > pos {
-			w.iov = append(w.iov, dst[pos:end])
+	header := from == 0
+	at := off + blockSize + from // where dst's bytes are on disk
+	if !direct || aligned(dst) {
+		bulk := len(dst) &^ (blockSize - 1)
+		rest := dst[bulk:]
+		if header { // it sits right before them
+			w.iov = append(w.iov, w.hdr)
+			at = off
 		}
-		last := end == bulk
-		if last && len(rest) > 0 {
+		if bulk > 0 {
+			w.iov = append(w.iov, dst[:bulk])
+		}
+		if len(rest) > 0 {
 			w.iov = append(w.iov, w.tail)
 		}
 		if err := preadvFull(fd, w.iov, at); err != nil {
 			return err
 		}
-		if last {
-			copy(rest, w.tail)
-			filled.publish(len(dst))
-			return nil
+		copy(rest, w.tail)
+		return nil
+	}
+	if header {
+		if err := preadFull(fd, w.hdr, off); err != nil {
+			return err
 		}
-		filled.publish(end)
-		at = off + blockSize + int64(end)
-		w.iov = w.iov[:0]
 	}
-}
-
-// readRecordBounced is readRecord for memory O_DIRECT cannot use: it stages
-// the payload through the bounce buffer, one buffer-full at a time.
-func (w *worker) readRecordBounced(fd int, off int64, dst []byte, filled *progress) error {
-	if err := preadFull(fd, w.hdr, off); err != nil {
-		return err
-	}
-	off += blockSize
 	for pos := 0; pos < len(dst); {
 		want := min(len(w.bounce), int(alignUp(int64(len(dst)-pos))))
-		if err := preadFull(fd, w.bounce[:want], off); err != nil {
+		if err := preadFull(fd, w.bounce[:want], at); err != nil {
 			return err
 		}
 		pos += copy(dst[pos:], w.bounce[:want])
-		off += int64(want)
-		filled.publish(pos)
+		at += int64(want)
 	}
 	return nil
 }

@@ -3,7 +3,6 @@ package disk
 import (
 	"context"
 	"sync"
-	"sync/atomic"
 
 	"kvtier/chunk"
 )
@@ -29,7 +28,7 @@ const (
 type opKind uint8
 
 const (
-	opRead   opKind = iota // read a record into buf
+	opRead   opKind = iota // read a record's header and/or part of its payload into buf
 	opWrite                // write a record's payload from buf
 	opPunch                // free a record's byte range
 	opRetire               // close and delete a segment with no records left
@@ -47,8 +46,7 @@ func (k opKind) class() class {
 }
 
 // op is one unit of work for an I/O goroutine. Ops are pooled: the done
-// channel and the read progress are made once and reused, so submitting work
-// allocates nothing.
+// channel is made once and reused, so submitting work allocates nothing.
 type op struct {
 	kind   opKind
 	async  bool // nobody waits: the worker returns the op to the pool
@@ -56,45 +54,13 @@ type op struct {
 	key    chunk.Key // punch: whose copy is freed
 	off    int64     // record offset in seg
 	length int64     // punch: bytes to free
-	buf    []byte    // read: destination payload; write: source payload
+	from   int64     // read: offset of buf in the payload; 0 reads the header too
+	buf    []byte    // read: destination (part of the payload); write: source payload
 	hdr    header    // read: the header found
 	block  []byte    // write: one aligned block for the caller's header
 	hdrErr error     // read: why the header block was rejected
 	err    error     // I/O error
 	done   chan struct{}
-	filled *progress // read: how much of buf the worker has filled so far
-}
-
-// progress lets the goroutine waiting for a read consume the destination
-// while the worker is still filling it: the caller checksums each piece of
-// a large record as it lands instead of all of it after the last one.
-type progress struct {
-	n      atomic.Int64  // leading bytes of the buffer that hold their final contents
-	landed chan struct{} // capacity 1: a token means n may have grown
-}
-
-func newProgress() *progress { return &progress{landed: make(chan struct{}, 1)} }
-
-// publish records that the first n bytes are final and wakes the waiter. It
-// never blocks the worker: a token still unclaimed already tells the waiter
-// to look at n, which it reads after taking the token.
-func (p *progress) publish(n int) {
-	p.n.Store(int64(n))
-	select {
-	case p.landed <- struct{}{}:
-	default:
-	}
-}
-
-// reset readies p for the next op. The last token may be left unclaimed
-// when the waiter saw the op finish first; a stale one would make the next
-// waiter trust a stale count.
-func (p *progress) reset() {
-	select {
-	case <-p.landed:
-	default:
-	}
-	p.n.Store(0)
 }
 
 // opPool recycles ops. Unlike a sync.Pool it is not emptied by garbage
@@ -113,12 +79,11 @@ func (p *opPool) get() *op {
 		p.free = p.free[:n-1]
 		return o
 	}
-	return &op{done: make(chan struct{}, 1), filled: newProgress()}
+	return &op{done: make(chan struct{}, 1)}
 }
 
 func (p *opPool) put(o *op) {
-	o.filled.reset()
-	*o = op{done: o.done, filled: o.filled, block: o.block}
+	*o = op{done: o.done, block: o.block}
 	p.mu.Lock()
 	p.free = append(p.free, o)
 	p.mu.Unlock()
@@ -215,20 +180,23 @@ func (s *sched) wait(ctx context.Context, o *op) error {
 	case <-o.done:
 		return nil
 	case <-ctx.Done():
-		if s.withdraw(o) {
+		if s.cancel(o) {
 			return ctx.Err()
 		}
-		<-o.done
 		return nil
 	}
 }
 
-// withdraw takes o out of its queue unless a worker has taken it already,
-// and reports whether it did.
-func (s *sched) withdraw(o *op) bool {
+// cancel withdraws o if it is still queued and reports whether it did;
+// otherwise a worker has it, and cancel waits for it to finish.
+func (s *sched) cancel(o *op) (withdrawn bool) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.queues[o.kind.class()].remove(o)
+	withdrawn = s.queues[o.kind.class()].remove(o)
+	s.mu.Unlock()
+	if !withdrawn {
+		<-o.done
+	}
+	return withdrawn
 }
 
 // close lets the workers drain every queued op, then stops them.
