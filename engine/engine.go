@@ -30,8 +30,10 @@ type Request struct {
 type Hit struct {
 	Tokens int // prefix tokens available, counted from the prompt's start
 	Chunks int // chunks covering them
-	// ByTier[i] is how many of those tokens tier i (0 = RAM) would serve.
-	ByTier [tier.MaxTiers]int
+	// ByTier[i] is how many of those tokens tier i (0 = RAM) would serve,
+	// and ChunksByTier[i] how many chunks.
+	ByTier       [tier.MaxTiers]int
+	ChunksByTier [tier.MaxTiers]int
 }
 
 // Engine caches KV chunks by token prefix. Safe for concurrent use.
@@ -71,6 +73,10 @@ func (e *Engine) Manager() *tier.Manager { return e.mgr }
 // Arena returns the RAM tier's arena.
 func (e *Engine) Arena() *arena.Arena { return e.mgr.RAM().Arena() }
 
+// maxCachedScopes bounds the chunker cache. Namespaces (tenants, cache
+// salts) arrive with requests, so the set of scopes is unbounded.
+const maxCachedScopes = 4096
+
 // Chunker returns the (cached) chunker of scope.
 func (e *Engine) Chunker(scope chunk.Scope) (*chunk.Chunker, error) {
 	e.mu.RLock()
@@ -87,6 +93,9 @@ func (e *Engine) Chunker(scope chunk.Scope) (*chunk.Chunker, error) {
 	if prev, ok := e.chunkers[scope]; ok {
 		c = prev
 	} else {
+		if len(e.chunkers) >= maxCachedScopes {
+			clear(e.chunkers) // scopes come from requests: keep the cache bounded
+		}
 		e.chunkers[scope] = c
 	}
 	e.mu.Unlock()
@@ -134,16 +143,15 @@ func (e *Engine) Lookup(r Request) (Hit, error) {
 		return Hit{}, err
 	}
 	defer e.putKeys(kp)
-	n, byChunks := e.mgr.Lookup(*kp)
-	h := Hit{Chunks: n, Tokens: tokensThrough(c, n, len(r.Tokens))}
-	done := 0
-	for i, cnt := range byChunks {
-		if cnt == 0 {
-			continue
-		}
-		h.ByTier[i] = tokensThrough(c, done+cnt, len(r.Tokens)) - tokensThrough(c, done, len(r.Tokens))
-		done += cnt
+	n, byChunks, last := e.mgr.Lookup(*kp)
+	h := Hit{Chunks: n, Tokens: tokensThrough(c, n, len(r.Tokens)), ChunksByTier: byChunks}
+	if n == 0 {
+		return h, nil
 	}
+	for i, cnt := range byChunks {
+		h.ByTier[i] = cnt * c.Size()
+	}
+	h.ByTier[last] -= n*c.Size() - h.Tokens // a partial last chunk is short
 	return h, nil
 }
 

@@ -262,7 +262,7 @@ func TestPrefetchPullsPrefixIntoRAM(t *testing.T) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		_, by := e2.Manager().Lookup(keysAfterFirst(t, e2, toks))
+		_, by, _ := e2.Manager().Lookup(keysAfterFirst(t, e2, toks))
 		if by[0] == 3 {
 			break
 		}
@@ -271,7 +271,7 @@ func TestPrefetchPullsPrefixIntoRAM(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if h, _ := e2.Lookup(engine.Request{Scope: scope, Tokens: toks}); h.ByTier[0] != 0 || h.Tokens != 4*chunkTokens {
+	if h, _ := e2.Lookup(engine.Request{Scope: scope, Tokens: toks}); h.ByTier[0] != 3*chunkTokens || h.ByTier[1] != chunkTokens || h.Tokens != 4*chunkTokens {
 		t.Fatalf("chunk 0 should still be on disk only: %+v", h)
 	}
 }
@@ -284,4 +284,26 @@ func keysAfterFirst(t *testing.T, e *engine.Engine, toks []uint32) []chunk.Key {
 		t.Fatal(err)
 	}
 	return c.Keys(nil, toks)[1:]
+}
+
+// TestByTierChargesTheServingTier spreads a prompt with a partial last
+// chunk over the tiers (chunk 0 and the partial chunk 2 in RAM, chunk 1 on
+// disk only) and checks each tier is charged the tokens it serves.
+func TestByTierChargesTheServingTier(t *testing.T) {
+	e := open(t, 1<<20, t.TempDir(), true)
+	ctx := context.Background()
+	toks := tokens(2*chunkTokens+3, 10)
+	req := engine.Request{Scope: scope, Tokens: toks}
+	if _, err := e.Store(ctx, req, chunksOf(toks, 0, 3)); err != nil {
+		t.Fatal(err)
+	}
+	e.Manager().Flush(ctx)
+	c, _ := e.Chunker(scope)
+	keys := c.Keys(nil, toks)
+	e.Manager().RAM().Remove(keys[1])
+	h, err := e.Lookup(req)
+	if err != nil || h.Tokens != len(toks) || h.ByTier[0] != chunkTokens+3 || h.ByTier[1] != chunkTokens ||
+		h.ChunksByTier[0] != 2 || h.ChunksByTier[1] != 1 {
+		t.Fatalf("Lookup = %+v, %v; want RAM %d tokens (2 chunks), disk %d (1 chunk)", h, err, chunkTokens+3, chunkTokens)
+	}
 }

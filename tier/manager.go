@@ -94,7 +94,7 @@ type Manager struct {
 	prefetch chan []chunk.Key
 	wg       sync.WaitGroup
 
-	idPool sync.Pool // *[]arena.ID scratch for Retrieve
+	idPool sync.Pool // *[retrieveWindow]arena.ID scratch for Retrieve
 
 	prefetchDropped atomic.Uint64
 	promoted        atomic.Uint64
@@ -127,6 +127,7 @@ func NewManager(ram RAM, lower []Tier, opts Options) (*Manager, error) {
 	}
 	opts.setDefaults()
 	m := &Manager{ram: ram, arena: ram.Arena(), opts: opts, prefetch: make(chan []chunk.Key, opts.PrefetchQueue)}
+	m.idPool.New = func() any { return new([retrieveWindow]arena.ID) }
 	for _, t := range lower {
 		lt := &lowerTier{Tier: t, queue: make(chan writeJob, opts.QueueDepth)}
 		m.lower = append(m.lower, lt)
@@ -155,21 +156,29 @@ func (m *Manager) Tiers() []Tier {
 func (m *Manager) RAM() RAM { return m.ram }
 
 // Lookup returns how many leading keys are stored somewhere in the
-// hierarchy and how many of those each tier (RAM = 0) would serve.
-func (m *Manager) Lookup(keys []chunk.Key) (n int, byTier [MaxTiers]int) {
+// hierarchy, how many of those each tier (RAM = 0) would serve, and the
+// tier serving the last of them (-1 when none). A key is charged to the
+// fastest tier holding it, as Acquire would read it.
+func (m *Manager) Lookup(keys []chunk.Key) (n int, byTier [MaxTiers]int, last int) {
+	last = -1
 	for n < len(keys) {
-		// The fastest tier holding keys[n] serves as long a run as it can.
 		c, t := m.ram.PrefixContains(keys[n:]), 0
 		for i := 0; c == 0 && i < len(m.lower); i++ {
 			c, t = m.lower[i].PrefixContains(keys[n:]), i+1
+			for j := 1; j < c; j++ { // end the run where RAM takes over
+				if m.ram.Contains(keys[n+j]) {
+					c = j
+				}
+			}
 		}
 		if c == 0 {
 			break
 		}
 		byTier[t] += c
 		n += c
+		last = t
 	}
-	return n, byTier
+	return n, byTier, last
 }
 
 // Store writes chunks[i] under keys[i] into RAM and queues it for every
@@ -278,6 +287,11 @@ func (m *Manager) writer(lt *lowerTier) {
 			if err := lt.Put(context.Background(), job.key, m.arena.Bytes(job.id)); err != nil {
 				lt.failed.Add(1)
 				m.opts.Logger.Warn("lower tier write failed", "tier", lt.Name(), "key", job.key.String(), "err", err)
+			} else if !m.ram.Contains(job.key) {
+				// Removed (or cleared) while queued: eviction cannot be why,
+				// since this job's reference keeps the object busy. Undo
+				// the write so a queued copy never resurrects a removal.
+				lt.Remove(job.key)
 			}
 		}
 		m.arena.Unref(job.id)
@@ -305,82 +319,101 @@ func (m *Manager) Retrieve(ctx context.Context, keys []chunk.Key, dst [][]byte) 
 	if len(dst) < len(keys) {
 		return 0, fmt.Errorf("tier manager: %d keys but %d buffers", len(keys), len(dst))
 	}
-	idsp := m.ids(len(keys))
+	idsp := m.idPool.Get().(*[retrieveWindow]arena.ID)
 	defer m.idPool.Put(idsp)
-	ids := (*idsp)[:len(keys)]
-	n, err := m.Acquire(ctx, keys, ids)
-	copied := n
-	for i := range n {
-		src := m.arena.Bytes(ids[i])
-		if len(dst[i]) < len(src) && i < copied {
-			err = errors.Join(err, fmt.Errorf("tier manager: buffer %d holds %d bytes, chunk has %d", i, len(dst[i]), len(src)))
+	// Work in windows: acquire, copy out, release. Promoted chunks then
+	// need RAM for one window at a time, not for the whole prefix.
+	done := 0
+	for done < len(keys) {
+		want := min(retrieveWindow, len(keys)-done)
+		n, err := m.Acquire(ctx, keys[done:done+want], idsp[:want])
+		copied, cerr := m.copyOut(idsp[:n], dst[done:done+n])
+		done += copied
+		if err = errors.Join(err, cerr); err != nil || copied < want {
+			return done, err
+		}
+	}
+	return done, nil
+}
+
+// retrieveWindow is how many chunks Retrieve holds at once.
+const retrieveWindow = 32
+
+// copyOut copies the objects ids into dst in order, drops the references
+// and returns how many it copied before a buffer was too short.
+func (m *Manager) copyOut(ids []arena.ID, dst [][]byte) (int, error) {
+	copied := len(ids)
+	var err error
+	for i, id := range ids {
+		src := m.arena.Bytes(id)
+		if i < copied && len(dst[i]) < len(src) {
+			err = fmt.Errorf("tier manager: buffer holds %d bytes, chunk has %d", len(dst[i]), len(src))
 			copied = i
 		}
 		if i < copied {
 			dst[i] = dst[i][:copy(dst[i], src)]
 		}
-		m.arena.Unref(ids[i])
+		m.arena.Unref(id)
 	}
 	return copied, err
 }
 
-func (m *Manager) ids(n int) *[]arena.ID {
-	if p, ok := m.idPool.Get().(*[]arena.ID); ok && cap(*p) >= n {
-		return p
-	}
-	s := make([]arena.ID, n)
-	return &s
-}
-
 // promote refs the leading keys stored anywhere into ids: keys in RAM
 // directly, keys held only by lower tiers by reading them into new RAM
-// objects (up to FetchParallel at a time) and indexing those. Hits from a
-// tier below the first lower tier are also queued for the lower tiers
-// above it. It returns the length of the prefix it acquired.
+// objects, up to FetchParallel reads at a time. RAM is reserved in key
+// order before each read starts, so when RAM runs out the prefix simply
+// ends there: that is a shorter hit, not an error. It returns the length
+// of the prefix it acquired.
 func (m *Manager) promote(ctx context.Context, keys []chunk.Key, ids []arena.ID) (int, error) {
-	src := make([]int, 0, len(keys)) // lower tier holding each key, -1 for RAM
-	for _, k := range keys {
-		t := m.holder(k)
-		if t < 0 && !m.ram.Contains(k) {
-			break
-		}
-		src = append(src, t)
-	}
-	if len(src) == 0 {
-		return 0, nil
-	}
-	errs := make([]error, len(src))
+	errs := make([]error, len(keys))
 	sem := make(chan struct{}, m.opts.FetchParallel)
 	var wg sync.WaitGroup
-	for i, t := range src {
+	var stop error // why launching stopped early, if it was an error
+	n := 0
+	for ; n < len(keys); n++ {
+		if m.ram.Acquire(keys[n:n+1], ids[n:n+1]) == 1 {
+			continue
+		}
+		t := m.holder(keys[n])
+		if t < 0 {
+			break
+		}
+		size, ok := m.lower[t].Size(keys[n])
+		if !ok {
+			break
+		}
+		id, buf, err := m.ram.Reserve(size)
+		if err != nil {
+			if !errors.Is(err, arena.ErrNoSpace) && !errors.Is(err, ErrTooLarge) {
+				stop = err
+			}
+			break
+		}
+		ids[n] = id
 		sem <- struct{}{}
 		wg.Add(1)
-		go func() {
+		go func(i int) {
 			defer func() { <-sem; wg.Done() }()
-			switch {
-			case m.ram.Acquire(keys[i:i+1], ids[i:i+1]) == 1:
-			case t < 0: // was in RAM only, evicted since
-				errs[i] = ErrNotFound
-			default:
-				ids[i], errs[i] = m.fetch(ctx, keys[i], t)
-			}
-		}()
+			errs[i] = m.fill(ctx, keys[i], t, id, buf)
+		}(n)
 	}
 	wg.Wait()
-	n := 0
-	for n < len(src) && errs[n] == nil {
-		n++
+	got := 0
+	for got < n && errs[got] == nil {
+		got++
 	}
-	for i := n; i < len(src); i++ { // drop what lies past the first failure
+	for i := got; i < n; i++ { // drop what lies past the first failure
 		if errs[i] == nil {
 			m.arena.Unref(ids[i])
 		}
 	}
-	var err error
-	if n < len(src) && !errors.Is(errs[n], ErrNotFound) && !errors.Is(errs[n], ErrCorrupt) {
-		err = errs[n]
+	if got < n && !errors.Is(errs[got], ErrNotFound) && !errors.Is(errs[got], ErrCorrupt) {
+		return got, errs[got]
 	}
-	return n, err
+	if got == n {
+		return got, stop
+	}
+	return got, nil
 }
 
 // holder returns the index in m.lower of the first lower tier holding k,
@@ -394,38 +427,30 @@ func (m *Manager) holder(k chunk.Key) int {
 	return -1
 }
 
-// fetch reads k from lower tier t into a new RAM object, commits it and
-// returns it with one reference for the caller.
-func (m *Manager) fetch(ctx context.Context, k chunk.Key, t int) (arena.ID, error) {
+// fill reads k from lower tier t into the reserved RAM object id (buf is
+// its bytes) and commits it. On failure it drops the reservation. A hit in
+// a tier below the first lower tier is also offered to the tiers above it,
+// without waiting: a read never waits for write backpressure.
+func (m *Manager) fill(ctx context.Context, k chunk.Key, t int, id arena.ID, buf []byte) error {
 	lt := m.lower[t]
-	size, ok := lt.Size(k)
-	if !ok {
-		return 0, ErrNotFound
-	}
-	id, buf, err := m.ram.Reserve(size)
-	if err != nil {
-		return 0, err
-	}
 	n, err := lt.Get(ctx, k, buf)
-	if err == nil && n != size {
-		err = fmt.Errorf("tier %s: read %d bytes of %d: %w", lt.Name(), n, size, ErrCorrupt)
+	if err == nil && n != len(buf) {
+		err = fmt.Errorf("tier %s: read %d bytes of %d: %w", lt.Name(), n, len(buf), ErrCorrupt)
 	}
 	if err != nil {
 		m.arena.Unref(id)
-		return 0, err
+		return err
 	}
 	m.ram.Commit(k, id)
 	m.promoted.Add(1)
 	if t > 0 {
 		m.mu.RLock()
 		if !m.closed {
-			budget := writeBudget{wait: m.opts.WriteWait}
-			m.enqueueWrites(k, id, t, &budget)
-			budget.stop()
+			m.enqueueWrites(k, id, t, &writeBudget{wait: -1})
 		}
 		m.mu.RUnlock()
 	}
-	return id, nil
+	return nil
 }
 
 // Prefetch asks for keys to be promoted into RAM in the background. It

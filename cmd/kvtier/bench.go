@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -343,6 +344,7 @@ func sameChunks(what string, src, dst [][]byte) error {
 func benchKey(round uint32, i int) chunk.Key {
 	var k chunk.Key
 	k.Scope = 0xbe4c
-	k.Hash[0], k.Hash[1], k.Hash[2] = byte(round), byte(i), byte(i>>8)
+	binary.LittleEndian.PutUint32(k.Hash[0:], round)
+	binary.LittleEndian.PutUint64(k.Hash[4:], uint64(i))
 	return k
 }

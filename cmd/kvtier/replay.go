@@ -81,6 +81,8 @@ type replayReport struct {
 	Seconds        float64 `json:"seconds"`
 
 	BlockHitRate   float64 `json:"block_hit_rate"`
+	RAMBlockRate   float64 `json:"ram_block_hit_rate"`
+	DiskBlockRate  float64 `json:"disk_block_hit_rate"`
 	TokenHitRate   float64 `json:"token_hit_rate"`
 	RAMTokenRate   float64 `json:"ram_token_hit_rate"`
 	DiskTokenRate  float64 `json:"disk_token_hit_rate"`
@@ -90,7 +92,12 @@ type replayReport struct {
 	DiskRead       uint64  `json:"disk_bytes_read"`
 	DiskDropped    uint64  `json:"disk_writes_dropped"`
 
-	Simulated []simRow `json:"simulated"`
+	// Simulated holds every policy, OPT and the infinite cache at the
+	// RAM tier's capacity and, with a disk tier, at RAM plus disk capacity
+	// (what a single cache of the hierarchy's size could do).
+	Simulated      []simRow `json:"simulated"`
+	SimulatedTotal []simRow `json:"simulated_ram_plus_disk,omitempty"`
+	TotalBlocks    int      `json:"ram_plus_disk_capacity_blocks,omitempty"`
 }
 
 type simRow struct {
@@ -125,8 +132,14 @@ func runReplay(ctx context.Context, f replayFlags, out, progress io.Writer) erro
 	if err := replayEngine(ctx, f, reqs, r, progress); err != nil {
 		return err
 	}
-	if err := simulateAt(reqs, r); err != nil {
+	if r.Simulated, err = simulateAt(reqs, r.RAMBlocks); err != nil {
 		return err
+	}
+	if r.DiskBytes > 0 {
+		r.TotalBlocks = r.RAMBlocks + int(f.diskFrac*float64(sum.DistinctBlocks))
+		if r.SimulatedTotal, err = simulateAt(reqs, r.TotalBlocks); err != nil {
+			return err
+		}
 	}
 	if f.plot != "" {
 		if err := plotSweep(reqs, f, sum.DistinctBlocks); err != nil {
@@ -200,6 +213,8 @@ func replayEngine(ctx context.Context, f replayFlags, reqs []replay.Request, r *
 	r.Seconds = time.Since(start).Seconds()
 	r.BlockHitRate = res.HitRate()
 	r.TokenHitRate = float64(res.HitTokens) / float64(res.Tokens)
+	r.RAMBlockRate = float64(c.tierBlocks[0]) / float64(res.BlockRefs)
+	r.DiskBlockRate = float64(c.tierBlocks[1]) / float64(res.BlockRefs)
 	r.RAMTokenRate = float64(c.tierTokens[0]) / float64(res.Tokens)
 	r.DiskTokenRate = float64(c.tierTokens[1]) / float64(res.Tokens)
 	r.BytesStored, r.BytesRetrieved = c.stored, c.retrieved
@@ -214,13 +229,13 @@ func replayEngine(ctx context.Context, f replayFlags, reqs []replay.Request, r *
 	return nil
 }
 
-// simulateAt fills r.Simulated with every policy, OPT and the infinite
-// cache at the engine's RAM capacity.
-func simulateAt(reqs []replay.Request, r *replayReport) error {
+// simulateAt simulates every policy, OPT and the infinite cache at
+// capacity blocks.
+func simulateAt(reqs []replay.Request, capacity int) ([]simRow, error) {
 	names := append(policy.Names(), replay.OPT, replay.Infinite)
-	results, err := replay.Sweep(reqs, names, []int{r.RAMBlocks})
+	results, err := replay.Sweep(reqs, names, []int{capacity})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	opt := 0.0
 	for _, res := range results {
@@ -228,14 +243,15 @@ func simulateAt(reqs []replay.Request, r *replayReport) error {
 			opt = res.HitRate()
 		}
 	}
+	rows := make([]simRow, 0, len(results))
 	for _, res := range results {
 		row := simRow{Policy: res.Policy, HitRate: res.HitRate()}
 		if opt > 0 {
 			row.OfOPT = row.HitRate / opt
 		}
-		r.Simulated = append(r.Simulated, row)
+		rows = append(rows, row)
 	}
-	return nil
+	return rows, nil
 }
 
 func plotSweep(reqs []replay.Request, f replayFlags, distinct int) error {
@@ -272,20 +288,34 @@ func printReplay(w io.Writer, r *replayReport) {
 		fmt.Fprintf(w, ", disk %.0f MiB (O_DIRECT: %v)", mib(r.DiskBytes), r.DiskDirect)
 	}
 	fmt.Fprintf(w, ", %.1f s\n\n", r.Seconds)
-	fmt.Fprintf(w, "block hit rate      %6.2f %%\n", 100*r.BlockHitRate)
+	fmt.Fprintf(w, "block hit rate      %6.2f %%  (RAM %.2f %%, disk %.2f %%)\n", 100*r.BlockHitRate, 100*r.RAMBlockRate, 100*r.DiskBlockRate)
 	fmt.Fprintf(w, "token hit rate      %6.2f %%  (RAM %.2f %%, disk %.2f %%)\n", 100*r.TokenHitRate, 100*r.RAMTokenRate, 100*r.DiskTokenRate)
 	fmt.Fprintf(w, "bytes stored        %8.1f MiB, retrieved %.1f MiB\n", mib(r.BytesStored), mib(r.BytesRetrieved))
 	if r.DiskBytes > 0 {
 		fmt.Fprintf(w, "disk written        %8.1f MiB, read %.1f MiB, writes dropped %d\n", mib(int64(r.DiskWritten)), mib(int64(r.DiskRead)), r.DiskDropped)
 	}
-	fmt.Fprintf(w, "\nsimulated block hit rate at the RAM capacity (%d blocks):\n", r.RAMBlocks)
-	for _, s := range r.Simulated {
-		fmt.Fprintf(w, "  %-9s %6.2f %%", s.Policy, 100*s.HitRate)
-		if s.Policy != replay.OPT && s.Policy != replay.Infinite {
-			fmt.Fprintf(w, "   %.3f of OPT", s.OfOPT)
+	fmt.Fprintf(w, "\nsimulated block hit rate (same policy code, capacity counted in blocks):\n")
+	fmt.Fprintf(w, "  %-9s %22s", "policy", fmt.Sprintf("RAM: %d blocks", r.RAMBlocks))
+	if r.SimulatedTotal != nil {
+		fmt.Fprintf(w, " %28s", fmt.Sprintf("RAM+disk: %d blocks", r.TotalBlocks))
+	}
+	fmt.Fprintln(w)
+	for i, s := range r.Simulated {
+		fmt.Fprintf(w, "  %-9s %s", s.Policy, simCell(s))
+		if r.SimulatedTotal != nil {
+			fmt.Fprintf(w, "      %s", simCell(r.SimulatedTotal[i]))
 		}
 		fmt.Fprintln(w)
 	}
+	fmt.Fprintf(w, "\nthe engine's RAM tier (%s) hit %.2f %% of blocks; with the disk tier, %.2f %%\n", r.Policy, 100*r.RAMBlockRate, 100*r.BlockHitRate)
+}
+
+// simCell formats one simulated hit rate and its fraction of OPT.
+func simCell(s simRow) string {
+	if s.Policy == replay.OPT || s.Policy == replay.Infinite {
+		return fmt.Sprintf("%6.2f %%%14s", 100*s.HitRate, "")
+	}
+	return fmt.Sprintf("%6.2f %% (%.3f of OPT)", 100*s.HitRate, s.OfOPT)
 }
 
 // engineCache adapts the engine to replay.Cache: Lookup also retrieves the
@@ -295,9 +325,10 @@ type engineCache struct {
 	e             *engine.Engine
 	scope         chunk.Scope
 	bytesPerToken int
-	skip          int // tokens retrieved by the last Lookup
+	hit           int // tokens retrieved by the last Lookup
 	bufs          [][]byte
 	tierTokens    [2]int64
+	tierBlocks    [2]int64 // chunks are blocks: ChunkSize = replay.BlockSize
 	stored        int64
 	retrieved     int64
 }
@@ -323,33 +354,39 @@ func (c *engineCache) Lookup(tokens []uint32) (int, error) {
 	req := engine.Request{Scope: c.scope, Tokens: tokens}
 	hit, err := c.e.Lookup(req)
 	if err != nil || hit.Chunks == 0 {
-		c.skip = 0
+		c.hit = 0
 		return 0, err
 	}
 	got, err := c.e.Retrieve(context.Background(), req, c.buffers(hit.Chunks))
 	if err != nil {
 		return 0, err
 	}
+	// Lookup charged each chunk to the tier serving it. Should Retrieve
+	// return fewer chunks (RAM full), the shortfall comes off disk's share.
+	ram := min(hit.ChunksByTier[0], got.Chunks)
+	c.tierBlocks[0] += int64(ram)
+	c.tierBlocks[1] += int64(got.Chunks - ram)
 	c.tierTokens[0] += int64(min(hit.ByTier[0], got.Tokens))
 	c.tierTokens[1] += int64(max(0, got.Tokens-hit.ByTier[0]))
 	c.retrieved += int64(got.Tokens * c.bytesPerToken)
-	c.skip = got.Tokens - got.Tokens%c.e.ChunkSize()
+	c.hit = got.Tokens
 	return got.Tokens, nil
 }
 
 func (c *engineCache) Store(tokens []uint32) error {
-	cs := c.e.ChunkSize()
-	first := c.skip / cs
-	n := (len(tokens)+cs-1)/cs - first
-	if n <= 0 {
-		return nil
+	if c.hit == len(tokens) {
+		return nil // all cached, nothing to store
 	}
+	cs := c.e.ChunkSize()
+	skip := c.hit - c.hit%cs
+	first := skip / cs
+	n := (len(tokens)+cs-1)/cs - first
 	bufs := c.buffers(n)
 	for i := range bufs {
 		start := (first + i) * cs
 		bufs[i] = bufs[i][:(min(start+cs, len(tokens))-start)*c.bytesPerToken]
 		c.stored += int64(len(bufs[i]))
 	}
-	_, err := c.e.Store(context.Background(), engine.Request{Scope: c.scope, Tokens: tokens, Skip: c.skip}, bufs)
+	_, err := c.e.Store(context.Background(), engine.Request{Scope: c.scope, Tokens: tokens, Skip: skip}, bufs)
 	return err
 }
