@@ -183,7 +183,7 @@ func (m *Manager) Lookup(keys []chunk.Key) (n int, byTier [MaxTiers]int, last in
 
 // Store writes chunks[i] under keys[i] into RAM and queues it for every
 // lower tier. It returns how many chunks it stored; chunks already in RAM
-// count as stored. Full lower-tier queues block it at most
+// count as stored, and are queued again for any lower tier that lacks them. Full lower-tier queues block it at most
 // Options.WriteWait in all.
 func (m *Manager) Store(ctx context.Context, keys []chunk.Key, chunks [][]byte) (int, error) {
 	if len(chunks) < len(keys) {
@@ -196,11 +196,18 @@ func (m *Manager) Store(ctx context.Context, keys []chunk.Key, chunks [][]byte) 
 	}
 	budget := writeBudget{wait: m.opts.WriteWait}
 	defer budget.stop()
+	var idScratch [1]arena.ID
 	for i, k := range keys {
 		if err := ctx.Err(); err != nil {
 			return i, err
 		}
-		if m.ram.Contains(k) {
+		if m.ram.Acquire(keys[i:i+1], idScratch[:]) == 1 {
+			// Already in RAM. A lower tier may still lack it (a write
+			// dropped under backpressure, or the tier joined later).
+			if m.lowerMissing(k) {
+				m.enqueueWrites(k, idScratch[0], len(m.lower), &budget)
+			}
+			m.arena.Unref(idScratch[0])
 			continue
 		}
 		id, buf, err := m.ram.Reserve(len(chunks[i]))
@@ -286,7 +293,7 @@ func (m *Manager) writer(lt *lowerTier) {
 		if !lt.Contains(job.key) {
 			if err := lt.Put(context.Background(), job.key, m.arena.Bytes(job.id)); err != nil {
 				lt.failed.Add(1)
-				m.opts.Logger.Warn("lower tier write failed", "tier", lt.Name(), "key", job.key.String(), "err", err)
+				m.opts.Logger.Warn("lower tier write failed", "tier", lt.Name(), "key", job.key, "err", err)
 			} else if !m.ram.Contains(job.key) {
 				// Removed (or cleared) while queued: eviction cannot be why,
 				// since this job's reference keeps the object busy. Undo
@@ -414,6 +421,16 @@ func (m *Manager) promote(ctx context.Context, keys []chunk.Key, ids []arena.ID)
 		return got, stop
 	}
 	return got, nil
+}
+
+// lowerMissing reports whether some lower tier lacks k.
+func (m *Manager) lowerMissing(k chunk.Key) bool {
+	for _, lt := range m.lower {
+		if !lt.Contains(k) {
+			return true
+		}
+	}
+	return false
 }
 
 // holder returns the index in m.lower of the first lower tier holding k,

@@ -484,3 +484,26 @@ func TestRemoveWinsOverQueuedWrite(t *testing.T) {
 	}
 	m.Close()
 }
+
+// TestStoreRefillsALowerTier: a chunk whose disk write was dropped (here:
+// removed from disk behind the manager's back) is written again when it
+// is stored again, though RAM already holds it.
+func TestStoreRefillsALowerTier(t *testing.T) {
+	ram := newRAM(t, 1<<20)
+	d := newDisk(t, t.TempDir(), 16<<20)
+	m, _ := tier.NewManager(ram, []tier.Tier{d}, tier.Options{WriteWait: time.Second})
+	defer m.Close()
+	ctx := context.Background()
+	k, b := key(3), payload(3, 8192)
+	m.Store(ctx, []chunk.Key{k}, [][]byte{b})
+	m.Flush(ctx)
+	d.Remove(k)
+	if n, err := m.Store(ctx, []chunk.Key{k}, [][]byte{b}); n != 1 || err != nil {
+		t.Fatalf("Store = %d, %v", n, err)
+	}
+	m.Flush(ctx)
+	got := make([]byte, 8192)
+	if n, err := d.Get(ctx, k, got); err != nil || !bytes.Equal(got[:n], b) {
+		t.Fatalf("disk after second store: %d bytes, %v", n, err)
+	}
+}
