@@ -183,8 +183,8 @@ func (m *Manager) Lookup(keys []chunk.Key) (n int, byTier [MaxTiers]int, last in
 
 // Store writes chunks[i] under keys[i] into RAM and queues it for every
 // lower tier. It returns how many chunks it stored; chunks already in RAM
-// count as stored, and are queued again for any lower tier that lacks them. Full lower-tier queues block it at most
-// Options.WriteWait in all.
+// count as stored, and are queued again for any lower tier that lacks
+// them. Full lower-tier queues block it at most Options.WriteWait in all.
 func (m *Manager) Store(ctx context.Context, keys []chunk.Key, chunks [][]byte) (int, error) {
 	if len(chunks) < len(keys) {
 		return 0, fmt.Errorf("tier manager: %d keys but %d chunks", len(keys), len(chunks))
@@ -201,13 +201,13 @@ func (m *Manager) Store(ctx context.Context, keys []chunk.Key, chunks [][]byte) 
 		if err := ctx.Err(); err != nil {
 			return i, err
 		}
-		if m.ram.Acquire(keys[i:i+1], idScratch[:]) == 1 {
+		if m.ram.Contains(k) {
 			// Already in RAM. A lower tier may still lack it (a write
 			// dropped under backpressure, or the tier joined later).
-			if m.lowerMissing(k) {
+			if m.lowerMissing(k) && m.ram.Acquire(keys[i:i+1], idScratch[:]) == 1 {
 				m.enqueueWrites(k, idScratch[0], len(m.lower), &budget)
+				m.arena.Unref(idScratch[0])
 			}
-			m.arena.Unref(idScratch[0])
 			continue
 		}
 		id, buf, err := m.ram.Reserve(len(chunks[i]))
