@@ -66,6 +66,10 @@ type Config struct {
 	// DataDir is where the daemon keeps state that is not cache content.
 	DataDir string `yaml:"data_dir"`
 
+	// AdminAddr is the host:port of the daemon's HTTP admin server (health,
+	// metrics, JSON API). Port 0 picks a free port, which the daemon logs.
+	AdminAddr string `yaml:"admin_addr"`
+
 	// DiskDirectIO is auto, on or off: whether the disk tier bypasses the
 	// page cache with O_DIRECT. auto uses it where the filesystem allows.
 	DiskDirectIO string `yaml:"disk_direct_io"`
@@ -114,6 +118,7 @@ func defaults(getenv func(string) string, euid int) Config {
 		RemoteSerde:      "raw",
 		CachePolicy:      "LRU",
 		DataDir:          defaultDataDir(getenv, euid),
+		AdminAddr:        "127.0.0.1:7480",
 		DiskDirectIO:     "auto",
 		DiskSegmentSize:  256 * MiB,
 		WriteQueueDepth:  64,

@@ -40,6 +40,7 @@ func TestDefaults(t *testing.T) {
 		RemoteSerde:     "raw",
 		CachePolicy:     "LRU",
 		DataDir:         "/var/lib/kvtier",
+		AdminAddr:       "127.0.0.1:7480",
 		DiskDirectIO:    "auto",
 		DiskSegmentSize: 256 * MiB,
 		WriteQueueDepth: 64,

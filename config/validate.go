@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"net/url"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -57,6 +59,9 @@ func (c Config) Validate() error {
 	}
 	if !filepath.IsAbs(c.DataDir) {
 		bad("data_dir", "want an absolute path, got %q", c.DataDir)
+	}
+	if err := checkHostPort(c.AdminAddr); err != nil {
+		bad("admin_addr", "%w", err)
 	}
 	if !slices.Contains(directIOModes, c.DiskDirectIO) {
 		bad("disk_direct_io", "%w", oneOf(c.DiskDirectIO, directIOModes))
@@ -153,6 +158,20 @@ func checkURL(s string) error {
 		return fmt.Errorf("want scheme://host or scheme:///path, got %q followed by no \"//\"", u.Scheme+":")
 	case u.Host == "" && u.Path == "":
 		return fmt.Errorf("want scheme://host or scheme:///path, got %q", redactURL(s))
+	}
+	return nil
+}
+
+// checkHostPort accepts a listen address as net.Listen takes it: an
+// optional host (empty means every interface) and a numeric port. Host
+// names are not resolved here, so loading never waits on DNS.
+func checkHostPort(s string) error {
+	_, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return fmt.Errorf("want host:port such as 127.0.0.1:7480, got %q", clip(s))
+	}
+	if p, err := strconv.ParseUint(port, 10, 16); err != nil || (p == 0 && port != "0") {
+		return fmt.Errorf("want a port number 0 to 65535, got %q", clip(port))
 	}
 	return nil
 }

@@ -32,6 +32,11 @@ func TestEveryValidationErrorNamesItsKey(t *testing.T) {
 		{"remote_serde", func(c *Config) { c.RemoteSerde = "cachegen" }, "does not support yet"},
 		{"cache_policy", func(c *Config) { c.CachePolicy = "random" }, "want one of LRU, LFU, FIFO, MRU, S3FIFO, ARC"},
 		{"data_dir", func(c *Config) { c.DataDir = "state" }, "absolute path"},
+		{"admin_addr", func(c *Config) { c.AdminAddr = "" }, "want host:port"},
+		{"admin_addr", func(c *Config) { c.AdminAddr = "localhost" }, "want host:port"},
+		{"admin_addr", func(c *Config) { c.AdminAddr = "127.0.0.1:http" }, "want a port number"},
+		{"admin_addr", func(c *Config) { c.AdminAddr = "127.0.0.1:65536" }, "want a port number"},
+		{"admin_addr", func(c *Config) { c.AdminAddr = "127.0.0.1:" }, "want a port number"},
 		{"disk_direct_io", func(c *Config) { c.DiskDirectIO = "true" }, "want one of auto, on, off"},
 		{"disk_segment_size", func(c *Config) { c.DiskSegmentSize = 512 * KiB }, "at least 1MiB"},
 		{"disk_segment_size", func(c *Config) { c.DiskSegmentSize = MiB + 512 }, "multiple of 4KiB"},
@@ -131,6 +136,16 @@ func TestURLErrorsDoNotLeakPasswords(t *testing.T) {
 		var ke *KeyError
 		if !errors.As(err, &ke) || ke.Key != "remote_url" {
 			t.Errorf("%s: %v", u, err)
+		}
+	}
+}
+
+func TestAdminAddrAcceptsListenAddresses(t *testing.T) {
+	for _, addr := range []string{"127.0.0.1:7480", ":7480", "[::1]:0", "localhost:65535", "0.0.0.0:0"} {
+		c := Default()
+		c.AdminAddr = addr
+		if err := c.Validate(); err != nil {
+			t.Errorf("admin_addr %q refused: %v", addr, err)
 		}
 	}
 }

@@ -1,7 +1,8 @@
-// Command kvtier is kvtier's single binary. This release has the offline
-// tools: `bench` measures the tiers against raw baselines in one run and
-// `replay` drives a request trace through the real engine. The node
-// daemon (`serve`) and the controller come in later releases.
+// Command kvtier is kvtier's single binary: `serve` runs the node daemon
+// (the engine behind an HTTP admin API with Prometheus metrics; the
+// connector protocols come next), `bench` measures the tiers against raw
+// baselines in one run, and `replay` drives a request trace through the
+// real engine. The controller comes in a later release.
 package main
 
 import (
@@ -19,7 +20,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(benchCmd(), replayCmd(), versionCmd())
+	root.AddCommand(serveCmd(), benchCmd(), replayCmd(), versionCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "kvtier:", err)
 		os.Exit(1)

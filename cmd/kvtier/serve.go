@@ -1,0 +1,227 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"kvtier/config"
+	"kvtier/engine"
+	"kvtier/server"
+)
+
+// Shutdown bounds. Together they stay under Kubernetes' default 30 s grace
+// period, after which the process would be killed anyway.
+const (
+	httpDrainTimeout = 5 * time.Second  // in-flight admin requests
+	flushTimeout     = 20 * time.Second // queued disk writes
+)
+
+// defaultRAMShare is the share of the machine's memory the RAM tier takes
+// when nothing sizes it (at most the configured default, LMCache's 5 GB).
+const defaultRAMShare = 0.25
+
+func serveCmd() *cobra.Command {
+	var configPath string
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "run the node daemon",
+		Long: `Run the node daemon: the engine (RAM tier, and a disk tier if local_disk is
+set) and the HTTP admin API on admin_addr. The configuration is --config, else
+the file named by KVTIER_CONFIG_FILE or LMCACHE_CONFIG_FILE, else the built-in
+defaults, with KVTIER_* variables on top. With neither a file nor
+KVTIER_MAX_LOCAL_CPU_SIZE, the RAM tier is sized to the smaller of 5 GiB and a
+quarter of the machine's memory. SIGTERM or SIGINT shuts it down cleanly; a
+second signal kills it.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
+			defer stop()
+			return runServe(ctx, stop, configPath, cmd.ErrOrStderr())
+		},
+	}
+	cmd.Flags().StringVar(&configPath, "config", "", "configuration file (default: $KVTIER_CONFIG_FILE, then $LMCACHE_CONFIG_FILE, then built-in defaults)")
+	return cmd
+}
+
+// runServe runs the daemon until ctx is done, then shuts it down. It calls
+// unsignal as shutdown starts, so that a second signal kills the process.
+func runServe(ctx context.Context, unsignal func(), configPath string, logOut io.Writer) error {
+	cfg, err := config.Load(configPath)
+	if err != nil {
+		return err
+	}
+	ramDefaulted := sizeRAMForMachine(&cfg, configPath)
+	log := newLogger(logOut, cfg.LogLevel)
+
+	opts, err := engine.OptionsFromConfig(cfg, log)
+	if err != nil {
+		return err
+	}
+	eng, err := engine.Open(opts)
+	if err != nil {
+		return err
+	}
+	log.Info("engine open", "ram_bytes", opts.RAMBytes, "ram_sized_from_machine", ramDefaulted,
+		"policy", cfg.CachePolicy, "chunk_size", cfg.ChunkSize, "disk_dir", cfg.LocalDisk, "disk_bytes", opts.DiskBytes)
+
+	admin, err := server.NewAdmin(eng, cfg, log)
+	if err != nil {
+		return errors.Join(err, eng.Close())
+	}
+	ln, err := net.Listen("tcp", cfg.AdminAddr)
+	if err != nil {
+		return errors.Join(fmt.Errorf("admin_addr: %w", err), eng.Close())
+	}
+	srv := &http.Server{
+		Handler:           admin.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	// Tests and scripts read the bound address here when admin_addr has port 0.
+	log.Info("admin listening", "addr", ln.Addr().String())
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", "cause", context.Cause(ctx))
+	case serveErr = <-served:
+		log.Error("admin server failed", "err", serveErr)
+	}
+	unsignal()
+	return errors.Join(serveErr, shutdown(admin, srv, eng, log))
+}
+
+// shutdown stops the daemon in order: refuse readiness, stop accepting and
+// finish in-flight requests, flush queued disk writes, close the engine.
+func shutdown(admin *server.Admin, srv *http.Server, eng *engine.Engine, log *slog.Logger) error {
+	admin.Drain()
+	var errs []error
+
+	ctx, cancel := context.WithTimeout(context.Background(), httpDrainTimeout)
+	if err := srv.Shutdown(ctx); err != nil {
+		log.Warn("admin requests still running at the deadline; closing them", "err", err)
+		srv.Close()
+	}
+	cancel()
+
+	ctx, cancel = context.WithTimeout(context.Background(), flushTimeout)
+	if err := eng.Manager().Flush(ctx); err != nil {
+		// Close still writes what is queued; this only says it is slow.
+		log.Warn("disk writes still queued at the flush deadline", "err", err)
+	}
+	cancel()
+
+	if err := eng.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("closing the engine: %w", err))
+	}
+	err := errors.Join(errs...)
+	if err == nil {
+		log.Info("stopped")
+	}
+	return err
+}
+
+func newLogger(w io.Writer, level string) *slog.Logger {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		l = slog.LevelInfo // config validated the level; this is unreachable
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+}
+
+// sizeRAMForMachine shrinks the RAM tier's default to defaultRAMShare of
+// the machine's memory when nothing chose its size: no configuration file
+// and no KVTIER_MAX_LOCAL_CPU_SIZE. A size someone wrote down is kept as
+// written. It reports whether it changed the size.
+func sizeRAMForMachine(cfg *config.Config, configPath string) bool {
+	for _, v := range []string{"KVTIER_CONFIG_FILE", "LMCACHE_CONFIG_FILE"} {
+		if os.Getenv(v) != "" {
+			return false
+		}
+	}
+	if _, set := os.LookupEnv("KVTIER_MAX_LOCAL_CPU_SIZE"); set || configPath != "" {
+		return false
+	}
+	limit, ok := machineMemory()
+	if !ok {
+		return false
+	}
+	gib := defaultRAMGiB(cfg.MaxLocalCPUSize, limit)
+	if gib == cfg.MaxLocalCPUSize {
+		return false
+	}
+	cfg.MaxLocalCPUSize = gib
+	return true
+}
+
+// defaultRAMGiB is the RAM tier's size in GiB (LMCache's GB) when nothing
+// chose it: the configured default, capped at defaultRAMShare of memBytes.
+func defaultRAMGiB(configured float64, memBytes int64) float64 {
+	share := float64(memBytes) * defaultRAMShare / float64(config.GiB)
+	return min(configured, share)
+}
+
+// machineMemory returns the memory this process may use: the machine's
+// MemTotal, or the cgroup v2 limit when that is lower (a container).
+func machineMemory() (int64, bool) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0, false
+	}
+	total, err := memTotal(f)
+	f.Close()
+	if err != nil {
+		return 0, false
+	}
+	if data, err := os.ReadFile("/sys/fs/cgroup/memory.max"); err == nil {
+		if limit, ok := cgroupLimit(data); ok && limit < total {
+			return limit, true
+		}
+	}
+	return total, true
+}
+
+// memTotal reads the MemTotal line of /proc/meminfo ("MemTotal: 123 kB").
+func memTotal(r io.Reader) (int64, error) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		rest, ok := strings.CutPrefix(sc.Text(), "MemTotal:")
+		if !ok {
+			continue
+		}
+		num, ok := strings.CutSuffix(strings.TrimSpace(rest), " kB")
+		kib, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
+		if !ok || err != nil || kib <= 0 || kib > 1<<53 {
+			return 0, fmt.Errorf("meminfo: bad MemTotal line %.60q", sc.Text())
+		}
+		return kib << 10, nil
+	}
+	if err := sc.Err(); err != nil {
+		return 0, fmt.Errorf("meminfo: %w", err)
+	}
+	return 0, errors.New("meminfo: no MemTotal line")
+}
+
+// cgroupLimit parses a cgroup v2 memory.max: a byte count, or "max" for
+// no limit (reported as not ok).
+func cgroupLimit(data []byte) (int64, bool) {
+	v, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	return v, err == nil && v > 0
+}

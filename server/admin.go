@@ -1,0 +1,128 @@
+// Package server is the node daemon's outside surface. This part is the
+// HTTP admin server: liveness and readiness probes, Prometheus metrics and
+// a small JSON API (stats, effective configuration, clear).
+//
+// Nothing here sits on the cache's hot paths. Metrics are not counted by
+// the admin server: a custom collector reads the counters the tiers and
+// the manager already keep, at scrape time, so a store or a lookup pays
+// nothing for being observable.
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"kvtier/config"
+	"kvtier/engine"
+)
+
+// Admin serves the HTTP admin API of one engine. Safe for concurrent use.
+type Admin struct {
+	eng      *engine.Engine
+	cfg      config.Config
+	log      *slog.Logger
+	draining atomic.Bool
+	handler  http.Handler
+}
+
+// NewAdmin returns the admin API of eng, which was opened from cfg. The
+// engine must stay open until the HTTP server using Handler has shut down.
+func NewAdmin(eng *engine.Engine, cfg config.Config, log *slog.Logger) (*Admin, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	a := &Admin{eng: eng, cfg: cfg, log: log}
+	reg := prometheus.NewRegistry()
+	for _, c := range []prometheus.Collector{
+		newCollector(eng.Manager()),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("server: registering metrics: %w", err)
+		}
+	}
+	metrics := promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+		ErrorLog:      slog.NewLogLogger(log.Handler(), slog.LevelError),
+		ErrorHandling: promhttp.ContinueOnError, // a partial scrape beats none
+	})
+
+	// Method patterns make the mux answer 405 with an Allow header for a
+	// known path and a wrong method, and 404 for unknown paths.
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", a.healthz)
+	mux.HandleFunc("GET /readyz", a.readyz)
+	mux.Handle("GET /metrics", metrics)
+	mux.HandleFunc("GET /api/v1/stats", a.stats)
+	mux.HandleFunc("GET /api/v1/config", a.config)
+	mux.HandleFunc("POST /api/v1/clear", a.clear)
+	a.handler = mux
+	return a, nil
+}
+
+// Handler returns the admin API's HTTP handler.
+func (a *Admin) Handler() http.Handler { return a.handler }
+
+// Drain marks the daemon as shutting down: /readyz answers 503 from now
+// on, so load balancers stop sending work while in-flight requests finish.
+func (a *Admin) Drain() { a.draining.Store(true) }
+
+// healthz answers while the process can serve HTTP at all.
+func (a *Admin) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeText(w, http.StatusOK, "ok\n")
+}
+
+// readyz answers 200 while the engine is open and not shutting down.
+func (a *Admin) readyz(w http.ResponseWriter, _ *http.Request) {
+	if a.draining.Load() {
+		writeText(w, http.StatusServiceUnavailable, "shutting down\n")
+		return
+	}
+	writeText(w, http.StatusOK, "ready\n")
+}
+
+func (a *Admin) stats(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, ReadStats(a.eng.Manager()))
+}
+
+func (a *Admin) config(w http.ResponseWriter, _ *http.Request) {
+	body, err := configJSON(a.cfg)
+	if err != nil {
+		a.log.Error("rendering the configuration", "err", err)
+		writeError(w, http.StatusInternalServerError, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	w.Write(body)
+}
+
+func writeText(w http.ResponseWriter, status int, body string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(status)
+	w.Write([]byte(body))
+}
+
+// writeJSON writes v indented, for people reading it with curl.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.MarshalIndent(v, "", "  ")
+	if err != nil { // only our own types get here, and they all encode
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(body, '\n'))
+}
+
+// writeError reports err as {"error": "..."}.
+func writeError(w http.ResponseWriter, status int, err error) {
+	writeJSON(w, status, map[string]string{"error": err.Error()})
+}
