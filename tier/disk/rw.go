@@ -147,28 +147,21 @@ func writeHeader(fd int, block []byte, h *header) error {
 // pwritevFull writes all of iov at off, resuming after short writes. It
 // consumes iov.
 func pwritevFull(fd int, iov [][]byte, off int64) error {
-	for len(iov) > 0 {
-		n, err := unix.Pwritev(fd, iov, off)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			return io.ErrShortWrite
-		}
-		off += int64(n)
-		iov = advance(iov, n)
-	}
-	return nil
+	return vectorFull(unix.Pwritev, io.ErrShortWrite, fd, iov, off)
 }
 
 // preadvFull fills all of iov from off; hitting the end of the file first is
 // io.ErrUnexpectedEOF. It consumes iov.
 func preadvFull(fd int, iov [][]byte, off int64) error {
+	return vectorFull(unix.Preadv, io.ErrUnexpectedEOF, fd, iov, off)
+}
+
+// vectorFull repeats a vectored transfer until all of iov is done,
+// retrying EINTR and resuming after short transfers; a transfer of zero
+// bytes is noProgress.
+func vectorFull(transfer func(int, [][]byte, int64) (int, error), noProgress error, fd int, iov [][]byte, off int64) error {
 	for len(iov) > 0 {
-		n, err := unix.Preadv(fd, iov, off)
+		n, err := transfer(fd, iov, off)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
@@ -176,7 +169,7 @@ func preadvFull(fd int, iov [][]byte, off int64) error {
 			return err
 		}
 		if n == 0 {
-			return io.ErrUnexpectedEOF
+			return noProgress
 		}
 		off += int64(n)
 		iov = advance(iov, n)
