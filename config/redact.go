@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"net/url"
 	"strings"
 )
@@ -85,6 +86,12 @@ func redactValue(key string, v any) any {
 	switch x := v.(type) {
 	case map[string]any:
 		return redactMap(x)
+	case map[any]any: // YAML mappings whose keys are not all strings
+		out := make(map[any]any, len(x))
+		for k, item := range x {
+			out[k] = redactValue(fmt.Sprint(k), item)
+		}
+		return out
 	case []any:
 		items := make([]any, len(x))
 		for i, item := range x {

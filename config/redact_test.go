@@ -2,6 +2,7 @@ package config
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -49,5 +50,21 @@ func TestRedactedConfig(t *testing.T) {
 	if c.RemoteURL != "redis://u:pw@h:1" || c.ExtraConfig["aws"].(map[string]any)["SecretAccessKey"] != "s" ||
 		c.ExtraConfig["endpoints"].([]any)[0] != "redis://x:pw2@h" {
 		t.Errorf("Redacted modified its receiver: %#v", c.ExtraConfig)
+	}
+}
+
+// TestRedactedNonStringKeys: a nested mapping with a non-string key decodes
+// as map[any]any; secrets inside it must be hidden too.
+func TestRedactedNonStringKeys(t *testing.T) {
+	c, err := Parse([]byte("extra_config:\n  backends:\n    1: {password: hunter2}\n    token: abc\n"), "x.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := c.Redacted().String()
+	if strings.Contains(out, "hunter2") || strings.Contains(out, "abc") {
+		t.Fatalf("secret leaked:\n%s", out)
+	}
+	if !strings.Contains(c.String(), "REDACTED") {
+		t.Fatalf("String() shows no redaction:\n%s", c.String())
 	}
 }
