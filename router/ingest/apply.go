@@ -1,0 +1,211 @@
+package ingest
+
+import (
+	"kvtier/router/index"
+	"kvtier/router/kvevents"
+)
+
+// replayFunc fetches the buffered messages with seq ≥ start from a
+// publisher's replay socket and passes each to visit in the order received.
+// payload is only valid during the call.
+type replayFunc func(start uint64, visit func(seq uint64, payload []byte)) error
+
+// podRef is a pod as a stream knows it: its index id and its counters.
+type podRef struct {
+	id       index.PodID
+	counters *podCounters
+}
+
+// seqKey names one publisher stream: each data-parallel rank of a pod has
+// its own sequence counter. rank is -1 when the batch carries none.
+type seqKey struct {
+	pod  index.PodID
+	rank int
+}
+
+// stream applies the messages of one endpoint. It is owned by one goroutine
+// and reuses its decoder, batches and maps, so that steady-state messages
+// allocate nothing.
+type stream struct {
+	ix       *index.Index
+	pods     *index.Pods
+	counters *counterSet
+	fallback string // the endpoint's configured pod name
+	replay   replayFunc
+
+	topics   kvevents.Topics
+	dec      kvevents.Decoder
+	live     kvevents.Batch // the message being handled
+	replayed kvevents.Batch // a message fetched by replay
+	byName   map[string]podRef
+	seqs     map[seqKey]*kvevents.Sequencer
+}
+
+func newStream(ix *index.Index, pods *index.Pods, counters *counterSet, fallback string, replay replayFunc) *stream {
+	return &stream{
+		ix: ix, pods: pods, counters: counters, fallback: fallback, replay: replay,
+		byName: make(map[string]podRef),
+		seqs:   make(map[seqKey]*kvevents.Sequencer),
+	}
+}
+
+// pod resolves a pod name, interning it on first sight. ok is false when
+// the index's pod registry refuses the name (it is full).
+func (s *stream) pod(name string) (podRef, bool) {
+	if p, ok := s.byName[name]; ok {
+		return p, true
+	}
+	id, err := s.pods.Intern(name)
+	if err != nil {
+		return podRef{}, false
+	}
+	p := podRef{id: id, counters: s.counters.get(name)}
+	s.byName[name] = p
+	return p, true
+}
+
+// podOf returns the pod named by topic, or the configured one when the topic
+// does not follow "kv@<pod>@<model>".
+func (s *stream) podOf(topic []byte) (podRef, bool) {
+	name, _, err := s.topics.Parse(topic)
+	if err != nil {
+		name = s.fallback
+	}
+	return s.pod(name)
+}
+
+func (s *stream) sequencer(k seqKey) *kvevents.Sequencer {
+	sq, ok := s.seqs[k]
+	if !ok {
+		sq = new(kvevents.Sequencer)
+		s.seqs[k] = sq
+	}
+	return sq
+}
+
+// handle applies one received message (topic, seq, payload). It never fails:
+// what cannot be used is counted and dropped.
+func (s *stream) handle(frames [][]byte) {
+	msg, err := kvevents.DecodeMessage(frames)
+	if err != nil {
+		s.countMalformedFallback()
+		return
+	}
+	p, ok := s.podOf(msg.Topic)
+	if !ok {
+		s.countMalformedFallback()
+		return
+	}
+	p.counters.messages.Add(1)
+	if err := s.dec.Decode(msg.Payload, &s.live); err != nil {
+		// The sequence number is not observed: without a decodable
+		// payload the DP rank, and so the stream, is unknown.
+		p.counters.malformed.Add(1)
+		return
+	}
+	rank := -1
+	if s.live.HasDPRank {
+		rank = s.live.DPRank
+	}
+	st, missing, from, to := s.sequencer(seqKey{p.id, rank}).Observe(msg.Seq)
+	switch st {
+	case kvevents.Gap:
+		p.counters.gaps.Add(1)
+	case kvevents.Restart:
+		p.counters.restarts.Add(1)
+		s.ix.ClearPod(p.id)
+	}
+	if missing {
+		s.recover(p, from, to)
+	}
+	s.apply(p, &s.live)
+}
+
+func (s *stream) countMalformedFallback() {
+	if p, ok := s.pod(s.fallback); ok {
+		p.counters.malformed.Add(1)
+	}
+}
+
+// recover replays the messages [from, to] that never arrived, applying each
+// once and in sequence order, and counts those the publisher no longer had.
+// Replayed messages carry no topic; they belong to the pod whose stream
+// they were missing from.
+func (s *stream) recover(p podRef, from, to uint64) {
+	want := to - from + 1
+	if s.replay == nil {
+		p.counters.lost.Add(want)
+		return
+	}
+	next, got := from, uint64(0)
+	err := s.replay(from, func(seq uint64, payload []byte) {
+		if seq < next || seq > to {
+			return // a duplicate, or newer than the gap: those come live
+		}
+		next = seq + 1
+		got++
+		p.counters.messages.Add(1)
+		if err := s.dec.Decode(payload, &s.replayed); err != nil {
+			p.counters.malformed.Add(1)
+			return
+		}
+		s.apply(p, &s.replayed)
+	})
+	if err != nil {
+		p.counters.replayFailures.Add(1)
+	} else {
+		p.counters.replays.Add(1)
+	}
+	p.counters.lost.Add(want - got)
+}
+
+// apply writes the events of b to the index. Counters are summed locally
+// and published once per batch to keep atomics off the per-event path.
+func (s *stream) apply(p podRef, b *kvevents.Batch) {
+	var events, added, removed, clears, skipped, indexErrors uint64
+	for i := range b.Events {
+		e := &b.Events[i]
+		switch e.Kind {
+		case kvevents.BlockStored, kvevents.BlockRemoved:
+			tier, ok := TierOf(e.Medium)
+			if !ok {
+				skipped++
+				continue
+			}
+			hashes := b.BlockHashes(e)
+			var err error
+			if e.Kind == kvevents.BlockStored {
+				err = s.ix.Add(p.id, tier, hashes)
+				added += uint64(len(hashes))
+			} else {
+				err = s.ix.Remove(p.id, tier, hashes)
+				removed += uint64(len(hashes))
+			}
+			if err != nil {
+				indexErrors++
+				continue
+			}
+		case kvevents.AllBlocksCleared:
+			s.ix.ClearPod(p.id)
+			clears++
+		default:
+			skipped++
+			continue
+		}
+		events++
+	}
+	c := p.counters
+	addIf(&c.events, events)
+	addIf(&c.blocksAdded, added)
+	addIf(&c.blocksRemoved, removed)
+	addIf(&c.clears, clears)
+	addIf(&c.skipped, skipped)
+	addIf(&c.indexErrors, indexErrors)
+}
+
+// addIf skips the atomic add (a contended cache-line write) for zero.
+func addIf(c interface{ Add(uint64) uint64 }, n uint64) {
+	if n != 0 {
+		c.Add(n)
+	}
+}

@@ -1,0 +1,180 @@
+// Package ingest feeds vLLM's KV-cache events into kvtier's router block
+// index: it is the glue between the ZMQ sockets the engines publish on and
+// index.Index.
+//
+// A Subscriber runs one goroutine per configured pod endpoint. Each goroutine
+// owns a ZMQ SUB socket (github.com/go-zeromq/zmq4, pure Go), decodes every
+// three-frame message with kvevents and applies its events to the index:
+//
+//   - BlockStored adds the blocks to the pod in the tier named by the event's
+//     medium (see TierOf); events on a medium that maps to no tier are
+//     counted as Skipped and ignored;
+//   - BlockRemoved removes them from that tier;
+//   - AllBlocksCleared clears every holding of the pod.
+//
+// The pod is the one named by the topic ("kv@<pod>@<model>", llm-d's
+// convention) or, when the topic does not follow it (vLLM's default topic is
+// empty), the pod configured for the endpoint.
+//
+// Sequence numbers are followed per (pod, data-parallel rank). When messages
+// were lost and the endpoint has a replay address, the missing range is
+// fetched from vLLM's replay ROUTER socket over a DEALER socket and applied
+// in order before the message that revealed the gap; otherwise the loss is
+// only counted. When the sequence goes backwards the publisher restarted:
+// vLLM restarts with an empty GPU prefix cache and does not announce that
+// with AllBlocksCleared, so the pod's entries are cleared (all tiers, since
+// the index cannot tell which of them survived; CPU/disk blocks still held
+// are re-announced as they are used again). With data parallelism a restart
+// of one rank therefore also clears what the other ranks of the same pod
+// announced; give ranks distinct pod names if that matters.
+//
+// Bad input never stops a stream: malformed frames, topics or payloads are
+// counted per pod and skipped. Reconnection after a publisher restart is
+// left to zmq4's automatic reconnect (tested in this package).
+package ingest
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"kvtier/router/index"
+)
+
+// Endpoint is one publisher to subscribe to.
+type Endpoint struct {
+	// Pod names the pod when a message's topic does not; required.
+	Pod string
+	// Model is informational (the topic carries the model too).
+	Model string
+	// Address is the PUB socket, e.g. "tcp://10.0.0.7:5557"; required.
+	Address string
+	// Replay is vLLM's replay ROUTER socket, e.g. "tcp://10.0.0.7:5558";
+	// empty disables replay and gaps are only counted.
+	Replay string
+	// Topic is the subscription prefix; empty subscribes to everything
+	// (vLLM's default topic is empty; llm-d publishes under "kv@").
+	Topic string
+}
+
+// Config configures a Subscriber.
+type Config struct {
+	Endpoints []Endpoint
+	// ReplayTimeout bounds one replay request, from dialing to the end
+	// marker; 0 means DefaultReplayTimeout.
+	ReplayTimeout time.Duration
+	// ReconnectInterval is the pause between dial attempts; 0 means
+	// DefaultReconnectInterval.
+	ReconnectInterval time.Duration
+}
+
+// Defaults for Config.
+const (
+	DefaultReplayTimeout     = 2 * time.Second
+	DefaultReconnectInterval = 100 * time.Millisecond
+)
+
+// ErrConfig reports an unusable Config.
+var ErrConfig = errors.New("ingest: bad config")
+
+// PodStats are the counters of one pod. Messages and events are counted as
+// received, including replayed ones.
+type PodStats struct {
+	Messages       uint64 // messages received (live and replayed)
+	Events         uint64 // events applied
+	BlocksAdded    uint64 // block hashes passed to Index.Add
+	BlocksRemoved  uint64 // block hashes passed to Index.Remove
+	Clears         uint64 // AllBlocksCleared events applied
+	Malformed      uint64 // messages skipped as undecodable
+	Skipped        uint64 // events ignored: unknown kind or medium
+	Gaps           uint64 // sequence gaps seen
+	Replays        uint64 // replay requests that completed
+	ReplayFailures uint64 // replay requests that failed or timed out
+	Lost           uint64 // messages missed and not recovered by replay
+	Restarts       uint64 // publisher restarts seen (pod cleared)
+	IndexErrors    uint64 // Add/Remove calls the index refused
+}
+
+// podCounters is the shared, atomically updated form of PodStats.
+type podCounters struct {
+	messages, events, blocksAdded, blocksRemoved, clears, malformed, skipped,
+	gaps, replays, replayFailures, lost, restarts, indexErrors atomic.Uint64
+}
+
+func (c *podCounters) snapshot() PodStats {
+	return PodStats{
+		Messages: c.messages.Load(), Events: c.events.Load(),
+		BlocksAdded: c.blocksAdded.Load(), BlocksRemoved: c.blocksRemoved.Load(),
+		Clears: c.clears.Load(), Malformed: c.malformed.Load(), Skipped: c.skipped.Load(),
+		Gaps: c.gaps.Load(), Replays: c.replays.Load(), ReplayFailures: c.replayFailures.Load(),
+		Lost: c.lost.Load(), Restarts: c.restarts.Load(), IndexErrors: c.indexErrors.Load(),
+	}
+}
+
+// counterSet maps pod names to their counters; streams cache the pointers.
+type counterSet struct {
+	mu   sync.Mutex
+	pods map[string]*podCounters
+}
+
+func (s *counterSet) get(pod string) *podCounters {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.pods[pod]
+	if !ok {
+		if s.pods == nil {
+			s.pods = make(map[string]*podCounters)
+		}
+		c = new(podCounters)
+		s.pods[pod] = c
+	}
+	return c
+}
+
+func (s *counterSet) snapshot() map[string]PodStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]PodStats, len(s.pods))
+	for name, c := range s.pods {
+		out[name] = c.snapshot()
+	}
+	return out
+}
+
+// TierOf maps an event's medium to an index tier: "" (nil, vLLM's default)
+// and "GPU" → GPU, "CPU" → CPU, "DISK" → Disk, case-insensitively. Any
+// other medium (a connector's own name) reports false: such events are
+// skipped and counted rather than guessed into Remote, because a wrong tier
+// would skew tier-weighted scoring.
+func TierOf(medium string) (index.Tier, bool) {
+	switch {
+	case medium == "" || strings.EqualFold(medium, "GPU"):
+		return index.GPU, true
+	case strings.EqualFold(medium, "CPU"):
+		return index.CPU, true
+	case strings.EqualFold(medium, "DISK"):
+		return index.Disk, true
+	}
+	return 0, false
+}
+
+func (c *Config) validate() error {
+	if len(c.Endpoints) == 0 {
+		return fmt.Errorf("%w: no endpoints", ErrConfig)
+	}
+	for i, ep := range c.Endpoints {
+		if ep.Pod == "" {
+			return fmt.Errorf("%w: endpoint %d (%q) has no pod name", ErrConfig, i, ep.Address)
+		}
+		if ep.Address == "" {
+			return fmt.Errorf("%w: endpoint %d (pod %q) has no address", ErrConfig, i, ep.Pod)
+		}
+	}
+	if c.ReplayTimeout < 0 || c.ReconnectInterval < 0 {
+		return fmt.Errorf("%w: negative duration", ErrConfig)
+	}
+	return nil
+}

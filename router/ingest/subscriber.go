@@ -1,0 +1,179 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"kvtier/router/index"
+	"kvtier/router/kvevents"
+)
+
+// Subscriber subscribes to the KV events of a static list of pods and keeps
+// an index.Index up to date with them.
+type Subscriber struct {
+	cfg      Config
+	ix       *index.Index
+	pods     *index.Pods
+	counters counterSet
+
+	mu      sync.Mutex
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	started bool
+}
+
+// New returns a Subscriber that will write into ix, naming pods in pods.
+// Nothing runs until Start.
+func New(cfg Config, ix *index.Index, pods *index.Pods) (*Subscriber, error) {
+	if ix == nil || pods == nil {
+		return nil, fmt.Errorf("%w: nil index or pod registry", ErrConfig)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.ReplayTimeout == 0 {
+		cfg.ReplayTimeout = DefaultReplayTimeout
+	}
+	if cfg.ReconnectInterval == 0 {
+		cfg.ReconnectInterval = DefaultReconnectInterval
+	}
+	cfg.Endpoints = append([]Endpoint(nil), cfg.Endpoints...)
+	s := &Subscriber{cfg: cfg, ix: ix, pods: pods}
+	for _, ep := range cfg.Endpoints {
+		s.counters.get(ep.Pod) // configured pods show in Stats from the start
+	}
+	return s, nil
+}
+
+// Start launches one receiving goroutine per endpoint and returns at once;
+// connections are made (and remade) in the background. It runs until ctx is
+// done or Close is called. Start may be called once.
+func (s *Subscriber) Start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started {
+		return errors.New("ingest: Subscriber already started")
+	}
+	s.started = true
+	ctx, s.cancel = context.WithCancel(ctx)
+	for _, ep := range s.cfg.Endpoints {
+		var replay replayFunc
+		if ep.Replay != "" {
+			replay = s.replayer(ctx, ep.Replay)
+		}
+		st := newStream(s.ix, s.pods, &s.counters, ep.Pod, replay)
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.receive(ctx, ep, st)
+		}()
+	}
+	return nil
+}
+
+// Close stops every receiving goroutine, closes the sockets and waits for
+// them. It is safe to call more than once, and without Start.
+func (s *Subscriber) Close() error {
+	s.mu.Lock()
+	cancel := s.cancel
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	s.wg.Wait()
+	return nil
+}
+
+// Stats returns the counters of every pod seen so far (configured or named
+// by a topic), by pod name.
+func (s *Subscriber) Stats() map[string]PodStats { return s.counters.snapshot() }
+
+// receive runs the SUB socket of one endpoint until ctx is done. The
+// socket's automatic reconnect re-dials a publisher that went away (vLLM
+// restarting on the same port) and re-sends the subscription.
+func (s *Subscriber) receive(ctx context.Context, ep Endpoint, st *stream) {
+	sub := zmq4.NewSub(ctx,
+		zmq4.WithAutomaticReconnect(true),
+		zmq4.WithDialerRetry(s.cfg.ReconnectInterval),
+		zmq4.WithDialerMaxRetries(-1), // until ctx is done
+	)
+	defer sub.Close()
+	if err := sub.SetOption(zmq4.OptionSubscribe, ep.Topic); err != nil {
+		return // only fails for a bad option name
+	}
+	if err := sub.Dial(ep.Address); err != nil {
+		return // the dialer retries forever, so this means ctx is done
+	}
+	for {
+		msg, err := sub.Recv()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			continue // a dropped connection; the socket re-dials it
+		}
+		st.handle(msg.Frames)
+	}
+}
+
+// replayer returns the replayFunc of one replay endpoint. Each request uses
+// a fresh DEALER socket bounded by the replay timeout, so a publisher that
+// never answers costs one timeout and leaves nothing behind.
+func (s *Subscriber) replayer(ctx context.Context, addr string) replayFunc {
+	return func(start uint64, visit func(seq uint64, payload []byte)) error {
+		return requestReplay(ctx, addr, s.cfg.ReplayTimeout, s.cfg.ReconnectInterval, start, visit)
+	}
+}
+
+// requestReplay asks vLLM's replay ROUTER socket for the buffered messages
+// with seq ≥ start. vLLM's server expects (identity, empty delimiter, start)
+// at its ROUTER, so the DEALER sends the delimiter itself; answers arrive as
+// (empty, [topic,] seq, payload) and end with seq = -1 (see replyFrames).
+func requestReplay(ctx context.Context, addr string, timeout, retry time.Duration, start uint64, visit func(seq uint64, payload []byte)) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	dealer := zmq4.NewDealer(ctx, zmq4.WithDialerRetry(retry), zmq4.WithDialerMaxRetries(-1))
+	defer dealer.Close()
+	if err := dealer.Dial(addr); err != nil {
+		return fmt.Errorf("ingest: dialing replay socket %s: %w", addr, err)
+	}
+	req := zmq4.NewMsgFrom([]byte{}, kvevents.AppendReplayRequest(nil, start))
+	if err := dealer.SendMulti(req); err != nil {
+		return fmt.Errorf("ingest: sending replay request to %s: %w", addr, err)
+	}
+	for {
+		msg, err := dealer.Recv()
+		if err != nil {
+			return fmt.Errorf("ingest: reading replay from %s: %w", addr, err)
+		}
+		reply, err := kvevents.DecodeReplayReply(replyFrames(msg.Frames))
+		if err != nil {
+			return fmt.Errorf("ingest: replay from %s: %w", addr, err)
+		}
+		if reply.End {
+			return nil
+		}
+		visit(reply.Seq, reply.Payload)
+	}
+}
+
+// replyFrames reduces one replay answer, as a DEALER receives it, to the
+// (seq, payload) that kvevents.DecodeReplayReply reads. Releases of vLLM
+// differ: older ones answer (empty, seq, payload), newer ones put the topic
+// in between, (empty, topic, seq, payload), and close with (empty, empty,
+// -1, empty). The topic is not needed: replayed messages belong to the
+// stream that missed them.
+func replyFrames(frames [][]byte) [][]byte {
+	if len(frames) > 0 && len(frames[0]) == 0 {
+		frames = frames[1:]
+	}
+	if len(frames) == 3 {
+		frames = frames[1:]
+	}
+	return frames
+}
