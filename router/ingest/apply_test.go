@@ -201,22 +201,3 @@ func TestStreamRestartClearsPod(t *testing.T) {
 		t.Errorf("stats %+v, want 1 restart and no gap", got)
 	}
 }
-
-func TestReplyFrames(t *testing.T) {
-	seq, payload, topic := seqFrame(7), []byte{0x90}, []byte("kv@p@m")
-	for _, c := range []struct {
-		name string
-		in   [][]byte
-		want [][]byte
-	}{
-		{"older vLLM", [][]byte{{}, seq, payload}, [][]byte{seq, payload}},
-		{"newer vLLM", [][]byte{{}, topic, seq, payload}, [][]byte{seq, payload}},
-		{"no delimiter", [][]byte{seq, payload}, [][]byte{seq, payload}},
-		{"too many", [][]byte{{}, topic, topic, seq, payload}, [][]byte{topic, topic, seq, payload}},
-	} {
-		got := replyFrames(c.in)
-		if !slices.EqualFunc(got, c.want, func(a, b []byte) bool { return string(a) == string(b) }) {
-			t.Errorf("%s: replyFrames(%q) = %q, want %q", c.name, c.in, got, c.want)
-		}
-	}
-}

@@ -133,7 +133,8 @@ func (s *Subscriber) replayer(ctx context.Context, addr string) replayFunc {
 // requestReplay asks vLLM's replay ROUTER socket for the buffered messages
 // with seq ≥ start. vLLM's server expects (identity, empty delimiter, start)
 // at its ROUTER, so the DEALER sends the delimiter itself; answers arrive as
-// (empty, [topic,] seq, payload) and end with seq = -1 (see replyFrames).
+// (empty, [topic,] seq, payload) and end with seq = -1 (see
+// kvevents.DecodeReplayReply).
 func requestReplay(ctx context.Context, addr string, timeout, retry time.Duration, start uint64, visit func(seq uint64, payload []byte)) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -151,7 +152,7 @@ func requestReplay(ctx context.Context, addr string, timeout, retry time.Duratio
 		if err != nil {
 			return fmt.Errorf("ingest: reading replay from %s: %w", addr, err)
 		}
-		reply, err := kvevents.DecodeReplayReply(replyFrames(msg.Frames))
+		reply, err := kvevents.DecodeReplayReply(msg.Frames)
 		if err != nil {
 			return fmt.Errorf("ingest: replay from %s: %w", addr, err)
 		}
@@ -160,20 +161,4 @@ func requestReplay(ctx context.Context, addr string, timeout, retry time.Duratio
 		}
 		visit(reply.Seq, reply.Payload)
 	}
-}
-
-// replyFrames reduces one replay answer, as a DEALER receives it, to the
-// (seq, payload) that kvevents.DecodeReplayReply reads. Releases of vLLM
-// differ: older ones answer (empty, seq, payload), newer ones put the topic
-// in between, (empty, topic, seq, payload), and close with (empty, empty,
-// -1, empty). The topic is not needed: replayed messages belong to the
-// stream that missed them.
-func replyFrames(frames [][]byte) [][]byte {
-	if len(frames) > 0 && len(frames[0]) == 0 {
-		frames = frames[1:]
-	}
-	if len(frames) == 3 {
-		frames = frames[1:]
-	}
-	return frames
 }

@@ -59,16 +59,22 @@ type ReplayReply struct {
 	End     bool
 }
 
-// DecodeReplayReply decodes one reply of the replay socket: (seq, payload),
-// where seq = -1 (signed) with an empty payload ends the replay. A DEALER
-// client also receives the empty delimiter frame the server sends after the
-// client identity; a leading empty frame is therefore accepted and dropped.
+// DecodeReplayReply decodes one reply of the replay socket. vLLM releases
+// differ: older ones answer (seq, payload), newer ones put the topic first,
+// (topic, seq, payload); both end with seq = -1 (signed) and an empty
+// payload. A DEALER client also receives the empty delimiter frame the
+// server sends after the client identity, so a leading empty frame is
+// dropped first. The topic is not returned: replayed messages belong to
+// the stream that asked for them.
 func DecodeReplayReply(frames [][]byte) (ReplayReply, error) {
-	if len(frames) == 3 && len(frames[0]) == 0 {
-		frames = frames[1:]
+	if len(frames) > 2 && len(frames[0]) == 0 {
+		frames = frames[1:] // DEALER delimiter
+	}
+	if len(frames) == 3 {
+		frames = frames[1:] // topic
 	}
 	if len(frames) != 2 {
-		return ReplayReply{}, fmt.Errorf("%w: replay reply has %d frames, want 2 (seq, payload)", ErrFrames, len(frames))
+		return ReplayReply{}, fmt.Errorf("%w: replay reply has %d frames, want [topic,] seq, payload", ErrFrames, len(frames))
 	}
 	seq, err := decodeSeq(frames[0])
 	if err != nil {

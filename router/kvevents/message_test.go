@@ -44,16 +44,23 @@ func TestReplayFrames(t *testing.T) {
 	if err != nil || r.Seq != 42 || string(r.Payload) != "p" {
 		t.Fatalf("reply with delimiter = %+v, %v", r, err)
 	}
+	// Newer vLLM puts the topic before seq, with or without the delimiter.
+	for _, frames := range [][][]byte{{{}, []byte("kv@p@m"), seq, []byte("p")}, {[]byte("kv@p@m"), seq, []byte("p")}} {
+		if r, err = DecodeReplayReply(frames); err != nil || r.Seq != 42 || string(r.Payload) != "p" {
+			t.Fatalf("reply with topic %q = %+v, %v", frames, r, err)
+		}
+	}
 	end := []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff} // -1 signed, as vLLM sends it
-	r, err = DecodeReplayReply([][]byte{end, {}})
-	if err != nil || !r.End {
-		t.Fatalf("end marker = %+v, %v", r, err)
+	for _, frames := range [][][]byte{{end, {}}, {{}, end, {}}, {{}, {}, end, {}}} {
+		if r, err = DecodeReplayReply(frames); err != nil || !r.End {
+			t.Fatalf("end marker %q = %+v, %v", frames, r, err)
+		}
 	}
 	bad := [][][]byte{
 		{end, []byte("x")},         // end marker with a payload
 		{seq},                      // too few frames
 		{seq, {}, {}},              // three frames without a delimiter
-		{{}, {}, seq, []byte("p")}, // too many
+		{{}, []byte("t"), []byte("t"), seq, []byte("p")}, // too many
 		{seq[:4], []byte("p")},     // short seq
 	}
 	for i, frames := range bad {
