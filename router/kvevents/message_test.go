@@ -57,11 +57,11 @@ func TestReplayFrames(t *testing.T) {
 		}
 	}
 	bad := [][][]byte{
-		{end, []byte("x")},         // end marker with a payload
-		{seq},                      // too few frames
-		{seq, {}, {}},              // three frames without a delimiter
+		{end, []byte("x")}, // end marker with a payload
+		{seq},              // too few frames
+		{seq, {}, {}},      // three frames without a delimiter
 		{{}, []byte("t"), []byte("t"), seq, []byte("p")}, // too many
-		{seq[:4], []byte("p")},     // short seq
+		{seq[:4], []byte("p")},                           // short seq
 	}
 	for i, frames := range bad {
 		if _, err := DecodeReplayReply(frames); !errors.Is(err, ErrFrames) {
