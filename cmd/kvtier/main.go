@@ -1,8 +1,9 @@
 // Command kvtier is kvtier's single binary: `serve` runs the node daemon
 // (the engine behind an HTTP admin API with Prometheus metrics; the
-// connector protocols come next), `bench` measures the tiers against raw
-// baselines in one run, and `replay` drives a request trace through the
-// real engine. The controller comes in a later release.
+// connector protocols come next), `controller` runs the KV-aware router's
+// scoring service over vLLM's KV events, `bench` measures the tiers against
+// raw baselines in one run, and `replay` drives a request trace through
+// the real engine.
 package main
 
 import (
@@ -20,7 +21,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(), benchCmd(), replayCmd(), versionCmd())
+	root.AddCommand(serveCmd(), controllerCmd(), benchCmd(), replayCmd(), versionCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "kvtier:", err)
 		os.Exit(1)

@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"regexp"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"kvtier/chunk"
+	"kvtier/router/api"
+	"kvtier/router/index"
+	"kvtier/router/ingest"
+)
+
+// controllerFlags are the flags of `kvtier controller`.
+type controllerFlags struct {
+	listen    string
+	pods      []string
+	hashSeed  string
+	seedSet   bool
+	blockSize int
+	maxBlocks int
+	scorer    string
+	logLevel  string
+}
+
+func controllerCmd() *cobra.Command {
+	var f controllerFlags
+	cmd := &cobra.Command{
+		Use:   "controller",
+		Short: "run the KV-aware router: ingest vLLM KV events, score pods over HTTP",
+		Long: `Run the KV-aware router. It subscribes to the KV-cache events of every --pod
+(vLLM's --kv-events-config ZMQ publisher), keeps a bounded in-memory index of
+which pod holds which prefix block, and answers POST /v1/score on --listen with
+each pod's score for a prompt's token ids (GET /healthz for probes).
+
+The router recomputes vLLM's prefix-cache block hashes from the tokens, so the
+vLLM pods must run with the same PYTHONHASHSEED as --hash-seed, with
+--prefix-caching-hash-algo sha256_cbor, and with the block size of
+--block-size; otherwise no prompt ever matches. SIGTERM or SIGINT shuts it
+down cleanly; a second signal kills it. See docs/router.md.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f.seedSet = cmd.Flags().Changed("hash-seed")
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
+			defer stop()
+			return runController(ctx, stop, f, cmd.ErrOrStderr())
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.listen, "listen", "127.0.0.1:7481", "HTTP address of the score API")
+	fl.StringArrayVar(&f.pods, "pod", nil, "a pod to subscribe to, NAME=MODEL=tcp://HOST:PORT[=tcp://HOST:REPLAY_PORT] (repeatable; the model may contain '/')")
+	fl.StringVar(&f.hashSeed, "hash-seed", "", "PYTHONHASHSEED of the vLLM pods (required; they must also run --prefix-caching-hash-algo sha256_cbor)")
+	fl.IntVar(&f.blockSize, "block-size", 16, "vLLM block size in tokens")
+	fl.IntVar(&f.maxBlocks, "max-blocks", 4_000_000, "most distinct blocks the index holds before evicting")
+	fl.StringVar(&f.scorer, "scorer", "longest-prefix", "pod scorer: longest-prefix or tier-weighted")
+	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	return cmd
+}
+
+// podSpec matches NAME=MODEL=ADDRESS[=REPLAY]. The model is everything
+// between the first '=' and the '=' that starts the address, so it may hold
+// '/', '@' or even '='; addresses never contain '='.
+var podSpec = regexp.MustCompile(`^([^=]+)=(.+?)=((?:tcp|ipc)://[^=]+)(?:=((?:tcp|ipc)://[^=]+))?$`)
+
+// parsePods turns --pod values into ingest endpoints.
+func parsePods(specs []string) ([]ingest.Endpoint, error) {
+	if len(specs) == 0 {
+		return nil, errors.New("--pod: at least one pod is required")
+	}
+	seen := make(map[string]bool, len(specs))
+	eps := make([]ingest.Endpoint, 0, len(specs))
+	for _, spec := range specs {
+		m := podSpec.FindStringSubmatch(spec)
+		if m == nil {
+			return nil, fmt.Errorf("--pod %q: want NAME=MODEL=tcp://HOST:PORT[=tcp://HOST:REPLAY_PORT]", spec)
+		}
+		if seen[m[1]] {
+			return nil, fmt.Errorf("--pod %q: pod %q given twice", spec, m[1])
+		}
+		seen[m[1]] = true
+		eps = append(eps, ingest.Endpoint{Pod: m[1], Model: m[2], Address: m[3], Replay: m[4]})
+	}
+	return eps, nil
+}
+
+func parseScorer(name string) (index.Scorer, error) {
+	switch name {
+	case "longest-prefix":
+		return index.LongestPrefix{}, nil
+	case "tier-weighted":
+		return index.TierWeightedPrefix{Weights: index.DefaultTierWeights()}, nil
+	}
+	return nil, fmt.Errorf("--scorer %q: want longest-prefix or tier-weighted", name)
+}
+
+// runController runs the router until ctx is done, then shuts it down. It
+// calls unsignal as shutdown starts, so that a second signal kills the
+// process.
+func runController(ctx context.Context, unsignal func(), f controllerFlags, logOut io.Writer) error {
+	if !f.seedSet {
+		return errors.New("--hash-seed is required: the PYTHONHASHSEED the vLLM pods run with")
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: level}))
+	endpoints, err := parsePods(f.pods)
+	if err != nil {
+		return err
+	}
+	scorer, err := parseScorer(f.scorer)
+	if err != nil {
+		return err
+	}
+	hasher, err := chunk.NewVLLMHasher(f.hashSeed, f.blockSize)
+	if err != nil {
+		return fmt.Errorf("--block-size: %w", err)
+	}
+	ix, err := index.New(index.Config{MaxBlocks: f.maxBlocks})
+	if err != nil {
+		return fmt.Errorf("--max-blocks: %w", err)
+	}
+	pods := index.NewPods()
+	handler, err := api.New(api.Config{Index: ix, Pods: pods, Hasher: hasher, Scorer: scorer, Log: log})
+	if err != nil {
+		return err
+	}
+	sub, err := ingest.New(ingest.Config{Endpoints: endpoints}, ix, pods)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return errors.Join(fmt.Errorf("--listen: %w", err), sub.Close())
+	}
+	if err := sub.Start(ctx); err != nil {
+		return errors.Join(err, ln.Close(), sub.Close())
+	}
+	for _, ep := range endpoints {
+		log.Info("subscribing", "pod", ep.Pod, "model", ep.Model, "address", ep.Address, "replay", ep.Replay)
+	}
+
+	srv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	// Tests and scripts read the bound address here when --listen has port 0.
+	log.Info("controller listening", "addr", ln.Addr().String(), "scorer", f.scorer,
+		"block_size", f.blockSize, "max_blocks", f.maxBlocks)
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", "cause", context.Cause(ctx))
+	case serveErr = <-served:
+		log.Error("score API failed", "err", serveErr)
+	}
+	unsignal()
+	return errors.Join(serveErr, stopController(srv, sub, log))
+}
+
+// stopController stops accepting score requests, finishes the ones in
+// flight, then closes the event subscriptions.
+func stopController(srv *http.Server, sub *ingest.Subscriber, log *slog.Logger) error {
+	ctx, cancel := context.WithTimeout(context.Background(), httpDrainTimeout)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		log.Warn("score requests still running at the deadline; closing them", "err", err)
+		srv.Close()
+	}
+	if err := sub.Close(); err != nil {
+		return fmt.Errorf("closing the event subscriptions: %w", err)
+	}
+	for pod, st := range sub.Stats() {
+		log.Info("pod events", "pod", pod, "messages", st.Messages, "blocks_added", st.BlocksAdded,
+			"blocks_removed", st.BlocksRemoved, "malformed", st.Malformed, "lost", st.Lost)
+	}
+	log.Info("stopped")
+	return nil
+}

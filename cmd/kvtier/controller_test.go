@@ -1,0 +1,211 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os/exec"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"kvtier/chunk"
+	"kvtier/router/api"
+)
+
+func TestParsePods(t *testing.T) {
+	eps, err := parsePods([]string{
+		"pod-a=meta-llama/Llama-3.1-8B=tcp://10.0.0.7:5557",
+		"pod-b=org/m@v=2=tcp://10.0.0.8:5557=tcp://10.0.0.8:5558",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := fmt.Sprintf("%+v", eps)
+	want := "[{Pod:pod-a Model:meta-llama/Llama-3.1-8B Address:tcp://10.0.0.7:5557 Replay: Topic:} " +
+		"{Pod:pod-b Model:org/m@v=2 Address:tcp://10.0.0.8:5557 Replay:tcp://10.0.0.8:5558 Topic:}]"
+	if got != want {
+		t.Errorf("parsePods =\n%s, want\n%s", got, want)
+	}
+	for _, bad := range [][]string{
+		nil,
+		{"pod-a"},
+		{"pod-a=m"},
+		{"pod-a=tcp://h:1"},
+		{"=m=tcp://h:1"},
+		{"pod-a==tcp://h:1"},
+		{"pod-a=m=http://h:1"},
+		{"pod-a=m=tcp://h:1=replay"},
+		{"pod-a=m=tcp://h:1", "pod-a=m=tcp://h:2"},
+	} {
+		if eps, err := parsePods(bad); err == nil {
+			t.Errorf("parsePods(%q) = %+v, want an error", bad, eps)
+		}
+	}
+}
+
+func TestControllerRejectsBadFlags(t *testing.T) {
+	good := controllerFlags{listen: "127.0.0.1:0", pods: []string{"p=m=tcp://127.0.0.1:1"}, seedSet: true,
+		blockSize: 16, maxBlocks: 1000, scorer: "longest-prefix", logLevel: "info"}
+	for name, mutate := range map[string]func(*controllerFlags){
+		"hash-seed":  func(f *controllerFlags) { f.seedSet = false },
+		"pod":        func(f *controllerFlags) { f.pods = nil },
+		"scorer":     func(f *controllerFlags) { f.scorer = "random" },
+		"block-size": func(f *controllerFlags) { f.blockSize = 0 },
+		"max-blocks": func(f *controllerFlags) { f.maxBlocks = 0 },
+		"log-level":  func(f *controllerFlags) { f.logLevel = "loud" },
+		"listen":     func(f *controllerFlags) { f.listen = "127.0.0.1:-1" },
+	} {
+		f := good
+		mutate(&f)
+		err := runController(context.Background(), func() {}, f, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: runController = %v, want an error naming it", name, err)
+		}
+	}
+}
+
+// vllmBlockStored encodes an EventBatch holding one BlockStored event as
+// vLLM's msgspec publisher does with array_like structs (the tagged-array
+// encoding): [ts, [["BlockStored", hashes, parent, tokens, block_size,
+// lora_id, medium]], dp_rank].
+func vllmBlockStored(t *testing.T, hashes []uint64, tokens []uint32, blockSize int) []byte {
+	t.Helper()
+	event := []any{"BlockStored", hashes, nil, tokens, blockSize, nil, nil}
+	var buf bytes.Buffer
+	enc := msgpack.NewEncoder(&buf)
+	enc.UseCompactInts(true)
+	if err := enc.Encode([]any{1700000000.25, []any{event}, 0}); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+var controllerListening = regexp.MustCompile(`msg="controller listening" addr=(\S+)`)
+
+// TestControllerServesScoresFromEvents runs `kvtier controller` against a
+// real ZMQ publisher emitting vLLM's BlockStored frames for a prompt, and
+// checks that /v1/score then gives the publishing pod the whole prompt.
+func TestControllerServesScoresFromEvents(t *testing.T) {
+	const blockSize = 16
+	prompt := make([]uint32, 10*blockSize+3)
+	for i := range prompt {
+		prompt[i] = uint32(50000 + 13*i)
+	}
+	hasher, err := chunk.NewVLLMHasher("0", blockSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hashes []uint64
+	for _, b := range hasher.BlockHashes(nil, prompt, chunk.VLLMRequest{}) {
+		hashes = append(hashes, chunk.EventHash(b))
+	}
+	payload := vllmBlockStored(t, hashes, prompt[:len(hashes)*blockSize], blockSize)
+
+	pub := zmq4.NewPub(context.Background())
+	defer pub.Close()
+	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+
+	bin, err := buildKvtier()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "controller", "--listen", "127.0.0.1:0", "--hash-seed", "0",
+		"--pod", "pod-a=m=tcp://"+pub.Addr().String())
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { cmd.Process.Kill() })
+
+	var url string
+	deadline := time.Now().Add(hang)
+	for url == "" {
+		if m := controllerListening.FindStringSubmatch(stderr.String()); m != nil {
+			url = "http://" + m[1]
+			break
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("controller exited before listening: %v\n%s", err, stderr)
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("controller did not log its address within %v:\n%s", hang, stderr)
+		}
+	}
+
+	// A SUB socket misses what is published before it has connected, so
+	// keep publishing (with increasing sequence numbers, as vLLM does)
+	// until the score shows the blocks.
+	body, err := json.Marshal(map[string]any{"model": "m", "tokens": prompt, "pods": []string{"pod-a", "pod-z"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got api.ScoreResponse
+	for seq := uint64(0); ; seq++ {
+		msg := zmq4.NewMsgFrom([]byte("kv@pod-a@m"), binary.BigEndian.AppendUint64(nil, seq), payload)
+		if err := pub.Send(msg); err != nil {
+			t.Fatal(err)
+		}
+		got = scoreOnce(t, url, body)
+		if got.Scores["pod-a"] == float64(len(hashes)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pod-a never scored the prompt within %v; last answer %+v\n%s", hang, got, stderr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got.Blocks != 10 || got.Scores["pod-z"] != 0 || len(got.Scores) != 2 {
+		t.Errorf("score = %+v, want 10 blocks, pod-a 10, pod-z 0", got)
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("controller exited with %v after SIGTERM:\n%s", err, stderr)
+		}
+	case <-time.After(hang):
+		t.Fatalf("controller still running %v after SIGTERM:\n%s", hang, stderr)
+	}
+	log := stderr.String()
+	if !strings.Contains(log, `msg="shutting down"`) || !strings.Contains(log, "msg=stopped") {
+		t.Errorf("shutdown was not logged:\n%s", log)
+	}
+}
+
+func scoreOnce(t *testing.T, url string, body []byte) api.ScoreResponse {
+	t.Helper()
+	resp, err := http.Post(url+"/v1/score", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("POST /v1/score: %d %v: %s", resp.StatusCode, err, out)
+	}
+	var r api.ScoreResponse
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("decoding %s: %v", out, err)
+	}
+	return r
+}

@@ -1,0 +1,264 @@
+// Package api serves kvtier's KV-aware router over HTTP/JSON: a gateway posts
+// a prompt's token ids to POST /v1/score and gets back, for each pod, how much
+// of the prompt's prefix that pod already holds in its KV cache.
+//
+// The handler reproduces the engine's prefix-cache keys: it cuts the tokens
+// into blocks, hashes them exactly as vLLM does (chunk.VLLMHasher with the
+// pods' PYTHONHASHSEED, the request's LoRA name and cache salt), reduces each
+// hash to the 64-bit form vLLM's KV events carry (chunk.EventHash), and asks
+// an index.Scorer to score the pods over router/index, which router/ingest
+// fills from those events. The keys therefore match only when the pods run
+// with the same PYTHONHASHSEED, block size and --prefix-caching-hash-algo
+// sha256_cbor.
+//
+// Scoring reuses per-request scratch buffers from a sync.Pool, so hashing and
+// scoring a prompt cost no heap allocation per block; only decoding the JSON
+// request and encoding the response allocate.
+//
+// Not here yet: prompt strings (tokenization), gRPC, filtering by model.
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+
+	"kvtier/chunk"
+	"kvtier/router/index"
+)
+
+// Defaults for Config.
+const (
+	DefaultMaxTokens    = 131072
+	DefaultMaxBodyBytes = 4 << 20
+)
+
+// ErrConfig reports an unusable Config.
+var ErrConfig = errors.New("api: bad config")
+
+// Config configures a Handler.
+type Config struct {
+	Index  *index.Index      // required
+	Pods   *index.Pods       // required; names the index's pod ids
+	Hasher *chunk.VLLMHasher // required; the pods' PYTHONHASHSEED and block size
+	// Scorer scores pods; nil means index.LongestPrefix.
+	Scorer index.Scorer
+	// MaxTokens bounds a request's tokens; 0 means DefaultMaxTokens.
+	MaxTokens int
+	// MaxBodyBytes bounds a request body; 0 means DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+	// Log receives request errors at debug level; nil discards them.
+	Log *slog.Logger
+}
+
+// ScoreRequest is the body of POST /v1/score.
+type ScoreRequest struct {
+	Model  string   `json:"model"`
+	Tokens []uint32 `json:"tokens"`
+	// Pods is the candidate set; empty scores every pod holding a block.
+	Pods      []string `json:"pods,omitempty"`
+	LoRAName  string   `json:"lora_name,omitempty"`
+	CacheSalt string   `json:"cache_salt,omitempty"`
+	// Prompt is recognised only to refuse it with a clear message.
+	Prompt *string `json:"prompt,omitempty"`
+}
+
+// ScoreResponse is the answer of POST /v1/score. Scores holds every
+// candidate when the request named some (0 for unknown pods), otherwise
+// every pod that scored above 0. Blocks is the number of full blocks the
+// tokens make.
+type ScoreResponse struct {
+	Scores map[string]float64 `json:"scores"`
+	Blocks int                `json:"blocks"`
+}
+
+// errorResponse is the body of every 4xx/5xx answer.
+type errorResponse struct {
+	Error string `json:"error"`
+}
+
+// Handler serves /v1/score and /healthz. It is safe for concurrent use.
+type Handler struct {
+	ix        *index.Index
+	pods      *index.Pods
+	hasher    *chunk.VLLMHasher
+	scorer    index.Scorer
+	maxTokens int
+	maxBody   int64
+	log       *slog.Logger
+	scratch   sync.Pool // of *scratch
+	mux       *http.ServeMux
+}
+
+// scratch holds one request's reusable buffers.
+type scratch struct {
+	req        ScoreRequest
+	blocks     [][32]byte
+	hashes     []uint64
+	candidates []index.PodID
+	scores     []index.PodScore
+}
+
+// New returns a Handler for cfg.
+func New(cfg Config) (*Handler, error) {
+	if cfg.Index == nil || cfg.Pods == nil || cfg.Hasher == nil {
+		return nil, fmt.Errorf("%w: Index, Pods and Hasher are required", ErrConfig)
+	}
+	if cfg.MaxTokens < 0 || cfg.MaxBodyBytes < 0 {
+		return nil, fmt.Errorf("%w: negative MaxTokens %d or MaxBodyBytes %d", ErrConfig, cfg.MaxTokens, cfg.MaxBodyBytes)
+	}
+	h := &Handler{
+		ix:        cfg.Index,
+		pods:      cfg.Pods,
+		hasher:    cfg.Hasher,
+		scorer:    cfg.Scorer,
+		maxTokens: cfg.MaxTokens,
+		maxBody:   cfg.MaxBodyBytes,
+		log:       cfg.Log,
+	}
+	if h.scorer == nil {
+		h.scorer = index.LongestPrefix{}
+	}
+	if h.maxTokens == 0 {
+		h.maxTokens = DefaultMaxTokens
+	}
+	if h.maxBody == 0 {
+		h.maxBody = DefaultMaxBodyBytes
+	}
+	if h.log == nil {
+		h.log = slog.New(slog.DiscardHandler)
+	}
+	h.scratch.New = func() any { return new(scratch) }
+	h.mux = http.NewServeMux()
+	h.mux.HandleFunc("/v1/score", h.serveScore)
+	h.mux.HandleFunc("/healthz", h.serveHealth)
+	return h, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+func (h *Handler) serveHealth(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		methodNotAllowed(w, "GET, HEAD")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	io.WriteString(w, `{"status":"ok"}`+"\n")
+}
+
+func (h *Handler) serveScore(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		methodNotAllowed(w, http.MethodPost)
+		return
+	}
+	s := h.scratch.Get().(*scratch)
+	defer h.scratch.Put(s)
+
+	body := http.MaxBytesReader(w, r.Body, h.maxBody)
+	if err := decodeRequest(body, &s.req, h.maxTokens); err != nil {
+		status := http.StatusBadRequest
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			status = http.StatusRequestEntityTooLarge
+		}
+		h.log.Debug("bad score request", "status", status, "err", err)
+		writeJSON(w, status, errorResponse{Error: err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, h.respond(s))
+}
+
+// respond scores s.req and names the pods.
+func (h *Handler) respond(s *scratch) ScoreResponse {
+	resp := ScoreResponse{Scores: make(map[string]float64, len(s.req.Pods))}
+	s.candidates = s.candidates[:0]
+	for _, name := range s.req.Pods {
+		if _, dup := resp.Scores[name]; dup {
+			continue // a scorer scores each candidate once
+		}
+		resp.Scores[name] = 0
+		if id, ok := h.pods.ID(name); ok {
+			s.candidates = append(s.candidates, id)
+		}
+	}
+	candidates := s.candidates
+	if len(s.req.Pods) == 0 {
+		candidates = nil
+	} else if len(candidates) == 0 {
+		// Only unknown pods: all score 0. A non-nil empty slice would mean
+		// "score nobody" anyway, but skip hashing altogether.
+		resp.Blocks = len(s.req.Tokens) / h.hasher.BlockSize()
+		return resp
+	}
+	resp.Blocks = h.score(s, candidates)
+	for _, ps := range s.scores {
+		if name, ok := h.pods.Name(ps.Pod); ok {
+			resp.Scores[name] = ps.Score
+		}
+	}
+	return resp
+}
+
+// score hashes s.req's tokens into s.hashes and scores candidates (nil:
+// every pod) into s.scores. It reports the number of blocks. With warm
+// scratch buffers it does not allocate.
+func (h *Handler) score(s *scratch, candidates []index.PodID) int {
+	req := chunk.VLLMRequest{LoRAName: s.req.LoRAName, CacheSalt: s.req.CacheSalt}
+	s.blocks = h.hasher.BlockHashes(s.blocks[:0], s.req.Tokens, req)
+	s.hashes = s.hashes[:0]
+	for i := range s.blocks {
+		s.hashes = append(s.hashes, chunk.EventHash(s.blocks[i]))
+	}
+	s.scores = h.scorer.Score(h.ix, s.hashes, candidates, s.scores[:0])
+	return len(s.hashes)
+}
+
+// decodeRequest reads one ScoreRequest from r into req, reusing req's token
+// buffer, and validates it. Errors name what was wrong.
+func decodeRequest(r io.Reader, req *ScoreRequest, maxTokens int) error {
+	*req = ScoreRequest{Tokens: req.Tokens[:0]}
+	dec := json.NewDecoder(r)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(req); err != nil {
+		return fmt.Errorf("decoding request: %w", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			return fmt.Errorf("decoding request: %w", err)
+		}
+		return errors.New("decoding request: trailing data after the JSON object")
+	}
+	switch {
+	case req.Prompt != nil:
+		return errors.New("prompt strings are not supported yet: send tokens (token ids)")
+	case req.Model == "":
+		return errors.New("model is required")
+	case len(req.Tokens) == 0:
+		return errors.New("tokens are required (a non-empty array of token ids)")
+	case len(req.Tokens) > maxTokens:
+		return fmt.Errorf("too many tokens: %d, at most %d", len(req.Tokens), maxTokens)
+	}
+	for _, p := range req.Pods {
+		if p == "" {
+			return errors.New("pods: empty pod name")
+		}
+	}
+	return nil
+}
+
+func methodNotAllowed(w http.ResponseWriter, allow string) {
+	w.Header().Set("Allow", allow)
+	writeJSON(w, http.StatusMethodNotAllowed, errorResponse{Error: "method not allowed; use " + allow})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	// An encoding error here is a client gone away; nothing to do.
+	_ = json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,331 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"kvtier/chunk"
+	"kvtier/router/index"
+)
+
+const blockSize = 16
+
+// fixture is a Handler over a real index where three pods hold leading
+// prefixes of prompt of different lengths.
+type fixture struct {
+	h      *Handler
+	ix     *index.Index
+	pods   *index.Pods
+	prompt []uint32 // 8 full blocks and a partial one
+	hashes []uint64 // event hashes of prompt's blocks
+}
+
+// prefixes is how many leading blocks of the prompt each pod holds.
+var prefixes = map[string]int{"pod-a": 8, "pod-b": 3, "pod-c": 1}
+
+func newFixture(t testing.TB, scorer index.Scorer) *fixture {
+	t.Helper()
+	hasher, err := chunk.NewVLLMHasher("0", blockSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix, err := index.New(index.Config{MaxBlocks: 1 << 12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{ix: ix, pods: index.NewPods(), prompt: tokens(8*blockSize + 5)}
+	for _, b := range hasher.BlockHashes(nil, f.prompt, chunk.VLLMRequest{}) {
+		f.hashes = append(f.hashes, chunk.EventHash(b))
+	}
+	for name, n := range prefixes {
+		f.hold(t, name, index.GPU, f.hashes[:n])
+	}
+	f.h, err = New(Config{Index: ix, Pods: f.pods, Hasher: hasher, Scorer: scorer, MaxTokens: 1000, MaxBodyBytes: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (f *fixture) hold(t testing.TB, pod string, tier index.Tier, hashes []uint64) {
+	t.Helper()
+	id, err := f.pods.Intern(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.ix.Add(id, tier, hashes); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func tokens(n int) []uint32 {
+	ts := make([]uint32, n)
+	for i := range ts {
+		ts[i] = uint32(1000 + 7*i)
+	}
+	return ts
+}
+
+// post sends body to /v1/score and returns the status and raw answer.
+func (f *fixture) post(t *testing.T, body string) (int, []byte) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	f.h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/score", strings.NewReader(body)))
+	if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type = %q", ct)
+	}
+	return rec.Code, rec.Body.Bytes()
+}
+
+func (f *fixture) score(t *testing.T, req map[string]any) ScoreResponse {
+	t.Helper()
+	body, err := json.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out := f.post(t, string(body))
+	if code != http.StatusOK {
+		t.Fatalf("status %d: %s", code, out)
+	}
+	var resp ScoreResponse
+	if err := json.Unmarshal(out, &resp); err != nil {
+		t.Fatalf("decoding %s: %v", out, err)
+	}
+	return resp
+}
+
+func checkScores(t *testing.T, got ScoreResponse, want map[string]float64, blocks int) {
+	t.Helper()
+	if got.Blocks != blocks {
+		t.Errorf("blocks = %d, want %d", got.Blocks, blocks)
+	}
+	if fmt.Sprint(got.Scores) != fmt.Sprint(want) { // fmt sorts map keys
+		t.Errorf("scores = %v, want %v", got.Scores, want)
+	}
+}
+
+func TestScoreLongestPrefix(t *testing.T) {
+	f := newFixture(t, nil)
+	got := f.score(t, map[string]any{"model": "m", "tokens": f.prompt})
+	checkScores(t, got, map[string]float64{"pod-a": 8, "pod-b": 3, "pod-c": 1}, 8)
+
+	// A prompt that diverges in its third block keeps only two blocks.
+	diverged := append([]uint32(nil), f.prompt...)
+	diverged[2*blockSize+1]++
+	got = f.score(t, map[string]any{"model": "m", "tokens": diverged})
+	checkScores(t, got, map[string]float64{"pod-a": 2, "pod-b": 2, "pod-c": 1}, 8)
+}
+
+func TestScoreCandidates(t *testing.T) {
+	f := newFixture(t, nil)
+	got := f.score(t, map[string]any{"model": "m", "tokens": f.prompt, "pods": []string{"pod-b", "pod-x", "pod-b", "pod-c"}})
+	checkScores(t, got, map[string]float64{"pod-b": 3, "pod-c": 1, "pod-x": 0}, 8)
+
+	got = f.score(t, map[string]any{"model": "m", "tokens": f.prompt, "pods": []string{"nobody"}})
+	checkScores(t, got, map[string]float64{"nobody": 0}, 8)
+}
+
+// TestScoreExtraKeys checks that a LoRA name or a cache salt changes every
+// block key, as in vLLM, so a prefix cached without them does not match.
+func TestScoreExtraKeys(t *testing.T) {
+	f := newFixture(t, nil)
+	for _, extra := range []map[string]any{{"lora_name": "sql-adapter"}, {"cache_salt": "tenant-7"}} {
+		req := map[string]any{"model": "m", "tokens": f.prompt, "pods": []string{"pod-a", "pod-b"}}
+		for k, v := range extra {
+			req[k] = v
+		}
+		got := f.score(t, req)
+		checkScores(t, got, map[string]float64{"pod-a": 0, "pod-b": 0}, 8)
+	}
+	// A pod that cached the prompt under the salt scores with it.
+	hasher, _ := chunk.NewVLLMHasher("0", blockSize)
+	salted := hasher.BlockHashes(nil, f.prompt, chunk.VLLMRequest{CacheSalt: "tenant-7"})
+	f.hold(t, "pod-s", index.GPU, []uint64{chunk.EventHash(salted[0]), chunk.EventHash(salted[1])})
+	got := f.score(t, map[string]any{"model": "m", "tokens": f.prompt, "cache_salt": "tenant-7"})
+	checkScores(t, got, map[string]float64{"pod-s": 2}, 8)
+}
+
+func TestScoreTierWeighted(t *testing.T) {
+	f := newFixture(t, index.TierWeightedPrefix{Weights: index.DefaultTierWeights()})
+	f.hold(t, "pod-d", index.Disk, f.hashes[:4])
+	got := f.score(t, map[string]any{"model": "m", "tokens": f.prompt, "pods": []string{"pod-a", "pod-d"}})
+	checkScores(t, got, map[string]float64{"pod-a": 8, "pod-d": 4 * index.DefaultTierWeights()[index.Disk]}, 8)
+}
+
+func TestShortPromptHasNoBlocks(t *testing.T) {
+	f := newFixture(t, nil)
+	got := f.score(t, map[string]any{"model": "m", "tokens": f.prompt[:blockSize-1]})
+	checkScores(t, got, map[string]float64{}, 0)
+}
+
+func TestBadRequests(t *testing.T) {
+	f := newFixture(t, nil)
+	toks := func(n int) string {
+		b, _ := json.Marshal(tokens(n))
+		return string(b)
+	}
+	for _, tc := range []struct {
+		name, body string
+		status     int
+		errHas     string
+	}{
+		{"bad json", `{"model":"m","tokens":[1,2`, 400, "decoding request"},
+		{"not an object", `[1,2,3]`, 400, "decoding request"},
+		{"unknown field", `{"model":"m","tokens":[1],"temperature":1}`, 400, "unknown field"},
+		{"trailing data", `{"model":"m","tokens":[1]} {}`, 400, "trailing data"},
+		{"missing tokens", `{"model":"m"}`, 400, "tokens are required"},
+		{"empty tokens", `{"model":"m","tokens":[]}`, 400, "tokens are required"},
+		{"null tokens", `{"model":"m","tokens":null}`, 400, "tokens are required"},
+		{"prompt string", `{"model":"m","prompt":"hello"}`, 400, "tokens"},
+		{"missing model", `{"tokens":[1,2]}`, 400, "model is required"},
+		{"negative token", `{"model":"m","tokens":[-1]}`, 400, "decoding request"},
+		{"token overflow", `{"model":"m","tokens":[4294967296]}`, 400, "decoding request"},
+		{"string token", `{"model":"m","tokens":["a"]}`, 400, "decoding request"},
+		{"empty pod name", `{"model":"m","tokens":[1],"pods":[""]}`, 400, "empty pod name"},
+		{"too many tokens", `{"model":"m","tokens":` + toks(1001) + `}`, 400, "too many tokens"},
+		{"body too large", `{"model":"m","tokens":[` + strings.Repeat("1,", 40<<10) + `1]}`, 413, "too large"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out := f.post(t, tc.body)
+			var e errorResponse
+			if err := json.Unmarshal(out, &e); err != nil {
+				t.Fatalf("error body %q is not JSON: %v", out, err)
+			}
+			if code != tc.status || !strings.Contains(e.Error, tc.errHas) {
+				t.Errorf("status %d error %q, want %d containing %q", code, e.Error, tc.status, tc.errHas)
+			}
+		})
+	}
+	// The largest allowed request still succeeds.
+	if code, out := f.post(t, `{"model":"m","tokens":`+toks(1000)+`}`); code != 200 {
+		t.Errorf("1000 tokens: status %d: %s", code, out)
+	}
+}
+
+func TestMethodsAndHealth(t *testing.T) {
+	f := newFixture(t, nil)
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		allow        string
+	}{
+		{http.MethodGet, "/v1/score", 405, "POST"},
+		{http.MethodPut, "/v1/score", 405, "POST"},
+		{http.MethodPost, "/healthz", 405, "GET, HEAD"},
+		{http.MethodGet, "/healthz", 200, ""},
+		{http.MethodGet, "/nope", 404, ""},
+	} {
+		rec := httptest.NewRecorder()
+		f.h.ServeHTTP(rec, httptest.NewRequest(tc.method, tc.path, nil))
+		if rec.Code != tc.status || rec.Header().Get("Allow") != tc.allow {
+			t.Errorf("%s %s: status %d Allow %q, want %d %q", tc.method, tc.path, rec.Code, rec.Header().Get("Allow"), tc.status, tc.allow)
+		}
+	}
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	f := newFixture(t, nil)
+	hasher, _ := chunk.NewVLLMHasher("0", blockSize)
+	for _, cfg := range []Config{
+		{Pods: f.pods, Hasher: hasher},
+		{Index: f.ix, Hasher: hasher},
+		{Index: f.ix, Pods: f.pods},
+		{Index: f.ix, Pods: f.pods, Hasher: hasher, MaxTokens: -1},
+	} {
+		if _, err := New(cfg); err == nil {
+			t.Errorf("New(%+v) accepted a bad config", cfg)
+		}
+	}
+}
+
+// TestScoreAllocs checks that hashing and scoring a prompt cost the same
+// (zero) allocations whatever its length, once the scratch buffers are warm.
+func TestScoreAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	f := newFixture(t, nil)
+	s := new(scratch)
+	s.req.Tokens = tokens(2048)
+	copy(s.req.Tokens, f.prompt)
+	candidates := []index.PodID{0, 1, 2}
+	f.h.score(s, candidates) // warm the buffers
+	if n := testing.AllocsPerRun(50, func() { f.h.score(s, candidates) }); n != 0 {
+		t.Errorf("score allocates %v times per 128-block prompt with candidates", n)
+	}
+	f.h.score(s, nil)
+	if n := testing.AllocsPerRun(50, func() { f.h.score(s, nil) }); n != 0 {
+		t.Errorf("score allocates %v times per 128-block prompt", n)
+	}
+	if len(s.scores) != 3 || s.scores[0].Score == 0 {
+		t.Errorf("scores = %v, want the three fixture pods", s.scores)
+	}
+}
+
+func FuzzDecodeRequest(f *testing.F) {
+	f.Add([]byte(`{"model":"m","tokens":[1,2,3],"pods":["a"],"lora_name":"l","cache_salt":"s"}`))
+	f.Add([]byte(`{"model":"m","tokens":[]}`))
+	f.Add([]byte(`{"model":"m","prompt":"x"}`))
+	f.Add([]byte(`{"model":"m","tokens":[1e3, -0, 4294967295]}`))
+	f.Add([]byte(`nul`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var req ScoreRequest
+		err := decodeRequest(bytes.NewReader(data), &req, 64)
+		if err != nil {
+			return
+		}
+		if req.Model == "" || len(req.Tokens) == 0 || len(req.Tokens) > 64 || req.Prompt != nil {
+			t.Fatalf("accepted an invalid request %+v from %q", req, data)
+		}
+	})
+}
+
+// benchFixture is the fixture plus pods more pods holding all 128 blocks
+// of a 2,048-token prompt (which extends the fixture's prompt, so the
+// fixture's three pods score too).
+func benchFixture(b *testing.B, pods int) (*fixture, []uint32) {
+	f := newFixture(b, nil)
+	f.h.maxTokens = 4096
+	prompt := tokens(2048)
+	var hashes []uint64
+	for _, h := range f.h.hasher.BlockHashes(nil, prompt, chunk.VLLMRequest{}) {
+		hashes = append(hashes, chunk.EventHash(h))
+	}
+	for p := range pods {
+		f.hold(b, fmt.Sprintf("bench-%d", p), index.GPU, hashes)
+	}
+	return f, prompt
+}
+
+func BenchmarkScore(b *testing.B) {
+	for _, pods := range []int{1, 8} {
+		b.Run(fmt.Sprintf("2048tokens/%dpods", pods), func(b *testing.B) {
+			f, prompt := benchFixture(b, pods)
+			s := &scratch{req: ScoreRequest{Tokens: prompt}}
+			b.ReportAllocs()
+			for b.Loop() {
+				f.h.score(s, nil)
+			}
+			if len(s.scores) != pods+len(prefixes) {
+				b.Fatalf("scored %d pods, want %d", len(s.scores), pods+len(prefixes))
+			}
+		})
+	}
+	b.Run("http/2048tokens/8pods", func(b *testing.B) {
+		f, prompt := benchFixture(b, 8)
+		body, _ := json.Marshal(map[string]any{"model": "m", "tokens": prompt})
+		b.ReportAllocs()
+		for b.Loop() {
+			rec := httptest.NewRecorder()
+			f.h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/score", bytes.NewReader(body)))
+			if rec.Code != 200 {
+				b.Fatal(rec.Body.String())
+			}
+		}
+	})
+}
