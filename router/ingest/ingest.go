@@ -172,6 +172,11 @@ func (c *Config) validate() error {
 		if ep.Address == "" {
 			return fmt.Errorf("%w: endpoint %d (pod %q) has no address", ErrConfig, i, ep.Pod)
 		}
+		for _, addr := range []string{ep.Address, ep.Replay} {
+			if _, err := guarded(addr); addr != "" && err != nil {
+				return fmt.Errorf("pod %q: %w", ep.Pod, err)
+			}
+		}
 	}
 	if c.ReplayTimeout < 0 || c.ReconnectInterval < 0 {
 		return fmt.Errorf("%w: negative duration", ErrConfig)

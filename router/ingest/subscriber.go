@@ -106,8 +106,23 @@ func (s *Subscriber) receive(ctx context.Context, ep Endpoint, st *stream) {
 	if err := sub.SetOption(zmq4.OptionSubscribe, ep.Topic); err != nil {
 		return // only fails for a bad option name
 	}
-	if err := sub.Dial(ep.Address); err != nil {
-		return // the dialer retries forever, so this means ctx is done
+	addr, err := guarded(ep.Address) // validated by New: cannot fail here
+	if err != nil {
+		return
+	}
+	// zmq4 retries refused connections itself, but a failed handshake (a
+	// peer that is not a ZMTP publisher, or one refused by the frame guard)
+	// ends Dial with an error: try again after a pause until ctx is done.
+	for {
+		err := sub.Dial(addr)
+		if err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(max(s.cfg.ReconnectInterval, 100*time.Millisecond)):
+		}
 	}
 	for {
 		msg, err := sub.Recv()
@@ -140,7 +155,11 @@ func requestReplay(ctx context.Context, addr string, timeout, retry time.Duratio
 	defer cancel()
 	dealer := zmq4.NewDealer(ctx, zmq4.WithDialerRetry(retry), zmq4.WithDialerMaxRetries(-1))
 	defer dealer.Close()
-	if err := dealer.Dial(addr); err != nil {
+	dialAddr, err := guarded(addr)
+	if err != nil {
+		return err
+	}
+	if err := dealer.Dial(dialAddr); err != nil {
 		return fmt.Errorf("ingest: dialing replay socket %s: %w", addr, err)
 	}
 	req := zmq4.NewMsgFrom([]byte{}, kvevents.AppendReplayRequest(nil, start))
