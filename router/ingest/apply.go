@@ -134,7 +134,7 @@ func (s *stream) countMalformedFallback() {
 func (s *stream) recover(p podRef, from, to uint64) {
 	want := to - from + 1
 	if s.replay == nil {
-		p.counters.lost.Add(want)
+		s.forget(p, want)
 		return
 	}
 	next, got := from, uint64(0)
@@ -156,7 +156,18 @@ func (s *stream) recover(p podRef, from, to uint64) {
 	} else {
 		p.counters.replays.Add(1)
 	}
-	p.counters.lost.Add(want - got)
+	if got < want {
+		s.forget(p, want-got)
+	}
+}
+
+// forget handles messages of pod p that are gone for good: one of them
+// may have removed or cleared blocks, so what the pod holds is unknown.
+// Its entries are dropped rather than left to route requests to KV it may
+// no longer have; its next events rebuild them.
+func (s *stream) forget(p podRef, lost uint64) {
+	p.counters.lost.Add(lost)
+	s.ix.ClearPod(p.id)
 }
 
 // apply writes the events of b to the index. Counters are summed locally

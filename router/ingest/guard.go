@@ -137,4 +137,3 @@ func (g *frameGuard) feed(b []byte) error {
 	}
 	return nil
 }
-

@@ -19,8 +19,11 @@
 // Sequence numbers are followed per (pod, data-parallel rank). When messages
 // were lost and the endpoint has a replay address, the missing range is
 // fetched from vLLM's replay ROUTER socket over a DEALER socket and applied
-// in order before the message that revealed the gap; otherwise the loss is
-// only counted. When the sequence goes backwards the publisher restarted:
+// in order before the message that revealed the gap. Messages that stay
+// lost (no replay address, a failed replay, a malformed payload) may have
+// removed blocks, so the pod's entries are dropped and rebuilt from its
+// next events: a pod is under-scored for a while rather than credited with
+// KV it no longer holds. When the sequence goes backwards the publisher restarted:
 // vLLM restarts with an empty GPU prefix cache and does not announce that
 // with AllBlocksCleared, so the pod's entries are cleared (all tiers, since
 // the index cannot tell which of them survived; CPU/disk blocks still held
@@ -53,7 +56,7 @@ type Endpoint struct {
 	// Address is the PUB socket, e.g. "tcp://10.0.0.7:5557"; required.
 	Address string
 	// Replay is vLLM's replay ROUTER socket, e.g. "tcp://10.0.0.7:5558";
-	// empty disables replay and gaps are only counted.
+	// empty disables replay, and a gap drops the pod's entries.
 	Replay string
 	// Topic is the subscription prefix; empty subscribes to everything
 	// (vLLM's default topic is empty; llm-d publishes under "kv@").

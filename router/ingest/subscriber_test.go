@@ -226,7 +226,6 @@ func TestSubscriberAppliesLiveEvents(t *testing.T) {
 			wantHoldings(t, f, 1, "pod-a/gpu")
 			wantHoldings(t, f, 2, "pod-a/cpu", "pod-a/gpu")
 
-			p.send([]byte{0xc1}) // never valid msgpack
 			p.send(batch(t, enc, removed(enc, nil, 1, 2)))
 			waitFor(t, "removed blocks", f.heldBy(2, "pod-a/cpu"))
 			wantHoldings(t, f, 1)
@@ -234,9 +233,19 @@ func TestSubscriberAppliesLiveEvents(t *testing.T) {
 			p.send(batch(t, enc, cleared(enc)))
 			waitFor(t, "cleared pod", f.heldBy(3, ""))
 
+			// A malformed message is a lost one (it might have removed
+			// blocks): when the next message shows the gap, the pod's
+			// entries are dropped and rebuilt from what follows.
+			p.send(batch(t, enc, stored(enc, nil, 4)))
+			waitFor(t, "block 4", f.heldBy(4, "pod-a/gpu"))
+			p.send([]byte{0xc1}) // never valid msgpack
+			p.send(batch(t, enc, stored(enc, nil, 5)))
+			waitFor(t, "block 5", f.heldBy(5, "pod-a/gpu"))
+			wantHoldings(t, f, 4)
+
 			st := s.Stats()["pod-a"]
-			if st.Malformed != 1 || st.BlocksAdded != 4 || st.BlocksRemoved != 2 || st.Clears != 1 {
-				t.Errorf("stats %+v, want 1 malformed, 4 added, 2 removed, 1 clear", st)
+			if st.Malformed != 1 || st.Lost != 1 || st.BlocksAdded != 6 || st.BlocksRemoved != 2 || st.Clears != 1 {
+				t.Errorf("stats %+v, want 1 malformed, 1 lost, 6 added, 2 removed, 1 clear", st)
 			}
 			if _, ok := s.Stats()["configured"]; !ok {
 				t.Error("configured pod missing from Stats")
