@@ -16,9 +16,9 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
-	"github.com/vmihailenco/msgpack/v5"
 
 	"kvtier/chunk"
+	"kvtier/internal/msgpacktest"
 	"kvtier/router/api"
 )
 
@@ -81,13 +81,11 @@ func TestControllerRejectsBadFlags(t *testing.T) {
 func vllmBlockStored(t *testing.T, hashes []uint64, tokens []uint32, blockSize int) []byte {
 	t.Helper()
 	event := []any{"BlockStored", hashes, nil, tokens, blockSize, nil, nil}
-	var buf bytes.Buffer
-	enc := msgpack.NewEncoder(&buf)
-	enc.UseCompactInts(true)
-	if err := enc.Encode([]any{1700000000.25, []any{event}, 0}); err != nil {
+	b, err := msgpacktest.Encode([]any{1700000000.25, []any{event}, 0}, true)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return buf.Bytes()
+	return b
 }
 
 var controllerListening = regexp.MustCompile(`msg="controller listening" addr=(\S+)`)

@@ -1,40 +1,21 @@
 package ingest
 
 import (
-	"bytes"
 	"encoding/binary"
 	"testing"
 
-	"github.com/vmihailenco/msgpack/v5"
+	"kvtier/internal/msgpacktest"
 )
 
 // The fixtures below build vLLM's wire format independently of kvevents'
 // decoder, with a general msgpack library configured as vLLM's msgspec
 // encoder behaves (compact integers).
 
-// omap is a msgpack map that keeps its field order, as msgspec writes
-// struct fields.
-type omap []field
-
-type field struct {
-	k string
-	v any
-}
-
-func (m omap) EncodeMsgpack(e *msgpack.Encoder) error {
-	if err := e.EncodeMapLen(len(m)); err != nil {
-		return err
-	}
-	for _, f := range m {
-		if err := e.EncodeString(f.k); err != nil {
-			return err
-		}
-		if err := e.Encode(f.v); err != nil {
-			return err
-		}
-	}
-	return nil
-}
+// omap and field build msgspec-ordered maps; see package msgpacktest.
+type (
+	omap  = msgpacktest.Map
+	field = msgpacktest.Field
+)
 
 // encoding selects one of the two event encodings vLLM has used.
 type encoding int
@@ -97,13 +78,11 @@ func batch(t testing.TB, enc encoding, events ...any) []byte {
 	if enc == mapped {
 		v = omap{{"ts", 1700000000.5}, {"events", events}, {"data_parallel_rank", 0}}
 	}
-	var buf bytes.Buffer
-	e := msgpack.NewEncoder(&buf)
-	e.UseCompactInts(true)
-	if err := e.Encode(v); err != nil {
+	b, err := msgpacktest.Encode(v, true)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return buf.Bytes()
+	return b
 }
 
 func seqFrame(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }

@@ -9,47 +9,27 @@ import (
 	"strings"
 	"testing"
 
+	"kvtier/internal/msgpacktest"
+
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// omap is a msgpack map with a fixed key order, as msgspec writes structs
-// (tag first, then fields in declaration order).
-type omap []kv
+// omap and kv build msgspec-ordered maps; see package msgpacktest.
+type (
+	omap = msgpacktest.Map
+	kv   = msgpacktest.Field
+)
 
-type kv struct {
-	k string
-	v any
-}
-
-func (m omap) EncodeMsgpack(e *msgpack.Encoder) error {
-	if err := e.EncodeMapLen(len(m)); err != nil {
-		return err
-	}
-	for _, f := range m {
-		if err := e.EncodeString(f.k); err != nil {
-			return err
-		}
-		if err := e.Encode(f.v); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// pack encodes v with vmihailenco/msgpack. compact selects the smallest
-// integer encodings (as msgspec writes them); otherwise integers use their
-// full 8-byte forms, which the decoder must accept too. Go maps are written
-// with sorted keys so fixtures are byte-exact.
+// pack encodes v; compact selects msgspec's smallest integer encodings,
+// otherwise integers take their full 8-byte forms, which the decoder must
+// accept too.
 func pack(t testing.TB, compact bool, v any) []byte {
 	t.Helper()
-	var buf bytes.Buffer
-	e := msgpack.NewEncoder(&buf)
-	e.UseCompactInts(compact)
-	e.SetSortMapKeys(true)
-	if err := e.Encode(v); err != nil {
+	b, err := msgpacktest.Encode(v, compact)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return buf.Bytes()
+	return b
 }
 
 // ev is a self-contained, comparable view of one decoded Event.
