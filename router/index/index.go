@@ -159,20 +159,29 @@ func (ix *Index) Add(pod PodID, tier Tier, hashes []uint64) error {
 	}
 	ix.notePod(pod)
 	bit := uint32(1) << tier
-	for len(hashes) > 0 {
-		batch := hashes[:min(len(hashes), writeBatch)]
-		hashes = hashes[len(batch):]
-		locked := ix.lockShards(batch)
-		ix.warm(batch)
+	ix.writeBatches(hashes, func(batch []uint64) int64 {
 		room := ix.maxBlocks - int(ix.blocks.Load())
 		start := room
 		for _, h := range batch {
 			ix.shardOf(h).add(h, pod, bit, &room)
 		}
-		ix.blocks.Add(int64(start - room))
+		return int64(start - room)
+	})
+	return nil
+}
+
+// writeBatches runs write on hashes batch by batch, each with its shards
+// write-locked and their home slots warmed, and adds what write returns
+// to the index's block count.
+func (ix *Index) writeBatches(hashes []uint64, write func(batch []uint64) (blocksAdded int64)) {
+	for len(hashes) > 0 {
+		batch := hashes[:min(len(hashes), writeBatch)]
+		hashes = hashes[len(batch):]
+		locked := ix.lockShards(batch)
+		ix.warm(batch)
+		ix.blocks.Add(write(batch))
 		ix.unlockShards(&locked)
 	}
-	return nil
 }
 
 // writeBatch bounds how many hashes one write handles under one set of
@@ -229,11 +238,7 @@ func (ix *Index) Remove(pod PodID, tier Tier, hashes []uint64) error {
 		return fmt.Errorf("removing blocks of pod %d: %w %d", pod, ErrBadTier, tier)
 	}
 	bit := uint32(1) << tier
-	for len(hashes) > 0 {
-		batch := hashes[:min(len(hashes), writeBatch)]
-		hashes = hashes[len(batch):]
-		locked := ix.lockShards(batch)
-		ix.warm(batch)
+	ix.writeBatches(hashes, func(batch []uint64) int64 {
 		deleted := 0
 		for _, h := range batch {
 			sh := ix.shardOf(h)
@@ -241,9 +246,8 @@ func (ix *Index) Remove(pod PodID, tier Tier, hashes []uint64) error {
 				deleted++
 			}
 		}
-		ix.blocks.Add(-int64(deleted))
-		ix.unlockShards(&locked)
-	}
+		return -int64(deleted)
+	})
 	return nil
 }
 
