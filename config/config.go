@@ -70,6 +70,20 @@ type Config struct {
 	// metrics, JSON API). Port 0 picks a free port, which the daemon logs.
 	AdminAddr string `yaml:"admin_addr"`
 
+	// SocketPath is the Unix socket of the local protocol, through which
+	// connectors on this host share the RAM arena. SocketMode is its file
+	// mode, the local protocol's only access control.
+	SocketPath string `yaml:"socket_path"`
+	SocketMode string `yaml:"socket_mode"`
+	// TCPAddr is the host:port of the TCP protocol (remote clients and
+	// other daemons); empty disables it. TCPToken is its shared secret,
+	// required beyond loopback. TCPTLSCert and TCPTLSKey, both or neither,
+	// turn on TLS.
+	TCPAddr    string `yaml:"tcp_addr"`
+	TCPToken   string `yaml:"tcp_token"`
+	TCPTLSCert string `yaml:"tcp_tls_cert"`
+	TCPTLSKey  string `yaml:"tcp_tls_key"`
+
 	// DiskDirectIO is auto, on or off: whether the disk tier bypasses the
 	// page cache with O_DIRECT. auto uses it where the filesystem allows.
 	DiskDirectIO string `yaml:"disk_direct_io"`
@@ -119,6 +133,8 @@ func defaults(getenv func(string) string, euid int) Config {
 		CachePolicy:      "LRU",
 		DataDir:          defaultDataDir(getenv, euid),
 		AdminAddr:        "127.0.0.1:7480",
+		SocketPath:       defaultSocketPath(getenv, euid),
+		SocketMode:       "0600",
 		DiskDirectIO:     "auto",
 		DiskSegmentSize:  256 * MiB,
 		WriteQueueDepth:  64,
@@ -126,6 +142,18 @@ func defaults(getenv func(string) string, euid int) Config {
 		LeaseTTL:         10 * time.Second,
 		LogLevel:         "info",
 	}
+}
+
+// defaultSocketPath is /run/kvtier/kvtier.sock for root, else
+// kvtier.sock in $XDG_RUNTIME_DIR, else /tmp/kvtier-<uid>.sock.
+func defaultSocketPath(getenv func(string) string, euid int) string {
+	if euid == 0 {
+		return "/run/kvtier/kvtier.sock"
+	}
+	if dir := getenv("XDG_RUNTIME_DIR"); filepath.IsAbs(dir) {
+		return filepath.Join(dir, "kvtier.sock")
+	}
+	return fmt.Sprintf("/tmp/kvtier-%d.sock", euid)
 }
 
 // defaultDataDir is /var/lib/kvtier for root (a system daemon) and the XDG

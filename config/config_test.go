@@ -41,6 +41,8 @@ func TestDefaults(t *testing.T) {
 		CachePolicy:     "LRU",
 		DataDir:         "/var/lib/kvtier",
 		AdminAddr:       "127.0.0.1:7480",
+		SocketPath:      "/run/kvtier/kvtier.sock",
+		SocketMode:      "0600",
 		DiskDirectIO:    "auto",
 		DiskSegmentSize: 256 * MiB,
 		WriteQueueDepth: 64,

@@ -10,9 +10,12 @@ const redacted = "REDACTED"
 
 // Redacted returns a copy fit for display: secrets in remote_url (the
 // password of its userinfo, a bare userinfo token, secret-looking query
-// parameters) and secret-looking extra_config entries read REDACTED.
+// parameters), tcp_token, and secret-looking extra_config entries read REDACTED.
 func (c Config) Redacted() Config {
 	c.RemoteURL = redactURL(c.RemoteURL)
+	if c.TCPToken != "" {
+		c.TCPToken = redacted
+	}
 	if c.ExtraConfig != nil {
 		c.ExtraConfig = redactMap(c.ExtraConfig)
 	}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net"
 	"net/url"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -62,6 +63,20 @@ func (c Config) Validate() error {
 	}
 	if err := checkHostPort(c.AdminAddr); err != nil {
 		bad("admin_addr", "%w", err)
+	}
+	if !filepath.IsAbs(c.SocketPath) {
+		bad("socket_path", "want an absolute path, got %q", c.SocketPath)
+	}
+	if _, err := c.SocketFileMode(); err != nil {
+		bad("socket_mode", "%w", err)
+	}
+	if c.TCPAddr != "" {
+		if err := checkHostPort(c.TCPAddr); err != nil {
+			bad("tcp_addr", "%w", err)
+		}
+	}
+	if (c.TCPTLSCert == "") != (c.TCPTLSKey == "") {
+		bad("tcp_tls_cert", "tcp_tls_cert and tcp_tls_key go together; only one is set")
 	}
 	if !slices.Contains(directIOModes, c.DiskDirectIO) {
 		bad("disk_direct_io", "%w", oneOf(c.DiskDirectIO, directIOModes))
@@ -174,4 +189,13 @@ func checkHostPort(s string) error {
 		return fmt.Errorf("want a port number 0 to 65535, got %q", clip(port))
 	}
 	return nil
+}
+
+// SocketFileMode parses socket_mode, an octal permission like 0600.
+func (c Config) SocketFileMode() (os.FileMode, error) {
+	v, err := strconv.ParseUint(c.SocketMode, 8, 32)
+	if err != nil || v > 0o777 || v == 0 {
+		return 0, fmt.Errorf("want octal permission bits like 0600 or 0660, got %q", c.SocketMode)
+	}
+	return os.FileMode(v), nil
 }

@@ -215,3 +215,39 @@ func (e *Engine) Close() error {
 	}
 	return e.closeAll()
 }
+
+// Keys appends the chunk keys of r's whole prompt to dst and returns them,
+// with the index of the first chunk after r.Skip and the chunker that cut
+// them (for Chunker.Bounds). It is for callers that drive the manager
+// themselves, like the daemon's zero-copy protocol.
+func (e *Engine) Keys(dst []chunk.Key, r Request) ([]chunk.Key, int, *chunk.Chunker, error) {
+	if r.Scope.Namespace == "" {
+		r.Scope.Namespace = e.namespace
+	}
+	c, err := e.Chunker(r.Scope)
+	if err != nil {
+		return dst, 0, nil, err
+	}
+	first, err := c.FirstChunk(r.Skip, len(r.Tokens))
+	if err != nil {
+		return dst, 0, nil, fmt.Errorf("engine: %w", err)
+	}
+	return c.Keys(dst, r.Tokens), first, c, nil
+}
+
+// TokensThrough returns how many tokens the first n chunks of a prompt of
+// numTokens tokens cover.
+func TokensThrough(c *chunk.Chunker, n, numTokens int) int { return tokensThrough(c, n, numTokens) }
+
+// ScopeID returns the id chunk keys of scope carry, after the engine's
+// default namespace is applied as it is for requests.
+func (e *Engine) ScopeID(scope chunk.Scope) (uint64, error) {
+	if scope.Namespace == "" {
+		scope.Namespace = e.namespace
+	}
+	c, err := e.Chunker(scope)
+	if err != nil {
+		return 0, err
+	}
+	return c.Scope(), nil
+}

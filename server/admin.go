@@ -30,6 +30,8 @@ type Admin struct {
 	log      *slog.Logger
 	draining atomic.Bool
 	handler  http.Handler
+	registry *prometheus.Registry
+	mux      *http.ServeMux
 }
 
 // NewAdmin returns the admin API of eng, which was opened from cfg. The
@@ -38,8 +40,8 @@ func NewAdmin(eng *engine.Engine, cfg config.Config, log *slog.Logger) (*Admin, 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	a := &Admin{eng: eng, cfg: cfg, log: log}
 	reg := prometheus.NewRegistry()
+	a := &Admin{eng: eng, cfg: cfg, log: log, registry: reg}
 	for _, c := range []prometheus.Collector{
 		newCollector(eng.Manager()),
 		collectors.NewGoCollector(),
@@ -64,7 +66,19 @@ func NewAdmin(eng *engine.Engine, cfg config.Config, log *slog.Logger) (*Admin, 
 	mux.HandleFunc("GET /api/v1/config", a.config)
 	mux.HandleFunc("POST /api/v1/clear", a.clear)
 	a.handler = mux
+	a.mux = mux
 	return a, nil
+}
+
+// Register adds collectors to the metrics the admin server exports, such
+// as the cache protocol's (Service.Collectors).
+func (a *Admin) Register(cs ...prometheus.Collector) error {
+	for _, c := range cs {
+		if err := a.registry.Register(c); err != nil {
+			return fmt.Errorf("server: registering metrics: %w", err)
+		}
+	}
+	return nil
 }
 
 // Handler returns the admin API's HTTP handler.

@@ -222,6 +222,46 @@ func (m *Manager) Store(ctx context.Context, keys []chunk.Key, chunks [][]byte) 
 	return len(keys), nil
 }
 
+// Reserve allocates an invisible RAM object of size bytes for a caller
+// that fills it in place (a connector writing into the shared arena). The
+// object holds one caller reference: hand it to Commit, or Unref it on
+// Arena() to abandon it. An abandoned reservation is never visible.
+func (m *Manager) Reserve(size int) (arena.ID, []byte, error) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.closed {
+		return 0, nil, ErrClosed
+	}
+	return m.ram.Reserve(size)
+}
+
+// Commit makes the reserved objects ids[i] visible under keys[i] and queues
+// them for every lower tier, like Store does for copied bytes. A key that
+// is already in RAM keeps its object. Commit consumes the callers'
+// references on ids whatever happens.
+func (m *Manager) Commit(keys []chunk.Key, ids []arena.ID) error {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	defer func() {
+		for _, id := range ids[:len(keys)] {
+			m.arena.Unref(id)
+		}
+	}()
+	if m.closed {
+		return ErrClosed
+	}
+	budget := writeBudget{wait: m.opts.WriteWait}
+	defer budget.stop()
+	for i, k := range keys {
+		if m.ram.Contains(k) {
+			continue
+		}
+		m.ram.Commit(k, ids[i])
+		m.enqueueWrites(k, ids[i], len(m.lower), &budget)
+	}
+	return nil
+}
+
 // writeBudget bounds how long one Store (or one promotion) may block on
 // full lower-tier queues in all: Options.WriteWait from the first time a
 // queue is found full. The timer is made only then, so a Store that never

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -82,9 +84,17 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 	if err != nil {
 		return errors.Join(err, eng.Close())
 	}
+	svc := server.NewService(eng, server.ServiceOptions{Token: cfg.TCPToken, LeaseTTL: cfg.LeaseTTL, Logger: log})
+	if err := admin.Register(svc.Collectors()...); err != nil {
+		return errors.Join(err, eng.Close())
+	}
+	protoErr := make(chan error, 2)
+	if err := startProtocols(cfg, svc, log, protoErr); err != nil {
+		return errors.Join(err, svc.Shutdown(context.Background()), eng.Close())
+	}
 	ln, err := net.Listen("tcp", cfg.AdminAddr)
 	if err != nil {
-		return errors.Join(fmt.Errorf("admin_addr: %w", err), eng.Close())
+		return errors.Join(fmt.Errorf("admin_addr: %w", err), svc.Shutdown(context.Background()), eng.Close())
 	}
 	srv := &http.Server{
 		Handler:           admin.Handler(),
@@ -103,18 +113,71 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 		log.Info("shutting down", "cause", context.Cause(ctx))
 	case serveErr = <-served:
 		log.Error("admin server failed", "err", serveErr)
+	case serveErr = <-protoErr:
+		log.Error("cache protocol listener failed", "err", serveErr)
 	}
 	unsignal()
-	return errors.Join(serveErr, shutdown(admin, srv, eng, log))
+	return errors.Join(serveErr, shutdown(admin, srv, svc, eng, log))
+}
+
+// startProtocols opens the local socket and, if configured, the TCP
+// listener, and serves them in the background; a listener that fails
+// later reports on errc.
+func startProtocols(cfg config.Config, svc *server.Service, log *slog.Logger, errc chan<- error) error {
+	mode, err := cfg.SocketFileMode()
+	if err != nil {
+		return fmt.Errorf("socket_mode: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(cfg.SocketPath), 0o755); err != nil {
+		return fmt.Errorf("socket_path: %w", err)
+	}
+	uln, err := server.ListenUnix(cfg.SocketPath, mode)
+	if err != nil {
+		return fmt.Errorf("socket_path: %w", err)
+	}
+	go func() {
+		if err := svc.Serve(uln); err != nil {
+			errc <- err
+		}
+	}()
+	log.Info("local protocol listening", "socket", cfg.SocketPath, "mode", fmt.Sprintf("%04o", mode))
+	if cfg.TCPAddr == "" {
+		return nil
+	}
+	var tlsConf *tls.Config
+	if cfg.TCPTLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TCPTLSCert, cfg.TCPTLSKey)
+		if err != nil {
+			return fmt.Errorf("tcp_tls_cert: %w", err)
+		}
+		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	tln, err := svc.ListenTCP(cfg.TCPAddr, tlsConf)
+	if err != nil {
+		return fmt.Errorf("tcp_addr: %w", err)
+	}
+	go func() {
+		if err := svc.Serve(tln); err != nil {
+			errc <- err
+		}
+	}()
+	log.Info("tcp protocol listening", "addr", tln.Addr().String(), "tls", tlsConf != nil, "token", cfg.TCPToken != "")
+	return nil
 }
 
 // shutdown stops the daemon in order: refuse readiness, stop accepting and
 // finish in-flight requests, flush queued disk writes, close the engine.
-func shutdown(admin *server.Admin, srv *http.Server, eng *engine.Engine, log *slog.Logger) error {
+func shutdown(admin *server.Admin, srv *http.Server, svc *server.Service, eng *engine.Engine, log *slog.Logger) error {
 	admin.Drain()
 	var errs []error
 
 	ctx, cancel := context.WithTimeout(context.Background(), httpDrainTimeout)
+	if err := svc.Shutdown(ctx); err != nil {
+		log.Warn("cache protocol requests still running at the deadline; closed them", "err", err)
+	}
+	cancel()
+
+	ctx, cancel = context.WithTimeout(context.Background(), httpDrainTimeout)
 	if err := srv.Shutdown(ctx); err != nil {
 		log.Warn("admin requests still running at the deadline; closing them", "err", err)
 		srv.Close()

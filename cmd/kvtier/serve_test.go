@@ -150,6 +150,8 @@ func startDaemon(t *testing.T, env []string, args ...string) *daemon {
 		}
 	}
 	cmd.Env = append(cmd.Env, "HOME="+t.TempDir())
+	// A socket of its own, so the test never meets a daemon already running.
+	cmd.Env = append(cmd.Env, "KVTIER_SOCKET_PATH="+filepath.Join(t.TempDir(), "kvtier.sock"))
 	cmd.Env = append(cmd.Env, env...)
 	d := &daemon{cmd: cmd, stderr: &syncBuffer{}, exited: make(chan error, 1)}
 	cmd.Stderr = d.stderr

@@ -1,0 +1,594 @@
+// Package client is the Go client of kvtier's cache protocol (package
+// wire, docs/protocol.md). DialUnix connects to the node daemon's local
+// socket and maps its arena, so chunk bytes are written and read in place;
+// DialTCP connects over the network, where chunk bytes travel in frames.
+//
+// A Client runs one request at a time; use one Client per goroutine (or a
+// pool) for parallelism. Leases handed out by PrepareStore,
+// PrepareRetrieve and Lookup belong to the connection: closing it releases
+// them all.
+package client
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"kvtier/chunk"
+	"kvtier/wire"
+)
+
+// Options configure a connection.
+type Options struct {
+	Token   string        // the daemon's TCP token, if it has one
+	TLS     *tls.Config   // TCP over TLS when not nil
+	Name    string        // reported to the daemon, for its logs
+	Timeout time.Duration // per request when the context has no deadline (default 30 s)
+}
+
+// StatusError is a request the daemon refused.
+type StatusError struct {
+	Op      wire.Op
+	Status  wire.Status
+	Message string
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("kvtier %s: %s: %s", e.Op, e.Status, e.Message)
+}
+
+// IsStatus reports whether err is a StatusError with status st.
+func IsStatus(err error, st wire.Status) bool {
+	var se *StatusError
+	return errors.As(err, &se) && se.Status == st
+}
+
+// ErrClosed is returned by calls on a closed client, or after a transport
+// failure closed it: the stream's position is unknown then, so the
+// connection cannot be reused. Dial again.
+var ErrClosed = errors.New("kvtier client: connection closed")
+
+// Client is one connection to a daemon.
+type Client struct {
+	opts  Options
+	conn  net.Conn
+	rd    *wire.Reader
+	hello wire.HelloReply
+	arena []byte // the shared arena, local connections only
+
+	mu     sync.Mutex
+	out    []byte
+	id     uint32
+	broken error
+	hdr    [wire.HeaderSize]byte
+	vec    [2][]byte
+
+	lookupReply wire.LookupReply
+	slots       wire.Slots
+	dataHeader  wire.DataHeader
+}
+
+// DialUnix connects to the daemon's local socket at path and maps the
+// arena it shares.
+func DialUnix(ctx context.Context, path string, o Options) (*Client, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("kvtier client: %w", err)
+	}
+	c := newClient(conn, o)
+	if err := c.handshake(ctx, true); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// DialTCP connects to the daemon's TCP listener at addr.
+func DialTCP(ctx context.Context, addr string, o Options) (*Client, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("kvtier client: %w", err)
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	if o.TLS != nil {
+		tconn := tls.Client(conn, o.TLS)
+		if err := tconn.HandshakeContext(ctx); err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("kvtier client: TLS: %w", err)
+		}
+		conn = tconn
+	}
+	c := newClient(conn, o)
+	if err := c.handshake(ctx, false); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func newClient(conn net.Conn, o Options) *Client {
+	if o.Timeout <= 0 {
+		o.Timeout = 30 * time.Second
+	}
+	return &Client{opts: o, conn: conn, rd: wire.NewReader(bufio.NewReaderSize(conn, 64<<10))}
+}
+
+func (c *Client) handshake(ctx context.Context, local bool) error {
+	c.deadline(ctx)
+	hello := wire.Hello{Version: wire.Version, Token: c.opts.Token, Name: c.opts.Name}
+	c.out = wire.Finish(hello.Append(wire.Begin(c.out)), wire.OpHello, 0, 0, wire.StatusOK)
+	if _, err := c.conn.Write(c.out); err != nil {
+		return fmt.Errorf("kvtier client: sending HELLO: %w", err)
+	}
+	var fd = -1
+	if local {
+		var err error
+		if fd, err = c.readHelloFd(); err != nil {
+			return err
+		}
+	}
+	h, body, err := c.rd.Next()
+	if err == nil {
+		err = replyError(h, wire.OpHello, 0, body)
+	}
+	if err == nil {
+		err = c.hello.Decode(body)
+	}
+	if err == nil && local && (!c.hello.HasArena || fd < 0) {
+		err = errors.New("the daemon did not share its arena")
+	}
+	if err == nil && fd >= 0 {
+		c.arena, err = unix.Mmap(fd, 0, int(c.hello.ArenaBytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	}
+	if fd >= 0 {
+		unix.Close(fd)
+	}
+	if err != nil {
+		return fmt.Errorf("kvtier client: handshake: %w", err)
+	}
+	return nil
+}
+
+// readHelloFd peeks the first byte of the HELLO reply with recvmsg, which
+// is where the daemon attached the arena's memfd, and returns the fd (-1
+// when none came, as in an error reply). The byte itself is left for the
+// frame reader by reading it with MSG_PEEK.
+func (c *Client) readHelloFd() (int, error) {
+	uc, ok := c.conn.(*net.UnixConn)
+	if !ok {
+		return -1, errors.New("kvtier client: not a Unix connection")
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	var opErr error
+	oob := make([]byte, unix.CmsgSpace(4))
+	var b [1]byte
+	err = raw.Read(func(s uintptr) bool {
+		_, oobn, _, _, rerr := unix.Recvmsg(int(s), b[:], oob, unix.MSG_PEEK|unix.MSG_CMSG_CLOEXEC)
+		if rerr == unix.EAGAIN {
+			return false
+		}
+		if rerr != nil {
+			opErr = rerr
+			return true
+		}
+		msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
+		if perr == nil && len(msgs) > 0 {
+			if fds, ferr := unix.ParseUnixRights(&msgs[0]); ferr == nil && len(fds) > 0 {
+				fd = fds[0]
+				for _, extra := range fds[1:] {
+					unix.Close(extra)
+				}
+			}
+		}
+		return true
+	})
+	if err == nil {
+		err = opErr
+	}
+	if err != nil {
+		return -1, fmt.Errorf("kvtier client: reading the HELLO reply: %w", err)
+	}
+	return fd, nil
+}
+
+// Close closes the connection (releasing its leases on the daemon) and
+// unmaps the arena. Slices returned by Slot are invalid afterwards.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.broken == nil {
+		c.broken = ErrClosed
+	}
+	err := c.conn.Close()
+	if c.arena != nil {
+		unix.Munmap(c.arena)
+		c.arena = nil
+	}
+	return err
+}
+
+// ChunkTokens is the daemon's chunk size in tokens.
+func (c *Client) ChunkTokens() int { return int(c.hello.ChunkTokens) }
+
+// Local reports whether the connection shares the daemon's arena.
+func (c *Client) Local() bool { return c.arena != nil }
+
+// Slot returns the arena bytes of a slot from PrepareStore or
+// PrepareRetrieve, to write or read in place. It fails on a TCP
+// connection, or if the daemon handed out a slot outside the arena.
+func (c *Client) Slot(s wire.Slot) ([]byte, error) {
+	end := s.Offset + uint64(s.Len)
+	if c.arena == nil || end < s.Offset || end > uint64(len(c.arena)) {
+		return nil, fmt.Errorf("kvtier client: slot [%d, +%d) is not in the shared arena of %d bytes", s.Offset, s.Len, len(c.arena))
+	}
+	return c.arena[s.Offset:end:end], nil
+}
+
+func (c *Client) deadline(ctx context.Context) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		d = time.Now().Add(c.opts.Timeout)
+	}
+	c.conn.SetDeadline(d)
+}
+
+// replyError checks that a reply answers (op, id) and turns a non-OK
+// status into a StatusError.
+func replyError(h wire.Header, op wire.Op, id uint32, body []byte) error {
+	if h.Status != wire.StatusOK {
+		return &StatusError{Op: op, Status: h.Status, Message: string(body)}
+	}
+	if h.Op != op || h.ID != id || h.Flags&wire.FlagReply == 0 {
+		return fmt.Errorf("%w: reply %s #%d to request %s #%d", wire.ErrFrame, h.Op, h.ID, op, id)
+	}
+	return nil
+}
+
+// begin starts a request: it takes the lock and returns the frame buffer.
+// Every begin is paired with end.
+func (c *Client) begin(ctx context.Context) ([]byte, error) {
+	c.mu.Lock()
+	if c.broken != nil {
+		c.mu.Unlock()
+		return nil, c.broken
+	}
+	c.deadline(ctx)
+	c.id++
+	return wire.Begin(c.out), nil
+}
+
+func (c *Client) end() { c.mu.Unlock() }
+
+// roundTrip sends the request built in b and reads its one-frame reply.
+// A transport failure breaks the connection for good.
+func (c *Client) roundTrip(b []byte, op wire.Op, flags wire.Flags) (wire.Header, []byte, error) {
+	c.out = wire.Finish(b, op, flags, c.id, wire.StatusOK)
+	if _, err := c.conn.Write(c.out); err != nil {
+		return wire.Header{}, nil, c.breakConn(err)
+	}
+	return c.readReply(op)
+}
+
+func (c *Client) readReply(op wire.Op) (wire.Header, []byte, error) {
+	h, body, err := c.rd.Next()
+	if err != nil {
+		return h, nil, c.breakConn(err)
+	}
+	if err := replyError(h, op, c.id, body); err != nil {
+		var se *StatusError
+		if !errors.As(err, &se) {
+			return h, nil, c.breakConn(err)
+		}
+		return h, nil, err
+	}
+	return h, body, nil
+}
+
+func (c *Client) breakConn(err error) error {
+	c.broken = fmt.Errorf("%w: %v", ErrClosed, err)
+	c.conn.Close()
+	return c.broken
+}
+
+// Ping round-trips an empty frame.
+func (c *Client) Ping(ctx context.Context) error {
+	b, err := c.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.end()
+	_, _, err = c.roundTrip(b, wire.OpPing, 0)
+	return err
+}
+
+// Scope registers s on the connection and returns its handle for Keys.
+func (c *Client) Scope(ctx context.Context, s chunk.Scope) (uint32, error) {
+	b, err := c.begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer c.end()
+	m := wire.Scope{WorldSize: uint32(s.WorldSize), Rank: uint32(s.Rank), Model: s.Model, Format: s.Format, Namespace: s.Namespace}
+	_, body, err := c.roundTrip(m.Append(b), wire.OpScope, 0)
+	if err != nil {
+		return 0, err
+	}
+	if len(body) != 4 {
+		return 0, c.breakConn(fmt.Errorf("SCOPE reply of %d bytes", len(body)))
+	}
+	return binary.LittleEndian.Uint32(body), nil
+}
+
+// Tokens names a prompt's chunks by its token ids under a registered
+// scope; skip leading tokens (a multiple of the chunk size) are not
+// stored or retrieved.
+func Tokens(scope uint32, tokens []uint32, skip int) wire.Keys {
+	return wire.Keys{Scope: scope, Kind: wire.KindTokens, Tokens: tokens, Skip: uint32(skip)}
+}
+
+// Hashes names chunks by engine-computed hashes under a registered scope.
+func Hashes(scope uint32, hashes []chunk.Hash) wire.Keys {
+	return wire.Keys{Scope: scope, Kind: wire.KindHashes, Hashes: hashes}
+}
+
+// Raw names chunks by whole chunk keys.
+func Raw(keys []chunk.Key) wire.Keys { return wire.Keys{Kind: wire.KindRaw, Raw: keys} }
+
+// Lookup returns the cached prefix of keys. With leaseMS > 0 the hit is
+// kept resident under the returned lease (Release it, or let it expire).
+// The reply's slices are valid until the next call.
+func (c *Client) Lookup(ctx context.Context, k wire.Keys, leaseMS uint32) (wire.LookupReply, error) {
+	b, err := c.begin(ctx)
+	if err != nil {
+		return wire.LookupReply{}, err
+	}
+	defer c.end()
+	m := wire.Lookup{LeaseMS: leaseMS, Keys: k}
+	_, body, err := c.roundTrip(m.Append(b), wire.OpLookup, 0)
+	if err == nil {
+		if err = c.lookupReply.Decode(body); err != nil {
+			err = c.breakConn(err)
+		}
+	}
+	return c.lookupReply, err
+}
+
+// PrepareStore reserves arena slots for chunks of the given sizes. Write
+// each SlotWrite slot's bytes (Slot), then CommitStore. Fewer slots than
+// sizes means the arena could take only that many. The reply's slices are
+// valid until the next call.
+func (c *Client) PrepareStore(ctx context.Context, k wire.Keys, sizes []uint32, leaseMS uint32) (wire.Slots, error) {
+	b, err := c.begin(ctx)
+	if err != nil {
+		return wire.Slots{}, err
+	}
+	defer c.end()
+	m := wire.PrepareStore{LeaseMS: leaseMS, Keys: k, Sizes: sizes}
+	return c.slotsReply(m.Append(b), wire.OpPrepareStore)
+}
+
+// PrepareRetrieve promotes the keys' chunks into RAM and leases the
+// leading cached ones; read them in place (Slot), then Release.
+func (c *Client) PrepareRetrieve(ctx context.Context, k wire.Keys, leaseMS uint32) (wire.Slots, error) {
+	b, err := c.begin(ctx)
+	if err != nil {
+		return wire.Slots{}, err
+	}
+	defer c.end()
+	m := wire.PrepareRetrieve{LeaseMS: leaseMS, Keys: k}
+	return c.slotsReply(m.Append(b), wire.OpPrepareRetrieve)
+}
+
+func (c *Client) slotsReply(b []byte, op wire.Op) (wire.Slots, error) {
+	_, body, err := c.roundTrip(b, op, 0)
+	if err == nil {
+		if err = c.slots.Decode(body); err != nil {
+			err = c.breakConn(err)
+		}
+	}
+	return c.slots, err
+}
+
+// CommitStore makes the first count slots of a PrepareStore lease visible
+// and ends the lease; it returns how many chunks are now stored.
+func (c *Client) CommitStore(ctx context.Context, lease uint64, count int) (int, error) {
+	b, err := c.begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer c.end()
+	m := wire.Commit{Lease: lease, Count: uint32(count)}
+	_, body, err := c.roundTrip(m.Append(b), wire.OpCommitStore, 0)
+	if err != nil {
+		return 0, err
+	}
+	if len(body) != 4 {
+		return 0, c.breakConn(fmt.Errorf("COMMIT_STORE reply of %d bytes", len(body)))
+	}
+	return int(binary.LittleEndian.Uint32(body)), nil
+}
+
+// Release ends a lease (an uncommitted store's slots are dropped unseen).
+func (c *Client) Release(ctx context.Context, lease uint64) error {
+	return c.leaseOp(ctx, wire.OpRelease, wire.Lease{ID: lease})
+}
+
+// Renew extends a lease to ms milliseconds from now.
+func (c *Client) Renew(ctx context.Context, lease uint64, ms uint32) error {
+	return c.leaseOp(ctx, wire.OpRenew, wire.Lease{ID: lease, MS: ms})
+}
+
+func (c *Client) leaseOp(ctx context.Context, op wire.Op, m wire.Lease) error {
+	b, err := c.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.end()
+	_, _, err = c.roundTrip(m.Append(b, op == wire.OpRenew), op, 0)
+	return err
+}
+
+// Prefetch asks the daemon to promote the keys' chunks into RAM in the
+// background; it reports whether the request was queued.
+func (c *Client) Prefetch(ctx context.Context, k wire.Keys) (bool, error) {
+	b, err := c.begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer c.end()
+	m := wire.KeysOnly{Keys: k}
+	_, body, err := c.roundTrip(m.Append(b), wire.OpPrefetch, 0)
+	if err != nil {
+		return false, err
+	}
+	return len(body) == 1 && body[0] == 1, nil
+}
+
+// Clear drops the RAM chunks of a registered scope (every scope for 0)
+// and returns how many it dropped.
+func (c *Client) Clear(ctx context.Context, scope uint32) (uint64, error) {
+	b, err := c.begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer c.end()
+	_, body, err := c.roundTrip(binary.LittleEndian.AppendUint32(b, scope), wire.OpClear, 0)
+	if err != nil {
+		return 0, err
+	}
+	if len(body) != 8 {
+		return 0, c.breakConn(fmt.Errorf("CLEAR reply of %d bytes", len(body)))
+	}
+	return binary.LittleEndian.Uint64(body), nil
+}
+
+// Stats returns the daemon's statistics as JSON (the shape of GET
+// /api/v1/stats on the admin server).
+func (c *Client) Stats(ctx context.Context) (json.RawMessage, error) {
+	b, err := c.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer c.end()
+	_, body, err := c.roundTrip(b, wire.OpStats, 0)
+	if err != nil {
+		return nil, err
+	}
+	return append(json.RawMessage(nil), body...), nil
+}
+
+// Store sends chunks[j] as the j-th chunk named by k (after the skip) and
+// returns how many leading chunks the daemon stored.
+func (c *Client) Store(ctx context.Context, k wire.Keys, chunks [][]byte) (int, error) {
+	b, err := c.begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer c.end()
+	sizes := make([]uint32, len(chunks))
+	for j, ch := range chunks {
+		if len(ch) > wire.MaxChunkBody {
+			return 0, fmt.Errorf("kvtier client: chunk %d of %d bytes, limit %d", j, len(ch), wire.MaxChunkBody)
+		}
+		sizes[j] = uint32(len(ch))
+	}
+	m := wire.Store{Keys: k, Sizes: sizes}
+	flags := wire.Flags(0)
+	if len(chunks) > 0 {
+		flags = wire.FlagMore
+	}
+	c.out = wire.Finish(m.Append(b), wire.OpStore, flags, c.id, wire.StatusOK)
+	if _, err := c.conn.Write(c.out); err != nil {
+		return 0, c.breakConn(err)
+	}
+	for j, ch := range chunks {
+		flags := wire.FlagMore
+		if j == len(chunks)-1 {
+			flags = 0
+		}
+		if err := c.writeData(wire.OpStore, flags, ch); err != nil {
+			return 0, c.breakConn(err)
+		}
+	}
+	_, body, err := c.readReply(wire.OpStore)
+	if err != nil {
+		return 0, err
+	}
+	if len(body) != 4 {
+		return 0, c.breakConn(fmt.Errorf("STORE reply of %d bytes", len(body)))
+	}
+	return int(binary.LittleEndian.Uint32(body)), nil
+}
+
+// writeData writes one data frame with a single writev.
+func (c *Client) writeData(op wire.Op, flags wire.Flags, data []byte) error {
+	wire.Header{Len: uint32(len(data)), Op: op, Flags: flags, ID: c.id}.Put(c.hdr[:])
+	c.vec[0], c.vec[1] = c.hdr[:], data
+	bufs := net.Buffers(c.vec[:])
+	_, err := bufs.WriteTo(c.conn)
+	return err
+}
+
+// Retrieve reads the leading cached chunks named by k (after the skip)
+// into dst, reslicing dst[j] to chunk j's length; it returns how many
+// chunks and tokens it read. A dst[j] too small is an error that closes
+// the connection (the bytes already on the wire cannot be skipped
+// cheaply), so size dst for the largest chunk.
+func (c *Client) Retrieve(ctx context.Context, k wire.Keys, dst [][]byte) (chunks, tokens int, err error) {
+	b, err := c.begin(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer c.end()
+	m := wire.KeysOnly{Keys: k}
+	h, body, err := c.roundTrip(m.Append(b), wire.OpRetrieve, 0)
+	if err != nil {
+		return 0, 0, err
+	}
+	dh := &c.dataHeader
+	if err := dh.Decode(body); err != nil {
+		return 0, 0, c.breakConn(err)
+	}
+	n := len(dh.Sizes)
+	if (h.Flags&wire.FlagMore != 0) != (n > 0) {
+		return 0, 0, c.breakConn(fmt.Errorf("RETRIEVE reply with %d chunks and flags %#x", n, h.Flags))
+	}
+	for j, size := range dh.Sizes {
+		dataHdr, err := c.rd.Header()
+		if err != nil {
+			return 0, 0, c.breakConn(err)
+		}
+		last := j == n-1
+		if dataHdr.Op != wire.OpRetrieve || dataHdr.ID != c.id || (dataHdr.Flags&wire.FlagMore == 0) != last || dataHdr.Len != size {
+			return 0, 0, c.breakConn(fmt.Errorf("%w: data frame %d out of order", wire.ErrFrame, j))
+		}
+		if j >= len(dst) || cap(dst[j]) < int(size) {
+			return 0, 0, c.breakConn(fmt.Errorf("chunk %d of %d bytes does not fit its buffer", j, size))
+		}
+		dst[j] = dst[j][:size]
+		if err := c.rd.ReadData(dataHdr, dst[j]); err != nil {
+			return 0, 0, c.breakConn(err)
+		}
+	}
+	return n, int(dh.Tokens), nil
+}
+
+var _ io.Closer = (*Client)(nil)

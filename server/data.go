@@ -1,0 +1,172 @@
+package server
+
+import (
+	"context"
+	"encoding/binary"
+	"net"
+	"time"
+
+	"kvtier/arena"
+	"kvtier/wire"
+)
+
+// handleStore serves STORE: a metadata frame, then one data frame per
+// chunk whose body is read straight into a reserved arena object. Chunks
+// the arena cannot take are read and discarded so the stream stays in
+// step; only the leading chunks that were fully received are committed.
+func (s *session) handleStore(h wire.Header) *requestError {
+	body, err := s.rd.Body(h)
+	if err != nil {
+		return fatal(wire.StatusTooLarge, "%v", err)
+	}
+	m := &s.store
+	if err := m.Decode(body); err != nil {
+		return fatal(wire.StatusBadRequest, "%v", err) // the data frames that follow cannot be skipped safely
+	}
+	if (h.Flags&wire.FlagMore != 0) != (len(m.Sizes) > 0) {
+		return fatal(wire.StatusBadRequest, "STORE of %d chunks with the more-frames flag %v", len(m.Sizes), h.Flags&wire.FlagMore != 0)
+	}
+	r, rerr := s.resolve(&m.Keys)
+	if rerr != nil {
+		if err := s.skipData(h, len(m.Sizes)); err != nil {
+			return fatal(wire.StatusBadRequest, "%v", err)
+		}
+		return rerr
+	}
+	keys := r.keys[r.first:]
+	if len(m.Sizes) > len(keys) {
+		return fatal(wire.StatusBadRequest, "%d sizes for %d chunks", len(m.Sizes), len(keys))
+	}
+	mgr := s.svc.eng.Manager()
+	a := s.svc.eng.Arena()
+	s.ids = s.ids[:0]
+	stored, full := 0, false
+	for j, size := range m.Sizes {
+		dh, err := s.dataHeader(h, j == len(m.Sizes)-1)
+		if err != nil {
+			s.unrefAll(s.ids)
+			return fatal(wire.StatusBadRequest, "%v", err)
+		}
+		if dh.Len != size {
+			s.unrefAll(s.ids)
+			return fatal(wire.StatusBadRequest, "data frame %d of %d bytes, announced %d", j, dh.Len, size)
+		}
+		var id arena.ID
+		if !full && !mgr.RAM().Contains(keys[j]) {
+			id, _, err = mgr.Reserve(int(size))
+			full = err != nil
+		}
+		if id == 0 {
+			if err := s.rd.Discard(dh.Len); err != nil {
+				s.unrefAll(s.ids)
+				return fatal(wire.StatusBadRequest, "%v", err)
+			}
+			if !full {
+				stored++ // already cached
+			}
+			continue
+		}
+		if err := s.rd.ReadData(dh, a.Bytes(id)); err != nil {
+			a.Unref(id)
+			s.unrefAll(s.ids)
+			return fatal(wire.StatusBadRequest, "%v", err)
+		}
+		s.ids = append(s.ids, id)
+		s.keys2 = append(s.keys2[:len(s.ids)-1], keys[j])
+		stored++
+	}
+	if err := mgr.Commit(s.keys2[:len(s.ids)], s.ids); err != nil {
+		return statusOf(err)
+	}
+	s.out = binary.LittleEndian.AppendUint32(wire.Begin(s.out), uint32(stored))
+	return s.reply(h, 0)
+}
+
+// dataHeader reads the header of the next data frame of request h.
+func (s *session) dataHeader(h wire.Header, last bool) (wire.Header, error) {
+	dh, err := s.rd.Header()
+	if err != nil {
+		return dh, err
+	}
+	if dh.Op != h.Op || dh.ID != h.ID || (dh.Flags&wire.FlagMore == 0) != last || dh.Flags&wire.FlagReply != 0 {
+		return dh, errOutOfOrder
+	}
+	return dh, nil
+}
+
+var errOutOfOrder = &wireError{"a data frame is out of order (wrong op, id or more-frames flag)"}
+
+type wireError struct{ msg string }
+
+func (e *wireError) Error() string { return e.msg }
+
+// skipData discards the n data frames of a request that failed early.
+func (s *session) skipData(h wire.Header, n int) error {
+	for j := range n {
+		dh, err := s.dataHeader(h, j == n-1)
+		if err != nil {
+			return err
+		}
+		if err := s.rd.Discard(dh.Len); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *session) unrefAll(ids []arena.ID) {
+	a := s.svc.eng.Arena()
+	for _, id := range ids {
+		a.Unref(id)
+	}
+}
+
+// handleRetrieve serves RETRIEVE: a DataHeader with the sizes of the
+// leading cached chunks, then each chunk's bytes written straight from the
+// arena. The chunks are referenced only while they are being written.
+func (s *session) handleRetrieve(h wire.Header, body []byte) *requestError {
+	if err := s.keysOnly.Decode(body); err != nil {
+		return fail(wire.StatusBadRequest, "%v", err)
+	}
+	r, rerr := s.resolve(&s.keysOnly.Keys)
+	if rerr != nil {
+		return rerr
+	}
+	keys := r.keys[r.first:]
+	s.ids = growIDs(s.ids, len(keys))
+	n, err := s.svc.eng.Manager().Acquire(context.Background(), keys, s.ids)
+	ids := s.ids[:n]
+	defer s.unrefAll(ids)
+	if err != nil && n == 0 {
+		return statusOf(err)
+	}
+	a := s.svc.eng.Arena()
+	dh := wire.DataHeader{Tokens: r.tokensAfter(n), Sizes: s.sizes[:0]}
+	for _, id := range ids {
+		dh.Sizes = append(dh.Sizes, uint32(a.Size(id)))
+	}
+	s.sizes = dh.Sizes
+	s.out = dh.Append(wire.Begin(s.out))
+	flags := wire.Flags(0)
+	if n > 0 {
+		flags = wire.FlagMore
+	}
+	if rerr := s.reply(h, flags); rerr != nil {
+		return rerr
+	}
+	for j, id := range ids {
+		flags := wire.FlagReply | wire.FlagMore
+		if j == n-1 {
+			flags = wire.FlagReply
+		}
+		data := a.Bytes(id)
+		wire.Header{Len: uint32(len(data)), Op: h.Op, Flags: flags, ID: h.ID}.Put(s.hdr[:])
+		s.vec[0], s.vec[1] = s.hdr[:], data
+		bufs := net.Buffers(s.vec[:])
+		s.conn.SetWriteDeadline(time.Now().Add(s.svc.opts.WriteTimeout))
+		if _, err := bufs.WriteTo(s.conn); err != nil {
+			return fatal(wire.StatusInternal, "writing chunk %d: %v", j, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,297 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"kvtier/engine"
+)
+
+// ServiceOptions configure the daemon's cache protocols.
+type ServiceOptions struct {
+	// Token is the shared secret TCP clients present in HELLO. Required
+	// unless every TCP listener is on loopback. The local socket relies on
+	// its file mode instead.
+	Token string
+	// LeaseTTL is the lease a request gets when it asks for none
+	// (default 30 s); MaxLeaseTTL caps what a client may ask (default 10 min).
+	LeaseTTL    time.Duration
+	MaxLeaseTTL time.Duration
+	// MaxLeases bounds the leases one connection may hold (default 4096).
+	MaxLeases int
+	// MaxScopes bounds the scopes one connection may register (default 256).
+	MaxScopes int
+	// HandshakeTimeout bounds the wait for HELLO (default 10 s) and
+	// WriteTimeout any one reply (default 60 s), so a stalled peer cannot
+	// hold arena references forever.
+	HandshakeTimeout time.Duration
+	WriteTimeout     time.Duration
+	Logger           *slog.Logger
+}
+
+func (o *ServiceOptions) setDefaults() {
+	if o.LeaseTTL <= 0 {
+		o.LeaseTTL = 30 * time.Second
+	}
+	if o.MaxLeaseTTL <= 0 {
+		o.MaxLeaseTTL = 10 * time.Minute
+	}
+	if o.MaxLeases <= 0 {
+		o.MaxLeases = 4096
+	}
+	if o.MaxScopes <= 0 {
+		o.MaxScopes = 256
+	}
+	if o.HandshakeTimeout <= 0 {
+		o.HandshakeTimeout = 10 * time.Second
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = 60 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Service serves kvtier's cache protocol (package wire) over a local Unix
+// socket, where the arena's memfd is shared with the client, and over TCP,
+// where chunk bytes travel in frames. One goroutine serves each connection
+// and handles its requests in order.
+type Service struct {
+	eng     *engine.Engine
+	opts    ServiceOptions
+	log     *slog.Logger
+	metrics *opMetrics
+
+	mu        sync.Mutex
+	listeners map[net.Listener]struct{}
+	sessions  map[*session]struct{}
+	closing   bool
+	wg        sync.WaitGroup // sessions and accept loops
+
+	leaseSeq atomic.Uint64
+	conns    atomic.Int64
+	stop     chan struct{} // closes the lease reaper
+	reaped   sync.WaitGroup
+}
+
+// NewService returns a service over eng. Call Shutdown to stop it.
+func NewService(eng *engine.Engine, opts ServiceOptions) *Service {
+	opts.setDefaults()
+	s := &Service{
+		eng:       eng,
+		opts:      opts,
+		log:       opts.Logger,
+		metrics:   newOpMetrics(),
+		listeners: make(map[net.Listener]struct{}),
+		sessions:  make(map[*session]struct{}),
+		stop:      make(chan struct{}),
+	}
+	s.reaped.Add(1)
+	go s.reapLeases()
+	return s
+}
+
+// ListenUnix creates the local socket at path with the given mode (0600
+// when zero). A stale socket file left by a dead daemon is replaced; a
+// live one is an error, as is any other file at path.
+func ListenUnix(path string, mode os.FileMode) (*net.UnixListener, error) {
+	if mode == 0 {
+		mode = 0o600
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("local socket %s: a file that is not a socket is in the way", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("local socket %s: another daemon is listening on it", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("local socket %s: removing the stale socket: %w", path, err)
+		}
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("local socket: %w", err)
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("local socket %s: %w", path, err)
+	}
+	return ln, nil
+}
+
+// ListenTCP listens on addr, with TLS when tlsConf is not nil. Listening
+// beyond loopback without a token is refused: the port would let anyone
+// read and write the cache.
+func (s *Service) ListenTCP(addr string, tlsConf *tls.Config) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("tcp listener: %w", err)
+	}
+	if s.opts.Token == "" && !isLoopback(ln.Addr()) {
+		ln.Close()
+		return nil, fmt.Errorf("tcp listener %s: a token (tcp_token / KVTIER_TCP_TOKEN) is required to listen beyond loopback", addr)
+	}
+	if tlsConf != nil {
+		ln = tls.NewListener(ln, tlsConf)
+	}
+	return ln, nil
+}
+
+func isLoopback(a net.Addr) bool {
+	ta, ok := a.(*net.TCPAddr)
+	return ok && ta.IP.IsLoopback()
+}
+
+// Serve accepts connections on ln until Shutdown; connections on a Unix
+// listener get the shared arena, others exchange chunk bytes in frames.
+// It returns nil after Shutdown.
+func (s *Service) Serve(ln net.Listener) error {
+	if !s.track(ln) {
+		ln.Close()
+		return nil
+	}
+	defer s.untrack(ln)
+	_, local := ln.(*net.UnixListener)
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if s.isClosing() {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			return fmt.Errorf("accept on %s: %w", ln.Addr(), err)
+		}
+		sess := newSession(s, c, local)
+		if !s.add(sess) {
+			c.Close()
+			return nil
+		}
+		go sess.serve()
+	}
+}
+
+func (s *Service) track(ln net.Listener) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return false
+	}
+	s.listeners[ln] = struct{}{}
+	s.wg.Add(1)
+	return true
+}
+
+func (s *Service) untrack(ln net.Listener) {
+	s.mu.Lock()
+	delete(s.listeners, ln)
+	s.mu.Unlock()
+	s.wg.Done()
+}
+
+func (s *Service) add(sess *session) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return false
+	}
+	s.sessions[sess] = struct{}{}
+	s.wg.Add(1)
+	s.conns.Add(1)
+	return true
+}
+
+func (s *Service) remove(sess *session) {
+	s.mu.Lock()
+	delete(s.sessions, sess)
+	s.mu.Unlock()
+	s.conns.Add(-1)
+	s.wg.Done()
+}
+
+func (s *Service) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
+}
+
+// Connections returns the number of open client connections.
+func (s *Service) Connections() int64 { return s.conns.Load() }
+
+// Shutdown stops accepting, lets each connection finish the request it is
+// serving, then closes it; every lease a connection held is released.
+// Connections still busy when ctx is done are closed mid-request (a store
+// cut short is never visible).
+func (s *Service) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closing = true
+	for ln := range s.listeners {
+		ln.Close()
+	}
+	for sess := range s.sessions {
+		sess.wakeIfIdle()
+	}
+	s.mu.Unlock()
+
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.mu.Lock()
+		for sess := range s.sessions {
+			sess.conn.Close()
+		}
+		s.mu.Unlock()
+		<-done
+		err = ctx.Err()
+	}
+	close(s.stop)
+	s.reaped.Wait()
+	return err
+}
+
+// reapLeases expires overdue leases of every connection, so a client that
+// is alive but forgot a lease cannot pin memory forever (a client that
+// dies loses its connection, and with it every lease, at once).
+func (s *Service) reapLeases() {
+	defer s.reaped.Done()
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	var batch []*session
+	for {
+		select {
+		case <-s.stop:
+			return
+		case now := <-tick.C:
+			s.mu.Lock()
+			batch = batch[:0]
+			for sess := range s.sessions {
+				batch = append(batch, sess)
+			}
+			s.mu.Unlock()
+			for _, sess := range batch {
+				sess.expire(now)
+			}
+		}
+	}
+}

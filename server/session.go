@@ -1,0 +1,677 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"crypto/subtle"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"kvtier/arena"
+	"kvtier/chunk"
+	"kvtier/engine"
+	"kvtier/tier"
+	"kvtier/wire"
+)
+
+// session serves one connection. Its goroutine owns everything but the
+// lease table, which the service's reaper also touches under mu.
+type session struct {
+	svc   *Service
+	conn  net.Conn
+	local bool // Unix socket: the arena is shared
+	rd    *wire.Reader
+	out   []byte
+	busy  atomic.Bool
+
+	scopes []scopeEntry // handle h is scopes[h-1]
+
+	mu     sync.Mutex
+	leases leaseTable
+
+	// Scratch reused by every request.
+	keys     []chunk.Key
+	keys2    []chunk.Key
+	ids      []arena.ID
+	sizes    []uint32
+	byTier   []uint32
+	slots    wire.Slots
+	vec      [2][]byte
+	hdr      [wire.HeaderSize]byte
+	lookup   wire.Lookup
+	prepS    wire.PrepareStore
+	prepR    wire.PrepareRetrieve
+	keysOnly wire.KeysOnly
+	store    wire.Store
+}
+
+type scopeEntry struct {
+	scope chunk.Scope
+	id    uint64
+}
+
+func newSession(svc *Service, c net.Conn, local bool) *session {
+	return &session{svc: svc, conn: c, local: local,
+		rd:     wire.NewReader(bufio.NewReaderSize(c, 64<<10)),
+		leases: leaseTable{byID: make(map[uint64]*lease)}}
+}
+
+// requestError is a failed request: the status and message to reply with,
+// and whether the connection must close (the stream can no longer be
+// trusted to be at a frame boundary, or the peer is not allowed in).
+type requestError struct {
+	status wire.Status
+	err    error
+	fatal  bool
+}
+
+func (e *requestError) Error() string { return e.err.Error() }
+
+func fail(status wire.Status, format string, args ...any) *requestError {
+	return &requestError{status: status, err: fmt.Errorf(format, args...)}
+}
+
+func fatal(status wire.Status, format string, args ...any) *requestError {
+	return &requestError{status: status, err: fmt.Errorf(format, args...), fatal: true}
+}
+
+// statusOf maps an engine or tier error to the status a client sees.
+func statusOf(err error) *requestError {
+	switch {
+	case errors.Is(err, arena.ErrNoSpace), errors.Is(err, tier.ErrTooLarge):
+		return fail(wire.StatusNoSpace, "%v", err)
+	case errors.Is(err, chunk.ErrSkip):
+		return fail(wire.StatusBadRequest, "%v", err)
+	case errors.Is(err, tier.ErrClosed):
+		return fail(wire.StatusShuttingDown, "%v", err)
+	}
+	return fail(wire.StatusInternal, "%v", err)
+}
+
+func (s *session) serve() {
+	defer s.svc.remove(s)
+	defer s.conn.Close()
+	defer s.releaseAll()
+	log := s.svc.log.With("peer", s.conn.RemoteAddr().String(), "local", s.local)
+	if err := s.handshake(); err != nil {
+		log.Info("handshake refused", "err", err)
+		return
+	}
+	for {
+		s.busy.Store(false)
+		if s.svc.isClosing() {
+			return
+		}
+		h, err := s.rd.Header()
+		s.busy.Store(true)
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !isClosedErr(err) {
+				log.Info("closing connection", "err", err)
+				s.replyError(h.Op, h.ID, &requestError{status: wire.StatusBadRequest, err: err})
+			}
+			return
+		}
+		start := time.Now()
+		rerr := s.handle(h)
+		s.svc.metrics.observe(h.Op, start, rerr)
+		if rerr != nil {
+			s.replyError(h.Op, h.ID, rerr)
+			if rerr.fatal {
+				log.Info("closing connection", "op", h.Op, "err", rerr.err)
+				return
+			}
+		}
+	}
+}
+
+func isClosedErr(err error) bool {
+	return errors.Is(err, net.ErrClosed) || errors.Is(err, os.ErrDeadlineExceeded)
+}
+
+// wakeIfIdle makes a connection that waits for its next request notice
+// shutdown; a busy one notices when its request is done.
+func (s *session) wakeIfIdle() {
+	if !s.busy.Load() {
+		s.conn.SetReadDeadline(time.Now())
+	}
+}
+
+// maxHelloBody bounds what a peer may send before it is authenticated.
+const maxHelloBody = 8 + 2*(2+wire.MaxString)
+
+// handshake reads HELLO, checks version and token, and replies; on the
+// local socket the reply carries the arena's memfd.
+func (s *session) handshake() error {
+	s.conn.SetReadDeadline(time.Now().Add(s.svc.opts.HandshakeTimeout))
+	h, err := s.rd.Header()
+	if err == nil && h.Len > maxHelloBody {
+		err = fmt.Errorf("a HELLO of %d bytes", h.Len)
+	}
+	var body []byte
+	if err == nil {
+		body, err = s.rd.Body(h)
+	}
+	if err != nil {
+		// Before HELLO a peer learns nothing but that it must authenticate.
+		if !errors.Is(err, io.EOF) {
+			s.replyError(wire.OpHello, h.ID, fatal(wire.StatusUnauthorized, "expected HELLO: %v", err))
+		}
+		return err
+	}
+	s.conn.SetReadDeadline(time.Time{})
+	var hello wire.Hello
+	var rerr *requestError
+	switch {
+	case h.Op != wire.OpHello:
+		rerr = fatal(wire.StatusUnauthorized, "the first frame must be HELLO, got %s", h.Op)
+	case h.Flags != 0:
+		rerr = fatal(wire.StatusBadRequest, "HELLO with flags %#x", h.Flags)
+	}
+	if rerr == nil {
+		if err := hello.Decode(body); err != nil {
+			rerr = fatal(wire.StatusBadRequest, "%v", err)
+		}
+	}
+	switch {
+	case rerr != nil:
+	case hello.Version != wire.Version:
+		rerr = fatal(wire.StatusBadRequest, "protocol version %d; this daemon speaks %d", hello.Version, wire.Version)
+	case !s.local && !tokenMatches(s.svc.opts.Token, hello.Token):
+		rerr = fatal(wire.StatusUnauthorized, "wrong or missing token")
+	}
+	if rerr != nil {
+		s.replyError(h.Op, h.ID, rerr)
+		return rerr
+	}
+	a := s.svc.eng.Arena()
+	reply := wire.HelloReply{Version: wire.Version, HasArena: s.local,
+		ChunkTokens: uint32(s.svc.eng.ChunkSize()), ArenaBytes: uint64(a.Capacity()),
+		LeaseMS: uint32(s.svc.opts.LeaseTTL / time.Millisecond), MaxChunk: wire.MaxChunkBody}
+	s.out = wire.Finish(reply.Append(wire.Begin(s.out)), wire.OpHello, wire.FlagReply, h.ID, wire.StatusOK)
+	if !s.local {
+		return s.send(s.out)
+	}
+	uc, ok := s.conn.(*net.UnixConn)
+	if !ok {
+		return errors.New("local session without a Unix connection")
+	}
+	s.conn.SetWriteDeadline(time.Now().Add(s.svc.opts.WriteTimeout))
+	_, _, err = uc.WriteMsgUnix(s.out, unix.UnixRights(a.Fd()), nil)
+	return err
+}
+
+// tokenMatches compares in constant time. An empty configured token lets
+// everyone in: ListenTCP only allows that on loopback.
+func tokenMatches(want, got string) bool {
+	if want == "" {
+		return true
+	}
+	return subtle.ConstantTimeCompare([]byte(want), []byte(got)) == 1
+}
+
+func (s *session) send(frame []byte) error {
+	s.conn.SetWriteDeadline(time.Now().Add(s.svc.opts.WriteTimeout))
+	_, err := s.conn.Write(frame)
+	return err
+}
+
+func (s *session) replyError(op wire.Op, id uint32, e *requestError) {
+	if !op.Valid() {
+		op = wire.OpPing
+	}
+	b := append(wire.Begin(s.out), e.err.Error()...)
+	s.out = wire.Finish(b, op, wire.FlagReply, id, e.status)
+	if s.send(s.out) != nil {
+		s.conn.Close()
+	}
+}
+
+// reply sends the frame built in s.out since wire.Begin.
+func (s *session) reply(h wire.Header, flags wire.Flags) *requestError {
+	s.out = wire.Finish(s.out, h.Op, wire.FlagReply|flags, h.ID, wire.StatusOK)
+	if err := s.send(s.out); err != nil {
+		return fatal(wire.StatusInternal, "writing the reply: %v", err)
+	}
+	return nil
+}
+
+func (s *session) handle(h wire.Header) *requestError {
+	if h.Flags&wire.FlagReply != 0 {
+		return fatal(wire.StatusBadRequest, "a client sent a reply frame")
+	}
+	if h.Op == wire.OpStore {
+		return s.handleStore(h)
+	}
+	if h.Flags&wire.FlagMore != 0 {
+		return fatal(wire.StatusBadRequest, "%s does not take data frames", h.Op)
+	}
+	body, err := s.rd.Body(h)
+	if err != nil {
+		return fatal(wire.StatusTooLarge, "%v", err)
+	}
+	switch h.Op {
+	case wire.OpPing:
+		s.out = append(wire.Begin(s.out), body...)
+		return s.reply(h, 0)
+	case wire.OpScope:
+		return s.handleScope(h, body)
+	case wire.OpLookup:
+		return s.handleLookup(h, body)
+	case wire.OpPrepareStore:
+		return s.handlePrepareStore(h, body)
+	case wire.OpCommitStore:
+		return s.handleCommit(h, body)
+	case wire.OpPrepareRetrieve:
+		return s.handlePrepareRetrieve(h, body)
+	case wire.OpRelease, wire.OpRenew:
+		return s.handleLease(h, body)
+	case wire.OpPrefetch:
+		return s.handlePrefetch(h, body)
+	case wire.OpClear:
+		return s.handleClear(h, body)
+	case wire.OpStats:
+		return s.handleStats(h)
+	case wire.OpRetrieve:
+		return s.handleRetrieve(h, body)
+	}
+	return fail(wire.StatusUnknownOp, "%s is not a request", h.Op)
+}
+
+func (s *session) handleScope(h wire.Header, body []byte) *requestError {
+	var m wire.Scope
+	if err := m.Decode(body); err != nil {
+		return fail(wire.StatusBadRequest, "%v", err)
+	}
+	sc := m.Chunk()
+	handle := 0
+	for i := range s.scopes {
+		if s.scopes[i].scope == sc {
+			handle = i + 1
+		}
+	}
+	if handle == 0 {
+		if len(s.scopes) >= s.svc.opts.MaxScopes {
+			return fail(wire.StatusTooLarge, "a connection may register %d scopes", s.svc.opts.MaxScopes)
+		}
+		id, err := s.svc.eng.ScopeID(sc)
+		if err != nil {
+			return fail(wire.StatusBadRequest, "%v", err)
+		}
+		s.scopes = append(s.scopes, scopeEntry{scope: sc, id: id})
+		handle = len(s.scopes)
+	}
+	s.out = binary.LittleEndian.AppendUint32(wire.Begin(s.out), uint32(handle))
+	return s.reply(h, 0)
+}
+
+// resolved is a request's keys as chunk keys: all of them, the index of the
+// first one to act on, and for token keys what is needed to count tokens.
+type resolved struct {
+	keys    []chunk.Key
+	first   int
+	chunker *chunk.Chunker // nil unless token keys
+	tokens  int
+	skip    int
+}
+
+// tokensAfter returns how many tokens the n chunks from r.first cover.
+func (r *resolved) tokensAfter(n int) uint32 {
+	if r.chunker == nil || n == 0 {
+		return 0
+	}
+	return uint32(engine.TokensThrough(r.chunker, r.first+n, r.tokens) - r.skip)
+}
+
+func (s *session) resolve(k *wire.Keys) (resolved, *requestError) {
+	s.keys = s.keys[:0]
+	if k.Kind == wire.KindRaw {
+		s.keys = append(s.keys, k.Raw...)
+		return resolved{keys: s.keys}, nil
+	}
+	if k.Scope == 0 || int(k.Scope) > len(s.scopes) {
+		return resolved{}, fail(wire.StatusNotFound, "scope handle %d is not registered on this connection", k.Scope)
+	}
+	sc := &s.scopes[k.Scope-1]
+	if k.Kind == wire.KindHashes {
+		for _, hsh := range k.Hashes {
+			s.keys = append(s.keys, chunk.Key{Scope: sc.id, Hash: hsh})
+		}
+		return resolved{keys: s.keys}, nil
+	}
+	keys, first, c, err := s.svc.eng.Keys(s.keys, engine.Request{Scope: sc.scope, Tokens: k.Tokens, Skip: int(k.Skip)})
+	if err != nil {
+		return resolved{}, statusOf(err)
+	}
+	s.keys = keys
+	return resolved{keys: keys, first: first, chunker: c, tokens: len(k.Tokens), skip: int(k.Skip)}, nil
+}
+
+// leaseTTL turns a requested lease into a duration within bounds.
+func (s *session) leaseTTL(ms uint32) time.Duration {
+	if ms == 0 {
+		return s.svc.opts.LeaseTTL
+	}
+	return min(time.Duration(ms)*time.Millisecond, s.svc.opts.MaxLeaseTTL)
+}
+
+// addLease registers l and returns its id, or fails when the connection
+// holds too many.
+func (s *session) addLease(l *lease, ttl time.Duration) (uint64, *requestError) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.leases.byID) >= s.svc.opts.MaxLeases {
+		s.leases.drop(s.svc.eng.Arena(), l)
+		return 0, fail(wire.StatusNoSpace, "this connection holds %d leases, the limit", len(s.leases.byID))
+	}
+	l.deadline = time.Now().Add(ttl)
+	id := s.svc.leaseSeq.Add(1)
+	s.leases.byID[id] = l
+	return id, nil
+}
+
+// newLease returns a recycled lease.
+func (s *session) newLease(kind leaseKind) *lease {
+	s.mu.Lock()
+	l := s.leases.get()
+	s.mu.Unlock()
+	l.kind = kind
+	return l
+}
+
+// takeLease removes and returns lease id.
+func (s *session) takeLease(id uint64) (*lease, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, ok := s.leases.byID[id]
+	if ok {
+		delete(s.leases.byID, id)
+	}
+	return l, ok
+}
+
+func (s *session) dropLease(l *lease) {
+	s.mu.Lock()
+	s.leases.drop(s.svc.eng.Arena(), l)
+	s.mu.Unlock()
+}
+
+// expire drops the leases past their deadline.
+func (s *session) expire(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, l := range s.leases.byID {
+		if now.After(l.deadline) {
+			delete(s.leases.byID, id)
+			s.leases.drop(s.svc.eng.Arena(), l)
+			s.svc.metrics.expired.Add(1)
+		}
+	}
+}
+
+func (s *session) releaseAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, l := range s.leases.byID {
+		delete(s.leases.byID, id)
+		s.leases.drop(s.svc.eng.Arena(), l)
+	}
+}
+
+func (s *session) handleLookup(h wire.Header, body []byte) *requestError {
+	m := &s.lookup
+	if err := m.Decode(body); err != nil {
+		return fail(wire.StatusBadRequest, "%v", err)
+	}
+	r, rerr := s.resolve(&m.Keys)
+	if rerr != nil {
+		return rerr
+	}
+	mgr := s.svc.eng.Manager()
+	n, byTier, _ := mgr.Lookup(r.keys)
+	reply := wire.LookupReply{Chunks: uint32(n)}
+	if r.chunker != nil {
+		reply.Tokens = uint32(engine.TokensThrough(r.chunker, n, r.tokens))
+	}
+	s.byTier = s.byTier[:0]
+	for i := range mgr.Tiers() {
+		s.byTier = append(s.byTier, uint32(byTier[i]))
+	}
+	reply.ByTier = s.byTier
+	if m.LeaseMS > 0 && n > r.first {
+		id, rerr := s.pinHit(r.keys[r.first:n], s.leaseTTL(m.LeaseMS))
+		if rerr != nil {
+			return rerr
+		}
+		reply.Lease = id
+	}
+	s.out = reply.Append(wire.Begin(s.out))
+	return s.reply(h, 0)
+}
+
+// pinHit keeps a lookup's hit resident: RAM chunks by arena references
+// under a lease, lower-tier chunks by the tiers' own pins, which lapse
+// after ttl by themselves.
+func (s *session) pinHit(keys []chunk.Key, ttl time.Duration) (uint64, *requestError) {
+	mgr := s.svc.eng.Manager()
+	l := s.newLease(leaseLookup)
+	var id [1]arena.ID
+	for i := range keys {
+		if mgr.RAM().Acquire(keys[i:i+1], id[:]) == 1 {
+			l.ids = append(l.ids, id[0])
+			continue
+		}
+		for _, t := range mgr.Tiers()[1:] {
+			if t.Pin(keys[i:i+1], ttl) == 1 {
+				break
+			}
+		}
+	}
+	return s.addLease(l, ttl)
+}
+
+func (s *session) requireArena(op wire.Op) *requestError {
+	if !s.local {
+		return fail(wire.StatusUnsupported, "%s needs the shared arena of the local socket; use STORE and RETRIEVE over TCP", op)
+	}
+	return nil
+}
+
+func (s *session) handlePrepareStore(h wire.Header, body []byte) *requestError {
+	if rerr := s.requireArena(h.Op); rerr != nil {
+		return rerr
+	}
+	m := &s.prepS
+	if err := m.Decode(body); err != nil {
+		return fail(wire.StatusBadRequest, "%v", err)
+	}
+	r, rerr := s.resolve(&m.Keys)
+	if rerr != nil {
+		return rerr
+	}
+	keys := r.keys[r.first:]
+	if len(m.Sizes) > len(keys) {
+		return fail(wire.StatusBadRequest, "%d sizes for %d chunks", len(m.Sizes), len(keys))
+	}
+	mgr := s.svc.eng.Manager()
+	a := s.svc.eng.Arena()
+	l := s.newLease(leaseStore)
+	s.slots.Slots = s.slots.Slots[:0]
+	for j, size := range m.Sizes {
+		if mgr.RAM().Contains(keys[j]) {
+			l.keys, l.ids = append(l.keys, keys[j]), append(l.ids, 0)
+			s.slots.Slots = append(s.slots.Slots, wire.Slot{State: wire.SlotStored, Len: size})
+			continue
+		}
+		id, _, err := mgr.Reserve(int(size))
+		if err != nil {
+			if errors.Is(err, arena.ErrNoSpace) || errors.Is(err, tier.ErrTooLarge) {
+				break // a shorter store, not an error: the prefix ends here
+			}
+			s.dropLease(l)
+			return statusOf(err)
+		}
+		l.keys, l.ids = append(l.keys, keys[j]), append(l.ids, id)
+		s.slots.Slots = append(s.slots.Slots, wire.Slot{Offset: uint64(a.Offset(id)), Len: size})
+	}
+	return s.replySlots(h, l, m.LeaseMS, 0)
+}
+
+// replySlots registers l (unless it is empty) and replies with s.slots.
+func (s *session) replySlots(h wire.Header, l *lease, ms uint32, tokens uint32) *requestError {
+	s.slots.Lease, s.slots.Tokens = 0, tokens
+	if len(l.keys) == 0 && len(l.ids) == 0 {
+		s.dropLease(l)
+	} else {
+		id, rerr := s.addLease(l, s.leaseTTL(ms))
+		if rerr != nil {
+			return rerr
+		}
+		s.slots.Lease = id
+	}
+	s.out = s.slots.Append(wire.Begin(s.out))
+	return s.reply(h, 0)
+}
+
+func (s *session) handleCommit(h wire.Header, body []byte) *requestError {
+	var m wire.Commit
+	if err := m.Decode(body); err != nil {
+		return fail(wire.StatusBadRequest, "%v", err)
+	}
+	l, ok := s.takeLease(m.Lease)
+	if !ok {
+		return fail(wire.StatusNotFound, "lease %d is unknown, expired or released", m.Lease)
+	}
+	if l.kind != leaseStore {
+		s.dropLease(l)
+		return fail(wire.StatusBadRequest, "lease %d is not a store lease", m.Lease)
+	}
+	n := min(int(m.Count), len(l.keys))
+	// Commit only the reservations (ids[j] != 0) among the first n.
+	s.keys, s.ids = s.keys[:0], s.ids[:0]
+	for j := 0; j < n; j++ {
+		if l.ids[j] != 0 {
+			s.keys, s.ids = append(s.keys, l.keys[j]), append(s.ids, l.ids[j])
+			l.ids[j] = 0 // the reference moves to Commit
+		}
+	}
+	err := s.svc.eng.Manager().Commit(s.keys, s.ids)
+	s.dropLease(l) // releases the reservations past n
+	if err != nil {
+		return statusOf(err)
+	}
+	s.out = binary.LittleEndian.AppendUint32(wire.Begin(s.out), uint32(n))
+	return s.reply(h, 0)
+}
+
+func (s *session) handlePrepareRetrieve(h wire.Header, body []byte) *requestError {
+	if rerr := s.requireArena(h.Op); rerr != nil {
+		return rerr
+	}
+	m := &s.prepR
+	if err := m.Decode(body); err != nil {
+		return fail(wire.StatusBadRequest, "%v", err)
+	}
+	r, rerr := s.resolve(&m.Keys)
+	if rerr != nil {
+		return rerr
+	}
+	keys := r.keys[r.first:]
+	l := s.newLease(leaseRetrieve)
+	l.ids = growIDs(l.ids, len(keys))
+	n, err := s.svc.eng.Manager().Acquire(context.Background(), keys, l.ids)
+	l.ids = l.ids[:n]
+	if err != nil && n == 0 {
+		s.dropLease(l)
+		return statusOf(err)
+	}
+	a := s.svc.eng.Arena()
+	s.slots.Slots = s.slots.Slots[:0]
+	for _, id := range l.ids {
+		s.slots.Slots = append(s.slots.Slots, wire.Slot{Offset: uint64(a.Offset(id)), Len: uint32(a.Size(id))})
+	}
+	return s.replySlots(h, l, m.LeaseMS, r.tokensAfter(n))
+}
+
+func growIDs(ids []arena.ID, n int) []arena.ID {
+	if cap(ids) < n {
+		return make([]arena.ID, n)
+	}
+	return ids[:n]
+}
+
+func (s *session) handleLease(h wire.Header, body []byte) *requestError {
+	var m wire.Lease
+	renew := h.Op == wire.OpRenew
+	if err := m.Decode(body, renew); err != nil {
+		return fail(wire.StatusBadRequest, "%v", err)
+	}
+	s.mu.Lock()
+	l, ok := s.leases.byID[m.ID]
+	if ok && renew {
+		l.deadline = time.Now().Add(s.leaseTTL(m.MS))
+	} else if ok {
+		delete(s.leases.byID, m.ID)
+		s.leases.drop(s.svc.eng.Arena(), l)
+	}
+	s.mu.Unlock()
+	if !ok {
+		return fail(wire.StatusNotFound, "lease %d is unknown, expired or released", m.ID)
+	}
+	s.out = wire.Begin(s.out)
+	return s.reply(h, 0)
+}
+
+func (s *session) handlePrefetch(h wire.Header, body []byte) *requestError {
+	if err := s.keysOnly.Decode(body); err != nil {
+		return fail(wire.StatusBadRequest, "%v", err)
+	}
+	r, rerr := s.resolve(&s.keysOnly.Keys)
+	if rerr != nil {
+		return rerr
+	}
+	queued := byte(0)
+	if s.svc.eng.Manager().Prefetch(r.keys[r.first:]) {
+		queued = 1
+	}
+	s.out = append(wire.Begin(s.out), queued)
+	return s.reply(h, 0)
+}
+
+// handleClear drops the RAM chunks of a registered scope, or of every
+// scope for handle 0. Lower tiers keep theirs (see ClearResult's note).
+func (s *session) handleClear(h wire.Header, body []byte) *requestError {
+	if len(body) != 4 {
+		return fail(wire.StatusBadRequest, "clear: body of %d bytes, want 4", len(body))
+	}
+	handle := binary.LittleEndian.Uint32(body)
+	var scope uint64
+	if handle != 0 {
+		if int(handle) > len(s.scopes) {
+			return fail(wire.StatusNotFound, "scope handle %d is not registered on this connection", handle)
+		}
+		scope = s.scopes[handle-1].id
+	}
+	n := s.svc.eng.Manager().RAM().Clear(scope)
+	s.out = binary.LittleEndian.AppendUint64(wire.Begin(s.out), uint64(n))
+	return s.reply(h, 0)
+}
+
+func (s *session) handleStats(h wire.Header) *requestError {
+	st := ReadStats(s.svc.eng.Manager())
+	body, err := json.Marshal(st)
+	if err != nil {
+		return fail(wire.StatusInternal, "%v", err)
+	}
+	s.out = append(wire.Begin(s.out), body...)
+	return s.reply(h, 0)
+}
