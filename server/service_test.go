@@ -470,9 +470,9 @@ func TestMalformedFramesLeaveOthersServed(t *testing.T) {
 
 	hello := (&wire.Hello{Version: wire.Version, Token: testToken}).Append(nil)
 	bad := [][]byte{
-		frame(wire.OpLookup, 0, 2, []byte{1, 2, 3}),                  // truncated body
-		frame(wire.OpLookup, 0, 2, make([]byte, 64)),                 // keys with trailing bytes
-		frame(wire.OpStore, wire.FlagMore, 2, []byte{0, 0, 0, 0, 9}), // store metadata garbage
+		frame(wire.OpLookup, 0, 2, []byte{1, 2, 3}),                             // truncated body
+		frame(wire.OpLookup, 0, 2, make([]byte, 64)),                            // keys with trailing bytes
+		frame(wire.OpStore, wire.FlagMore, 2, []byte{0, 0, 0, 0, 9}),            // store metadata garbage
 		append(frame(wire.OpPing, 0, 2, nil)[:6], 1, 0, 0, 0, 0, 0, 0, 0, 0, 0), // reserved bits
 		{0xff, 0xff, 0xff, 0x7f, 4, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0},            // oversized body
 		{0x10, 0, 0, 0, 99, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0},                    // unknown op

@@ -26,12 +26,12 @@ const HeaderSize = 16
 // make the other side hold; chunk bytes are read straight into arena
 // objects of the size announced beforehand.
 const (
-	MaxMetaBody  = 8 << 20  // bytes of a non-data frame body: 2M tokens
-	MaxChunkBody = 1 << 30  // bytes of one chunk in a data frame
-	MaxString    = 1 << 10  // bytes of a string field
-	MaxTiers     = 8        // per-tier counts in a lookup reply
-	Magic        = "KVT1"   // first bytes of a HELLO body
-	Version      = 1        // protocol version this package speaks
+	MaxMetaBody  = 8 << 20 // bytes of a non-data frame body: 2M tokens
+	MaxChunkBody = 1 << 30 // bytes of one chunk in a data frame
+	MaxString    = 1 << 10 // bytes of a string field
+	MaxTiers     = 8       // per-tier counts in a lookup reply
+	Magic        = "KVT1"  // first bytes of a HELLO body
+	Version      = 1       // protocol version this package speaks
 	maxBodyLimit = 1<<32 - 1
 )
 
@@ -82,7 +82,7 @@ const (
 	FlagReply Flags = 1 << 0
 	// FlagMore says more frames of the same request or reply follow: the
 	// chunk bytes of STORE and RETRIEVE travel in their own frames.
-	FlagMore Flags = 1 << 1
+	FlagMore   Flags = 1 << 1
 	flagsKnown       = FlagReply | FlagMore
 )
 
