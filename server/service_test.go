@@ -3,6 +3,7 @@ package server_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -34,43 +35,58 @@ type daemon struct {
 
 func startService(t testing.TB, ramBytes int64, opts server.ServiceOptions) *daemon {
 	t.Helper()
-	eng, err := engine.Open(engine.Options{ChunkSize: pChunkTokens, RAMBytes: ramBytes, Policy: "LRU", SaveUnfull: true})
+	d, stop, err := newDaemon(ramBytes, opts, filepath.Join(t.TempDir(), "kvtier.sock"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	return d
+}
+
+// newDaemon starts an engine and serves it on sock and a loopback TCP
+// port; stop shuts it all down.
+func newDaemon(ramBytes int64, opts server.ServiceOptions, sock string) (*daemon, func() error, error) {
+	eng, err := engine.Open(engine.Options{ChunkSize: pChunkTokens, RAMBytes: ramBytes, Policy: "LRU", SaveUnfull: true})
+	if err != nil {
+		return nil, nil, err
 	}
 	if opts.Token == "" {
 		opts.Token = testToken
 	}
 	svc := server.NewService(eng, opts)
-	d := &daemon{eng: eng, svc: svc, sock: filepath.Join(t.TempDir(), "kvtier.sock")}
-	uln, err := server.ListenUnix(d.sock, 0)
-	if err != nil {
-		t.Fatal(err)
+	d := &daemon{eng: eng, svc: svc, sock: sock}
+	var lns []net.Listener
+	if sock != "" {
+		uln, err := server.ListenUnix(d.sock, 0)
+		if err != nil {
+			return nil, nil, errors.Join(err, eng.Close())
+		}
+		lns = append(lns, uln)
 	}
 	tln, err := svc.ListenTCP("127.0.0.1:0", nil)
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, errors.Join(err, eng.Close())
 	}
 	d.tcp = tln.Addr().String()
-	served := make(chan error, 2)
-	go func() { served <- svc.Serve(uln) }()
-	go func() { served <- svc.Serve(tln) }()
-	t.Cleanup(func() {
+	lns = append(lns, tln)
+	served := make(chan error, len(lns))
+	for _, ln := range lns {
+		go func() { served <- svc.Serve(ln) }()
+	}
+	stop := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := svc.Shutdown(ctx); err != nil {
-			t.Errorf("shutdown: %v", err)
+		errs := []error{svc.Shutdown(ctx)}
+		for range lns {
+			errs = append(errs, <-served)
 		}
-		for range 2 {
-			if err := <-served; err != nil {
-				t.Errorf("serve: %v", err)
-			}
-		}
-		if err := eng.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	return d
+		return errors.Join(append(errs, eng.Close())...)
+	}
+	return d, stop, nil
 }
 
 func (d *daemon) local(t testing.TB) *client.Client {

@@ -3,6 +3,8 @@ package wire
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
+	"unsafe"
 )
 
 // decoder reads little-endian fields from a body. The first failure sticks:
@@ -117,4 +119,32 @@ func appendStr(b []byte, s string) []byte {
 	}
 	b = appendU16(b, uint16(len(s)))
 	return append(b, s...)
+}
+
+// hostLittleEndian is true on every platform engines run on; the protocol
+// is little-endian, so there token arrays move with one copy.
+var hostLittleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+// appendU32Array appends v as little-endian u32s.
+func appendU32Array(b []byte, v []uint32) []byte {
+	if hostLittleEndian && len(v) > 0 {
+		return append(b, unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))...)
+	}
+	for _, x := range v {
+		b = appendU32(b, x)
+	}
+	return b
+}
+
+// decodeU32Array sets dst to the n little-endian u32s in p.
+func decodeU32Array(dst []uint32, p []byte, n int) []uint32 {
+	dst = slices.Grow(dst[:0], n)[:n]
+	if hostLittleEndian && n > 0 {
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), 4*n), p)
+		return dst
+	}
+	for i := range dst {
+		dst[i] = binary.LittleEndian.Uint32(p[4*i:])
+	}
+	return dst
 }

@@ -183,9 +183,7 @@ func (k *Keys) Append(b []byte) []byte {
 	b = appendU32(b, uint32(k.Len()))
 	switch k.Kind {
 	case KindTokens:
-		for _, t := range k.Tokens {
-			b = appendU32(b, t)
-		}
+		b = appendU32Array(b, k.Tokens)
 	case KindHashes:
 		for i := range k.Hashes {
 			b = append(b, k.Hashes[i][:]...)
@@ -208,9 +206,8 @@ func (k *Keys) decode(d *decoder) {
 	switch k.Kind {
 	case KindTokens:
 		n := d.count(4, "keys tokens")
-		p := d.take(4*n, "keys tokens")
-		for i := 0; i < n && p != nil; i++ {
-			k.Tokens = append(k.Tokens, binary.LittleEndian.Uint32(p[4*i:]))
+		if p := d.take(4*n, "keys tokens"); p != nil {
+			k.Tokens = decodeU32Array(k.Tokens, p, n)
 		}
 	case KindHashes:
 		n := d.count(16, "keys hashes")

@@ -27,6 +27,7 @@ type benchFlags struct {
 	chunks, rounds                 int
 	dir                            string
 	skipDisk                       bool
+	skipDaemon                     bool
 	json                           bool
 }
 
@@ -59,6 +60,8 @@ type benchReport struct {
 	HashChunkTokens  int     `json:"hash_chunk_tokens"`
 	VLLMBlockTokens  int     `json:"hash_vllm_block_tokens"`
 	SGLangPageTokens int     `json:"hash_sglang_page_tokens"`
+
+	Daemon *daemonReport `json:"daemon,omitempty"`
 }
 
 func benchCmd() *cobra.Command {
@@ -70,7 +73,10 @@ func benchCmd() *cobra.Command {
 RAM-tier store and retrieve against a plain memcpy of the same bytes, disk-tier
 write and read against raw O_DIRECT sequential I/O of the same bytes in the same
 directory, the latency of Lookup for a 32,768-token prompt, and the cost of each
-hash. Machines are noisy: read the ratios, not the absolute figures.`,
+hash; then, through a daemon served in the same process, store and retrieve over
+the local protocol (shared arena) against memcpy, LOOKUPs per second from 4
+concurrent clients, and store and retrieve over the TCP protocol against a plain
+loopback TCP stream. Machines are noisy: read the ratios, not the absolute figures.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			r, err := runBench(cmd.Context(), f, cmd.ErrOrStderr())
@@ -96,6 +102,7 @@ hash. Machines are noisy: read the ratios, not the absolute figures.`,
 	fl.IntVar(&f.rounds, "rounds", 3, "measured rounds (the best is reported)")
 	fl.StringVar(&f.dir, "dir", ".kvtier-bench", "directory for the disk measurements (use a real disk: tmpfs refuses O_DIRECT)")
 	fl.BoolVar(&f.skipDisk, "skip-disk", false, "skip the disk measurements")
+	fl.BoolVar(&f.skipDaemon, "skip-daemon", false, "skip the measurements through the daemon's protocols")
 	fl.BoolVar(&f.json, "json", false, "print JSON")
 	return cmd
 }
@@ -143,6 +150,11 @@ func runBench(ctx context.Context, f benchFlags, progress io.Writer) (*benchRepo
 		return nil, err
 	}
 	benchHashes(r)
+	if !f.skipDaemon {
+		if err := benchDaemon(ctx, f, r, src, dst, progress); err != nil {
+			return nil, fmt.Errorf("daemon bench: %w", err)
+		}
+	}
 	return r, nil
 }
 

@@ -107,4 +107,7 @@ func printBench(w io.Writer, r *benchReport) {
 	fmt.Fprintf(w, "\nlookup of a %d-token prompt: mean %.1f µs, p99 %.1f µs\n", r.LookupTokens, r.LookupMeanMicros, r.LookupP99Micros)
 	fmt.Fprintf(w, "hash: kvtier %.0f ns per %d-token chunk, vLLM sha256_cbor %.0f ns per %d-token block, SGLang %.0f ns per %d-token page\n",
 		r.HashNsPerChunk, r.HashChunkTokens, r.VLLMNsPerBlock, r.VLLMBlockTokens, r.SGLangNsPerPage, r.SGLangPageTokens)
+	if r.Daemon != nil {
+		printDaemon(w, r.Daemon)
+	}
 }

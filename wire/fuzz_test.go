@@ -1,0 +1,179 @@
+package wire
+
+import (
+	"bytes"
+	"runtime"
+	"testing"
+
+	"kvtier/chunk"
+)
+
+// message is what every request and reply body type offers.
+type message interface {
+	Append([]byte) []byte
+	Decode([]byte) error
+}
+
+func messages() []func() message {
+	return []func() message{
+		func() message { return new(Hello) },
+		func() message { return new(HelloReply) },
+		func() message { return new(Scope) },
+		func() message { return new(Lookup) },
+		func() message { return new(LookupReply) },
+		func() message { return new(PrepareStore) },
+		func() message { return new(Slots) },
+		func() message { return new(Commit) },
+		func() message { return new(PrepareRetrieve) },
+		func() message { return new(KeysOnly) },
+		func() message { return new(Store) },
+		func() message { return new(DataHeader) },
+	}
+}
+
+// FuzzDecode feeds arbitrary bytes to every body decoder and the header
+// parser. None may panic; a body that decodes must encode back to exactly
+// the same bytes (the encoding is canonical), so a decoder can neither
+// skip input nor invent fields.
+func FuzzDecode(f *testing.F) {
+	keys := Keys{Scope: 1, Kind: KindTokens, Skip: 16, Tokens: []uint32{1, 2, 3}}
+	f.Add((&Lookup{LeaseMS: 5, Keys: keys}).Append(nil))
+	f.Add((&PrepareStore{Keys: Keys{Scope: 2, Kind: KindHashes, Hashes: []chunk.Hash{{1}}}, Sizes: []uint32{7}}).Append(nil))
+	f.Add((&Store{Keys: Keys{Kind: KindRaw, Raw: []chunk.Key{{Scope: 3}}}, Sizes: []uint32{1, 2}}).Append(nil))
+	f.Add((&Slots{Lease: 9, Slots: []Slot{{Offset: 4096, Len: 10}}}).Append(nil))
+	f.Add((&Hello{Version: 1, Token: "t", Name: "n"}).Append(nil))
+	f.Add((&LookupReply{Tokens: 1, ByTier: []uint32{1, 2}}).Append(nil))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		ParseHeader(body)
+		for _, mk := range messages() {
+			m := mk()
+			if m.Decode(body) != nil {
+				continue
+			}
+			if again := m.Append(nil); !bytes.Equal(again, body) {
+				t.Fatalf("%T: decoded %x, encodes back as %x", m, body, again)
+			}
+		}
+		for _, renew := range []bool{false, true} {
+			var l Lease
+			if l.Decode(body, renew) == nil && !bytes.Equal(l.Append(nil, renew), body) {
+				t.Fatalf("lease does not round-trip")
+			}
+		}
+	})
+}
+
+func TestRoundTrips(t *testing.T) {
+	keys := Keys{Scope: 3, Kind: KindTokens, Skip: 32, Tokens: []uint32{5, 6, 7, 1 << 31}}
+	cases := []message{
+		&Hello{Version: Version, Token: "secret", Name: "vllm-0"},
+		&HelloReply{Version: 1, HasArena: true, ChunkTokens: 256, ArenaBytes: 1 << 33, LeaseMS: 30000, MaxChunk: MaxChunkBody},
+		&Scope{WorldSize: 8, Rank: 3, Model: "meta/llama@3", Format: "bfloat16/KV_2LTD", Namespace: "tenant"},
+		&Lookup{LeaseMS: 100, Keys: keys},
+		&LookupReply{Tokens: 512, Chunks: 2, Lease: 77, ByTier: []uint32{1, 1}},
+		&PrepareStore{LeaseMS: 1, Keys: keys, Sizes: []uint32{10, 20}},
+		&Slots{Lease: 1, Tokens: 300, Slots: []Slot{{Offset: 1 << 40, Len: 3, State: SlotStored}}},
+		&Commit{Lease: 5, Count: 2},
+		&PrepareRetrieve{LeaseMS: 9, Keys: Keys{Scope: 1, Kind: KindHashes, Hashes: []chunk.Hash{{1, 2}, {3}}}},
+		&KeysOnly{Keys: Keys{Kind: KindRaw, Raw: []chunk.Key{{Scope: 1 << 60, Hash: chunk.Hash{9}}}}},
+		&Store{Keys: keys, Sizes: []uint32{1}},
+		&DataHeader{Tokens: 7, Sizes: []uint32{1, 2, 3}},
+	}
+	for _, m := range cases {
+		b := m.Append(nil)
+		fresh := func() message {
+			for _, mk := range messages() {
+				if n := mk(); typeName(n) == typeName(m) {
+					return n
+				}
+			}
+			return nil
+		}()
+		if err := fresh.Decode(b); err != nil {
+			t.Fatalf("%T: %v", m, err)
+		}
+		if !bytes.Equal(fresh.Append(nil), b) {
+			t.Errorf("%T does not round-trip", m)
+		}
+		// Every strict prefix is an error, never a panic or a success.
+		for n := range len(b) {
+			if fresh.Decode(b[:n]) == nil {
+				t.Errorf("%T: a %d-byte prefix of %d decoded", m, n, len(b))
+			}
+		}
+	}
+}
+
+func typeName(m message) string {
+	switch m.(type) {
+	case *Hello:
+		return "hello"
+	case *HelloReply:
+		return "helloreply"
+	case *Scope:
+		return "scope"
+	case *Lookup:
+		return "lookup"
+	case *LookupReply:
+		return "lookupreply"
+	case *PrepareStore:
+		return "preparestore"
+	case *Slots:
+		return "slots"
+	case *Commit:
+		return "commit"
+	case *PrepareRetrieve:
+		return "prepareretrieve"
+	case *KeysOnly:
+		return "keysonly"
+	case *Store:
+		return "store"
+	case *DataHeader:
+		return "dataheader"
+	}
+	return ""
+}
+
+func TestDecodeRejectsHugeCounts(t *testing.T) {
+	// A count of 2^32-1 tokens in a 20-byte body must fail before any
+	// allocation for them.
+	b := (&KeysOnly{Keys: Keys{Scope: 1}}).Append(nil)
+	b[12], b[13], b[14], b[15] = 0xff, 0xff, 0xff, 0xff
+	var m KeysOnly
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	err := m.Decode(b)
+	runtime.ReadMemStats(&after)
+	if err == nil || after.TotalAlloc-before.TotalAlloc > 4096 {
+		t.Errorf("huge count: err=%v, allocated %d bytes", err, after.TotalAlloc-before.TotalAlloc)
+	}
+}
+
+func TestKeysRules(t *testing.T) {
+	bad := []Keys{
+		{Scope: 0, Kind: KindTokens},           // tokens need a scope
+		{Scope: 1, Kind: KindRaw},              // raw keys carry their own
+		{Scope: 1, Kind: KindHashes, Skip: 16}, // skip is for tokens
+		{Scope: 1, Kind: KeyKind(7)},           // unknown kind
+	}
+	for _, k := range bad {
+		var m KeysOnly
+		if m.Decode((&KeysOnly{Keys: k}).Append(nil)) == nil {
+			t.Errorf("%+v accepted", k)
+		}
+	}
+}
+
+func BenchmarkLookupDecode(b *testing.B) {
+	tokens := make([]uint32, 4096)
+	body := (&Lookup{Keys: Keys{Scope: 1, Tokens: tokens}}).Append(nil)
+	var m Lookup
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if err := m.Decode(body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
