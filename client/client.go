@@ -591,4 +591,24 @@ func (c *Client) Retrieve(ctx context.Context, k wire.Keys, dst [][]byte) (chunk
 	return n, int(dh.Tokens), nil
 }
 
+// Sizes returns the byte sizes of the leading cached chunks named by k
+// (after the skip), without moving them. The slice is valid until the
+// next call.
+func (c *Client) Sizes(ctx context.Context, k wire.Keys) ([]uint32, error) {
+	b, err := c.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer c.end()
+	m := wire.KeysOnly{Keys: k}
+	_, body, err := c.roundTrip(m.Append(b), wire.OpSizes, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.dataHeader.Decode(body); err != nil {
+		return nil, c.breakConn(err)
+	}
+	return c.dataHeader.Sizes, nil
+}
+
 var _ io.Closer = (*Client)(nil)

@@ -170,3 +170,29 @@ func (s *session) handleRetrieve(h wire.Header, body []byte) *requestError {
 	}
 	return nil
 }
+
+// handleSizes serves SIZES: the lengths of the leading cached chunks, read
+// from whichever tier holds each, without promoting anything. A daemon
+// using this one as its remote tier sizes its RAM reservation with it.
+func (s *session) handleSizes(h wire.Header, body []byte) *requestError {
+	if err := s.keysOnly.Decode(body); err != nil {
+		return fail(wire.StatusBadRequest, "%v", err)
+	}
+	r, rerr := s.resolve(&s.keysOnly.Keys)
+	if rerr != nil {
+		return rerr
+	}
+	mgr := s.svc.eng.Manager()
+	dh := wire.DataHeader{Sizes: s.sizes[:0]}
+	for _, k := range r.keys[r.first:] {
+		n, ok := mgr.Size(k)
+		if !ok {
+			break
+		}
+		dh.Sizes = append(dh.Sizes, uint32(n))
+	}
+	s.sizes = dh.Sizes
+	dh.Tokens = r.tokensAfter(len(dh.Sizes))
+	s.out = dh.Append(wire.Begin(s.out))
+	return s.reply(h, 0)
+}

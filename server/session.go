@@ -283,6 +283,8 @@ func (s *session) handle(h wire.Header) *requestError {
 		return s.handleStats(h)
 	case wire.OpRetrieve:
 		return s.handleRetrieve(h, body)
+	case wire.OpSizes:
+		return s.handleSizes(h, body)
 	}
 	return fail(wire.StatusUnknownOp, "%s is not a request", h.Op)
 }

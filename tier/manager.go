@@ -550,6 +550,19 @@ func (m *Manager) Remove(key chunk.Key) bool {
 	return found
 }
 
+// Size returns the length of key's object in the fastest tier holding it.
+func (m *Manager) Size(key chunk.Key) (int, bool) {
+	if n, ok := m.ram.Size(key); ok {
+		return n, true
+	}
+	for _, lt := range m.lower {
+		if n, ok := lt.Size(key); ok {
+			return n, true
+		}
+	}
+	return 0, false
+}
+
 // QueueStats describes one lower tier's write queue.
 type QueueStats struct {
 	Tier     string

@@ -54,7 +54,8 @@ const (
 	OpStats           Op = 12
 	OpStore           Op = 13
 	OpRetrieve        Op = 14
-	opLimit           Op = 15
+	OpSizes           Op = 15
+	opLimit           Op = 16
 
 	// MaxOp is the highest operation of this version.
 	MaxOp = opLimit - 1
@@ -62,7 +63,7 @@ const (
 
 var opNames = [...]string{"", "HELLO", "PING", "SCOPE", "LOOKUP", "PREPARE_STORE",
 	"COMMIT_STORE", "PREPARE_RETRIEVE", "RELEASE", "RENEW", "PREFETCH", "CLEAR",
-	"STATS", "STORE", "RETRIEVE"}
+	"STATS", "STORE", "RETRIEVE", "SIZES"}
 
 func (o Op) String() string {
 	if o > 0 && o < opLimit {

@@ -457,9 +457,10 @@ func (m *Lease) Decode(body []byte, renew bool) error {
 	return d.end("lease")
 }
 
-// KeysOnly is the body of PREFETCH and RETRIEVE: just keys. PREFETCH's
-// reply is one byte, 1 if the prefetch was queued; RETRIEVE's is a
-// DataHeader followed by the chunks' data frames.
+// KeysOnly is the body of PREFETCH, RETRIEVE and SIZES: just keys.
+// PREFETCH's reply is one byte, 1 if the prefetch was queued; RETRIEVE's is
+// a DataHeader followed by the chunks' data frames; SIZES's is a DataHeader
+// alone, with the sizes of the leading cached chunks and no data frames.
 type KeysOnly struct{ Keys Keys }
 
 func (m *KeysOnly) Append(b []byte) []byte { return m.Keys.Append(b) }
