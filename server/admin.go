@@ -32,6 +32,7 @@ type Admin struct {
 	handler  http.Handler
 	registry *prometheus.Registry
 	mux      *http.ServeMux
+	book     *ScopeBook // scopes clients registered; nil without a Service
 }
 
 // NewAdmin returns the admin API of eng, which was opened from cfg. The
@@ -65,6 +66,8 @@ func NewAdmin(eng *engine.Engine, cfg config.Config, log *slog.Logger) (*Admin, 
 	mux.HandleFunc("GET /api/v1/stats", a.stats)
 	mux.HandleFunc("GET /api/v1/config", a.config)
 	mux.HandleFunc("POST /api/v1/clear", a.clear)
+	mux.HandleFunc("GET /api/v1/scopes", a.scopes)
+	mux.HandleFunc("GET /api/v1/keys", a.keys)
 	a.handler = mux
 	a.mux = mux
 	return a, nil

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -59,9 +60,9 @@ type ClearResult struct {
 	Note       string   `json:"note,omitempty"`
 }
 
-// notClearedNote explains the tiers clear leaves alone. Tiers below RAM
-// have no way yet to enumerate or drop their chunks by scope.
-const notClearedNote = "tiers below RAM cannot be cleared yet: they keep their chunks, and later reads promote them back into RAM"
+// notClearedNote explains the tiers clear leaves alone: shared remote
+// stores cannot enumerate a scope's chunks.
+const notClearedNote = "remote tiers cannot be cleared by scope: they keep their chunks, and later reads promote them back into RAM"
 
 // decodeClear reads a clear request body; an empty body clears everything.
 func decodeClear(body []byte) (ClearRequest, error) {
@@ -93,9 +94,12 @@ func (a *Admin) clear(w http.ResponseWriter, r *http.Request) {
 	}
 	mgr := a.eng.Manager()
 	scope := uint64(req.Scope)
-	res := ClearResult{Scope: scope, Removed: map[string]int{mgr.RAM().Name(): mgr.RAM().Clear(scope)}}
-	for _, t := range mgr.Tiers()[1:] {
-		res.NotCleared = append(res.NotCleared, t.Name())
+	removed, notCleared := mgr.Clear(scope)
+	res := ClearResult{Scope: scope, Removed: map[string]int{}, NotCleared: notCleared}
+	for i, t := range mgr.Tiers() {
+		if !slices.Contains(notCleared, t.Name()) {
+			res.Removed[t.Name()] = removed[i]
+		}
 	}
 	if len(res.NotCleared) > 0 {
 		res.Note = notClearedNote

@@ -70,6 +70,7 @@ type Service struct {
 	opts    ServiceOptions
 	log     *slog.Logger
 	metrics *opMetrics
+	book    *ScopeBook
 
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
@@ -91,6 +92,7 @@ func NewService(eng *engine.Engine, opts ServiceOptions) *Service {
 		opts:      opts,
 		log:       opts.Logger,
 		metrics:   newOpMetrics(),
+		book:      NewScopeBook(),
 		listeners: make(map[net.Listener]struct{}),
 		sessions:  make(map[*session]struct{}),
 		stop:      make(chan struct{}),
@@ -99,6 +101,9 @@ func NewService(eng *engine.Engine, opts ServiceOptions) *Service {
 	go s.reapLeases()
 	return s
 }
+
+// Scopes returns the book of scopes clients registered, for the admin API.
+func (s *Service) Scopes() *ScopeBook { return s.book }
 
 // ListenUnix creates the local socket at path with the given mode (0600
 // when zero). A stale socket file left by a dead daemon is replaced; a

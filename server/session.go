@@ -310,6 +310,7 @@ func (s *session) handleScope(h wire.Header, body []byte) *requestError {
 			return fail(wire.StatusBadRequest, "%v", err)
 		}
 		s.scopes = append(s.scopes, scopeEntry{scope: sc, id: id})
+		s.svc.book.Note(id, sc)
 		handle = len(s.scopes)
 	}
 	s.out = binary.LittleEndian.AppendUint32(wire.Begin(s.out), uint32(handle))
@@ -649,8 +650,9 @@ func (s *session) handlePrefetch(h wire.Header, body []byte) *requestError {
 	return s.reply(h, 0)
 }
 
-// handleClear drops the RAM chunks of a registered scope, or of every
-// scope for handle 0. Lower tiers keep theirs (see ClearResult's note).
+// handleClear drops the chunks of a registered scope, or of every scope
+// for handle 0, from RAM and the disk tier (remote tiers keep theirs); the
+// reply counts the RAM chunks dropped.
 func (s *session) handleClear(h wire.Header, body []byte) *requestError {
 	if len(body) != 4 {
 		return fail(wire.StatusBadRequest, "clear: body of %d bytes, want 4", len(body))
@@ -663,8 +665,8 @@ func (s *session) handleClear(h wire.Header, body []byte) *requestError {
 		}
 		scope = s.scopes[handle-1].id
 	}
-	n := s.svc.eng.Manager().RAM().Clear(scope)
-	s.out = binary.LittleEndian.AppendUint64(wire.Begin(s.out), uint64(n))
+	removed, _ := s.svc.eng.Manager().Clear(scope)
+	s.out = binary.LittleEndian.AppendUint64(wire.Begin(s.out), uint64(removed[0]))
 	return s.reply(h, 0)
 }
 

@@ -550,6 +550,31 @@ func (m *Manager) Remove(key chunk.Key) bool {
 	return found
 }
 
+// Clear removes every chunk of scope (all chunks when scope is 0) from RAM
+// and from each lower tier that can enumerate its keys (tier.Lister), and
+// returns how many each tier removed, in tier order. Tiers that cannot
+// enumerate (shared remote stores) keep theirs; notCleared names them.
+func (m *Manager) Clear(scope uint64) (removed []int, notCleared []string) {
+	removed = make([]int, 1+len(m.lower))
+	removed[0] = m.ram.Clear(scope)
+	var keys []chunk.Key
+	for i, lt := range m.lower {
+		l, ok := lt.Tier.(Lister)
+		if !ok {
+			notCleared = append(notCleared, lt.Name())
+			continue
+		}
+		keys = keys[:0]
+		l.List(scope, func(k chunk.Key, _ int) bool { keys = append(keys, k); return true })
+		for _, k := range keys {
+			if lt.Remove(k) {
+				removed[i+1]++
+			}
+		}
+	}
+	return removed, notCleared
+}
+
 // Size returns the length of key's object in the fastest tier holding it.
 func (m *Manager) Size(key chunk.Key) (int, bool) {
 	if n, ok := m.ram.Size(key); ok {

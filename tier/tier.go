@@ -54,6 +54,17 @@ type Tier interface {
 	Close() error
 }
 
+// Lister is implemented by tiers that can enumerate what they hold (the
+// local ones; remote stores are shared and may be huge). The admin API
+// uses it to list keys by scope.
+type Lister interface {
+	// List calls fn with each stored key of scope (every key when scope is
+	// 0) and its size, in no particular order, until fn returns false. It
+	// holds the tier's lock while it runs: fn must be quick and must not
+	// call back into the tier.
+	List(scope uint64, fn func(key chunk.Key, size int) bool)
+}
+
 // Stats is a snapshot of one tier's state and counters since start.
 type Stats struct {
 	Name         string

@@ -85,6 +85,7 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 		return errors.Join(err, eng.Close())
 	}
 	svc := server.NewService(eng, server.ServiceOptions{Token: cfg.TCPToken, LeaseTTL: cfg.LeaseTTL, Logger: log})
+	admin.UseScopes(svc.Scopes())
 	if err := admin.Register(svc.Collectors()...); err != nil {
 		return errors.Join(err, eng.Close())
 	}

@@ -268,6 +268,18 @@ func (t *Tier) Stats() tier.Stats {
 	return st
 }
 
+// List implements tier.Lister.
+func (t *Tier) List(scope uint64, fn func(chunk.Key, int) bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := range t.idx.slots {
+		s := &t.idx.slots[i]
+		if s.state == slotLive && (scope == 0 || s.key.Scope == scope) && !fn(s.key, int(s.size)) {
+			return
+		}
+	}
+}
+
 // Put implements tier.Tier. It returns once the record is written and, with
 // SyncEach, durable. Reserving space may wait for evictions to free it; if
 // everything evictable is pinned, Put fails with tier.ErrBusy.

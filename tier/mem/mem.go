@@ -236,6 +236,17 @@ func (t *Tier) Clear(scope uint64) int {
 	return len(drop)
 }
 
+// List implements tier.Lister.
+func (t *Tier) List(scope uint64, fn func(chunk.Key, int) bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k, id := range t.index {
+		if (scope == 0 || k.Scope == scope) && !fn(k, t.arena.Size(id)) {
+			return
+		}
+	}
+}
+
 // Pin implements tier.Tier with arena leases that lapse after ttl.
 func (t *Tier) Pin(keys []chunk.Key, ttl time.Duration) int {
 	t.mu.Lock()
