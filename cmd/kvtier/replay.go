@@ -32,6 +32,7 @@ type replayFlags struct {
 	sweep         string
 	noProgress    bool
 	json          bool
+	router        routerFlags
 }
 
 func replayCmd() *cobra.Command {
@@ -45,9 +46,18 @@ fractions of the trace's distinct blocks, with KV of --bytes-per-token bytes per
 token so the run fits this machine. It prints the hit rate per tier and the bytes
 moved, then the block hit rate every eviction policy and Belady's optimum (OPT,
 offline) reach in simulation at the same RAM capacity. --plot draws hit rate
-against capacity for every policy and OPT (simulated) as an SVG chart.`,
+against capacity for every policy and OPT (simulated) as an SVG chart.
+
+With --router it instead routes the trace over --pods simulated vLLM pods, each
+with an LRU GPU prefix cache of --gpu-tokens that publishes vLLM's KV events
+into kvtier's router index, and compares routing by kvtier's prefix score
+(alone, and traded against load) with round robin and least loaded: cache hit
+rate and load balance.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if f.router.enabled {
+				return runRouterReplay(cmd.Context(), f, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			}
 			return runReplay(cmd.Context(), f, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
@@ -63,6 +73,12 @@ against capacity for every policy and OPT (simulated) as an SVG chart.`,
 	fl.StringVar(&f.sweep, "sweep", "1,2,5,10,20,30,50", "capacities for --plot, in percent of distinct blocks")
 	fl.BoolVar(&f.noProgress, "no-progress", false, "do not draw the progress bar")
 	fl.BoolVar(&f.json, "json", false, "print the report as JSON")
+	fl.BoolVar(&f.router.enabled, "router", false, "instead: route the trace over simulated vLLM pods and compare kvtier's KV-aware routing with round robin and least loaded")
+	fl.IntVar(&f.router.pods, "pods", 4, "--router: simulated pods")
+	fl.IntVar(&f.router.gpuTokens, "gpu-tokens", 200_000, "--router: each pod's GPU prefix cache, in tokens")
+	fl.Float64Var(&f.router.prefillRate, "prefill-rate", 10_000, "--router: a pod's prefill speed, tokens/s (service-time model)")
+	fl.Float64Var(&f.router.decodeRate, "decode-rate", 50, "--router: one request's decode speed, tokens/s (service-time model)")
+	fl.Float64Var(&f.router.loadWeight, "load-weight", 0.05, "--router: kvtier+load's cost of one request in flight, in shares of the prompt cached")
 	return cmd
 }
 
