@@ -1,0 +1,5 @@
+package fs
+
+import "kvtier/tier/remote"
+
+func init() { remote.Register("fs", Open) }

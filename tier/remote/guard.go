@@ -1,0 +1,650 @@
+package remote
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"kvtier/chunk"
+	"kvtier/tier"
+)
+
+// ErrUnavailable is wrapped by the errors of a guarded tier whose store is
+// cut off (circuit open), did not answer within the deadline, or has too
+// many calls hung past their deadline.
+var ErrUnavailable = errors.New("remote: store unavailable")
+
+// Pinger is implemented by tiers that can check their store cheaply. Guard
+// uses it as the health probe.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
+// State is a circuit breaker's state.
+type State int32
+
+const (
+	// StateClosed lets every call through: the store is healthy.
+	StateClosed State = iota
+	// StateOpen fails every call fast without touching the store.
+	StateOpen
+	// StateHalfOpen lets one trial call through at a time; its outcome, or
+	// the next probe's, closes or reopens the circuit.
+	StateHalfOpen
+)
+
+func (s State) String() string {
+	switch s {
+	case StateClosed:
+		return "closed"
+	case StateOpen:
+		return "open"
+	case StateHalfOpen:
+		return "half-open"
+	}
+	return fmt.Sprintf("State(%d)", int32(s))
+}
+
+// GuardOptions tune Guard. Zero values take the defaults noted.
+type GuardOptions struct {
+	// Timeout is the deadline of every call to the inner tier
+	// (default DefaultTimeout).
+	Timeout time.Duration
+	// Threshold is the number of consecutive failures or timeouts that
+	// opens the circuit (default 5).
+	Threshold int
+	// ProbeInterval is how often the health probe runs while the circuit
+	// is not closed (default 1s).
+	ProbeInterval time.Duration
+	// MaxAbandoned bounds the inner calls still running after their
+	// caller gave up at the deadline; beyond it calls fail fast, so a hung
+	// store cannot pile up goroutines (default 32).
+	MaxAbandoned int
+	Logger       *slog.Logger // default slog.Default()
+}
+
+func (o GuardOptions) withDefaults() GuardOptions {
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.Threshold <= 0 {
+		o.Threshold = 5
+	}
+	if o.ProbeInterval <= 0 {
+		o.ProbeInterval = time.Second
+	}
+	if o.MaxAbandoned <= 0 {
+		o.MaxAbandoned = 32
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// Health is a snapshot of a breaker's state and counters, for metrics.
+type Health struct {
+	State               State
+	ConsecutiveFailures int
+	Opens               uint64 // transitions into StateOpen
+	FastFails           uint64 // calls refused without touching the store
+	Failures            uint64 // inner calls that failed (timeouts included)
+	Timeouts            uint64 // inner calls that missed the deadline
+	Abandoned           int    // inner calls still running past their deadline
+	ProbeOK, ProbeFail  uint64
+}
+
+// Guarded is a tier behind a circuit breaker. Every inner call runs on a
+// worker goroutine so the caller returns at the deadline even when the
+// store hangs; Get and Put hand the inner tier private copies of their buffers,
+// because an abandoned call may still write or read them after the caller
+// has reused them. ErrNotFound (and ErrCorrupt, ErrTooLarge) are answers,
+// not failures. Contains, PrefixContains, Size and Remove report no errors,
+// so for them only a missed deadline counts as a failure and only a
+// positive answer as a success.
+type Guarded struct {
+	inner tier.Tier
+	ping  Pinger // nil when inner has no Ping
+	o     GuardOptions
+
+	state       atomic.Int32 // State
+	consecutive atomic.Int32
+	trial       atomic.Bool // a half-open trial call is in flight
+	abandoned   atomic.Int64
+	closed      atomic.Bool
+
+	opens, fastFails, failures, timeouts, probeOK, probeFail atomic.Uint64
+
+	errOpen, errHung error // prebuilt so failing fast does not allocate
+
+	calls       sync.Pool     // *call
+	work        chan *call    // hands calls to idle workers
+	quit        chan struct{} // closed by Close: idle workers exit
+	probeCtx    context.Context
+	probeCancel context.CancelFunc
+	probeDone   chan struct{}
+}
+
+var _ tier.Tier = (*Guarded)(nil)
+
+// Guard wraps t in a circuit breaker and starts its health probe. Close
+// stops the probe and closes t.
+func Guard(t tier.Tier, o GuardOptions) *Guarded {
+	o = o.withDefaults()
+	g := &Guarded{
+		inner: t, o: o, probeDone: make(chan struct{}),
+		work: make(chan *call), quit: make(chan struct{}),
+	}
+	g.ping, _ = t.(Pinger)
+	g.errOpen = fmt.Errorf("%w: %s: circuit open", ErrUnavailable, t.Name())
+	g.errHung = fmt.Errorf("%w: %s: %d calls hung past the deadline", ErrUnavailable, t.Name(), o.MaxAbandoned)
+	g.calls.New = func() any {
+		tm := time.NewTimer(time.Hour)
+		tm.Stop()
+		return &call{done: make(chan struct{}, 1), timer: tm}
+	}
+	g.probeCtx, g.probeCancel = context.WithCancel(context.Background())
+	go g.probeLoop()
+	return g
+}
+
+// Inner returns the wrapped tier.
+func (g *Guarded) Inner() tier.Tier { return g.inner }
+
+// Health returns the breaker's state and counters.
+func (g *Guarded) Health() Health {
+	return Health{
+		State:               State(g.state.Load()),
+		ConsecutiveFailures: int(g.consecutive.Load()),
+		Opens:               g.opens.Load(),
+		FastFails:           g.fastFails.Load(),
+		Failures:            g.failures.Load(),
+		Timeouts:            g.timeouts.Load(),
+		Abandoned:           int(g.abandoned.Load()),
+		ProbeOK:             g.probeOK.Load(),
+		ProbeFail:           g.probeFail.Load(),
+	}
+}
+
+// Name implements tier.Tier.
+func (g *Guarded) Name() string { return g.inner.Name() }
+
+// Stats implements tier.Tier by passing the inner tier's stats through.
+func (g *Guarded) Stats() tier.Stats { return g.inner.Stats() }
+
+// Contains implements tier.Tier; it is false while the store is cut off.
+func (g *Guarded) Contains(key chunk.Key) bool {
+	c, err := g.begin(opContains)
+	if err != nil {
+		return false
+	}
+	c.key = key
+	if g.run(nil, c) != nil {
+		return false
+	}
+	ok := c.ok
+	g.finish(c, outcomeIf(ok))
+	return ok
+}
+
+// PrefixContains implements tier.Tier; it is 0 while the store is cut off.
+func (g *Guarded) PrefixContains(keys []chunk.Key) int {
+	if len(keys) == 0 {
+		return 0
+	}
+	c, err := g.begin(opPrefix)
+	if err != nil {
+		return 0
+	}
+	c.keys = append(c.keys[:0], keys...)
+	if g.run(nil, c) != nil {
+		return 0
+	}
+	n := c.n
+	g.finish(c, outcomeIf(n > 0))
+	return n
+}
+
+// Size implements tier.Tier; it reports not-found while the store is cut
+// off.
+func (g *Guarded) Size(key chunk.Key) (int, bool) {
+	c, err := g.begin(opSize)
+	if err != nil {
+		return 0, false
+	}
+	c.key = key
+	if g.run(nil, c) != nil {
+		return 0, false
+	}
+	n, ok := c.n, c.ok
+	g.finish(c, outcomeIf(ok))
+	return n, ok
+}
+
+// Get implements tier.Tier.
+func (g *Guarded) Get(ctx context.Context, key chunk.Key, dst []byte) (int, error) {
+	c, err := g.begin(opGet)
+	if err != nil {
+		return 0, err
+	}
+	c.key = key
+	c.buf = grow(c.buf, len(dst))
+	if err := g.run(ctx, c); err != nil {
+		return 0, err
+	}
+	n, err := c.n, c.err
+	if err == nil {
+		if n < 0 || n > len(c.buf) {
+			err = fmt.Errorf("remote %s: get %v: inner tier returned length %d for a %d-byte buffer", g.inner.Name(), key, n, len(c.buf))
+			n = 0
+		} else {
+			n = copy(dst, c.buf[:n])
+		}
+	}
+	g.finish(c, classify(ctx, err))
+	return n, err
+}
+
+// Put implements tier.Tier.
+func (g *Guarded) Put(ctx context.Context, key chunk.Key, data []byte) error {
+	c, err := g.begin(opPut)
+	if err != nil {
+		return err
+	}
+	c.key = key
+	c.buf = append(c.buf[:0], data...)
+	if err := g.run(ctx, c); err != nil {
+		return err
+	}
+	err = c.err
+	g.finish(c, classify(ctx, err))
+	return err
+}
+
+// Remove implements tier.Tier; it is false while the store is cut off.
+func (g *Guarded) Remove(key chunk.Key) bool {
+	c, err := g.begin(opRemove)
+	if err != nil {
+		return false
+	}
+	c.key = key
+	if g.run(nil, c) != nil {
+		return false
+	}
+	ok := c.ok
+	g.finish(c, outcomeIf(ok))
+	return ok
+}
+
+// Pin implements tier.Tier; it is 0 while the store is cut off.
+func (g *Guarded) Pin(keys []chunk.Key, ttl time.Duration) int {
+	if len(keys) == 0 {
+		return 0
+	}
+	c, err := g.begin(opPin)
+	if err != nil {
+		return 0
+	}
+	c.keys = append(c.keys[:0], keys...)
+	c.ttl = ttl
+	if g.run(nil, c) != nil {
+		return 0
+	}
+	n := c.n
+	g.finish(c, outcomeNeutral)
+	return n
+}
+
+// Close stops the health probe and closes the inner tier. Calls after Close
+// fail with tier.ErrClosed.
+func (g *Guarded) Close() error {
+	if !g.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	g.probeCancel()
+	<-g.probeDone
+	close(g.quit)
+	return g.inner.Close()
+}
+
+type op uint8
+
+const (
+	opContains op = iota
+	opPrefix
+	opSize
+	opGet
+	opPut
+	opRemove
+	opPin
+	opPing
+)
+
+var opNames = [...]string{"contains", "prefix-contains", "size", "get", "put", "remove", "pin", "ping"}
+
+func (o op) String() string { return opNames[o] }
+
+// Call ownership: the caller owns a call until run starts the inner
+// goroutine; then whoever wins the status race owns it. If the inner call
+// finishes first, the caller reads the results and returns the call to the
+// pool; if the deadline wins, the goroutine keeps it and pools it when the
+// inner call finally returns.
+const (
+	running int32 = iota
+	finished
+	abandoned
+)
+
+// call is one inner operation with its arguments, private buffers and
+// results. Calls are pooled, so the hot path allocates nothing for
+// Contains and Size.
+type call struct {
+	op     op
+	trial  bool // holds the half-open trial slot
+	ctx    context.Context
+	cancel context.CancelFunc
+	key    chunk.Key
+	keys   []chunk.Key
+	ttl    time.Duration
+	buf    []byte
+
+	n   int
+	ok  bool
+	err error
+
+	status atomic.Int32
+	done   chan struct{} // capacity 1, empty whenever the call is pooled
+	timer  *time.Timer   // deadline of calls without a context
+}
+
+type outcome uint8
+
+const (
+	outcomeNeutral outcome = iota // says nothing about the store's health
+	outcomeSuccess
+	outcomeFailure
+)
+
+func outcomeIf(answered bool) outcome {
+	if answered {
+		return outcomeSuccess
+	}
+	return outcomeNeutral
+}
+
+// classify judges a Get or Put error: answers from the store are
+// successes, the caller's own cancellation says nothing.
+func classify(ctx context.Context, err error) outcome {
+	switch {
+	case err == nil,
+		errors.Is(err, tier.ErrNotFound),
+		errors.Is(err, tier.ErrCorrupt),
+		errors.Is(err, tier.ErrTooLarge):
+		return outcomeSuccess
+	case ctx.Err() != nil:
+		return outcomeNeutral
+	}
+	return outcomeFailure
+}
+
+// begin admits a call or says why not, without touching the inner tier.
+func (g *Guarded) begin(o op) (*call, error) {
+	if g.closed.Load() {
+		return nil, tier.ErrClosed
+	}
+	trial := false
+	switch State(g.state.Load()) {
+	case StateOpen:
+		g.fastFails.Add(1)
+		return nil, g.errOpen
+	case StateHalfOpen:
+		if !g.trial.CompareAndSwap(false, true) {
+			g.fastFails.Add(1)
+			return nil, g.errOpen
+		}
+		trial = true
+	}
+	if g.abandoned.Load() >= int64(g.o.MaxAbandoned) {
+		if trial {
+			g.trial.Store(false)
+		}
+		g.fastFails.Add(1)
+		return nil, g.errHung
+	}
+	c := g.calls.Get().(*call)
+	c.op, c.trial = o, trial
+	return c, nil
+}
+
+// run executes c on its own goroutine and waits for it, the deadline, or
+// parent's cancellation (parent is nil for operations without a context).
+// On a nil return the caller owns c and must pass it to finish; otherwise c
+// is abandoned to its goroutine.
+func (g *Guarded) run(parent context.Context, c *call) error {
+	var ctxDone <-chan struct{}
+	var timerC <-chan time.Time
+	if parent != nil {
+		c.ctx, c.cancel = context.WithTimeout(parent, g.o.Timeout)
+		ctxDone = c.ctx.Done()
+	} else {
+		c.timer.Reset(g.o.Timeout)
+		timerC = c.timer.C
+	}
+	o, trial := c.op, c.trial // c belongs to the goroutine once abandoned
+	c.status.Store(running)
+	g.dispatch(c)
+	select {
+	case <-c.done:
+		return nil
+	case <-ctxDone:
+	case <-timerC:
+	}
+	if !c.status.CompareAndSwap(running, abandoned) {
+		<-c.done // finished just now: the results are valid
+		return nil
+	}
+	g.abandoned.Add(1)
+	if trial {
+		g.trial.Store(false)
+	}
+	if parent != nil && parent.Err() != nil {
+		return fmt.Errorf("remote %s: %s: %w", g.inner.Name(), o, parent.Err())
+	}
+	g.timeouts.Add(1)
+	g.recordFailure()
+	return fmt.Errorf("%w: %s %s: no answer within %v: %w",
+		ErrUnavailable, g.inner.Name(), o, g.o.Timeout, context.DeadlineExceeded)
+}
+
+// workerIdle is how long a worker waits for the next call before exiting.
+const workerIdle = 10 * time.Second
+
+// dispatch runs c on an idle worker, or on a new one if none is idle.
+// Reusing workers spares the hot path a goroutine start and the closure
+// allocation a go statement with arguments costs.
+func (g *Guarded) dispatch(c *call) {
+	select {
+	case g.work <- c:
+	default:
+		go g.worker(c)
+	}
+}
+
+// worker runs calls until it has been idle for workerIdle or the tier is
+// closed. A worker stuck in a hung inner call is what MaxAbandoned counts.
+func (g *Guarded) worker(c *call) {
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		g.exec(c)
+		idle.Reset(workerIdle)
+		select {
+		case c = <-g.work:
+		case <-idle.C:
+			return
+		case <-g.quit:
+			return
+		}
+	}
+}
+
+// exec runs on a worker.
+func (g *Guarded) exec(c *call) {
+	switch c.op {
+	case opContains:
+		c.ok = g.inner.Contains(c.key)
+	case opPrefix:
+		c.n = g.inner.PrefixContains(c.keys)
+	case opSize:
+		c.n, c.ok = g.inner.Size(c.key)
+	case opGet:
+		c.n, c.err = g.inner.Get(c.ctx, c.key, c.buf)
+	case opPut:
+		c.err = g.inner.Put(c.ctx, c.key, c.buf)
+	case opRemove:
+		c.ok = g.inner.Remove(c.key)
+	case opPin:
+		c.n = g.inner.Pin(c.keys, c.ttl)
+	case opPing:
+		c.err = g.ping.Ping(c.ctx)
+	}
+	if c.status.CompareAndSwap(running, finished) {
+		c.done <- struct{}{}
+		return
+	}
+	g.abandoned.Add(-1)
+	g.recycle(c)
+}
+
+// finish records a completed call's outcome and pools it.
+func (g *Guarded) finish(c *call, o outcome) {
+	if c.trial {
+		g.trial.Store(false)
+	}
+	switch o {
+	case outcomeSuccess:
+		g.recordSuccess()
+	case outcomeFailure:
+		g.recordFailure()
+	}
+	g.recycle(c)
+}
+
+func (g *Guarded) recycle(c *call) {
+	c.timer.Stop()
+	if c.cancel != nil {
+		c.cancel()
+	}
+	c.ctx, c.cancel, c.err = nil, nil, nil
+	c.n, c.ok, c.trial = 0, false, false
+	g.calls.Put(c)
+}
+
+func (g *Guarded) recordSuccess() {
+	if g.consecutive.Load() != 0 {
+		g.consecutive.Store(0)
+	}
+	if State(g.state.Load()) == StateHalfOpen {
+		g.transition(StateHalfOpen, StateClosed, "store answered a trial call")
+	}
+}
+
+func (g *Guarded) recordFailure() {
+	g.failures.Add(1)
+	n := g.consecutive.Add(1)
+	switch State(g.state.Load()) {
+	case StateHalfOpen:
+		g.transition(StateHalfOpen, StateOpen, "trial call failed")
+	case StateClosed:
+		if int(n) >= g.o.Threshold {
+			g.transition(StateClosed, StateOpen, "consecutive failures")
+		}
+	}
+}
+
+// transition moves from one state to another unless another goroutine got
+// there first, and logs the moves that operators care about.
+func (g *Guarded) transition(from, to State, why string) {
+	if !g.state.CompareAndSwap(int32(from), int32(to)) {
+		return
+	}
+	switch to {
+	case StateOpen:
+		g.opens.Add(1)
+		g.o.Logger.Warn("remote tier cut off", "tier", g.inner.Name(), "reason", why,
+			"consecutive_failures", g.consecutive.Load())
+	case StateClosed:
+		g.consecutive.Store(0)
+		g.o.Logger.Info("remote tier back", "tier", g.inner.Name(), "reason", why)
+	}
+}
+
+// probeLoop checks the store every ProbeInterval while the circuit is not
+// closed.
+func (g *Guarded) probeLoop() {
+	defer close(g.probeDone)
+	tick := time.NewTicker(g.o.ProbeInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-g.probeCtx.Done():
+			return
+		case <-tick.C:
+		}
+		if State(g.state.Load()) != StateClosed {
+			g.probe()
+		}
+	}
+}
+
+// probe asks the store whether it is back: Ping if the tier has one, else a
+// Contains of a random key, which only has to answer within the deadline.
+// A success half-opens an open circuit and closes a half-open one.
+func (g *Guarded) probe() {
+	if g.abandoned.Load() >= int64(g.o.MaxAbandoned) {
+		g.probeFail.Add(1)
+		return
+	}
+	c := g.calls.Get().(*call)
+	var parent context.Context
+	if g.ping != nil {
+		c.op, parent = opPing, g.probeCtx
+	} else {
+		c.op = opContains
+		c.key = chunk.Key{Scope: rand.Uint64()}
+		binary.LittleEndian.PutUint64(c.key.Hash[:8], rand.Uint64())
+		binary.LittleEndian.PutUint64(c.key.Hash[8:], rand.Uint64())
+	}
+	if err := g.run(parent, c); err != nil {
+		g.probeFail.Add(1)
+		return
+	}
+	err := c.err
+	g.recycle(c)
+	if err != nil {
+		g.probeFail.Add(1)
+		g.transition(StateHalfOpen, StateOpen, "probe failed")
+		return
+	}
+	g.probeOK.Add(1)
+	if !g.state.CompareAndSwap(int32(StateOpen), int32(StateHalfOpen)) {
+		g.transition(StateHalfOpen, StateClosed, "probe succeeded twice")
+	} else {
+		g.o.Logger.Info("remote tier answers probe", "tier", g.inner.Name())
+	}
+}
+
+// grow returns b resized to n bytes, reusing its array when it is big
+// enough.
+func grow(b []byte, n int) []byte {
+	if cap(b) < n {
+		return make([]byte, n)
+	}
+	return b[:n]
+}
