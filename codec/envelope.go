@@ -20,7 +20,8 @@ import (
 //	     4    1 version (1)
 //	     5    1 codec ID
 //	     6    2 reserved, zero
-//	     8   32 kvformat spec header (kvformat.HeaderSize bytes, own CRC)
+//	     8   32 kvformat spec header (kvformat.HeaderSize bytes, own CRC),
+//	            or 32 zero bytes for an opaque object (see below)
 //	    40    4 raw length: bytes of the decoded chunk, uint32
 //	    44    4 payload length: bytes after the header, uint32
 //	    48    8 xxh3-64 of the payload
@@ -35,6 +36,12 @@ import (
 // not know as foreign, so a later version can give them a meaning; they
 // check the header checksum before believing any length, and the payload
 // checksum before decoding.
+//
+// An opaque object carries no spec: its spec bytes are zero and its codec
+// is lossless. Stores use it for chunks whose layout the writer does not
+// know (a scope registered without a full format tag, or a chunk relayed
+// by another daemon); the bytes still get the codec, lengths and
+// checksums, only not the description.
 const HeaderSize = 64
 
 const (
@@ -62,16 +69,31 @@ type Info struct {
 // ObjectLen is the length of the whole sealed object.
 func (i Info) ObjectLen() int { return HeaderSize + i.PayloadLen }
 
-// Tokens is the number of tokens in the decoded chunk.
-func (i Info) Tokens() int { return i.RawLen / i.Spec.BytesPerToken() }
+// Opaque reports whether the object carries no spec.
+func (i Info) Opaque() bool { return i.Spec == kvformat.Spec{} }
+
+// Tokens is the number of tokens in the decoded chunk, 0 for an opaque
+// object.
+func (i Info) Tokens() int {
+	if i.Opaque() {
+		return 0
+	}
+	return i.RawLen / i.Spec.BytesPerToken()
+}
 
 // Seal appends a sealed object holding chunk, encoded with c, to dst and
 // returns the extended slice. chunk must be a whole chunk of spec: between
 // 1 and spec.ChunkTokens tokens. On error dst is returned unchanged (its
 // spare capacity may have been written).
 func Seal(dst []byte, c Codec, spec kvformat.Spec, chunk []byte) ([]byte, error) {
-	if _, err := spec.TokensIn(len(chunk)); err != nil {
-		return dst, fmt.Errorf("codec: seal: %w", err)
+	opaque := spec == kvformat.Spec{}
+	switch {
+	case opaque && !c.Lossless():
+		return dst, fmt.Errorf("%w: %s needs the chunk's spec; an opaque object takes a lossless codec", ErrUnsupported, c.Name())
+	case !opaque:
+		if _, err := spec.TokensIn(len(chunk)); err != nil {
+			return dst, fmt.Errorf("codec: seal: %w", err)
+		}
 	}
 	if len(chunk) > MaxRawLen {
 		return dst, fmt.Errorf("%w: chunk of %d bytes exceeds MaxRawLen %d", ErrUnsupported, len(chunk), MaxRawLen)
@@ -80,8 +102,10 @@ func Seal(dst []byte, c Codec, spec kvformat.Spec, chunk []byte) ([]byte, error)
 	copy(h[:], magic)
 	h[4] = formatVersion
 	h[5] = byte(c.ID())
-	if _, err := spec.AppendBinary(h[specOffset:specOffset]); err != nil {
-		return dst, fmt.Errorf("codec: seal: %w", err)
+	if !opaque {
+		if _, err := spec.AppendBinary(h[specOffset:specOffset]); err != nil {
+			return dst, fmt.Errorf("codec: seal: %w", err)
+		}
 	}
 
 	start := len(dst)
@@ -126,10 +150,16 @@ func PeekInfo(obj []byte) (Info, error) {
 		return Info{}, fmt.Errorf("%w: reserved header bytes %#x %#x are not zero", ErrForeign, h[6], h[7])
 	}
 	var spec kvformat.Spec
-	if err := spec.UnmarshalBinary(h[specOffset:rawLenOffset]); err != nil {
-		// The header checksum held, so the writer meant these bytes:
-		// a spec we cannot read comes from another kvformat version.
-		return Info{}, fmt.Errorf("%w: %w", ErrForeign, err)
+	opaque := bytes.Count(h[specOffset:rawLenOffset], []byte{0}) == kvformat.HeaderSize
+	if opaque && !c.Lossless() {
+		return Info{}, fmt.Errorf("%w: opaque object with lossy codec %s", ErrCorrupt, c.Name())
+	}
+	if !opaque {
+		if err := spec.UnmarshalBinary(h[specOffset:rawLenOffset]); err != nil {
+			// The header checksum held, so the writer meant these bytes:
+			// a spec we cannot read comes from another kvformat version.
+			return Info{}, fmt.Errorf("%w: %w", ErrForeign, err)
+		}
 	}
 	info := Info{
 		Codec:      c,
@@ -140,8 +170,10 @@ func PeekInfo(obj []byte) (Info, error) {
 	if info.RawLen > MaxRawLen {
 		return Info{}, fmt.Errorf("%w: raw length %d exceeds MaxRawLen %d", ErrCorrupt, info.RawLen, MaxRawLen)
 	}
-	if _, err := spec.TokensIn(info.RawLen); err != nil {
-		return Info{}, fmt.Errorf("%w: raw length: %w", ErrCorrupt, err)
+	if !opaque {
+		if _, err := spec.TokensIn(info.RawLen); err != nil {
+			return Info{}, fmt.Errorf("%w: raw length: %w", ErrCorrupt, err)
+		}
 	}
 	return info, nil
 }

@@ -137,7 +137,9 @@ func TestSealRejects(t *testing.T) {
 			t.Errorf("%s: Seal = %q, %v; want an error and dst unchanged", name, out, err)
 		}
 	}
-	if _, err := Seal(nil, raw, kvformat.Spec{}, chunk); !errors.Is(err, kvformat.ErrSpec) {
+	half := spec
+	half.HeadDim = 0 // neither a valid spec nor the zero (opaque) one
+	if _, err := Seal(nil, raw, half, chunk); !errors.Is(err, kvformat.ErrSpec) {
 		t.Errorf("invalid spec: error %v, want kvformat.ErrSpec", err)
 	}
 }

@@ -35,7 +35,7 @@ func Example() {
 	}
 	fmt.Println(len(back) == len(chunk))
 	// Output:
-	// int8 bfloat16/KV_2LTD 16 tokens
+	// int8 bfloat16/KV_2LTD/2x2x64 16 tokens
 	// 16384 bytes in 8768
 	// true
 }

@@ -46,11 +46,13 @@ type Config struct {
 	LocalDisk        string  `yaml:"local_disk"`
 	MaxLocalDiskSize float64 `yaml:"max_local_disk_size"`
 
-	// RemoteURL selects the remote tier by scheme, "" when disabled.
-	// RemoteSerde is the chunk encoding used there; LMCache's "naive" is
-	// loaded as "raw".
-	RemoteURL   string `yaml:"remote_url"`
-	RemoteSerde string `yaml:"remote_serde"`
+	// RemoteURL selects the remote tier by scheme, "" when disabled;
+	// several URLs separated by spaces stack several remote tiers, in
+	// order. RemoteSerde is the chunk encoding used there (LMCache's
+	// "naive" is loaded as "raw"); RemoteTimeout bounds each remote call.
+	RemoteURL     string        `yaml:"remote_url"`
+	RemoteSerde   string        `yaml:"remote_serde"`
+	RemoteTimeout time.Duration `yaml:"remote_timeout"`
 
 	// CachePolicy names the eviction policy, in upper case after loading.
 	CachePolicy string `yaml:"cache_policy"`
@@ -130,6 +132,7 @@ func defaults(getenv func(string) string, euid int) Config {
 		MaxLocalCPUSize:  5.0,
 		MaxLocalDiskSize: 0,
 		RemoteSerde:      "raw",
+		RemoteTimeout:    2 * time.Second,
 		CachePolicy:      "LRU",
 		DataDir:          defaultDataDir(getenv, euid),
 		AdminAddr:        "127.0.0.1:7480",
@@ -143,6 +146,9 @@ func defaults(getenv func(string) string, euid int) Config {
 		LogLevel:         "info",
 	}
 }
+
+// RemoteURLs returns the remote tiers' URLs, in order.
+func (c Config) RemoteURLs() []string { return strings.Fields(c.RemoteURL) }
 
 // defaultSocketPath is /run/kvtier/kvtier.sock for root, else
 // kvtier.sock in $XDG_RUNTIME_DIR, else /tmp/kvtier-<uid>.sock.

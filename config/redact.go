@@ -12,7 +12,13 @@ const redacted = "REDACTED"
 // password of its userinfo, a bare userinfo token, secret-looking query
 // parameters), tcp_token, and secret-looking extra_config entries read REDACTED.
 func (c Config) Redacted() Config {
-	c.RemoteURL = redactURL(c.RemoteURL)
+	urls := c.RemoteURLs()
+	for i, u := range urls {
+		urls[i] = redactURL(u)
+	}
+	if len(urls) > 0 {
+		c.RemoteURL = strings.Join(urls, " ")
+	}
 	if c.TCPToken != "" {
 		c.TCPToken = redacted
 	}

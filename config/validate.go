@@ -44,10 +44,13 @@ func (c Config) Validate() error {
 	if err := checkGiB(c.MaxLocalDiskSize, c.LocalDisk != "", "local_disk is set"); err != nil {
 		bad("max_local_disk_size", "%w", err)
 	}
-	if c.RemoteURL != "" {
-		if err := checkURL(c.RemoteURL); err != nil {
+	for _, u := range c.RemoteURLs() {
+		if err := checkURL(u); err != nil {
 			bad("remote_url", "%w", err)
 		}
+	}
+	if c.RemoteTimeout <= 0 {
+		bad("remote_timeout", "want a positive duration, got %v", c.RemoteTimeout)
 	}
 	switch {
 	case c.RemoteSerde == "cachegen":

@@ -15,9 +15,6 @@ func OptionsFromConfig(c config.Config, log *slog.Logger) (Options, error) {
 	if !c.LocalCPU {
 		return Options{}, fmt.Errorf("engine: local_cpu: false is not supported: the RAM tier also stages every transfer")
 	}
-	if c.RemoteURL != "" {
-		return Options{}, fmt.Errorf("engine: remote_url: remote tiers are not available in this release")
-	}
 	mode, err := directMode(c.DiskDirectIO)
 	if err != nil {
 		return Options{}, err
@@ -38,6 +35,9 @@ func OptionsFromConfig(c config.Config, log *slog.Logger) (Options, error) {
 		DiskBytes:       int64(c.LocalDiskBytes()),
 		DiskDirectIO:    mode,
 		DiskSegmentSize: int64(c.DiskSegmentSize),
+		RemoteURLs:      c.RemoteURLs(),
+		RemoteCodec:     remoteCodec(c.RemoteSerde),
+		RemoteTimeout:   c.RemoteTimeout,
 		Tier:            tier.Options{QueueDepth: c.WriteQueueDepth, WriteWait: wait},
 		Logger:          log,
 	}, nil
@@ -54,4 +54,12 @@ func directMode(s string) (disk.DirectMode, error) {
 		return disk.DirectOff, nil
 	}
 	return 0, fmt.Errorf("engine: disk_direct_io %q: want auto, on or off", s)
+}
+
+// remoteCodec maps remote_serde to a codec name: LMCache's "naive" is raw.
+func remoteCodec(serde string) string {
+	if serde == "naive" || serde == "" {
+		return "raw"
+	}
+	return serde
 }

@@ -3,6 +3,7 @@ package engine_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"kvtier/config"
 	"kvtier/engine"
@@ -38,8 +39,7 @@ func TestOptionsFromConfig(t *testing.T) {
 	}
 
 	for yaml, want := range map[string]string{
-		"local_cpu: false\n":           "local_cpu",
-		"remote_url: redis://h:6379\n": "remote_url",
+		"local_cpu: false\n": "local_cpu",
 	} {
 		c, err := config.Parse([]byte(yaml), "test.yaml")
 		if err != nil {
@@ -48,5 +48,19 @@ func TestOptionsFromConfig(t *testing.T) {
 		if _, err := engine.OptionsFromConfig(c, nil); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: error %v, want one naming %s", yaml, err, want)
 		}
+	}
+}
+
+func TestOptionsFromConfigRemote(t *testing.T) {
+	c, err := config.Parse([]byte("remote_url: 'redis://h:6379  fs:///srv/kv'\nremote_serde: naive\nremote_timeout: 3s\n"), "test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := engine.OptionsFromConfig(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(o.RemoteURLs) != 2 || o.RemoteURLs[1] != "fs:///srv/kv" || o.RemoteCodec != "raw" || o.RemoteTimeout != 3*time.Second {
+		t.Errorf("remote options %q %q %v", o.RemoteURLs, o.RemoteCodec, o.RemoteTimeout)
 	}
 }

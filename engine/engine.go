@@ -49,6 +49,8 @@ type Engine struct {
 	chunkers map[chunk.Scope]*chunk.Chunker
 
 	keyPool sync.Pool // *[]chunk.Key
+
+	specs *scopeSpecs // chunk formats by scope, for remote codecs; nil without Open
 }
 
 // New returns an engine over mgr that cuts prompts into chunks of
@@ -88,6 +90,9 @@ func (e *Engine) Chunker(scope chunk.Scope) (*chunk.Chunker, error) {
 	c, err := chunk.NewChunker(scope, e.chunkSize, e.saveUnfull)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
+	}
+	if e.specs != nil {
+		e.specs.note(c.Scope(), scope.Format)
 	}
 	e.mu.Lock()
 	if prev, ok := e.chunkers[scope]; ok {

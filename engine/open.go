@@ -1,14 +1,23 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
 
 	"kvtier/arena"
+	"kvtier/codec"
+	"kvtier/kvformat"
 	"kvtier/tier"
+	_ "kvtier/tier/backends" // every remote scheme
 	"kvtier/tier/disk"
 	"kvtier/tier/mem"
+	"kvtier/tier/remote"
 )
 
 // Options describe a whole local hierarchy: the RAM tier's arena and
@@ -28,6 +37,15 @@ type Options struct {
 	DiskDirectIO    disk.DirectMode
 	DiskSegmentSize int64
 	DiskSync        disk.SyncMode
+
+	// RemoteURLs are remote tiers below the disk tier, in order (see
+	// package remote for the schemes). Each is guarded by a circuit
+	// breaker and stores sealed objects encoded with RemoteCodec (a
+	// codec name; "" is raw). RemoteTimeout bounds each remote call
+	// (default 2 s).
+	RemoteURLs    []string
+	RemoteCodec   string
+	RemoteTimeout time.Duration
 
 	Tier   tier.Options
 	Logger *slog.Logger
@@ -61,18 +79,25 @@ func Open(o Options) (*Engine, error) {
 		}
 		lower = append(lower, d)
 	}
+	specs := &scopeSpecs{chunkTokens: o.ChunkSize}
+	remotes, err := openRemotes(o, specs.get)
+	if err != nil {
+		closeTiers(lower)
+		a.Close()
+		return nil, err
+	}
+	lower = append(lower, remotes...)
 	o.Tier.Logger = o.Logger
 	mgr, err := tier.NewManager(ram, lower, o.Tier)
 	if err != nil {
-		for _, t := range lower {
-			t.Close()
-		}
+		closeTiers(lower)
 		a.Close()
 		return nil, err
 	}
 	e, err := New(mgr, o.ChunkSize, o.SaveUnfull, o.Logger)
 	if err == nil {
 		e.namespace = o.Namespace
+		e.specs = specs
 	}
 	if err != nil {
 		mgr.Close()
@@ -90,4 +115,83 @@ func (e *Engine) closeAll() error {
 		err = errors.Join(err, e.arena.Close())
 	}
 	return err
+}
+
+func closeTiers(ts []tier.Tier) {
+	for _, t := range ts {
+		t.Close()
+	}
+}
+
+// openRemotes opens each remote URL, guarded by a circuit breaker and
+// sealing objects with the configured codec. Names are the URL schemes,
+// numbered when a scheme repeats ("redis", "redis-2"), so metrics keep one
+// series per tier.
+func openRemotes(o Options, specOf remote.SpecFunc) ([]tier.Tier, error) {
+	if len(o.RemoteURLs) == 0 {
+		return nil, nil
+	}
+	c, err := codec.Lookup(cmpOr(o.RemoteCodec, "raw"))
+	if err != nil {
+		return nil, fmt.Errorf("engine: remote codec: %w", err)
+	}
+	timeout := o.RemoteTimeout
+	if timeout <= 0 {
+		timeout = remote.DefaultTimeout
+	}
+	var out []tier.Tier
+	seen := map[string]int{}
+	for _, raw := range o.RemoteURLs {
+		ctx, cancel := context.WithTimeout(context.Background(), 4*timeout)
+		t, err := remote.Open(ctx, raw, remote.Options{Logger: o.Logger, Timeout: timeout})
+		cancel()
+		if err != nil {
+			closeTiers(out)
+			return nil, fmt.Errorf("engine: remote tier %s: %w", remote.Redact(raw), err)
+		}
+		name := schemeOf(raw)
+		if seen[name]++; seen[name] > 1 {
+			name = fmt.Sprintf("%s-%d", name, seen[name])
+		}
+		g := remote.Guard(t, remote.GuardOptions{Timeout: timeout, Logger: o.Logger.With("tier", name)})
+		out = append(out, remote.Encode(g, name, c, specOf))
+		o.Logger.Info("remote tier open", "tier", name, "url", remote.Redact(raw), "codec", c.Name())
+	}
+	return out, nil
+}
+
+func schemeOf(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme == "" {
+		return "remote"
+	}
+	scheme, _, _ := strings.Cut(strings.ToLower(u.Scheme), "+")
+	return scheme
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// scopeSpecs remembers the chunk format of each scope whose Format is a
+// full tag (kvformat.ParseTag), for the codecs of remote tiers.
+type scopeSpecs struct {
+	chunkTokens int
+	m           sync.Map // uint64 → kvformat.Spec
+}
+
+func (s *scopeSpecs) note(id uint64, format string) {
+	if spec, err := kvformat.ParseTag(format, s.chunkTokens); err == nil {
+		s.m.Store(id, spec)
+	}
+}
+
+func (s *scopeSpecs) get(id uint64) kvformat.Spec {
+	if v, ok := s.m.Load(id); ok {
+		return v.(kvformat.Spec)
+	}
+	return kvformat.Spec{}
 }

@@ -215,10 +215,6 @@ func (s Spec) Dims(tokens int) [4]int {
 	return [4]int{2, s.Layers, tokens, hidden}
 }
 
-// Tag returns "dtype/layout", e.g. "bfloat16/KV_2LTD": the form chunk.Scope
-// expects in its Format field.
-func (s Spec) Tag() string { return s.DType.String() + "/" + s.Layout.String() }
-
 // String describes the whole spec for logs and errors.
 func (s Spec) String() string {
 	return fmt.Sprintf("%v %v layers=%d kv_heads=%d head_dim=%d chunk_tokens=%d",

@@ -26,7 +26,7 @@ func TestSpecSizes(t *testing.T) {
 	if got := mla.BytesPerToken(); got != 61*576*2 {
 		t.Errorf("MLA BytesPerToken = %d, want %d", got, 61*576*2)
 	}
-	if got := s.Tag(); got != "bfloat16/KV_2LTD" {
+	if got := s.Tag(); got != "bfloat16/KV_2LTD/32x8x128" {
 		t.Errorf("Tag = %q", got)
 	}
 	if got := s.String(); !strings.Contains(got, "KV_2LTD") || !strings.Contains(got, "layers=32") {

@@ -5,6 +5,7 @@ import (
 
 	"kvtier/arena"
 	"kvtier/tier"
+	"kvtier/tier/remote"
 )
 
 // metric is one kvtier metric family and how to read its value from a
@@ -56,6 +57,13 @@ var (
 		newMetric("arena_free_runs", "Runs the arena's free space is split into (fragmentation).", gauge, func(a arena.Stats) float64 { return float64(a.FreeRuns) }),
 		newMetric("arena_largest_free_bytes", "Longest free run of the arena.", gauge, func(a arena.Stats) float64 { return float64(a.LargestFree) }),
 	}
+	remoteMetrics = []metric[remote.Health]{
+		newMetric("remote_circuit_state", "Circuit breaker of the remote tier: 0 closed (serving), 1 open (failing fast), 2 half-open (trying).", gauge, func(h remote.Health) float64 { return float64(h.State) }, "tier"),
+		newMetric("remote_circuit_opens_total", "Times the remote tier's circuit opened.", counter, func(h remote.Health) float64 { return float64(h.Opens) }, "tier"),
+		newMetric("remote_fast_fails_total", "Calls refused at once because the circuit was open.", counter, func(h remote.Health) float64 { return float64(h.FastFails) }, "tier"),
+		newMetric("remote_failures_total", "Calls to the remote store that failed, timeouts included.", counter, func(h remote.Health) float64 { return float64(h.Failures) }, "tier"),
+		newMetric("remote_timeouts_total", "Calls to the remote store that missed remote_timeout.", counter, func(h remote.Health) float64 { return float64(h.Timeouts) }, "tier"),
+	}
 	promotedDesc = prometheus.NewDesc("kvtier_promoted_total", "Chunks promoted from lower tiers into RAM.", nil, nil)
 )
 
@@ -70,6 +78,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	describe(ch, tierMetrics)
 	describe(ch, queueMetrics)
 	describe(ch, arenaMetrics)
+	describe(ch, remoteMetrics)
 	ch <- promotedDesc
 }
 
@@ -83,6 +92,11 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		collect(ch, queueMetrics, q, q.Tier)
 	}
 	collect(ch, arenaMetrics, c.mgr.RAM().Arena().Stats())
+	for _, t := range c.mgr.Tiers() {
+		if g := guardOf(t); g != nil {
+			collect(ch, remoteMetrics, g.Health(), t.Name())
+		}
+	}
 	ch <- prometheus.MustNewConstMetric(promotedDesc, counter, float64(c.mgr.Promoted()))
 }
 
@@ -96,5 +110,19 @@ func describe[S any](ch chan<- *prometheus.Desc, ms []metric[S]) {
 func collect[S any](ch chan<- prometheus.Metric, ms []metric[S], s S, labels ...string) {
 	for _, m := range ms {
 		ch <- prometheus.MustNewConstMetric(m.desc, m.kind, m.value(s), labels...)
+	}
+}
+
+// guardOf returns the circuit breaker of a remote tier, if t is one.
+func guardOf(t tier.Tier) *remote.Guarded {
+	for {
+		switch x := t.(type) {
+		case *remote.Guarded:
+			return x
+		case *remote.Encoded:
+			t = x.Inner()
+		default:
+			return nil
+		}
 	}
 }

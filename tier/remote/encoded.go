@@ -1,0 +1,245 @@
+package remote
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"kvtier/chunk"
+	"kvtier/codec"
+	"kvtier/kvformat"
+	"kvtier/tier"
+)
+
+// SpecFunc returns the chunk format of a scope, or the zero Spec when it
+// is not known (the object is then stored opaque, see codec.Seal).
+type SpecFunc func(scope uint64) kvformat.Spec
+
+// Encoded stores every object of a remote tier as a sealed codec envelope
+// (package codec): a header naming format, codec and lengths, and
+// checksums of header and payload. Whatever a shared store hands back —
+// a torn write, another program's value, another version's object — is
+// checked before it reaches RAM: a bad object is a miss and a count
+// (Stats().Corrupt), never wrong KV.
+//
+// The manager asks a tier for an object's size before reading it. With the
+// raw codec the decoded size is the stored size minus the header, so Size
+// is the store's own; with any other codec the header must be read, so
+// Size fetches the object and keeps it for the Get that follows.
+type Encoded struct {
+	inner    tier.Tier
+	name     string
+	codec    codec.Codec
+	fallback codec.Codec // for chunks of unknown format when codec is lossy
+	specOf   SpecFunc
+
+	bufs sync.Pool // *[]byte sealed-object buffers
+
+	mu      sync.Mutex
+	fetched []fetchedObject // objects read by Size, waiting for Get
+
+	corrupt atomic.Uint64
+}
+
+type fetchedObject struct {
+	key chunk.Key
+	obj []byte
+	raw int
+}
+
+// maxFetched bounds the objects Size keeps for Get: the manager reads a
+// handful of chunks at a time (tier.Options.FetchParallel).
+const maxFetched = 8
+
+// Encode wraps inner. name is the tier's name in stats and metrics; c is
+// the codec for chunks whose format specOf knows (nil: raw).
+func Encode(inner tier.Tier, name string, c codec.Codec, specOf SpecFunc) *Encoded {
+	raw, _ := codec.Lookup("raw")
+	if c == nil {
+		c = raw
+	}
+	if specOf == nil {
+		specOf = func(uint64) kvformat.Spec { return kvformat.Spec{} }
+	}
+	return &Encoded{inner: inner, name: name, codec: c, fallback: raw, specOf: specOf}
+}
+
+// Inner returns the wrapped tier.
+func (e *Encoded) Inner() tier.Tier { return e.inner }
+
+// Name implements tier.Tier.
+func (e *Encoded) Name() string { return e.name }
+
+// Contains implements tier.Tier.
+func (e *Encoded) Contains(k chunk.Key) bool { return e.inner.Contains(k) }
+
+// PrefixContains implements tier.Tier.
+func (e *Encoded) PrefixContains(keys []chunk.Key) int { return e.inner.PrefixContains(keys) }
+
+// Put implements tier.Tier: it seals data and stores the envelope.
+func (e *Encoded) Put(ctx context.Context, k chunk.Key, data []byte) error {
+	spec := e.specOf(k.Scope)
+	c := e.codec
+	if spec == (kvformat.Spec{}) && !c.Lossless() {
+		c = e.fallback
+	}
+	bp := e.buf(codec.HeaderSize + len(data) + len(data)/8)
+	defer e.bufs.Put(bp)
+	obj, err := codec.Seal((*bp)[:0], c, spec, data)
+	if err != nil {
+		// The format said one thing and the bytes another: keep the
+		// chunk, without a description.
+		if obj, err = codec.Seal((*bp)[:0], e.fallback, kvformat.Spec{}, data); err != nil {
+			return fmt.Errorf("%s: %w", e.name, err)
+		}
+	}
+	*bp = obj
+	return e.inner.Put(ctx, k, obj)
+}
+
+func (e *Encoded) buf(n int) *[]byte {
+	bp, _ := e.bufs.Get().(*[]byte)
+	if bp == nil {
+		bp = new([]byte)
+	}
+	if cap(*bp) < n {
+		*bp = make([]byte, 0, n)
+	}
+	return bp
+}
+
+// Size implements tier.Tier. It returns the decoded size.
+func (e *Encoded) Size(k chunk.Key) (int, bool) {
+	if raw, ok := e.peekFetched(k); ok {
+		return raw, true
+	}
+	n, ok := e.inner.Size(k)
+	if !ok || n < codec.HeaderSize {
+		return 0, false
+	}
+	if e.codec.ID() == codec.IDRaw {
+		return n - codec.HeaderSize, true
+	}
+	obj, info, err := e.fetch(context.Background(), k, n)
+	if err != nil {
+		return 0, false
+	}
+	e.keep(fetchedObject{key: k, obj: obj, raw: info.RawLen})
+	return info.RawLen, true
+}
+
+// fetch reads the whole sealed object of k, n bytes long, and checks its
+// header.
+func (e *Encoded) fetch(ctx context.Context, k chunk.Key, n int) ([]byte, codec.Info, error) {
+	ctx, cancel := context.WithTimeout(ctx, DefaultTimeout)
+	defer cancel()
+	obj := make([]byte, n)
+	got, err := e.inner.Get(ctx, k, obj)
+	if err != nil {
+		return nil, codec.Info{}, err
+	}
+	obj = obj[:got]
+	info, err := codec.PeekInfo(obj)
+	if err != nil {
+		e.corrupt.Add(1)
+		return nil, codec.Info{}, fmt.Errorf("%s: %v: %w", e.name, err, tier.ErrCorrupt)
+	}
+	return obj, info, nil
+}
+
+func (e *Encoded) keep(f fetchedObject) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.fetched) == maxFetched {
+		e.fetched = append(e.fetched[:0], e.fetched[1:]...)
+	}
+	e.fetched = append(e.fetched, f)
+}
+
+func (e *Encoded) peekFetched(k chunk.Key) (int, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, f := range e.fetched {
+		if f.key == k {
+			return f.raw, true
+		}
+	}
+	return 0, false
+}
+
+func (e *Encoded) takeFetched(k chunk.Key) ([]byte, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i, f := range e.fetched {
+		if f.key == k {
+			e.fetched = append(e.fetched[:i], e.fetched[i+1:]...)
+			return f.obj, true
+		}
+	}
+	return nil, false
+}
+
+// Get implements tier.Tier: it reads the envelope, checks it and decodes
+// the chunk into dst.
+func (e *Encoded) Get(ctx context.Context, k chunk.Key, dst []byte) (int, error) {
+	obj, ok := e.takeFetched(k)
+	if !ok {
+		n, found := e.inner.Size(k)
+		if !found {
+			return 0, fmt.Errorf("%s: %v: %w", e.name, k, tier.ErrNotFound)
+		}
+		bp := e.buf(n)
+		defer e.bufs.Put(bp)
+		got, err := e.inner.Get(ctx, k, (*bp)[:n])
+		if err != nil {
+			return 0, err
+		}
+		obj = (*bp)[:got]
+	}
+	info, err := codec.PeekInfo(obj)
+	if err == nil && info.RawLen > len(dst) {
+		// Size promised less: the object changed, or another writer
+		// used another codec. Either way this read is unusable.
+		err = fmt.Errorf("chunk of %d bytes, buffer of %d", info.RawLen, len(dst))
+	}
+	if err == nil {
+		_, _, err = codec.Unseal(dst[:0], obj)
+	}
+	if err != nil {
+		e.corrupt.Add(1)
+		return 0, fmt.Errorf("%s: %v: %v: %w", e.name, k, err, tier.ErrCorrupt)
+	}
+	return info.RawLen, nil
+}
+
+// Remove implements tier.Tier.
+func (e *Encoded) Remove(k chunk.Key) bool {
+	e.takeFetched(k)
+	return e.inner.Remove(k)
+}
+
+// Pin implements tier.Tier.
+func (e *Encoded) Pin(keys []chunk.Key, ttl time.Duration) int { return e.inner.Pin(keys, ttl) }
+
+// Stats implements tier.Tier: the inner tier's, under this tier's name,
+// with the objects this layer rejected added to Corrupt.
+func (e *Encoded) Stats() tier.Stats {
+	st := e.inner.Stats()
+	st.Name = e.name
+	st.Corrupt += e.corrupt.Load()
+	return st
+}
+
+// Ping implements Pinger when the inner tier does.
+func (e *Encoded) Ping(ctx context.Context) error {
+	if p, ok := e.inner.(Pinger); ok {
+		return p.Ping(ctx)
+	}
+	return errors.New("remote: tier has no health probe")
+}
+
+// Close implements tier.Tier.
+func (e *Encoded) Close() error { return e.inner.Close() }
