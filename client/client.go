@@ -66,12 +66,13 @@ type Client struct {
 	hello wire.HelloReply
 	arena []byte // the shared arena, local connections only
 
-	mu     sync.Mutex
-	out    []byte
-	id     uint32
-	broken error
-	hdr    [wire.HeaderSize]byte
-	vec    [2][]byte
+	mu          sync.Mutex
+	setDeadline time.Time // deadline on conn when set by deadline() without a ctx deadline
+	out         []byte
+	id          uint32
+	broken      error
+	hdr         [wire.HeaderSize]byte
+	vec         [2][]byte
 
 	lookupReply wire.LookupReply
 	slots       wire.Slots
@@ -242,12 +243,22 @@ func (c *Client) Slot(s wire.Slot) ([]byte, error) {
 	return c.arena[s.Offset:end:end], nil
 }
 
+// deadline applies ctx's deadline to the connection or, without one,
+// keeps a deadline of about Options.Timeout ahead, moving it only once
+// half of it has passed (re-arming it on every small request costs more
+// than the request).
 func (c *Client) deadline(ctx context.Context) {
-	d, ok := ctx.Deadline()
-	if !ok {
-		d = time.Now().Add(c.opts.Timeout)
+	if d, ok := ctx.Deadline(); ok {
+		c.conn.SetDeadline(d)
+		c.setDeadline = time.Time{} // forget: the next call sets its own
+		return
 	}
-	c.conn.SetDeadline(d)
+	now := time.Now()
+	if c.setDeadline.Sub(now) > c.opts.Timeout/2 {
+		return
+	}
+	c.setDeadline = now.Add(c.opts.Timeout)
+	c.conn.SetDeadline(c.setDeadline)
 }
 
 // replyError checks that a reply answers (op, id) and turns a non-OK

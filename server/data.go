@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"net"
-	"time"
 
 	"kvtier/arena"
 	"kvtier/wire"
@@ -163,7 +162,7 @@ func (s *session) handleRetrieve(h wire.Header, body []byte) *requestError {
 		wire.Header{Len: uint32(len(data)), Op: h.Op, Flags: flags, ID: h.ID}.Put(s.hdr[:])
 		s.vec[0], s.vec[1] = s.hdr[:], data
 		bufs := net.Buffers(s.vec[:])
-		s.conn.SetWriteDeadline(time.Now().Add(s.svc.opts.WriteTimeout))
+		s.extendWriteDeadline()
 		if _, err := bufs.WriteTo(s.conn); err != nil {
 			return fatal(wire.StatusInternal, "writing chunk %d: %v", j, err)
 		}

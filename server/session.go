@@ -34,6 +34,8 @@ type session struct {
 	out   []byte
 	busy  atomic.Bool
 
+	writeDeadline time.Time // the deadline set on conn, see extendWriteDeadline
+
 	scopes []scopeEntry // handle h is scopes[h-1]
 
 	mu     sync.Mutex
@@ -205,7 +207,7 @@ func (s *session) handshake() error {
 	if !ok {
 		return errors.New("local session without a Unix connection")
 	}
-	s.conn.SetWriteDeadline(time.Now().Add(s.svc.opts.WriteTimeout))
+	s.extendWriteDeadline()
 	_, _, err = uc.WriteMsgUnix(s.out, unix.UnixRights(a.Fd()), nil)
 	return err
 }
@@ -220,9 +222,21 @@ func tokenMatches(want, got string) bool {
 }
 
 func (s *session) send(frame []byte) error {
-	s.conn.SetWriteDeadline(time.Now().Add(s.svc.opts.WriteTimeout))
+	s.extendWriteDeadline()
 	_, err := s.conn.Write(frame)
 	return err
+}
+
+// extendWriteDeadline keeps a write deadline of about WriteTimeout ahead,
+// moving it only once half of it has passed: arming the runtime's timer on
+// every small reply costs more than the reply itself.
+func (s *session) extendWriteDeadline() {
+	now := time.Now()
+	if s.writeDeadline.Sub(now) > s.svc.opts.WriteTimeout/2 {
+		return
+	}
+	s.writeDeadline = now.Add(s.svc.opts.WriteTimeout)
+	s.conn.SetWriteDeadline(s.writeDeadline)
 }
 
 func (s *session) replyError(op wire.Op, id uint32, e *requestError) {

@@ -1,0 +1,42 @@
+package server_test
+
+import (
+	"context"
+	"testing"
+
+	"kvtier/client"
+	"kvtier/server"
+)
+
+// BenchmarkLookupLocal measures LOOKUP round trips of a cached 4,096-token
+// prompt over the local socket from parallel clients (-cpu sets how many
+// goroutines per core; each has its own connection).
+func BenchmarkLookupLocal(b *testing.B) {
+	d := startService(b, 64<<20, server.ServiceOptions{})
+	setup := d.local(b)
+	h, _ := setup.Scope(context.Background(), pScope)
+	tokens := prompt(4096, 3)
+	n := 4096 / pChunkTokens
+	small := make([][]byte, n)
+	for i := range small {
+		small[i] = make([]byte, 64)
+	}
+	if got, err := setup.Store(context.Background(), client.Tokens(h, tokens, 0), small); got != n || err != nil {
+		b.Fatal(got, err)
+	}
+	b.ReportAllocs()
+	b.SetParallelism(2)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		c := d.local(b)
+		ctx := context.Background()
+		hc, _ := c.Scope(ctx, pScope)
+		keys := client.Tokens(hc, tokens, 0)
+		for pb.Next() {
+			hit, err := c.Lookup(ctx, keys, 0)
+			if err != nil || int(hit.Chunks) != n {
+				b.Fatal(hit, err)
+			}
+		}
+	})
+}
