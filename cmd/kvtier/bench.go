@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"kvtier/codec"
+	"kvtier/tier/remote"
 	"os"
 	"slices"
 	"time"
@@ -28,6 +30,9 @@ type benchFlags struct {
 	dir                            string
 	skipDisk                       bool
 	skipDaemon                     bool
+	skipCodecs                     bool
+	remotes                        []string
+	remoteChunks                   int
 	json                           bool
 }
 
@@ -61,7 +66,9 @@ type benchReport struct {
 	VLLMBlockTokens  int     `json:"hash_vllm_block_tokens"`
 	SGLangPageTokens int     `json:"hash_sglang_page_tokens"`
 
-	Daemon *daemonReport `json:"daemon,omitempty"`
+	Daemon *daemonReport   `json:"daemon,omitempty"`
+	Remote []*remoteReport `json:"remote,omitempty"`
+	Codecs []codec.Report  `json:"codecs,omitempty"`
 }
 
 func benchCmd() *cobra.Command {
@@ -76,7 +83,9 @@ directory, the latency of Lookup for a 32,768-token prompt, and the cost of each
 hash; then, through a daemon served in the same process, store and retrieve over
 the local protocol (shared arena) against memcpy, LOOKUPs per second from 4
 concurrent clients, and store and retrieve over the TCP protocol against a plain
-loopback TCP stream. Machines are noisy: read the ratios, not the absolute figures.`,
+loopback TCP stream; every remote-tier codec on synthetic KV of the chunk's
+shape; and, for each --remote URL, the remote tier's put and get against the
+backend's own client library on the same server. Machines are noisy: read the ratios, not the absolute figures.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			r, err := runBench(cmd.Context(), f, cmd.ErrOrStderr())
@@ -103,6 +112,9 @@ loopback TCP stream. Machines are noisy: read the ratios, not the absolute figur
 	fl.StringVar(&f.dir, "dir", ".kvtier-bench", "directory for the disk measurements (use a real disk: tmpfs refuses O_DIRECT)")
 	fl.BoolVar(&f.skipDisk, "skip-disk", false, "skip the disk measurements")
 	fl.BoolVar(&f.skipDaemon, "skip-daemon", false, "skip the measurements through the daemon's protocols")
+	fl.BoolVar(&f.skipCodecs, "skip-codecs", false, "skip the codec measurements")
+	fl.StringArrayVar(&f.remotes, "remote", nil, "also measure this remote tier URL (redis://…, s3://…) against its raw client library (repeatable)")
+	fl.IntVar(&f.remoteChunks, "remote-chunks", 8, "chunks per remote measurement")
 	fl.BoolVar(&f.json, "json", false, "print JSON")
 	return cmd
 }
@@ -153,6 +165,20 @@ func runBench(ctx context.Context, f benchFlags, progress io.Writer) (*benchRepo
 	if !f.skipDaemon {
 		if err := benchDaemon(ctx, f, r, src, dst, progress); err != nil {
 			return nil, fmt.Errorf("daemon bench: %w", err)
+		}
+	}
+	for _, u := range f.remotes {
+		fmt.Fprintf(progress, "remote tier %s ...\n", remote.Redact(u))
+		rep, err := benchRemote(ctx, u, src[0], f.remoteChunks)
+		if err != nil {
+			return nil, fmt.Errorf("remote bench: %w", err)
+		}
+		r.Remote = append(r.Remote, rep)
+	}
+	if !f.skipCodecs {
+		fmt.Fprintln(progress, "codecs ...")
+		if r.Codecs, err = benchCodecs(f, dt); err != nil {
+			return nil, err
 		}
 	}
 	return r, nil

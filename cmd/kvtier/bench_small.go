@@ -110,4 +110,5 @@ func printBench(w io.Writer, r *benchReport) {
 	if r.Daemon != nil {
 		printDaemon(w, r.Daemon)
 	}
+	printRemoteAndCodecs(w, r)
 }
