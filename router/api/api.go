@@ -188,8 +188,18 @@ func (h *Handler) respond(s *scratch) ScoreResponse {
 	}
 	candidates := s.candidates
 	if len(s.req.Pods) == 0 {
+		// Every pod serving the model; nil (every pod) while no pod's
+		// model is known, as with a static fleet of one model.
+		var known bool
+		s.candidates, known = h.pods.ServingModel(s.req.Model, s.candidates[:0])
 		candidates = nil
-	} else if len(candidates) == 0 {
+		if known {
+			candidates = s.candidates
+		}
+	} else {
+		candidates = h.sameModel(s.req.Model, candidates)
+	}
+	if candidates != nil && len(candidates) == 0 {
 		// Only unknown pods: all score 0. A non-nil empty slice would mean
 		// "score nobody" anyway, but skip hashing altogether.
 		resp.Blocks = len(s.req.Tokens) / h.hasher.BlockSize()
@@ -202,6 +212,18 @@ func (h *Handler) respond(s *scratch) ScoreResponse {
 		}
 	}
 	return resp
+}
+
+// sameModel drops from candidates the pods known to serve another model
+// (in place). Named pods of another model keep their 0 in the response.
+func (h *Handler) sameModel(model string, candidates []index.PodID) []index.PodID {
+	out := candidates[:0]
+	for _, id := range candidates {
+		if m := h.pods.Model(id); m == "" || m == model {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // score hashes s.req's tokens into s.hashes and scores candidates (nil:

@@ -329,3 +329,21 @@ func BenchmarkScore(b *testing.B) {
 		}
 	})
 }
+
+// TestScoresOnlyPodsOfTheModel: vLLM's block hashes ignore the model, so
+// a pod serving another model holds the "same" blocks; once the router
+// knows the pods' models, it scores only pods of the requested one.
+func TestScoresOnlyPodsOfTheModel(t *testing.T) {
+	f := newFixture(t, nil)
+	all := f.score(t, map[string]any{"model": "m", "tokens": f.prompt})
+	checkScores(t, all, map[string]float64{"pod-a": 8, "pod-b": 3, "pod-c": 1}, 8)
+
+	a, _ := f.pods.ID("pod-a")
+	b, _ := f.pods.ID("pod-b")
+	f.pods.SetModel(a, "other-model")
+	f.pods.SetModel(b, "m")
+	got := f.score(t, map[string]any{"model": "m", "tokens": f.prompt})
+	checkScores(t, got, map[string]float64{"pod-b": 3, "pod-c": 1}, 8) // pod-c's model is unknown: kept
+	named := f.score(t, map[string]any{"model": "m", "tokens": f.prompt, "pods": []string{"pod-a", "pod-b"}})
+	checkScores(t, named, map[string]float64{"pod-a": 0, "pod-b": 3}, 8)
+}

@@ -23,10 +23,11 @@ var ErrEmptyPodName = errors.New("index: empty pod name")
 // caller must clear a pod from every Index (Index.ClearPod) before removing
 // it here; otherwise a new pod would inherit the old one's blocks.
 type Pods struct {
-	mu    sync.RWMutex
-	ids   map[string]PodID
-	names []string // by PodID; "" marks a free id
-	free  []PodID
+	mu     sync.RWMutex
+	ids    map[string]PodID
+	names  []string // by PodID; "" marks a free id
+	models []string // by PodID: the model the pod serves, "" if unknown
+	free   []PodID
 }
 
 // NewPods returns an empty registry.
@@ -54,10 +55,11 @@ func (p *Pods) Intern(name string) (PodID, error) {
 	case len(p.free) > 0:
 		id = p.free[len(p.free)-1]
 		p.free = p.free[:len(p.free)-1]
-		p.names[id] = name
+		p.names[id], p.models[id] = name, ""
 	case len(p.names) < MaxPods:
 		id = PodID(len(p.names))
 		p.names = append(p.names, name)
+		p.models = append(p.models, "")
 	default:
 		return 0, fmt.Errorf("interning pod %q: %w", name, ErrPodsExhausted)
 	}
@@ -93,7 +95,7 @@ func (p *Pods) Remove(name string) (PodID, bool) {
 		return 0, false
 	}
 	delete(p.ids, name)
-	p.names[id] = ""
+	p.names[id], p.models[id] = "", ""
 	p.free = append(p.free, id)
 	return id, true
 }
@@ -103,4 +105,46 @@ func (p *Pods) Len() int {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	return len(p.ids)
+}
+
+// SetModel records the model pod id serves (from its KV-event topic or its
+// configuration). Scoring for a model then skips pods known to serve
+// another one: vLLM's block hashes do not include the model, so the same
+// prompt hashes alike on every model.
+func (p *Pods) SetModel(id PodID, model string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if int(id) < len(p.models) && p.names[id] != "" {
+		p.models[id] = model
+	}
+}
+
+// Model returns the model recorded for id, "" if none.
+func (p *Pods) Model(id PodID) string {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if int(id) >= len(p.models) {
+		return ""
+	}
+	return p.models[id]
+}
+
+// ServingModel appends to dst the pods that serve model, or whose model is
+// unknown, and returns the extended slice and whether any pod had a model
+// recorded at all.
+func (p *Pods) ServingModel(model string, dst []PodID) ([]PodID, bool) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	known := false
+	for id, name := range p.names {
+		if name == "" {
+			continue
+		}
+		m := p.models[id]
+		known = known || m != ""
+		if m == "" || m == model {
+			dst = append(dst, PodID(id))
+		}
+	}
+	return dst, known
 }

@@ -39,6 +39,7 @@ type stream struct {
 	replayed kvevents.Batch // a message fetched by replay
 	byName   map[string]podRef
 	seqs     map[seqKey]*kvevents.Sequencer
+	models   map[index.PodID]string // last model set for each pod
 }
 
 func newStream(ix *index.Index, pods *index.Pods, counters *counterSet, fallback string, replay replayFunc) *stream {
@@ -67,11 +68,21 @@ func (s *stream) pod(name string) (podRef, bool) {
 // podOf returns the pod named by topic, or the configured one when the topic
 // does not follow "kv@<pod>@<model>".
 func (s *stream) podOf(topic []byte) (podRef, bool) {
-	name, _, err := s.topics.Parse(topic)
+	name, model, err := s.topics.Parse(topic)
 	if err != nil {
-		name = s.fallback
+		return s.pod(s.fallback)
 	}
-	return s.pod(name)
+	p, ok := s.pod(name)
+	if ok && model != "" && s.models[p.id] != model {
+		// Cached per stream so the shared registry's lock is taken only
+		// when a pod's model changes, not per message.
+		if s.models == nil {
+			s.models = make(map[index.PodID]string)
+		}
+		s.models[p.id] = model
+		s.pods.SetModel(p.id, model)
+	}
+	return p, ok
 }
 
 func (s *stream) sequencer(k seqKey) *kvevents.Sequencer {

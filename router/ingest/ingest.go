@@ -51,7 +51,8 @@ import (
 type Endpoint struct {
 	// Pod names the pod when a message's topic does not; required.
 	Pod string
-	// Model is informational (the topic carries the model too).
+	// Model is the model the pod serves; scores for other models skip the
+	// pod. A topic of the form kv@<pod>@<model> overrides it.
 	Model string
 	// Address is the PUB socket, e.g. "tcp://10.0.0.7:5557"; required.
 	Address string

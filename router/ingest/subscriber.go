@@ -67,6 +67,11 @@ func (s *Subscriber) Start(ctx context.Context) error {
 			replay = s.replayer(ctx, ep.Replay)
 		}
 		st := newStream(s.ix, s.pods, &s.counters, ep.Pod, replay)
+		if ep.Model != "" {
+			if p, ok := st.pod(ep.Pod); ok {
+				s.pods.SetModel(p.id, ep.Model)
+			}
+		}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()

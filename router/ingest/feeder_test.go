@@ -1,0 +1,37 @@
+package ingest_test
+
+import (
+	"testing"
+
+	"kvtier/internal/msgpacktest"
+	"kvtier/router/index"
+	"kvtier/router/ingest"
+)
+
+// TestFeederLearnsModelsFromTopics: a kv@<pod>@<model> topic names the
+// pod's model, which scoring uses to keep models apart.
+func TestFeederLearnsModelsFromTopics(t *testing.T) {
+	ix, err := index.New(index.Config{MaxBlocks: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods := index.NewPods()
+	f := ingest.NewFeeder(ix, pods, "fallback")
+	payload, err := msgpacktest.Encode([]any{1.0, []any{[]any{"BlockStored", []uint64{1, 2}, nil, []uint32{}, 16, nil, nil}}, nil}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Handle([]byte("kv@pod-1@meta-llama/Llama-3.1-8B@v2"), 1, payload)
+	f.Handle([]byte(""), 1, payload) // vLLM's default empty topic: the fallback pod, model unknown
+	id, ok := pods.ID("pod-1")
+	if !ok || pods.Model(id) != "meta-llama/Llama-3.1-8B@v2" {
+		t.Fatalf("pod-1 model %q (registered %v)", pods.Model(id), ok)
+	}
+	fb, _ := pods.ID("fallback")
+	if pods.Model(fb) != "" {
+		t.Errorf("fallback pod got model %q", pods.Model(fb))
+	}
+	if st := f.Stats()["pod-1"]; st.BlocksAdded != 2 || st.Malformed != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}
