@@ -10,6 +10,11 @@ import (
 // payload is only valid during the call.
 type replayFunc func(start uint64, visit func(seq uint64, payload []byte)) error
 
+// MaxPodsPerEndpoint bounds the distinct pod names one endpoint's topics
+// may introduce (data-parallel ranks published under their own names
+// included); messages naming more are counted as malformed.
+const MaxPodsPerEndpoint = 256
+
 // podRef is a pod as a stream knows it: its index id and its counters.
 type podRef struct {
 	id       index.PodID
@@ -55,6 +60,11 @@ func newStream(ix *index.Index, pods *index.Pods, counters *counterSet, fallback
 func (s *stream) pod(name string) (podRef, bool) {
 	if p, ok := s.byName[name]; ok {
 		return p, true
+	}
+	if len(s.byName) >= MaxPodsPerEndpoint {
+		// Topics come from the network: a publisher must not be able to
+		// fill the registry (and the index) with made-up pods.
+		return podRef{}, false
 	}
 	id, err := s.pods.Intern(name)
 	if err != nil {

@@ -1,6 +1,7 @@
 package ingest_test
 
 import (
+	"strconv"
 	"testing"
 
 	"kvtier/internal/msgpacktest"
@@ -33,5 +34,18 @@ func TestFeederLearnsModelsFromTopics(t *testing.T) {
 	}
 	if st := f.Stats()["pod-1"]; st.BlocksAdded != 2 || st.Malformed != 0 {
 		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestTopicsCannotInventUnboundedPods(t *testing.T) {
+	ix, _ := index.New(index.Config{MaxBlocks: 1024})
+	pods := index.NewPods()
+	f := ingest.NewFeeder(ix, pods, "fallback")
+	payload, _ := msgpacktest.Encode([]any{1.0, []any{[]any{"AllBlocksCleared"}}, nil}, false)
+	for i := range ingest.MaxPodsPerEndpoint + 50 {
+		f.Handle([]byte("kv@made-up-"+strconv.Itoa(i)+"@m"), 1, payload)
+	}
+	if n := pods.Len(); n > ingest.MaxPodsPerEndpoint+1 {
+		t.Errorf("%d pods registered from one endpoint's topics", n)
 	}
 }
