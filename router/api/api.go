@@ -42,7 +42,7 @@ var ErrConfig = errors.New("api: bad config")
 
 // Config configures a Handler.
 type Config struct {
-	Index  *index.Index      // required
+	Index  index.Store       // required
 	Pods   *index.Pods       // required; names the index's pod ids
 	Hasher *chunk.VLLMHasher // required; the pods' PYTHONHASHSEED and block size
 	// Scorer scores pods; nil means index.LongestPrefix.
@@ -83,7 +83,7 @@ type errorResponse struct {
 
 // Handler serves /v1/score and /healthz. It is safe for concurrent use.
 type Handler struct {
-	ix        *index.Index
+	ix        index.Store
 	pods      *index.Pods
 	hasher    *chunk.VLLMHasher
 	scorer    index.Scorer

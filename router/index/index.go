@@ -276,6 +276,10 @@ func (ix *Index) clear(pod PodID, bits uint32) {
 	}
 }
 
+// HolderWords implements Store: it appends the holder words of h to dst
+// and marks h referenced.
+func (ix *Index) HolderWords(h uint64, dst []uint32) []uint32 { return ix.readHolders(h, dst) }
+
 // readHolders appends the holder words of h to dst and marks h referenced.
 func (ix *Index) readHolders(h uint64, dst []uint32) []uint32 {
 	sh := ix.shardOf(h)

@@ -16,7 +16,7 @@ type PodScore struct {
 // out); otherwise exactly the candidates are scored, each once, in the order
 // given, and holdings of other pods are ignored.
 type Scorer interface {
-	Score(ix *Index, hashes []uint64, candidates []PodID, dst []PodScore) []PodScore
+	Score(ix Store, hashes []uint64, candidates []PodID, dst []PodScore) []PodScore
 }
 
 // LongestPrefix scores a pod by the number of leading blocks of the prompt
@@ -25,8 +25,8 @@ type Scorer interface {
 type LongestPrefix struct{}
 
 // Score implements Scorer.
-func (LongestPrefix) Score(ix *Index, hashes []uint64, candidates []PodID, dst []PodScore) []PodScore {
-	dst, _ = ix.score(hashes, candidates, dst, modePrefix, &unitWeights)
+func (LongestPrefix) Score(ix Store, hashes []uint64, candidates []PodID, dst []PodScore) []PodScore {
+	dst, _ = score(ix, hashes, candidates, dst, modePrefix, &unitWeights)
 	return dst
 }
 
@@ -35,8 +35,8 @@ func (LongestPrefix) Score(ix *Index, hashes []uint64, candidates []PodID, dst [
 type BlockHits struct{}
 
 // Score implements Scorer.
-func (BlockHits) Score(ix *Index, hashes []uint64, candidates []PodID, dst []PodScore) []PodScore {
-	dst, _ = ix.score(hashes, candidates, dst, modeHits, &unitWeights)
+func (BlockHits) Score(ix Store, hashes []uint64, candidates []PodID, dst []PodScore) []PodScore {
+	dst, _ = score(ix, hashes, candidates, dst, modeHits, &unitWeights)
 	return dst
 }
 
@@ -45,9 +45,9 @@ func (BlockHits) Score(ix *Index, hashes []uint64, candidates []PodID, dst []Pod
 type Coverage struct{}
 
 // Score implements Scorer.
-func (Coverage) Score(ix *Index, hashes []uint64, candidates []PodID, dst []PodScore) []PodScore {
+func (Coverage) Score(ix Store, hashes []uint64, candidates []PodID, dst []PodScore) []PodScore {
 	base := len(dst)
-	dst, _ = ix.score(hashes, candidates, dst, modeHits, &unitWeights)
+	dst, _ = score(ix, hashes, candidates, dst, modeHits, &unitWeights)
 	if len(hashes) > 0 {
 		for i := base; i < len(dst); i++ {
 			dst[i].Score /= float64(len(hashes))
@@ -70,7 +70,7 @@ func DefaultTierWeights() [NumTiers]float64 {
 }
 
 // Score implements Scorer.
-func (s TierWeightedPrefix) Score(ix *Index, hashes []uint64, candidates []PodID, dst []PodScore) []PodScore {
+func (s TierWeightedPrefix) Score(ix Store, hashes []uint64, candidates []PodID, dst []PodScore) []PodScore {
 	var best [holderTierMask + 1]float64
 	for mask := 1; mask < len(best); mask++ {
 		first := true
@@ -80,7 +80,7 @@ func (s TierWeightedPrefix) Score(ix *Index, hashes []uint64, candidates []PodID
 			}
 		}
 	}
-	dst, _ = ix.score(hashes, candidates, dst, modePrefix, &best)
+	dst, _ = score(ix, hashes, candidates, dst, modePrefix, &best)
 	return dst
 }
 
@@ -101,12 +101,15 @@ var unitWeights = func() (w [holderTierMask + 1]float64) {
 
 // score walks hashes and adds, per scored pod, weight[tier mask] for each
 // counted block. It returns the extended dst and how many blocks it read.
-func (ix *Index) score(hashes []uint64, candidates []PodID, dst []PodScore, mode scoreMode,
+func score(ix Store, hashes []uint64, candidates []PodID, dst []PodScore, mode scoreMode,
 	weight *[holderTierMask + 1]float64) ([]PodScore, int) {
 	ws := workspaces.Get().(*workspace)
 	defer workspaces.Put(ws)
 
-	pods := int(ix.maxPod.Load()) + 1
+	pods := 0
+	if mem, ok := ix.(*Index); ok {
+		pods = int(mem.maxPod.Load()) + 1
+	}
 	for _, c := range candidates {
 		pods = max(pods, int(c)+1)
 	}
@@ -122,15 +125,14 @@ func (ix *Index) score(hashes []uint64, candidates []PodID, dst []PodScore, mode
 	walked := 0
 	for i, h := range hashes {
 		walked++
-		ws.words = ix.readHolders(h, ws.words[:0])
+		ws.words = ix.HolderWords(h, ws.words[:0])
 		continuing := 0
 		for _, w := range ws.words {
 			pod := holderPod(w)
 			t := ws.find(pod)
 			if t < 0 {
 				// Only a pod holding the first block can have a prefix.
-				// A pod added after the scratch was sized is skipped too.
-				if !open || (mode == modePrefix && i > 0) || int(pod) >= len(ws.stamp) {
+				if !open || (mode == modePrefix && i > 0) {
 					continue
 				}
 				t = ws.track(pod)
@@ -186,6 +188,13 @@ func (ws *workspace) find(pod PodID) int {
 }
 
 func (ws *workspace) track(pod PodID) int {
+	if int(pod) >= len(ws.stamp) {
+		// A pod newer than the scratch's sizing: grow (amortized, and the
+		// pooled workspace keeps the room for later calls).
+		n := max(int(pod)+1, 2*len(ws.stamp))
+		ws.stamp = append(ws.stamp, make([]uint32, n-len(ws.stamp))...)
+		ws.pos = append(ws.pos, make([]int32, n-len(ws.pos))...)
+	}
 	t := len(ws.count)
 	ws.stamp[pod] = ws.gen
 	ws.pos[pod] = int32(t)

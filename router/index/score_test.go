@@ -130,15 +130,15 @@ func TestLongestPrefixStopsEarly(t *testing.T) {
 	long := append(append([]uint64{}, prompt...), 6, 7, 8)
 	mustAdd(t, ix, podC, GPU, 6, 7, 8)
 	// A's prefix (3) is the longest; block 4 is the first nobody continues.
-	if _, walked := ix.score(long, nil, nil, modePrefix, &unitWeights); walked != 4 {
+	if _, walked := score(ix, long, nil, nil, modePrefix, &unitWeights); walked != 4 {
 		t.Errorf("walked %d blocks, want 4", walked)
 	}
 	// C holds no first block: nothing to walk past block 1.
-	if _, walked := ix.score(long, []PodID{podC}, nil, modePrefix, &unitWeights); walked != 1 {
+	if _, walked := score(ix, long, []PodID{podC}, nil, modePrefix, &unitWeights); walked != 1 {
 		t.Errorf("walked %d blocks with candidate C, want 1", walked)
 	}
 	// Hit counting reads everything.
-	if _, walked := ix.score(long, nil, nil, modeHits, &unitWeights); walked != len(long) {
+	if _, walked := score(ix, long, nil, nil, modeHits, &unitWeights); walked != len(long) {
 		t.Errorf("hits walked %d blocks, want %d", walked, len(long))
 	}
 }
@@ -210,5 +210,27 @@ func TestPods(t *testing.T) {
 	}
 	if _, err := ps.Intern(""); !errors.Is(err, ErrEmptyPodName) {
 		t.Errorf("Intern(\"\"): %v", err)
+	}
+}
+
+// wordsOnly is a Store that offers scorers nothing but HolderWords, as an
+// external index would; scores must equal the in-memory index's.
+type wordsOnly struct{ *Index }
+
+func (w wordsOnly) HolderWords(h uint64, dst []uint32) []uint32 { return w.Index.HolderWords(h, dst) }
+
+func TestScorersOverAnyStore(t *testing.T) {
+	ix := exampleIndex(t)
+	for _, sc := range []Scorer{LongestPrefix{}, BlockHits{}, Coverage{}, TierWeightedPrefix{Weights: DefaultTierWeights()}} {
+		want := sc.Score(ix, prompt, nil, nil)
+		got := sc.Score(wordsOnly{ix}, prompt, nil, nil)
+		if len(want) == 0 || len(got) != len(want) {
+			t.Fatalf("%T: %v vs %v", sc, got, want)
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Errorf("%T: %v vs %v", sc, got, want)
+			}
+		}
 	}
 }

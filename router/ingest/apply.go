@@ -32,7 +32,7 @@ type seqKey struct {
 // and reuses its decoder, batches and maps, so that steady-state messages
 // allocate nothing.
 type stream struct {
-	ix       *index.Index
+	ix       index.Store
 	pods     *index.Pods
 	counters *counterSet
 	fallback string // the endpoint's configured pod name
@@ -47,7 +47,7 @@ type stream struct {
 	models   map[index.PodID]string // last model set for each pod
 }
 
-func newStream(ix *index.Index, pods *index.Pods, counters *counterSet, fallback string, replay replayFunc) *stream {
+func newStream(ix index.Store, pods *index.Pods, counters *counterSet, fallback string, replay replayFunc) *stream {
 	return &stream{
 		ix: ix, pods: pods, counters: counters, fallback: fallback, replay: replay,
 		byName: make(map[string]podRef),

@@ -19,7 +19,7 @@ type Feeder struct {
 
 // NewFeeder returns a Feeder writing to ix. fallbackPod names the pod of
 // messages whose topic does not follow "kv@<pod>@<model>".
-func NewFeeder(ix *index.Index, pods *index.Pods, fallbackPod string) *Feeder {
+func NewFeeder(ix index.Store, pods *index.Pods, fallbackPod string) *Feeder {
 	cs := &counterSet{}
 	return &Feeder{s: newStream(ix, pods, cs, fallbackPod, nil), counters: cs}
 }

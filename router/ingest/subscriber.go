@@ -17,7 +17,7 @@ import (
 // an index.Index up to date with them.
 type Subscriber struct {
 	cfg      Config
-	ix       *index.Index
+	ix       index.Store
 	pods     *index.Pods
 	counters counterSet
 
@@ -29,7 +29,7 @@ type Subscriber struct {
 
 // New returns a Subscriber that will write into ix, naming pods in pods.
 // Nothing runs until Start.
-func New(cfg Config, ix *index.Index, pods *index.Pods) (*Subscriber, error) {
+func New(cfg Config, ix index.Store, pods *index.Pods) (*Subscriber, error) {
 	if ix == nil || pods == nil {
 		return nil, fmt.Errorf("%w: nil index or pod registry", ErrConfig)
 	}
