@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"strings"
 	"syscall"
 	"time"
 
@@ -20,18 +21,20 @@ import (
 	"kvtier/router/api"
 	"kvtier/router/index"
 	"kvtier/router/ingest"
+	"kvtier/router/tokenize"
 )
 
 // controllerFlags are the flags of `kvtier controller`.
 type controllerFlags struct {
-	listen    string
-	pods      []string
-	hashSeed  string
-	seedSet   bool
-	blockSize int
-	maxBlocks int
-	scorer    string
-	logLevel  string
+	listen     string
+	pods       []string
+	hashSeed   string
+	seedSet    bool
+	blockSize  int
+	maxBlocks  int
+	scorer     string
+	logLevel   string
+	tokenizers []string
 }
 
 func controllerCmd() *cobra.Command {
@@ -65,6 +68,7 @@ down cleanly; a second signal kills it. See docs/router.md.`,
 	fl.IntVar(&f.maxBlocks, "max-blocks", 4_000_000, "most distinct blocks the index holds before evicting")
 	fl.StringVar(&f.scorer, "scorer", "longest-prefix", "pod scorer: longest-prefix or tier-weighted")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fl.StringArrayVar(&f.tokenizers, "tokenizer", nil, "tokenizer for prompt strings: [MODEL=]tiktoken:ENCODING or [MODEL=]hf:/path/tokenizer.json (repeatable; without MODEL= it serves every model without its own)")
 	return cmd
 }
 
@@ -92,6 +96,35 @@ func parsePods(specs []string) ([]ingest.Endpoint, error) {
 		eps = append(eps, ingest.Endpoint{Pod: m[1], Model: m[2], Address: m[3], Replay: m[4]})
 	}
 	return eps, nil
+}
+
+// parseTokenizers loads the --tokenizer values into pools, by model; ""
+// is the default for models without their own.
+func parseTokenizers(specs []string) (func(string) *tokenize.Pool, error) {
+	if len(specs) == 0 {
+		return nil, nil
+	}
+	byModel := map[string]*tokenize.Pool{}
+	for _, spec := range specs {
+		model, which, found := strings.Cut(spec, "=")
+		if !found {
+			model, which = "", spec
+		}
+		if _, dup := byModel[model]; dup {
+			return nil, fmt.Errorf("--tokenizer %q: model %q has a tokenizer already", spec, model)
+		}
+		tok, err := tokenize.Open(which)
+		if err != nil {
+			return nil, fmt.Errorf("--tokenizer %q: %w", spec, err)
+		}
+		byModel[model] = tokenize.NewPool(tok, tokenize.PoolOptions{})
+	}
+	return func(model string) *tokenize.Pool {
+		if p, ok := byModel[model]; ok {
+			return p
+		}
+		return byModel[""]
+	}, nil
 }
 
 func parseScorer(name string) (index.Scorer, error) {
@@ -133,7 +166,11 @@ func runController(ctx context.Context, unsignal func(), f controllerFlags, logO
 		return fmt.Errorf("--max-blocks: %w", err)
 	}
 	pods := index.NewPods()
-	handler, err := api.New(api.Config{Index: ix, Pods: pods, Hasher: hasher, Scorer: scorer, Log: log})
+	tokenizers, err := parseTokenizers(f.tokenizers)
+	if err != nil {
+		return err
+	}
+	handler, err := api.New(api.Config{Index: ix, Pods: pods, Hasher: hasher, Scorer: scorer, Log: log, Tokenizers: tokenizers})
 	if err != nil {
 		return err
 	}

@@ -207,3 +207,21 @@ func scoreOnce(t *testing.T, url string, body []byte) api.ScoreResponse {
 	}
 	return r
 }
+
+func TestParseTokenizers(t *testing.T) {
+	pick, err := parseTokenizers([]string{"tiktoken:cl100k_base", "gpt-x=tiktoken:o200k_base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pick("gpt-x").Tokenizer().Name() == pick("anything").Tokenizer().Name() {
+		t.Error("the model's own tokenizer is not used")
+	}
+	for _, bad := range [][]string{{"nosuch:x"}, {"m=tiktoken:cl100k_base", "m=tiktoken:o200k_base"}, {"hf:/does/not/exist.json"}} {
+		if _, err := parseTokenizers(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	if pick, err := parseTokenizers(nil); err != nil || pick != nil {
+		t.Errorf("no --tokenizer: %v %v", pick != nil, err)
+	}
+}

@@ -15,14 +15,18 @@
 // scoring a prompt cost no heap allocation per block; only decoding the JSON
 // request and encoding the response allocate.
 //
-// Not here yet: prompt strings (tokenization), gRPC, filtering by model.
+// Prompt strings are tokenized in process with the model's tokenizer
+// (Config.Tokenizers, package router/tokenize). Pods known to serve another
+// model than the request's are not scored.
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"kvtier/router/tokenize"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -51,6 +55,9 @@ type Config struct {
 	MaxTokens int
 	// MaxBodyBytes bounds a request body; 0 means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// Tokenizers turns prompt strings into tokens, by model; nil (or a
+	// model it returns nil for) refuses prompt requests with a clear error.
+	Tokenizers func(model string) *tokenize.Pool
 	// Log receives request errors at debug level; nil discards them.
 	Log *slog.Logger
 }
@@ -63,7 +70,8 @@ type ScoreRequest struct {
 	Pods      []string `json:"pods,omitempty"`
 	LoRAName  string   `json:"lora_name,omitempty"`
 	CacheSalt string   `json:"cache_salt,omitempty"`
-	// Prompt is recognised only to refuse it with a clear message.
+	// Prompt is the prompt as text, tokenized with the model's tokenizer
+	// (Config.Tokenizers); give Prompt or Tokens, not both.
 	Prompt *string `json:"prompt,omitempty"`
 }
 
@@ -89,6 +97,7 @@ type Handler struct {
 	scorer    index.Scorer
 	maxTokens int
 	maxBody   int64
+	tokenizer func(model string) *tokenize.Pool
 	log       *slog.Logger
 	scratch   sync.Pool // of *scratch
 	mux       *http.ServeMux
@@ -118,6 +127,7 @@ func New(cfg Config) (*Handler, error) {
 		scorer:    cfg.Scorer,
 		maxTokens: cfg.MaxTokens,
 		maxBody:   cfg.MaxBodyBytes,
+		tokenizer: cfg.Tokenizers,
 		log:       cfg.Log,
 	}
 	if h.scorer == nil {
@@ -161,7 +171,11 @@ func (h *Handler) serveScore(w http.ResponseWriter, r *http.Request) {
 	defer h.scratch.Put(s)
 
 	body := http.MaxBytesReader(w, r.Body, h.maxBody)
-	if err := decodeRequest(body, &s.req, h.maxTokens); err != nil {
+	err := decodeRequest(body, &s.req, h.maxTokens)
+	if err == nil {
+		err = h.tokenize(r.Context(), s)
+	}
+	if err != nil {
 		status := http.StatusBadRequest
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			status = http.StatusRequestEntityTooLarge
@@ -171,6 +185,55 @@ func (h *Handler) serveScore(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, h.respond(s))
+}
+
+// ErrInvalid marks a request the API refuses (a bad field, no tokenizer
+// for the model, too many tokens); Score wraps it.
+var ErrInvalid = errors.New("api: invalid score request")
+
+// Score scores req as POST /v1/score would, for callers in Go such as the
+// gRPC service. Errors about the request wrap ErrInvalid.
+func (h *Handler) Score(ctx context.Context, req ScoreRequest) (ScoreResponse, error) {
+	s := h.scratch.Get().(*scratch)
+	defer h.scratch.Put(s)
+	s.req = req
+	s.req.Tokens = append(s.req.Tokens[:0:0], req.Tokens...)
+	if err := validateRequest(&s.req, h.maxTokens); err != nil {
+		return ScoreResponse{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if err := h.tokenize(ctx, s); err != nil {
+		if ctx.Err() != nil {
+			return ScoreResponse{}, ctx.Err()
+		}
+		return ScoreResponse{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return h.respond(s), nil
+}
+
+// tokenize turns a prompt request into tokens with the model's tokenizer.
+func (h *Handler) tokenize(ctx context.Context, s *scratch) error {
+	if s.req.Prompt == nil {
+		return nil
+	}
+	var pool *tokenize.Pool
+	if h.tokenizer != nil {
+		pool = h.tokenizer(s.req.Model)
+	}
+	if pool == nil {
+		return fmt.Errorf("no tokenizer is configured for model %.200q: send tokens (token ids), or start the controller with --tokenizer", s.req.Model)
+	}
+	toks, err := pool.Encode(ctx, *s.req.Prompt, s.req.Tokens[:0])
+	if err != nil {
+		return fmt.Errorf("tokenizing the prompt: %w", err)
+	}
+	s.req.Tokens = toks
+	switch {
+	case len(toks) == 0:
+		return errors.New("the prompt has no tokens")
+	case len(toks) > h.maxTokens:
+		return fmt.Errorf("too many tokens: the prompt makes %d, at most %d", len(toks), h.maxTokens)
+	}
+	return nil
 }
 
 // respond scores s.req and names the pods.
@@ -255,15 +318,22 @@ func decodeRequest(r io.Reader, req *ScoreRequest, maxTokens int) error {
 		}
 		return errors.New("decoding request: trailing data after the JSON object")
 	}
+	return validateRequest(req, maxTokens)
+}
+
+// validateRequest checks a decoded request's fields.
+func validateRequest(req *ScoreRequest, maxTokens int) error {
 	switch {
-	case req.Prompt != nil:
-		return errors.New("prompt strings are not supported yet: send tokens (token ids)")
 	case req.Model == "":
 		return errors.New("model is required")
-	case len(req.Tokens) == 0:
-		return errors.New("tokens are required (a non-empty array of token ids)")
+	case req.Prompt != nil && len(req.Tokens) > 0:
+		return errors.New("give prompt or tokens, not both")
+	case req.Prompt == nil && len(req.Tokens) == 0:
+		return errors.New("tokens are required (a non-empty array of token ids), or a prompt")
 	case len(req.Tokens) > maxTokens:
 		return fmt.Errorf("too many tokens: %d, at most %d", len(req.Tokens), maxTokens)
+	case req.Prompt != nil && len(*req.Prompt) > 16*maxTokens:
+		return fmt.Errorf("prompt of %d bytes is too long", len(*req.Prompt))
 	}
 	for _, p := range req.Pods {
 		if p == "" {

@@ -2,8 +2,11 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"kvtier/router/tokenize"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -279,7 +282,8 @@ func FuzzDecodeRequest(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if req.Model == "" || len(req.Tokens) == 0 || len(req.Tokens) > 64 || req.Prompt != nil {
+		// Exactly one of prompt and tokens, within bounds.
+		if req.Model == "" || (len(req.Tokens) == 0) == (req.Prompt == nil) || len(req.Tokens) > 64 {
 			t.Fatalf("accepted an invalid request %+v from %q", req, data)
 		}
 	})
@@ -346,4 +350,53 @@ func TestScoresOnlyPodsOfTheModel(t *testing.T) {
 	checkScores(t, got, map[string]float64{"pod-b": 3, "pod-c": 1}, 8) // pod-c's model is unknown: kept
 	named := f.score(t, map[string]any{"model": "m", "tokens": f.prompt, "pods": []string{"pod-a", "pod-b"}})
 	checkScores(t, named, map[string]float64{"pod-a": 0, "pod-b": 3}, 8)
+}
+
+// TestPromptsAreTokenizedWithTheModelsTokenizer scores a prompt given as
+// text: the tokenizer of the model turns it into the same tokens a client
+// would have sent, and the scores match.
+func TestPromptsAreTokenizedWithTheModelsTokenizer(t *testing.T) {
+	f := newFixture(t, nil)
+	tok, err := tokenize.Open("tiktoken:cl100k_base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := tokenize.NewPool(tok, tokenize.PoolOptions{})
+	f.h.tokenizer = func(model string) *tokenize.Pool {
+		if model == "m" {
+			return pool
+		}
+		return nil
+	}
+	text := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 20)
+	ids, err := tok.Encode(text, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hashes []uint64
+	for _, b := range f.h.hasher.BlockHashes(nil, ids, chunk.VLLMRequest{}) {
+		hashes = append(hashes, chunk.EventHash(b))
+	}
+	f.hold(t, "pod-text", index.GPU, hashes[:5])
+	got := f.score(t, map[string]any{"model": "m", "prompt": text, "pods": []string{"pod-text", "pod-a"}})
+	checkScores(t, got, map[string]float64{"pod-text": 5, "pod-a": 0}, len(ids)/blockSize)
+
+	for body, want := range map[string]string{
+		`{"model":"other","prompt":"hello"}`:          "no tokenizer",
+		`{"model":"m","prompt":"hello","tokens":[1]}`: "not both",
+		`{"model":"m","prompt":""}`:                   "no tokens",
+	} {
+		code, out := f.post(t, body)
+		if code != http.StatusBadRequest || !strings.Contains(string(out), want) {
+			t.Errorf("%s: %d %s, want 400 mentioning %q", body, code, out, want)
+		}
+	}
+	// The Go entry point used by the gRPC service answers the same.
+	resp, err := f.h.Score(context.Background(), ScoreRequest{Model: "m", Prompt: &text, Pods: []string{"pod-text"}})
+	if err != nil || resp.Scores["pod-text"] != 5 {
+		t.Errorf("Score: %+v %v", resp, err)
+	}
+	if _, err := f.h.Score(context.Background(), ScoreRequest{Model: ""}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Score of an empty request: %v", err)
+	}
 }
