@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -35,6 +36,7 @@ type controllerFlags struct {
 	scorer     string
 	logLevel   string
 	tokenizers []string
+	podsFile   string
 }
 
 func controllerCmd() *cobra.Command {
@@ -68,6 +70,7 @@ down cleanly; a second signal kills it. See docs/router.md.`,
 	fl.IntVar(&f.maxBlocks, "max-blocks", 4_000_000, "most distinct blocks the index holds before evicting")
 	fl.StringVar(&f.scorer, "scorer", "longest-prefix", "pod scorer: longest-prefix or tier-weighted")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fl.StringVar(&f.podsFile, "pods-file", "", "a file of pods, one NAME=MODEL=ADDRESS[=REPLAY] per line (# comments), watched: pods added, removed or changed there are followed, dropped or restarted within seconds")
 	fl.StringArrayVar(&f.tokenizers, "tokenizer", nil, "tokenizer for prompt strings: [MODEL=]tiktoken:ENCODING or [MODEL=]hf:/path/tokenizer.json (repeatable; without MODEL= it serves every model without its own)")
 	return cmd
 }
@@ -77,10 +80,80 @@ down cleanly; a second signal kills it. See docs/router.md.`,
 // '/', '@' or even '='; addresses never contain '='.
 var podSpec = regexp.MustCompile(`^([^=]+)=(.+?)=((?:tcp|ipc)://[^=]+)(?:=((?:tcp|ipc)://[^=]+))?$`)
 
-// parsePods turns --pod values into ingest endpoints.
+// loadPods returns the pods of --pod and of --pods-file together.
+func loadPods(flags []string, file string) ([]ingest.Endpoint, error) {
+	specs := append([]string(nil), flags...)
+	if file != "" {
+		lines, err := readPodsFile(file)
+		if err != nil {
+			return nil, err
+		}
+		specs = append(specs, lines...)
+	}
+	return parsePods(specs)
+}
+
+// readPodsFile returns the pod specs of a pods file: its lines without
+// blank lines and # comments.
+func readPodsFile(path string) ([]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--pods-file: %w", err)
+	}
+	if len(data) > 4<<20 {
+		return nil, fmt.Errorf("--pods-file %s: %d bytes, more than 4 MiB", path, len(data))
+	}
+	var specs []string
+	for _, line := range strings.Split(string(data), "\n") {
+		line, _, _ = strings.Cut(line, "#")
+		if line = strings.TrimSpace(line); line != "" {
+			specs = append(specs, line)
+		}
+	}
+	return specs, nil
+}
+
+// podsFilePoll is how often --pods-file is checked for changes.
+var podsFilePoll = 2 * time.Second
+
+// watchPods re-reads the pods file whenever its content changes and
+// updates the subscriptions. A file that does not parse is reported and
+// ignored: the pods followed so far stay as they are.
+func watchPods(ctx context.Context, flags []string, file string, sub *ingest.Subscriber, log *slog.Logger) {
+	last, _ := os.ReadFile(file)
+	tick := time.NewTicker(podsFilePoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		data, err := os.ReadFile(file)
+		if err != nil || bytes.Equal(data, last) {
+			if err != nil && !bytes.Equal(last, nil) {
+				log.Warn("pods file unreadable; keeping the current pods", "file", file, "err", err)
+				last = nil
+			}
+			continue
+		}
+		last = data
+		eps, err := loadPods(flags, file)
+		if err == nil {
+			err = sub.Update(eps)
+		}
+		if err != nil {
+			log.Error("pods file rejected; keeping the current pods", "file", file, "err", err)
+			continue
+		}
+		log.Info("pods file reloaded", "file", file, "pods", len(eps))
+	}
+}
+
+// parsePods turns pod specs into ingest endpoints.
 func parsePods(specs []string) ([]ingest.Endpoint, error) {
 	if len(specs) == 0 {
-		return nil, errors.New("--pod: at least one pod is required")
+		return nil, errors.New("--pod or --pods-file: at least one pod is required")
 	}
 	seen := make(map[string]bool, len(specs))
 	eps := make([]ingest.Endpoint, 0, len(specs))
@@ -149,7 +222,7 @@ func runController(ctx context.Context, unsignal func(), f controllerFlags, logO
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	log := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: level}))
-	endpoints, err := parsePods(f.pods)
+	endpoints, err := loadPods(f.pods, f.podsFile)
 	if err != nil {
 		return err
 	}
@@ -187,6 +260,9 @@ func runController(ctx context.Context, unsignal func(), f controllerFlags, logO
 	}
 	for _, ep := range endpoints {
 		log.Info("subscribing", "pod", ep.Pod, "model", ep.Model, "address", ep.Address, "replay", ep.Replay)
+	}
+	if f.podsFile != "" {
+		go watchPods(ctx, f.pods, f.podsFile, sub, log)
 	}
 
 	srv := &http.Server{

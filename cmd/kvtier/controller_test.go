@@ -7,8 +7,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -20,6 +23,8 @@ import (
 	"kvtier/chunk"
 	"kvtier/internal/msgpacktest"
 	"kvtier/router/api"
+	"kvtier/router/index"
+	"kvtier/router/ingest"
 )
 
 func TestParsePods(t *testing.T) {
@@ -224,4 +229,56 @@ func TestParseTokenizers(t *testing.T) {
 	if pick, err := parseTokenizers(nil); err != nil || pick != nil {
 		t.Errorf("no --tokenizer: %v %v", pick != nil, err)
 	}
+}
+
+func TestPodsFileIsWatched(t *testing.T) {
+	podsFilePoll = 20 * time.Millisecond
+	dir := t.TempDir()
+	file := filepath.Join(dir, "pods")
+	write := func(s string) {
+		if err := os.WriteFile(file+".tmp", []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(file+".tmp", file); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("# fleet\npod-a=m=tcp://127.0.0.1:1\n\n")
+	eps, err := loadPods(nil, file)
+	if err != nil || len(eps) != 1 || eps[0].Pod != "pod-a" || eps[0].Model != "m" {
+		t.Fatalf("loadPods: %+v %v", eps, err)
+	}
+	ix, _ := index.New(index.Config{MaxBlocks: 1024})
+	pods := index.NewPods()
+	sub, err := ingest.New(ingest.Config{Endpoints: eps}, ix, pods)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer func() { cancel(); sub.Close() }()
+	if err := sub.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	go watchPods(ctx, nil, file, sub, log)
+
+	wait := func(what string, cond func([]ingest.Endpoint) bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !cond(sub.Endpoints()) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s: %+v", what, sub.Endpoints())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	write("pod-a=m=tcp://127.0.0.1:1\npod-b=m=tcp://127.0.0.1:2\n")
+	wait("pod-b", func(e []ingest.Endpoint) bool { return len(e) == 2 })
+	write("not a pod line\n") // rejected: the pods stay
+	time.Sleep(100 * time.Millisecond)
+	if len(sub.Endpoints()) != 2 {
+		t.Fatalf("a bad file changed the pods: %+v", sub.Endpoints())
+	}
+	write("pod-b=m=tcp://127.0.0.1:2\n")
+	wait("pod-a's removal", func(e []ingest.Endpoint) bool { return len(e) == 1 && e[0].Pod == "pod-b" })
 }

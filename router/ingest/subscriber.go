@@ -13,8 +13,8 @@ import (
 	"kvtier/router/kvevents"
 )
 
-// Subscriber subscribes to the KV events of a static list of pods and keeps
-// an index.Index up to date with them.
+// Subscriber subscribes to the KV events of a list of pods and keeps an
+// index up to date with them. The list can change while it runs (Update).
 type Subscriber struct {
 	cfg      Config
 	ix       index.Store
@@ -22,9 +22,19 @@ type Subscriber struct {
 	counters counterSet
 
 	mu      sync.Mutex
+	ctx     context.Context // Start's, for endpoints added later
 	cancel  context.CancelFunc
+	running map[string]*running // by pod name
 	wg      sync.WaitGroup
 	started bool
+}
+
+// running is one endpoint's receiving goroutine.
+type running struct {
+	ep     Endpoint
+	st     *stream // owned by the goroutine until done is closed
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
 // New returns a Subscriber that will write into ix, naming pods in pods.
@@ -60,25 +70,91 @@ func (s *Subscriber) Start(ctx context.Context) error {
 		return errors.New("ingest: Subscriber already started")
 	}
 	s.started = true
-	ctx, s.cancel = context.WithCancel(ctx)
+	s.ctx, s.cancel = context.WithCancel(ctx)
+	s.running = make(map[string]*running)
 	for _, ep := range s.cfg.Endpoints {
-		var replay replayFunc
-		if ep.Replay != "" {
-			replay = s.replayer(ctx, ep.Replay)
-		}
-		st := newStream(s.ix, s.pods, &s.counters, ep.Pod, replay)
-		if ep.Model != "" {
-			if p, ok := st.pod(ep.Pod); ok {
-				s.pods.SetModel(p.id, ep.Model)
-			}
-		}
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			s.receive(ctx, ep, st)
-		}()
+		s.startLocked(ep)
 	}
 	return nil
+}
+
+// startLocked launches ep's receiving goroutine. Called with s.mu held.
+func (s *Subscriber) startLocked(ep Endpoint) {
+	ctx, cancel := context.WithCancel(s.ctx)
+	var replay replayFunc
+	if ep.Replay != "" {
+		replay = s.replayer(ctx, ep.Replay)
+	}
+	st := newStream(s.ix, s.pods, &s.counters, ep.Pod, replay)
+	if p, ok := st.pod(ep.Pod); ok && ep.Model != "" {
+		s.pods.SetModel(p.id, ep.Model)
+	}
+	r := &running{ep: ep, st: st, cancel: cancel, done: make(chan struct{})}
+	s.running[ep.Pod] = r
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer close(r.done)
+		s.receive(ctx, ep, st)
+	}()
+}
+
+// Update makes the running endpoints equal eps: it starts new pods, stops
+// pods no longer listed — dropping their entries from the index and their
+// names from the registry, so nothing stale is ever scored — and restarts
+// pods whose endpoint changed (their entries are dropped too: the new
+// publisher's state is unknown). It validates eps first and changes
+// nothing when they are invalid. Call it after Start.
+func (s *Subscriber) Update(eps []Endpoint) error {
+	cfg := s.cfg
+	cfg.Endpoints = eps
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	want := make(map[string]Endpoint, len(eps))
+	for _, ep := range eps {
+		if _, dup := want[ep.Pod]; dup {
+			return fmt.Errorf("%w: pod %q listed twice", ErrConfig, ep.Pod)
+		}
+		want[ep.Pod] = ep
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.started || s.ctx.Err() != nil {
+		return errors.New("ingest: Update before Start or after Close")
+	}
+	for name, r := range s.running {
+		if ep, keep := want[name]; keep && ep == r.ep {
+			continue
+		}
+		r.cancel()
+		<-r.done
+		delete(s.running, name)
+		// The endpoint's own pod and every pod its topics named.
+		for pod := range r.st.byName {
+			if id, ok := s.pods.ID(pod); ok {
+				s.ix.ClearPod(id)
+				if _, still := want[pod]; !still {
+					s.pods.Remove(pod)
+				}
+			}
+		}
+	}
+	for name, ep := range want {
+		if _, ok := s.running[name]; !ok {
+			s.counters.get(name)
+			s.startLocked(ep)
+		}
+	}
+	s.cfg.Endpoints = append([]Endpoint(nil), eps...)
+	return nil
+}
+
+// Endpoints returns the endpoints being followed.
+func (s *Subscriber) Endpoints() []Endpoint {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Endpoint(nil), s.cfg.Endpoints...)
 }
 
 // Close stops every receiving goroutine, closes the sockets and waits for

@@ -345,3 +345,46 @@ func TestCloseWithoutPublisher(t *testing.T) {
 		t.Error("second Start succeeded")
 	}
 }
+
+// TestSubscriberUpdate adds a pod while running, then removes one: the
+// removed pod's entries leave the index and its name the registry, and the
+// remaining pod keeps being followed.
+func TestSubscriberUpdate(t *testing.T) {
+	enc := encodings[0]
+	f := newFixture(t)
+	pa := newPublisher(t, "tcp://127.0.0.1:0", "kv@pod-a@m", 0)
+	s := startSubscriber(t, f, Endpoint{Pod: "pod-a", Address: pa.addr, Topic: "kv@"})
+	pa.warmUp(enc, "pod-a's first message", func() bool { return s.Stats()["pod-a"].Messages > 0 })
+	pa.send(batch(t, enc, stored(enc, nil, 1)))
+	waitFor(t, "pod-a's block", f.heldBy(1, "pod-a/gpu"))
+
+	pb := newPublisher(t, "tcp://127.0.0.1:0", "kv@pod-b@m", 0)
+	eps := []Endpoint{{Pod: "pod-a", Address: pa.addr, Topic: "kv@"}, {Pod: "pod-b", Address: pb.addr, Topic: "kv@", Model: "m"}}
+	if err := s.Update(eps); err != nil {
+		t.Fatal(err)
+	}
+	pb.warmUp(enc, "pod-b's first message", func() bool { return s.Stats()["pod-b"].Messages > 0 })
+	pb.send(batch(t, enc, stored(enc, nil, 2)))
+	waitFor(t, "pod-b's block", f.heldBy(2, "pod-b/gpu"))
+	wantHoldings(t, f, 1, "pod-a/gpu") // untouched by the update
+
+	if err := s.Update(eps[1:]); err != nil {
+		t.Fatal(err)
+	}
+	wantHoldings(t, f, 1)
+	if _, ok := f.pods.ID("pod-a"); ok {
+		t.Error("a removed pod is still registered")
+	}
+	if len(s.Endpoints()) != 1 {
+		t.Errorf("endpoints %v", s.Endpoints())
+	}
+	pb.send(batch(t, enc, stored(enc, nil, 3)))
+	waitFor(t, "pod-b followed after the update", f.heldBy(3, "pod-b/gpu"))
+
+	if err := s.Update([]Endpoint{{Pod: "", Address: pb.addr}}); err == nil {
+		t.Error("an invalid update was accepted")
+	}
+	if err := s.Update([]Endpoint{eps[1], eps[1]}); err == nil {
+		t.Error("a pod listed twice was accepted")
+	}
+}
