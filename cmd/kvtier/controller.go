@@ -80,26 +80,29 @@ down cleanly; a second signal kills it. See docs/router.md.`,
 // '/', '@' or even '='; addresses never contain '='.
 var podSpec = regexp.MustCompile(`^([^=]+)=(.+?)=((?:tcp|ipc)://[^=]+)(?:=((?:tcp|ipc)://[^=]+))?$`)
 
-// loadPods returns the pods of --pod and of --pods-file together.
-func loadPods(flags []string, file string) ([]ingest.Endpoint, error) {
+// loadPods returns the pods of --pod and of --pods-file together, and the
+// file's content they were read from.
+func loadPods(flags []string, file string) ([]ingest.Endpoint, []byte, error) {
 	specs := append([]string(nil), flags...)
+	var data []byte
 	if file != "" {
-		lines, err := readPodsFile(file)
+		var err error
+		if data, err = os.ReadFile(file); err != nil {
+			return nil, nil, fmt.Errorf("--pods-file: %w", err)
+		}
+		lines, err := podsFileLines(file, data)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		specs = append(specs, lines...)
 	}
-	return parsePods(specs)
+	eps, err := parsePods(specs)
+	return eps, data, err
 }
 
-// readPodsFile returns the pod specs of a pods file: its lines without
+// podsFileLines returns the pod specs of a pods file: its lines without
 // blank lines and # comments.
-func readPodsFile(path string) ([]string, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("--pods-file: %w", err)
-	}
+func podsFileLines(path string, data []byte) ([]string, error) {
 	if len(data) > 4<<20 {
 		return nil, fmt.Errorf("--pods-file %s: %d bytes, more than 4 MiB", path, len(data))
 	}
@@ -119,8 +122,10 @@ var podsFilePoll = 2 * time.Second
 // watchPods re-reads the pods file whenever its content changes and
 // updates the subscriptions. A file that does not parse is reported and
 // ignored: the pods followed so far stay as they are.
-func watchPods(ctx context.Context, flags []string, file string, sub *ingest.Subscriber, log *slog.Logger) {
-	last, _ := os.ReadFile(file)
+// loaded is the file's content the current pods came from: a change made
+// since is picked up on the first tick.
+func watchPods(ctx context.Context, flags []string, file string, loaded []byte, sub *ingest.Subscriber, log *slog.Logger) {
+	last := loaded
 	tick := time.NewTicker(podsFilePoll)
 	defer tick.Stop()
 	for {
@@ -130,15 +135,22 @@ func watchPods(ctx context.Context, flags []string, file string, sub *ingest.Sub
 		case <-tick.C:
 		}
 		data, err := os.ReadFile(file)
-		if err != nil || bytes.Equal(data, last) {
-			if err != nil && !bytes.Equal(last, nil) {
+		if err != nil {
+			if last != nil { // say it once, not every tick
 				log.Warn("pods file unreadable; keeping the current pods", "file", file, "err", err)
 				last = nil
 			}
 			continue
 		}
+		if bytes.Equal(data, last) {
+			continue
+		}
 		last = data
-		eps, err := loadPods(flags, file)
+		lines, err := podsFileLines(file, data)
+		var eps []ingest.Endpoint
+		if err == nil {
+			eps, err = parsePods(append(append([]string(nil), flags...), lines...))
+		}
 		if err == nil {
 			err = sub.Update(eps)
 		}
@@ -222,7 +234,7 @@ func runController(ctx context.Context, unsignal func(), f controllerFlags, logO
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	log := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: level}))
-	endpoints, err := loadPods(f.pods, f.podsFile)
+	endpoints, podsFileData, err := loadPods(f.pods, f.podsFile)
 	if err != nil {
 		return err
 	}
@@ -262,7 +274,7 @@ func runController(ctx context.Context, unsignal func(), f controllerFlags, logO
 		log.Info("subscribing", "pod", ep.Pod, "model", ep.Model, "address", ep.Address, "replay", ep.Replay)
 	}
 	if f.podsFile != "" {
-		go watchPods(ctx, f.pods, f.podsFile, sub, log)
+		go watchPods(ctx, f.pods, f.podsFile, podsFileData, sub, log)
 	}
 
 	srv := &http.Server{

@@ -244,7 +244,7 @@ func TestPodsFileIsWatched(t *testing.T) {
 		}
 	}
 	write("# fleet\npod-a=m=tcp://127.0.0.1:1\n\n")
-	eps, err := loadPods(nil, file)
+	eps, loaded, err := loadPods(nil, file)
 	if err != nil || len(eps) != 1 || eps[0].Pod != "pod-a" || eps[0].Model != "m" {
 		t.Fatalf("loadPods: %+v %v", eps, err)
 	}
@@ -260,7 +260,7 @@ func TestPodsFileIsWatched(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.DiscardHandler)
-	go watchPods(ctx, nil, file, sub, log)
+	go watchPods(ctx, nil, file, loaded, sub, log)
 
 	wait := func(what string, cond func([]ingest.Endpoint) bool) {
 		t.Helper()
