@@ -86,6 +86,18 @@ type Config struct {
 	TCPTLSCert string `yaml:"tcp_tls_cert"`
 	TCPTLSKey  string `yaml:"tcp_tls_key"`
 
+	// KVEventsEndpoint, when set, is the ZMQ address where the daemon
+	// publishes vLLM-format KV events for the chunks its RAM and disk
+	// tiers hold, so a kvtier router scores the pod for them. The events
+	// name the pod KVEventsPod serving KVEventsModel and carry vLLM block
+	// hashes computed with the pod's PYTHONHASHSEED (KVEventsHashSeed) and
+	// block size (KVEventsBlockSize).
+	KVEventsEndpoint  string `yaml:"kv_events_endpoint"`
+	KVEventsPod       string `yaml:"kv_events_pod"`
+	KVEventsModel     string `yaml:"kv_events_model"`
+	KVEventsHashSeed  string `yaml:"kv_events_hash_seed"`
+	KVEventsBlockSize int    `yaml:"kv_events_block_size"`
+
 	// DiskDirectIO is auto, on or off: whether the disk tier bypasses the
 	// page cache with O_DIRECT. auto uses it where the filesystem allows.
 	DiskDirectIO string `yaml:"disk_direct_io"`
@@ -127,23 +139,24 @@ func Default() Config { return defaults(os.Getenv, os.Geteuid()) }
 
 func defaults(getenv func(string) string, euid int) Config {
 	return Config{
-		ChunkSize:        256,
-		LocalCPU:         true,
-		MaxLocalCPUSize:  5.0,
-		MaxLocalDiskSize: 0,
-		RemoteSerde:      "raw",
-		RemoteTimeout:    2 * time.Second,
-		CachePolicy:      "LRU",
-		DataDir:          defaultDataDir(getenv, euid),
-		AdminAddr:        "127.0.0.1:7480",
-		SocketPath:       defaultSocketPath(getenv, euid),
-		SocketMode:       "0600",
-		DiskDirectIO:     "auto",
-		DiskSegmentSize:  256 * MiB,
-		WriteQueueDepth:  64,
-		WriteWait:        5 * time.Millisecond,
-		LeaseTTL:         10 * time.Second,
-		LogLevel:         "info",
+		ChunkSize:         256,
+		LocalCPU:          true,
+		MaxLocalCPUSize:   5.0,
+		MaxLocalDiskSize:  0,
+		RemoteSerde:       "raw",
+		RemoteTimeout:     2 * time.Second,
+		CachePolicy:       "LRU",
+		DataDir:           defaultDataDir(getenv, euid),
+		AdminAddr:         "127.0.0.1:7480",
+		SocketPath:        defaultSocketPath(getenv, euid),
+		SocketMode:        "0600",
+		KVEventsBlockSize: 16,
+		DiskDirectIO:      "auto",
+		DiskSegmentSize:   256 * MiB,
+		WriteQueueDepth:   64,
+		WriteWait:         5 * time.Millisecond,
+		LeaseTTL:          10 * time.Second,
+		LogLevel:          "info",
 	}
 }
 

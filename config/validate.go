@@ -78,6 +78,22 @@ func (c Config) Validate() error {
 			bad("tcp_addr", "%w", err)
 		}
 	}
+	if c.KVEventsEndpoint != "" {
+		switch {
+		case c.KVEventsPod == "":
+			bad("kv_events_pod", "required with kv_events_endpoint: the vLLM pod this daemon serves")
+		case c.KVEventsModel == "":
+			bad("kv_events_model", "required with kv_events_endpoint: the model the pod serves")
+		case c.KVEventsHashSeed == "":
+			bad("kv_events_hash_seed", "required with kv_events_endpoint: the pod's PYTHONHASHSEED (without one vLLM's hashes cannot be reproduced)")
+		}
+	}
+	switch {
+	case c.KVEventsBlockSize < 1:
+		bad("kv_events_block_size", "want a positive number of tokens, got %d", c.KVEventsBlockSize)
+	case c.KVEventsEndpoint != "" && c.ChunkSize%c.KVEventsBlockSize != 0:
+		bad("kv_events_block_size", "want a divisor of chunk_size %d, got %d", c.ChunkSize, c.KVEventsBlockSize)
+	}
 	if (c.TCPTLSCert == "") != (c.TCPTLSKey == "") {
 		bad("tcp_tls_cert", "tcp_tls_cert and tcp_tls_key go together; only one is set")
 	}

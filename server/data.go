@@ -36,6 +36,7 @@ func (s *session) handleStore(h wire.Header) *requestError {
 	if len(m.Sizes) > len(keys) {
 		return fatal(wire.StatusBadRequest, "%d sizes for %d chunks", len(m.Sizes), len(keys))
 	}
+	s.noteBlocks(&r, m.Keys.Tokens, len(m.Sizes))
 	mgr := s.svc.eng.Manager()
 	a := s.svc.eng.Arena()
 	s.ids = s.ids[:0]

@@ -34,7 +34,10 @@ type ServiceOptions struct {
 	// hold arena references forever.
 	HandshakeTimeout time.Duration
 	WriteTimeout     time.Duration
-	Logger           *slog.Logger
+	// Events, when set, is told the vLLM block hashes of chunks stored by
+	// token ids, so it can announce them (see Publisher).
+	Events *Publisher
+	Logger *slog.Logger
 }
 
 func (o *ServiceOptions) setDefaults() {

@@ -55,6 +55,8 @@ type session struct {
 	prepR    wire.PrepareRetrieve
 	keysOnly wire.KeysOnly
 	store    wire.Store
+	digests  [][32]byte // vLLM block hashes, for the event publisher
+	blocks   []uint64
 }
 
 type scopeEntry struct {
@@ -519,6 +521,7 @@ func (s *session) handlePrepareStore(h wire.Header, body []byte) *requestError {
 	if len(m.Sizes) > len(keys) {
 		return fail(wire.StatusBadRequest, "%d sizes for %d chunks", len(m.Sizes), len(keys))
 	}
+	s.noteBlocks(&r, m.Keys.Tokens, len(m.Sizes))
 	mgr := s.svc.eng.Manager()
 	a := s.svc.eng.Arena()
 	l := s.newLease(leaseStore)
@@ -692,4 +695,33 @@ func (s *session) handleStats(h wire.Header) *requestError {
 	}
 	s.out = append(wire.Begin(s.out), body...)
 	return s.reply(h, 0)
+}
+
+// noteBlocks tells the event publisher, if there is one, the vLLM block
+// hashes of the n chunks after the skip that a token-keyed store is about
+// to write, so their admission can be announced in vLLM's terms.
+func (s *session) noteBlocks(r *resolved, tokens []uint32, n int) {
+	p := s.svc.opts.Events
+	if p == nil || r.chunker == nil || n == 0 {
+		return
+	}
+	bpc := p.BlocksPerChunk()
+	end := min(len(tokens), (r.first+n)*r.chunker.Size())
+	s.digests = p.Hasher().BlockHashes(s.digests[:0], tokens[:end], chunk.VLLMRequest{})
+	s.blocks = s.blocks[:0]
+	for i := range s.digests {
+		s.blocks = append(s.blocks, chunk.EventHash(s.digests[i]))
+	}
+	for j := range n {
+		c := r.first + j
+		lo, hi := c*bpc, min((c+1)*bpc, len(s.blocks))
+		if lo >= hi {
+			return // a partial last chunk of less than one block
+		}
+		var parent uint64
+		if lo > 0 {
+			parent = s.blocks[lo-1]
+		}
+		p.Note(r.keys[c], s.blocks[lo:hi], parent, lo > 0)
+	}
 }

@@ -54,6 +54,21 @@ type Tier interface {
 	Close() error
 }
 
+// Observer learns which chunks a local tier admits and drops, so that the
+// daemon can announce them (as KV events to a router). Its methods may run
+// under the tier's lock: they must return at once and never call back into
+// a tier.
+type Observer interface {
+	Admitted(tier string, key chunk.Key)
+	Dropped(tier string, key chunk.Key)
+}
+
+// Observable is implemented by tiers that report to an Observer.
+type Observable interface {
+	// SetObserver sets the observer (nil for none).
+	SetObserver(Observer)
+}
+
 // Lister is implemented by tiers that can enumerate what they hold (the
 // local ones; remote stores are shared and may be huge). The admin API
 // uses it to list keys by scope.

@@ -23,6 +23,7 @@ import (
 	"kvtier/config"
 	"kvtier/engine"
 	"kvtier/server"
+	"kvtier/tier"
 )
 
 // Shutdown bounds. Together they stay under Kubernetes' default 30 s grace
@@ -84,7 +85,11 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 	if err != nil {
 		return errors.Join(err, eng.Close())
 	}
-	svc := server.NewService(eng, server.ServiceOptions{Token: cfg.TCPToken, LeaseTTL: cfg.LeaseTTL, Logger: log})
+	events, err := startEvents(cfg, eng, log)
+	if err != nil {
+		return errors.Join(err, eng.Close())
+	}
+	svc := server.NewService(eng, server.ServiceOptions{Token: cfg.TCPToken, LeaseTTL: cfg.LeaseTTL, Events: events, Logger: log})
 	admin.UseScopes(svc.Scopes())
 	if err := admin.Register(svc.Collectors()...); err != nil {
 		return errors.Join(err, eng.Close())
@@ -118,7 +123,32 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 		log.Error("cache protocol listener failed", "err", serveErr)
 	}
 	unsignal()
-	return errors.Join(serveErr, shutdown(admin, srv, svc, eng, log))
+	err = shutdown(admin, srv, svc, eng, log)
+	if events != nil {
+		err = errors.Join(err, events.Close())
+	}
+	return errors.Join(serveErr, err)
+}
+
+// startEvents starts the KV-event publisher when kv_events_endpoint is set
+// and makes the local tiers report to it.
+func startEvents(cfg config.Config, eng *engine.Engine, log *slog.Logger) (*server.Publisher, error) {
+	if cfg.KVEventsEndpoint == "" {
+		return nil, nil
+	}
+	pub, err := server.NewPublisher(server.EventOptions{Endpoint: cfg.KVEventsEndpoint, Pod: cfg.KVEventsPod,
+		Model: cfg.KVEventsModel, HashSeed: cfg.KVEventsHashSeed, BlockSize: cfg.KVEventsBlockSize,
+		ChunkTokens: eng.ChunkSize(), Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("kv_events_endpoint: %w", err)
+	}
+	for _, t := range eng.Manager().Tiers() {
+		if o, ok := t.(tier.Observable); ok {
+			o.SetObserver(pub)
+		}
+	}
+	log.Info("kv events publishing", "endpoint", pub.Addr(), "pod", cfg.KVEventsPod, "model", cfg.KVEventsModel)
+	return pub, nil
 }
 
 // startProtocols opens the local socket and, if configured, the TCP

@@ -45,6 +45,7 @@ type stream struct {
 	byName   map[string]podRef
 	seqs     map[seqKey]*kvevents.Sequencer
 	models   map[index.PodID]string // last model set for each pod
+	wrote    map[index.PodID]uint8  // tiers (bitmask) this stream's events added blocks to
 }
 
 func newStream(ix index.Store, pods *index.Pods, counters *counterSet, fallback string, replay replayFunc) *stream {
@@ -134,7 +135,7 @@ func (s *stream) handle(frames [][]byte) {
 		p.counters.gaps.Add(1)
 	case kvevents.Restart:
 		p.counters.restarts.Add(1)
-		s.ix.ClearPod(p.id)
+		s.clearOwn(p)
 	}
 	if missing {
 		s.recover(p, from, to)
@@ -188,7 +189,21 @@ func (s *stream) recover(p podRef, from, to uint64) {
 // no longer have; its next events rebuild them.
 func (s *stream) forget(p podRef, lost uint64) {
 	p.counters.lost.Add(lost)
-	s.ix.ClearPod(p.id)
+	s.clearOwn(p)
+}
+
+// clearOwn drops the entries this stream wrote for pod p: the tiers its
+// events named. Another publisher may report other tiers of the same pod —
+// the node's kvtier daemon announces the pod's RAM and disk chunks while
+// vLLM announces its GPU blocks — and a restart or a loss on one stream
+// says nothing about what the other reported.
+func (s *stream) clearOwn(p podRef) {
+	mask := s.wrote[p.id]
+	for t := index.Tier(0); t < index.NumTiers; t++ {
+		if mask&(1<<t) != 0 {
+			s.ix.ClearPodTier(p.id, t)
+		}
+	}
 }
 
 // apply writes the events of b to the index. Counters are summed locally
@@ -207,6 +222,12 @@ func (s *stream) apply(p podRef, b *kvevents.Batch) {
 			hashes := b.BlockHashes(e)
 			var err error
 			if e.Kind == kvevents.BlockStored {
+				if s.wrote[p.id]&(1<<tier) == 0 {
+					if s.wrote == nil {
+						s.wrote = make(map[index.PodID]uint8)
+					}
+					s.wrote[p.id] |= 1 << tier
+				}
 				err = s.ix.Add(p.id, tier, hashes)
 				added += uint64(len(hashes))
 			} else {
@@ -218,7 +239,7 @@ func (s *stream) apply(p podRef, b *kvevents.Batch) {
 				continue
 			}
 		case kvevents.AllBlocksCleared:
-			s.ix.ClearPod(p.id)
+			s.clearOwn(p) // the publisher's own cache, not other sources'
 			clears++
 		default:
 			skipped++

@@ -10,7 +10,7 @@
 //     medium (see TierOf); events on a medium that maps to no tier are
 //     counted as Skipped and ignored;
 //   - BlockRemoved removes them from that tier;
-//   - AllBlocksCleared clears every holding of the pod.
+//   - AllBlocksCleared clears what this endpoint announced for the pod.
 //
 // The pod is the one named by the topic ("kv@<pod>@<model>", llm-d's
 // convention) or, when the topic does not follow it (vLLM's default topic is
@@ -23,12 +23,16 @@
 // lost (no replay address, a failed replay, a malformed payload) may have
 // removed blocks, so the pod's entries are dropped and rebuilt from its
 // next events: a pod is under-scored for a while rather than credited with
-// KV it no longer holds. When the sequence goes backwards the publisher restarted:
-// vLLM restarts with an empty GPU prefix cache and does not announce that
-// with AllBlocksCleared, so the pod's entries are cleared (all tiers, since
-// the index cannot tell which of them survived; CPU/disk blocks still held
-// are re-announced as they are used again). With data parallelism a restart
-// of one rank therefore also clears what the other ranks of the same pod
+// KV it no longer holds. When the sequence goes backwards the publisher
+// restarted: vLLM restarts with an empty GPU prefix cache and does not
+// announce that with AllBlocksCleared, so the pod's entries are cleared.
+//
+// Clearing is per source: one pod can be reported by several endpoints —
+// vLLM for its GPU blocks, the node's kvtier daemon for the chunks in its
+// RAM and disk tiers (kv_events_endpoint) — and a clear, a loss or a
+// restart on one endpoint drops only the tiers that endpoint announced.
+// With data parallelism, ranks of one pod on one endpoint share those
+// tiers, so a restart of one rank also clears what the other ranks
 // announced; give ranks distinct pod names if that matters.
 //
 // Bad input never stops a stream: malformed frames, topics or payloads are

@@ -42,6 +42,9 @@ func (t *Tier) evictOneLocked() bool {
 func (t *Tier) dropLocked(i int32) {
 	s := t.idx.slots[i]
 	t.idx.drop(i)
+	if o := t.observer(); o != nil {
+		o.Dropped(t.Name(), s.key)
+	}
 	t.punchLocked(t.segs[s.seg], s.off, recordSize(s.size), s.key)
 }
 

@@ -42,6 +42,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/zeebo/xxh3"
@@ -140,6 +141,7 @@ type Tier struct {
 	mu       sync.Mutex
 	space    sync.Cond           // broadcast when bytes are freed, writes finish or punches end
 	ghosts   map[chunk.Key]int32 // copies of a key whose punch has not yet been made durable
+	obs      atomic.Pointer[observerBox]
 	closed   bool
 	idx      index
 	segs     map[uint64]*segment
@@ -451,6 +453,9 @@ func (t *Tier) finishPut(r reservation, n int, err error) {
 		t.idx.publish(r.slot)
 		t.st.Puts++
 		t.st.BytesWritten += uint64(n)
+		if o := t.observer(); o != nil {
+			o.Admitted(t.Name(), r.key)
+		}
 		return
 	}
 	t.idx.drop(r.slot)
@@ -714,3 +719,17 @@ func (t *Tier) putOp(o *op) { t.ops.put(o) }
 
 // now is the pin clock: monotonic nanoseconds since Open.
 func (t *Tier) now() int64 { return int64(time.Since(t.start)) }
+
+// observerBox holds the observer for an atomic pointer.
+type observerBox struct{ o tier.Observer }
+
+// SetObserver implements tier.Observable. Records found on disk when the
+// tier opened are not announced; only admissions and drops from now on.
+func (t *Tier) SetObserver(o tier.Observer) { t.obs.Store(&observerBox{o}) }
+
+func (t *Tier) observer() tier.Observer {
+	if b := t.obs.Load(); b != nil {
+		return b.o
+	}
+	return nil
+}

@@ -31,6 +31,8 @@ type Tier struct {
 
 	hits, misses, puts, evictions, removes atomic.Uint64
 	bytesRead, bytesWritten                atomic.Uint64
+
+	obs atomic.Pointer[observerBox] // nil: nobody observes
 }
 
 var _ tier.Tier = (*Tier)(nil)
@@ -180,6 +182,7 @@ func (t *Tier) evictOne() bool {
 	if !ok {
 		return false
 	}
+	t.dropped(k)
 	t.arena.Unref(id)
 	t.evictions.Add(1)
 	return true
@@ -191,13 +194,20 @@ func (t *Tier) evictOne() bool {
 // freed when the caller drops its reference.
 func (t *Tier) Commit(key chunk.Key, id arena.ID) {
 	t.mu.Lock()
+	admitted := false
 	if _, dup := t.index[key]; !dup && t.arena.Ref(id) {
 		t.index[key] = id
 		t.policy.Admit(key)
 		t.puts.Add(1)
 		t.bytesWritten.Add(uint64(t.arena.Size(id)))
+		admitted = true
 	}
 	t.mu.Unlock()
+	if admitted {
+		if o := t.observer(); o != nil {
+			o.Admitted(t.Name(), key)
+		}
+	}
 }
 
 // Remove implements tier.Tier.
@@ -212,6 +222,7 @@ func (t *Tier) Remove(key chunk.Key) bool {
 	if ok {
 		t.arena.Unref(id)
 		t.removes.Add(1)
+		t.dropped(key)
 	}
 	return ok
 }
@@ -221,11 +232,15 @@ func (t *Tier) Remove(key chunk.Key) bool {
 func (t *Tier) Clear(scope uint64) int {
 	t.mu.Lock()
 	var drop []arena.ID
+	obs := t.observer()
 	for k, id := range t.index {
 		if scope == 0 || k.Scope == scope {
 			delete(t.index, k)
 			t.policy.Remove(k)
 			drop = append(drop, id)
+			if obs != nil {
+				obs.Dropped(t.Name(), k)
+			}
 		}
 	}
 	t.mu.Unlock()
@@ -288,4 +303,23 @@ func (t *Tier) Stats() tier.Stats {
 func (t *Tier) Close() error {
 	t.Clear(0)
 	return nil
+}
+
+// observerBox holds the observer for an atomic pointer.
+type observerBox struct{ o tier.Observer }
+
+// SetObserver implements tier.Observable.
+func (t *Tier) SetObserver(o tier.Observer) { t.obs.Store(&observerBox{o}) }
+
+func (t *Tier) observer() tier.Observer {
+	if b := t.obs.Load(); b != nil {
+		return b.o
+	}
+	return nil
+}
+
+func (t *Tier) dropped(k chunk.Key) {
+	if o := t.observer(); o != nil {
+		o.Dropped(t.Name(), k)
+	}
 }
