@@ -1,6 +1,7 @@
 // Package server is the node daemon's outside surface. This part is the
 // HTTP admin server: liveness and readiness probes, Prometheus metrics and
-// a small JSON API (stats, effective configuration, clear).
+// a small JSON API (stats, effective configuration, scopes and keys, clear)
+// and an embedded live dashboard.
 //
 // Nothing here sits on the cache's hot paths. Metrics are not counted by
 // the admin server: a custom collector reads the counters the tiers and
@@ -21,6 +22,7 @@ import (
 
 	"kvtier/config"
 	"kvtier/engine"
+	"kvtier/server/dashboard"
 )
 
 // Admin serves the HTTP admin API of one engine. Safe for concurrent use.
@@ -68,6 +70,13 @@ func NewAdmin(eng *engine.Engine, cfg config.Config, log *slog.Logger) (*Admin, 
 	mux.HandleFunc("POST /api/v1/clear", a.clear)
 	mux.HandleFunc("GET /api/v1/scopes", a.scopes)
 	mux.HandleFunc("GET /api/v1/keys", a.keys)
+	// The dashboard at the root (and /dashboard/): exactly "/" so that
+	// unknown paths keep answering 404 from the mux, not the dashboard.
+	dash := dashboard.Handler()
+	mux.Handle("GET /{$}", dash)
+	mux.Handle("GET /dashboard/{$}", dash)
+	mux.Handle("GET /dashboard/{file}", dash)
+	mux.Handle("GET /{file}", dash)
 	a.handler = mux
 	a.mux = mux
 	return a, nil

@@ -372,3 +372,23 @@ func TestConfigThatCannotBeJSONIsAnError(t *testing.T) {
 		t.Errorf("/api/v1/config = %d %s, want 500 naming extra_config", resp.StatusCode, body)
 	}
 }
+
+// TestDashboardIsServed: the admin server serves the dashboard at / and
+// /dashboard/ with its assets, and unknown paths still answer 404.
+func TestDashboardIsServed(t *testing.T) {
+	f := newFixture(t, config.Default())
+	for path, want := range map[string]string{"/": "text/html", "/dashboard/": "text/html", "/app.js": "javascript", "/dashboard/style.css": "text/css"} {
+		resp, body := do(t, "GET", f.url+path, "")
+		if resp.StatusCode != 200 || !strings.Contains(resp.Header.Get("Content-Type"), want) || len(body) == 0 {
+			t.Errorf("GET %s: %d %q (%d bytes)", path, resp.StatusCode, resp.Header.Get("Content-Type"), len(body))
+		}
+	}
+	for _, path := range []string{"/nope", "/api/v1/nope", "/dashboard/nope.js"} {
+		if resp, _ := do(t, "GET", f.url+path, ""); resp.StatusCode != http.StatusNotFound {
+			t.Errorf("GET %s: %d, want 404", path, resp.StatusCode)
+		}
+	}
+	if resp, _ := do(t, "GET", f.url+"/healthz", ""); resp.StatusCode != 200 {
+		t.Errorf("/healthz shadowed by the dashboard: %d", resp.StatusCode)
+	}
+}

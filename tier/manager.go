@@ -418,7 +418,9 @@ func (m *Manager) promote(ctx context.Context, keys []chunk.Key, ids []arena.ID)
 	var stop error // why launching stopped early, if it was an error
 	n := 0
 	for ; n < len(keys); n++ {
-		if m.ram.Acquire(keys[n:n+1], ids[n:n+1]) == 1 {
+		// The caller has just found keys[0] missing from RAM; checking it
+		// again would count the same miss twice.
+		if n > 0 && m.ram.Acquire(keys[n:n+1], ids[n:n+1]) == 1 {
 			continue
 		}
 		t := m.holder(keys[n])

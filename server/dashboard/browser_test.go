@@ -1,4 +1,4 @@
-package dashboard
+package dashboard_test
 
 import (
 	"bytes"
@@ -24,6 +24,7 @@ import (
 	"kvtier/config"
 	"kvtier/engine"
 	"kvtier/server"
+	"kvtier/server/dashboard"
 )
 
 // The browser test runs the real page in headless Chromium against a real
@@ -76,8 +77,8 @@ func newDaemon(t *testing.T) string {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/api/", admin.Handler())
-	mux.Handle("/", Handler())
-	mux.Handle("/dashboard/", Handler())
+	mux.Handle("/", dashboard.Handler())
+	mux.Handle("/dashboard/", dashboard.Handler())
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return srv.URL
@@ -480,7 +481,7 @@ func TestBrowserChartsRatesFromDeltas(t *testing.T) {
 		}
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/", Handler())
+	mux.Handle("/", dashboard.Handler())
 	mux.HandleFunc("GET /scripted/stats", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(stats(uint64(calls.Add(1))))
@@ -527,7 +528,7 @@ func TestBrowserChartsRatesFromDeltas(t *testing.T) {
 // the page's requests to another origin.
 func TestBrowserRefusesForeignAPI(t *testing.T) {
 	browser := findChromium(t)
-	srv := httptest.NewServer(Handler())
+	srv := httptest.NewServer(dashboard.Handler())
 	defer srv.Close()
 	doc := renderInBrowser(t, browser, srv.URL+"/?api=http://192.0.2.1/api/v1/stats")
 	html := doc.find(func(n *node) bool { return n.name == "html" })

@@ -114,7 +114,7 @@ func (t *Tier) Get(_ context.Context, key chunk.Key, dst []byte) (int, error) {
 // on the tier's arena. One lock round trip serves the whole batch.
 func (t *Tier) Acquire(keys []chunk.Key, ids []arena.ID) int {
 	t.mu.Lock()
-	n := 0
+	n, bytes := 0, 0
 	for ; n < len(keys); n++ {
 		id, ok := t.index[keys[n]]
 		if !ok || !t.arena.Ref(id) {
@@ -122,9 +122,11 @@ func (t *Tier) Acquire(keys []chunk.Key, ids []arena.ID) int {
 		}
 		ids[n] = id
 		t.policy.Access(keys[n])
+		bytes += t.arena.Size(id)
 	}
 	t.mu.Unlock()
 	t.hits.Add(uint64(n))
+	t.bytesRead.Add(uint64(bytes)) // handed out to be read, in place or by a copy
 	if n < len(keys) {
 		t.misses.Add(1)
 	}

@@ -189,7 +189,8 @@
       const q = queues[i];
       showAll(row.fields, q);
       setBar(row.bar, q.depth, q.capacity);
-      row.el.classList.toggle("warn", q.dropped > 0 || q.failed > 0);
+      row.fields.get("dropped").classList.toggle("warn", q.dropped > 0);
+      row.fields.get("failed").classList.toggle("warn", q.failed > 0);
     });
     document.getElementById("queues-empty").hidden = queues.length > 0;
   }
