@@ -34,6 +34,10 @@ type Options struct {
 	TLS     *tls.Config   // TCP over TLS when not nil
 	Name    string        // reported to the daemon, for its logs
 	Timeout time.Duration // per request when the context has no deadline (default 30 s)
+	// Populate maps the shared arena with MAP_POPULATE: connecting takes
+	// longer (the page tables of the whole arena are filled), but the first
+	// write into each slot does not page-fault. For long-lived connectors.
+	Populate bool
 }
 
 // StatusError is a request the daemon refused.
@@ -153,7 +157,11 @@ func (c *Client) handshake(ctx context.Context, local bool) error {
 		err = errors.New("the daemon did not share its arena")
 	}
 	if err == nil && fd >= 0 {
-		c.arena, err = unix.Mmap(fd, 0, int(c.hello.ArenaBytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		flags := unix.MAP_SHARED
+		if c.opts.Populate {
+			flags |= unix.MAP_POPULATE
+		}
+		c.arena, err = unix.Mmap(fd, 0, int(c.hello.ArenaBytes), unix.PROT_READ|unix.PROT_WRITE, flags)
 	}
 	if fd >= 0 {
 		unix.Close(fd)

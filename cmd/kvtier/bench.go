@@ -9,6 +9,7 @@ import (
 	"kvtier/codec"
 	"kvtier/tier/remote"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"time"
 
@@ -33,6 +34,8 @@ type benchFlags struct {
 	skipCodecs                     bool
 	remotes                        []string
 	remoteChunks                   int
+	cpuProfile                     string
+	socket                         string
 	json                           bool
 }
 
@@ -88,6 +91,17 @@ shape; and, for each --remote URL, the remote tier's put and get against the
 backend's own client library on the same server. Machines are noisy: read the ratios, not the absolute figures.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if f.cpuProfile != "" {
+				out, err := os.Create(f.cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer out.Close()
+				if err := pprof.StartCPUProfile(out); err != nil {
+					return err
+				}
+				defer pprof.StopCPUProfile()
+			}
 			r, err := runBench(cmd.Context(), f, cmd.ErrOrStderr())
 			if err != nil {
 				return err
@@ -115,6 +129,8 @@ backend's own client library on the same server. Machines are noisy: read the ra
 	fl.BoolVar(&f.skipCodecs, "skip-codecs", false, "skip the codec measurements")
 	fl.StringArrayVar(&f.remotes, "remote", nil, "also measure this remote tier URL (redis://…, s3://…) against its raw client library (repeatable)")
 	fl.IntVar(&f.remoteChunks, "remote-chunks", 8, "chunks per remote measurement")
+	fl.StringVar(&f.socket, "socket", "", "measure LOOKUPs against the daemon already serving this local socket (another process) instead of one in this process")
+	fl.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	fl.BoolVar(&f.json, "json", false, "print JSON")
 	return cmd
 }
