@@ -1,6 +1,7 @@
 package codec
 
 import (
+	"encoding/binary"
 	"fmt"
 	"sync"
 
@@ -69,15 +70,29 @@ func (zstdCodec) Name() string   { return "zstd" }
 func (zstdCodec) ID() ID         { return IDZstd }
 func (zstdCodec) Lossless() bool { return true }
 
-func (zstdCodec) Encode(dst []byte, _ kvformat.Spec, chunk []byte) ([]byte, error) {
+func (zstdCodec) Encode(dst []byte, spec kvformat.Spec, chunk []byte) ([]byte, error) {
 	z, err := sharedZstd()
 	if err != nil {
 		return dst, err
 	}
-	return z.enc.EncodeAll(chunk, dst), nil
+	if planeWidth(spec, len(chunk)) == 0 {
+		return z.enc.EncodeAll(chunk, dst), nil
+	}
+	// Split payload: u32 length of the zstd frame of the high plane, the
+	// frame, then the low plane as it is (it looks random: compressing it
+	// would cost time and save nothing).
+	bp := planeBuf(len(chunk))
+	defer planeBufs.Put(bp)
+	split(*bp, chunk)
+	half := len(chunk) / 2
+	start := len(dst)
+	dst = append(dst, 0, 0, 0, 0)
+	dst = z.enc.EncodeAll((*bp)[half:], dst)
+	binary.LittleEndian.PutUint32(dst[start:], uint32(len(dst)-start-4))
+	return append(dst, (*bp)[:half]...), nil
 }
 
-func (zstdCodec) Decode(dst []byte, _ kvformat.Spec, payload []byte, rawLen int) ([]byte, error) {
+func (zstdCodec) Decode(dst []byte, spec kvformat.Spec, payload []byte, rawLen int) ([]byte, error) {
 	if err := checkRawLen(rawLen); err != nil {
 		return dst, err
 	}
@@ -86,13 +101,36 @@ func (zstdCodec) Decode(dst []byte, _ kvformat.Spec, payload []byte, rawLen int)
 		return dst, err
 	}
 	out, window := grow(dst, rawLen)
-	got, err := z.dec.DecodeAll(payload, window[:0])
+	if planeWidth(spec, rawLen) == 0 {
+		got, err := z.dec.DecodeAll(payload, window[:0])
+		if err != nil {
+			return dst, fmt.Errorf("%w: zstd: %w", ErrCorrupt, err)
+		}
+		if len(got) != rawLen {
+			return dst, fmt.Errorf("%w: zstd payload decodes to %d bytes, want %d", ErrCorrupt, len(got), rawLen)
+		}
+		return out, nil
+	}
+	half := rawLen / 2
+	if len(payload) < 4 {
+		return dst, fmt.Errorf("%w: split zstd payload of %d bytes", ErrCorrupt, len(payload))
+	}
+	frame := int(binary.LittleEndian.Uint32(payload))
+	if frame > len(payload)-4 || len(payload)-4-frame != half {
+		return dst, fmt.Errorf("%w: split zstd payload: frame of %d bytes and %d raw bytes for a %d-byte chunk", ErrCorrupt, frame, len(payload)-4-frame, rawLen)
+	}
+	bp := planeBuf(rawLen)
+	defer planeBufs.Put(bp)
+	planes := *bp
+	got, err := z.dec.DecodeAll(payload[4:4+frame], planes[half:half])
 	if err != nil {
 		return dst, fmt.Errorf("%w: zstd: %w", ErrCorrupt, err)
 	}
-	if len(got) != rawLen {
-		return dst, fmt.Errorf("%w: zstd payload decodes to %d bytes, want %d", ErrCorrupt, len(got), rawLen)
+	if len(got) != half {
+		return dst, fmt.Errorf("%w: zstd high plane decodes to %d bytes, want %d", ErrCorrupt, len(got), half)
 	}
+	copy(planes[:half], payload[4+frame:])
+	join(window, planes)
 	return out, nil
 }
 
