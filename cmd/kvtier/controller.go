@@ -37,6 +37,7 @@ type controllerFlags struct {
 	logLevel   string
 	tokenizers []string
 	podsFile   string
+	grpcListen string
 }
 
 func controllerCmd() *cobra.Command {
@@ -70,6 +71,7 @@ down cleanly; a second signal kills it. See docs/router.md.`,
 	fl.IntVar(&f.maxBlocks, "max-blocks", 4_000_000, "most distinct blocks the index holds before evicting")
 	fl.StringVar(&f.scorer, "scorer", "longest-prefix", "pod scorer: longest-prefix or tier-weighted")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fl.StringVar(&f.grpcListen, "grpc-listen", "", "also serve llm-d's gRPC GetPodScores (indexer.v1.IndexerService) on this address")
 	fl.StringVar(&f.podsFile, "pods-file", "", "a file of pods, one NAME=MODEL=ADDRESS[=REPLAY] per line (# comments), watched: pods added, removed or changed there are followed, dropped or restarted within seconds")
 	fl.StringArrayVar(&f.tokenizers, "tokenizer", nil, "tokenizer for prompt strings: [MODEL=]tiktoken:ENCODING or [MODEL=]hf:/path/tokenizer.json (repeatable; without MODEL= it serves every model without its own)")
 	return cmd
@@ -277,6 +279,15 @@ func runController(ctx context.Context, unsignal func(), f controllerFlags, logO
 		go watchPods(ctx, f.pods, f.podsFile, podsFileData, sub, log)
 	}
 
+	stopGRPC := func() {}
+	if f.grpcListen != "" {
+		addr, stop, err := startGRPC(f.grpcListen, handler)
+		if err != nil {
+			return errors.Join(err, ln.Close(), sub.Close())
+		}
+		stopGRPC = stop
+		log.Info("grpc listening", "addr", addr.String())
+	}
 	srv := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -297,6 +308,7 @@ func runController(ctx context.Context, unsignal func(), f controllerFlags, logO
 		log.Error("score API failed", "err", serveErr)
 	}
 	unsignal()
+	stopGRPC()
 	return errors.Join(serveErr, stopController(srv, sub, log))
 }
 
