@@ -330,8 +330,8 @@ func TestMalformedRequest(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, body := range [][]byte{
-		{0x0a, 0x05, 'a'},          // prompt claims 5 bytes, has 1
-		{0x0a, 0x02, 0xff, 0xfe},   // prompt is not UTF-8, which proto3 strings must be
+		{0x0a, 0x05, 'a'},           // prompt claims 5 bytes, has 1
+		{0x0a, 0x02, 0xff, 0xfe},    // prompt is not UTF-8, which proto3 strings must be
 		{0x11, 0, 0, 0, 0, 0, 0, 0}, // prompt sent as fixed64: wrong wire type for field 1
 	} {
 		_, err := invokeRaw(ctx, conn, FullMethod, body)
