@@ -1,0 +1,299 @@
+"""A client of kvtier's local cache protocol (docs/protocol.md).
+
+The daemon shares its RAM arena, a memfd, in the HELLO reply. The client maps
+it once and hands out slots as ``torch`` tensors that alias the mapping, so
+chunk bytes are written and read in place: the socket only carries small
+metadata frames.
+
+Every socket operation has a timeout, so a daemon that died or hangs turns
+into :class:`ConnectionLost` within ``timeout`` seconds instead of blocking
+the serving engine. After ``ConnectionLost`` the client is closed; make a new
+:class:`Client` to reconnect (leases held by the old connection are gone: the
+daemon frees them when a connection closes).
+
+A client is safe to share between threads: one request is in flight at a
+time, guarded by a lock.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import mmap
+import os
+import socket
+import threading
+from typing import List, Optional, Sequence
+
+import torch
+
+from . import protocol as p
+from .protocol import Keys, LookupReply, Slot, Slots
+
+DEFAULT_TIMEOUT = 5.0
+
+
+class KVTierError(Exception):
+    """Base of every error this package raises."""
+
+
+class ConnectionLost(KVTierError, ConnectionError):
+    """The daemon is unreachable, closed the connection, or did not answer in time."""
+
+
+class StatusError(KVTierError):
+    """The daemon answered a request with an error status."""
+
+    status = -1
+
+    def __init__(self, op: int, status: int, message: str):
+        self.op, self.status, self.message = op, status, message
+        super().__init__(f"kvtier: op {op}: {p.STATUS_NAMES.get(status, status)}: {message}")
+
+
+class BadRequest(StatusError):
+    status = 1
+
+
+class NotFound(StatusError):
+    status = 3
+
+
+class NoSpace(StatusError):
+    status = 4
+
+
+class Unauthorized(StatusError):
+    status = 5
+
+
+class Unsupported(StatusError):
+    status = 6
+
+
+class ShuttingDown(StatusError):
+    status = 7
+
+
+_STATUS_ERRORS = {c.status: c for c in (BadRequest, NotFound, NoSpace, Unauthorized, Unsupported, ShuttingDown)}
+
+
+def status_error(op: int, status: int, body: bytes) -> StatusError:
+    """The exception class matching a reply status, so callers can catch e.g. NotFound."""
+    cls = _STATUS_ERRORS.get(status, StatusError)
+    return cls(op, status, bytes(body).decode("utf-8", "replace"))
+
+
+def default_socket_path() -> str:
+    """The socket path the daemon uses when none is configured (docs/configuration.md)."""
+    env = os.environ.get("KVTIER_SOCKET_PATH")
+    if env:
+        return env
+    if os.geteuid() == 0:
+        return "/run/kvtier/kvtier.sock"
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return os.path.join(runtime, "kvtier.sock")
+    return f"/tmp/kvtier-{os.getuid()}.sock"
+
+
+class Client:
+    """One connection to ``kvtier serve`` over its Unix socket, with the arena mapped."""
+
+    def __init__(self, path: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT, name: str = "kvtier-python"):
+        self.path = path or default_socket_path()
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._next_id = 1
+        self._sock: Optional[socket.socket] = None
+        self._arena: Optional[mmap.mmap] = None
+        try:
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._sock.settimeout(timeout)
+            self._sock.connect(self.path)
+            self.hello = self._handshake(name)
+        except OSError as e:
+            self.close()
+            raise ConnectionLost(f"kvtier: connecting to {self.path}: {e}") from e
+        except BaseException:
+            self.close()
+            raise
+        self._arena_bytes = torch.frombuffer(self._arena, dtype=torch.uint8) if self.hello.arena_bytes else None
+
+    # ----- connection -------------------------------------------------------
+
+    @property
+    def chunk_tokens(self) -> int:
+        """The daemon's chunk size in tokens."""
+        return self.hello.chunk_tokens
+
+    @property
+    def closed(self) -> bool:
+        return self._sock is None
+
+    def close(self) -> None:
+        """Closes the socket, which ends every lease of this connection on the daemon."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._arena_bytes = None
+        if self._arena is not None:
+            try:
+                self._arena.close()
+            except BufferError:
+                # Tensors still view the mapping; it is unmapped when the last one goes.
+                pass
+            self._arena = None
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _handshake(self, name: str) -> p.HelloReply:
+        self._sock.sendall(p.frame(p.OP_HELLO, 0, p.pack_hello(name)))
+        first, fds = self._recv_with_fd()
+        try:
+            header = p.unpack_header(first + self._recv_exact(p.HEADER_SIZE - len(first)))
+            body = self._recv_exact(header.length)
+            if header.status != 0:
+                raise status_error(p.OP_HELLO, header.status, body)
+            hello = p.unpack_hello_reply(body)
+            if hello.version != p.VERSION:
+                raise p.ProtocolError(f"daemon speaks protocol version {hello.version}, want {p.VERSION}")
+            if not hello.has_arena or not fds:
+                raise p.ProtocolError("the daemon did not share its arena (is this the local socket?)")
+            self._arena = mmap.mmap(fds[0], hello.arena_bytes, flags=mmap.MAP_SHARED,
+                                    prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            return hello
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _recv_with_fd(self) -> tuple:
+        """Reads the start of the HELLO reply with recvmsg: the memfd rides on its first byte."""
+        fds = array.array("i")
+        data, ancdata, _flags, _addr = self._sock.recvmsg(p.HEADER_SIZE, socket.CMSG_SPACE(fds.itemsize))
+        if not data:
+            raise ConnectionLost("kvtier: the daemon closed the connection during HELLO")
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+        return data, list(fds)
+
+    def _recv_exact(self, n: int) -> bytes:
+        buf = bytearray(n)
+        view, got = memoryview(buf), 0
+        while got < n:
+            k = self._sock.recv_into(view[got:])
+            if k == 0:
+                raise ConnectionLost("kvtier: the daemon closed the connection")
+            got += k
+        return bytes(buf)
+
+    def _call(self, op: int, body: bytes = b"") -> bytes:
+        """Sends one request and returns the body of its OK reply."""
+        with self._lock:
+            if self._sock is None:
+                raise ConnectionLost("kvtier: client is closed")
+            rid = self._next_id
+            self._next_id = (self._next_id + 1) & 0xFFFFFFFF or 1
+            try:
+                self._sock.sendall(p.frame(op, rid, body))
+                header = p.unpack_header(self._recv_exact(p.HEADER_SIZE))
+                if header.length > p.MAX_META_BODY:
+                    raise p.ProtocolError(f"reply body of {header.length} bytes")
+                reply = self._recv_exact(header.length)
+            except (OSError, p.ProtocolError) as e:
+                self._break()
+                if isinstance(e, ConnectionLost):
+                    raise
+                raise ConnectionLost(f"kvtier: op {op}: {e}") from e
+            if header.op != op or header.request_id != rid or not header.flags & p.FLAG_REPLY:
+                self._break()
+                raise ConnectionLost(f"kvtier: reply (op {header.op}, id {header.request_id}) does not match request (op {op}, id {rid})")
+        if header.status != 0:
+            raise status_error(op, header.status, reply)
+        return reply
+
+    def _break(self) -> None:
+        """Drops a connection whose stream position can no longer be trusted."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    # ----- arena ------------------------------------------------------------
+
+    def slot_tensor(self, slot: Slot) -> torch.Tensor:
+        """The slot's bytes as a uint8 tensor aliasing the arena (no copy)."""
+        if self._arena_bytes is None:
+            raise ConnectionLost("kvtier: client is closed")
+        if slot.offset + slot.length > self.hello.arena_bytes:
+            raise p.ProtocolError(f"slot [{slot.offset}, +{slot.length}) is outside the {self.hello.arena_bytes}-byte arena")
+        return self._arena_bytes[slot.offset: slot.offset + slot.length]
+
+    # ----- operations -------------------------------------------------------
+
+    def ping(self, payload: bytes = b"") -> bytes:
+        return self._call(p.OP_PING, payload)
+
+    def scope(self, model: str, fmt: str, world_size: int = 1, rank: int = 0, namespace: str = "") -> int:
+        """Registers a scope on this connection and returns its handle."""
+        return p.unpack_u32(self._call(p.OP_SCOPE, p.pack_scope(world_size, rank, model, fmt, namespace)), "scope reply")
+
+    def lookup(self, keys: Keys, lease_ms: int = 0) -> LookupReply:
+        """How much of the keys' prefix is cached; with lease_ms, keeps the hit resident."""
+        return p.unpack_lookup_reply(self._call(p.OP_LOOKUP, p.pack_lookup(keys, lease_ms)))
+
+    def prepare_store(self, keys: Keys, sizes: Sequence[int], lease_ms: int = 0) -> Slots:
+        return p.unpack_slots(self._call(p.OP_PREPARE_STORE, p.pack_prepare_store(keys, sizes, lease_ms)))
+
+    def commit_store(self, lease: int, count: int) -> int:
+        return p.unpack_u32(self._call(p.OP_COMMIT_STORE, p.pack_commit(lease, count)), "commit reply")
+
+    def prepare_retrieve(self, keys: Keys, lease_ms: int = 0) -> Slots:
+        return p.unpack_slots(self._call(p.OP_PREPARE_RETRIEVE, p.pack_prepare_retrieve(keys, lease_ms)))
+
+    def release(self, lease: int) -> None:
+        self._call(p.OP_RELEASE, p.pack_release(lease))
+
+    def renew(self, lease: int, ms: int) -> None:
+        self._call(p.OP_RENEW, p.pack_renew(lease, ms))
+
+    def prefetch(self, keys: Keys) -> bool:
+        body = self._call(p.OP_PREFETCH, keys.pack())
+        if len(body) != 1:
+            raise p.ProtocolError(f"prefetch reply of {len(body)} bytes")
+        return body[0] == 1
+
+    def clear(self, scope: int = 0) -> int:
+        """Drops a scope's chunks (every scope's with 0) from RAM; lower tiers keep theirs."""
+        return p.unpack_u64(self._call(p.OP_CLEAR, p.pack_clear(scope)), "clear reply")
+
+    def stats(self) -> dict:
+        return json.loads(self._call(p.OP_STATS).decode("utf-8"))
+
+    # ----- conveniences -----------------------------------------------------
+
+    def tokens(self, scope: int, tokens: Sequence[int], skip: int = 0) -> Keys:
+        """Token keys (kind 0) of a prompt from its first token."""
+        return Keys(scope, p.KIND_TOKENS, tokens, skip)
+
+    def hashes(self, scope: int, hashes: Sequence[bytes]) -> Keys:
+        """Hash keys (kind 1), one 16-byte hash per chunk."""
+        return Keys(scope, p.KIND_HASHES, hashes)
+
+    def store(self, keys: Keys, chunks: List[torch.Tensor], lease_ms: int = 0) -> int:
+        """Copies whole chunks into the arena and commits them; returns how many were committed."""
+        sizes = [c.numel() * c.element_size() for c in chunks]
+        slots = self.prepare_store(keys, sizes, lease_ms)
+        try:
+            for s, c in zip(slots.slots, chunks):
+                if s.state == p.SLOT_WRITE:
+                    self.slot_tensor(s).copy_(c.contiguous().view(-1).view(torch.uint8))
+        except BaseException:
+            if slots.lease:
+                self.commit_store(slots.lease, 0)
+            raise
+        return self.commit_store(slots.lease, len(slots.slots)) if slots.lease else 0

@@ -1,0 +1,146 @@
+"""A small Llama-architecture model over a paged KV cache, for testing connectors.
+
+RMSNorm, rotary position embeddings, grouped-query attention and a SwiGLU
+MLP, with deterministic random weights. It is not meant to produce good text,
+only to compute exactly what a real Llama does with its KV cache: every
+layer writes its new keys and values into paged per-layer tensors at the
+step's slot mapping and attends over the whole context *read back from those
+tensors*, so KV loaded by a connector is genuinely used, and wrong KV changes
+the logits.
+
+The per-layer hooks sit where vLLM's attention op calls the connector:
+``wait_for_layer_load`` before attention, ``save_kv_layer`` after.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+import torch
+
+from .. import layout
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int = 512
+    hidden: int = 128
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 32
+    intermediate: int = 256
+    rope_theta: float = 10000.0
+    eps: float = 1e-6
+    seed: int = 0
+    dtype: torch.dtype = torch.float32
+
+    def layer_name(self, i: int) -> str:
+        return f"model.layers.{i}.self_attn.attn"
+
+
+class LayerHooks:
+    """Callbacks around each attention layer; the engine wires them to the connector."""
+
+    def before_attention(self, layer_name: str) -> None:  # vLLM: wait_for_layer_load
+        pass
+
+    def after_attention(self, layer_name: str, kv_layer: torch.Tensor) -> None:  # vLLM: save_kv_layer
+        pass
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+class Llama:
+    """Weights and the forward pass; KV lives outside, in the engine's paged tensors."""
+
+    def __init__(self, cfg: LlamaConfig):
+        self.cfg = cfg
+        g = torch.Generator().manual_seed(cfg.seed)
+
+        def w(*shape: int) -> torch.Tensor:
+            return (torch.randn(*shape, generator=g) / math.sqrt(shape[-1])).to(cfg.dtype)
+
+        self.embed = torch.randn(cfg.vocab_size, cfg.hidden, generator=g).to(cfg.dtype)
+        self.layers = []
+        for _ in range(cfg.layers):
+            self.layers.append({
+                "attn_norm": 1 + 0.1 * torch.randn(cfg.hidden, generator=g).to(cfg.dtype),
+                "wq": w(cfg.heads * cfg.head_dim, cfg.hidden),
+                "wk": w(cfg.kv_heads * cfg.head_dim, cfg.hidden),
+                "wv": w(cfg.kv_heads * cfg.head_dim, cfg.hidden),
+                "wo": w(cfg.hidden, cfg.heads * cfg.head_dim),
+                "mlp_norm": 1 + 0.1 * torch.randn(cfg.hidden, generator=g).to(cfg.dtype),
+                "w_gate": w(cfg.intermediate, cfg.hidden),
+                "w_up": w(cfg.intermediate, cfg.hidden),
+                "w_down": w(cfg.hidden, cfg.intermediate),
+            })
+        self.final_norm = torch.ones(cfg.hidden, dtype=cfg.dtype)
+        self.lm_head = w(cfg.vocab_size, cfg.hidden)
+        half = cfg.head_dim // 2
+        self.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, half, dtype=torch.float64) / half))
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        angles = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]
+        cos = torch.cat((angles.cos(), angles.cos()), -1).to(x.dtype)[:, None, :]
+        sin = torch.cat((angles.sin(), angles.sin()), -1).to(x.dtype)[:, None, :]
+        return x * cos + _rotate_half(x) * sin
+
+    @torch.no_grad()
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                context_slots: torch.Tensor, kv_caches: List[torch.Tensor], paged: layout.Paged,
+                hooks: Optional[LayerHooks] = None, last_only: bool = True) -> torch.Tensor:
+        """Runs the new tokens of one request; returns logits (of the last token by default).
+
+        ``context_slots`` are the slots of tokens 0..positions[-1] (the whole
+        context including the new tokens), in order.
+        """
+        cfg, hooks = self.cfg, hooks or LayerHooks()
+        x = self.embed[token_ids]
+        for i, lw in enumerate(self.layers):
+            name = cfg.layer_name(i)
+            h = _rms_norm(x, lw["attn_norm"], cfg.eps)
+            q = self._rope((h @ lw["wq"].T).view(-1, cfg.heads, cfg.head_dim), positions)
+            k = self._rope((h @ lw["wk"].T).view(-1, cfg.kv_heads, cfg.head_dim), positions)
+            v = (h @ lw["wv"].T).view(-1, cfg.kv_heads, cfg.head_dim)
+            hooks.before_attention(name)
+            attn = self._attention(q, k, v, positions, slot_mapping, context_slots, kv_caches[i], paged)
+            hooks.after_attention(name, kv_caches[i])
+            x = x + attn.reshape(len(token_ids), -1) @ lw["wo"].T
+            h = _rms_norm(x, lw["mlp_norm"], cfg.eps)
+            x = x + (torch.nn.functional.silu(h @ lw["w_gate"].T) * (h @ lw["w_up"].T)) @ lw["w_down"].T
+        if last_only:
+            x = x[-1:]
+        return _rms_norm(x, self.final_norm, cfg.eps) @ self.lm_head.T
+
+    def _attention(self, q, k, v, positions, slot_mapping, context_slots, kv, paged, block_q: int = 512):
+        """Writes the new K/V into the paged cache, then attends causally over the cached context."""
+        rows = paged.rows(kv)
+        kidx, vidx = paged.row_indices(slot_mapping)
+        rows.index_copy_(0, kidx, k.reshape(len(k), -1))
+        rows.index_copy_(0, vidx, v.reshape(len(v), -1))
+        ck, cv = paged.row_indices(context_slots)
+        group = self.cfg.heads // self.cfg.kv_heads
+        keys = rows.index_select(0, ck).view(-1, self.cfg.kv_heads, self.cfg.head_dim)
+        values = rows.index_select(0, cv).view(-1, self.cfg.kv_heads, self.cfg.head_dim)
+        keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)      # [heads, N, d]
+        values = values.repeat_interleave(group, dim=1).transpose(0, 1)  # [heads, N, d]
+        scale = 1.0 / math.sqrt(self.cfg.head_dim)
+        out = torch.empty_like(q)
+        for s in range(0, len(q), block_q):
+            pos = positions[s:s + block_q]
+            n = int(pos[-1]) + 1  # keys beyond the block's last position are all masked
+            scores = torch.matmul(q[s:s + block_q].transpose(0, 1), keys[:, :n].transpose(1, 2)) * scale
+            mask = torch.arange(n)[None, :] > pos[:, None]
+            scores.masked_fill_(mask[None], float("-inf"))
+            out[s:s + block_q] = torch.matmul(scores.softmax(-1), values[:, :n]).transpose(0, 1)
+        return out

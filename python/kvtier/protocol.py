@@ -1,0 +1,270 @@
+"""Encoding and decoding of kvtier's binary cache protocol (docs/protocol.md).
+
+This module is pure byte work with no sockets, so every layout rule of the
+protocol lives in one place and can be tested without a daemon. The Go
+package ``wire`` is the reference; field names here follow it.
+
+All integers are little-endian. Decoders check every length and raise
+:class:`ProtocolError` rather than returning half-parsed values, because the
+bytes come from another process.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import List, Sequence
+
+HEADER = struct.Struct("<IBBHII")
+HEADER_SIZE = HEADER.size  # 16
+MAGIC = b"KVT1"
+VERSION = 1
+MAX_META_BODY = 8 << 20
+MAX_CHUNK_BODY = 1 << 30
+MAX_STRING = 1 << 10
+
+FLAG_REPLY = 1
+FLAG_MORE = 2
+
+# Operations (values are part of the protocol).
+OP_HELLO = 1
+OP_PING = 2
+OP_SCOPE = 3
+OP_LOOKUP = 4
+OP_PREPARE_STORE = 5
+OP_COMMIT_STORE = 6
+OP_PREPARE_RETRIEVE = 7
+OP_RELEASE = 8
+OP_RENEW = 9
+OP_PREFETCH = 10
+OP_CLEAR = 11
+OP_STATS = 12
+
+# Key kinds.
+KIND_TOKENS = 0
+KIND_HASHES = 1
+
+# Slot states.
+SLOT_WRITE = 0
+SLOT_STORED = 1
+
+STATUS_NAMES = {
+    0: "OK", 1: "BAD_REQUEST", 2: "UNKNOWN_OP", 3: "NOT_FOUND", 4: "NO_SPACE",
+    5: "UNAUTHORIZED", 6: "UNSUPPORTED", 7: "SHUTTING_DOWN", 8: "INTERNAL",
+    9: "TOO_LARGE",
+}
+
+
+class ProtocolError(Exception):
+    """The daemon sent bytes that do not follow the protocol."""
+
+
+@dataclass
+class Header:
+    length: int
+    op: int
+    flags: int
+    request_id: int
+    status: int
+
+
+def pack_header(length: int, op: int, request_id: int, flags: int = 0, status: int = 0) -> bytes:
+    return HEADER.pack(length, op, flags, 0, request_id, status)
+
+
+def unpack_header(b: bytes) -> Header:
+    length, op, flags, reserved, rid, status = HEADER.unpack(b)
+    if reserved != 0:
+        raise ProtocolError("frame header: reserved bytes are not zero")
+    if status not in STATUS_NAMES:
+        raise ProtocolError(f"frame header: unknown status {status}")
+    return Header(length, op, flags, rid, status)
+
+
+def frame(op: int, request_id: int, body: bytes) -> bytes:
+    """A whole request frame: header then body."""
+    if len(body) > MAX_META_BODY:
+        raise ValueError(f"{len(body)}-byte body is over the protocol's {MAX_META_BODY}-byte limit")
+    return pack_header(len(body), op, request_id) + body
+
+
+def pack_str(s: str) -> bytes:
+    b = s.encode("utf-8")
+    if len(b) > MAX_STRING:
+        raise ValueError(f"string of {len(b)} bytes is over the protocol's {MAX_STRING}-byte limit")
+    return struct.pack("<H", len(b)) + b
+
+
+@dataclass
+class Keys:
+    """The key block of a keyed request: token ids (kind 0) or 16-byte hashes (kind 1)."""
+
+    scope: int
+    kind: int
+    items: Sequence  # token ids (ints) or 16-byte hashes
+    skip: int = 0
+
+    def pack(self) -> bytes:
+        head = struct.pack("<IB3xII", self.scope, self.kind, self.skip, len(self.items))
+        if self.kind == KIND_TOKENS:
+            return head + pack_u32_array(self.items)
+        if self.kind == KIND_HASHES:
+            for h in self.items:
+                if len(h) != 16:
+                    raise ValueError(f"hash key of {len(h)} bytes, want 16")
+            return head + b"".join(bytes(h) for h in self.items)
+        raise ValueError(f"unsupported key kind {self.kind}")
+
+
+def pack_u32_array(values: Sequence[int]) -> bytes:
+    """Packs u32s without a count; numpy keeps 100k-token prompts cheap."""
+    import numpy as np
+
+    arr = np.asarray(values, dtype=np.int64)
+    if arr.size and (arr.min() < 0 or arr.max() > 0xFFFFFFFF):
+        raise ValueError("token id out of the u32 range")
+    return arr.astype("<u4").tobytes()
+
+
+def pack_counted_u32(values: Sequence[int]) -> bytes:
+    return struct.pack("<I", len(values)) + pack_u32_array(values)
+
+
+def pack_hello(name: str, token: str = "") -> bytes:
+    return MAGIC + struct.pack("<HH", VERSION, 0) + pack_str(token) + pack_str(name)
+
+
+def pack_scope(world_size: int, rank: int, model: str, fmt: str, namespace: str = "") -> bytes:
+    return struct.pack("<II", world_size, rank) + pack_str(model) + pack_str(fmt) + pack_str(namespace)
+
+
+def pack_lookup(keys: Keys, lease_ms: int) -> bytes:
+    return struct.pack("<I", lease_ms) + keys.pack()
+
+
+def pack_prepare_store(keys: Keys, sizes: Sequence[int], lease_ms: int) -> bytes:
+    return struct.pack("<I", lease_ms) + keys.pack() + pack_counted_u32(sizes)
+
+
+def pack_prepare_retrieve(keys: Keys, lease_ms: int) -> bytes:
+    return struct.pack("<I", lease_ms) + keys.pack()
+
+
+def pack_commit(lease: int, count: int) -> bytes:
+    return struct.pack("<QI", lease, count)
+
+
+def pack_release(lease: int) -> bytes:
+    return struct.pack("<Q", lease)
+
+
+def pack_renew(lease: int, ms: int) -> bytes:
+    return struct.pack("<QI", lease, ms)
+
+
+def pack_clear(scope: int) -> bytes:
+    return struct.pack("<I", scope)
+
+
+class _Reader:
+    """Reads fixed fields off a body, failing loudly on short or long bodies."""
+
+    def __init__(self, body: bytes, what: str):
+        self.body, self.pos, self.what = memoryview(body), 0, what
+
+    def take(self, n: int) -> memoryview:
+        if self.pos + n > len(self.body):
+            raise ProtocolError(f"{self.what}: body of {len(self.body)} bytes is too short")
+        p = self.body[self.pos:self.pos + n]
+        self.pos += n
+        return p
+
+    def unpack(self, fmt: str):
+        s = struct.Struct("<" + fmt)
+        return s.unpack(self.take(s.size))
+
+    def end(self) -> None:
+        if self.pos != len(self.body):
+            raise ProtocolError(f"{self.what}: {len(self.body) - self.pos} trailing bytes")
+
+
+@dataclass
+class HelloReply:
+    version: int
+    has_arena: bool
+    chunk_tokens: int
+    arena_bytes: int
+    lease_ms: int
+    max_chunk: int
+
+
+def unpack_hello_reply(body: bytes) -> HelloReply:
+    r = _Reader(body, "hello reply")
+    version, flags, chunk, arena, lease, max_chunk = r.unpack("HHIQII")
+    r.end()
+    if flags & ~1:
+        raise ProtocolError(f"hello reply: unknown flags {flags:#x}")
+    return HelloReply(version, bool(flags & 1), chunk, arena, lease, max_chunk)
+
+
+@dataclass
+class LookupReply:
+    tokens: int
+    chunks: int
+    lease: int
+    by_tier: List[int] = field(default_factory=list)
+
+
+def unpack_lookup_reply(body: bytes) -> LookupReply:
+    r = _Reader(body, "lookup reply")
+    tokens, chunks, lease, n = r.unpack("IIQB")
+    if n > 8:
+        raise ProtocolError(f"lookup reply: {n} tiers, limit 8")
+    by_tier = list(r.unpack(f"{n}I")) if n else []
+    r.end()
+    return LookupReply(tokens, chunks, lease, by_tier)
+
+
+@dataclass
+class Slot:
+    offset: int
+    length: int
+    state: int
+
+
+@dataclass
+class Slots:
+    lease: int
+    tokens: int
+    slots: List[Slot]
+
+
+def unpack_slots(body: bytes) -> Slots:
+    r = _Reader(body, "slots")
+    lease, tokens, n = r.unpack("QII")
+    if n * 16 != len(body) - 16:
+        raise ProtocolError(f"slots: {n} slots in a body of {len(body)} bytes")
+    slots = []
+    for _ in range(n):
+        off, length, state, _r1, _r2 = r.unpack("QIBBH")
+        if _r1 or _r2:
+            raise ProtocolError("slot: reserved bytes are not zero")
+        if state > SLOT_STORED:
+            raise ProtocolError(f"slot: unknown state {state}")
+        slots.append(Slot(off, length, state))
+    r.end()
+    return Slots(lease, tokens, slots)
+
+
+def unpack_u32(body: bytes, what: str) -> int:
+    r = _Reader(body, what)
+    (v,) = r.unpack("I")
+    r.end()
+    return v
+
+
+def unpack_u64(body: bytes, what: str) -> int:
+    r = _Reader(body, what)
+    (v,) = r.unpack("Q")
+    r.end()
+    return v

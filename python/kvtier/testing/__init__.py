@@ -1,0 +1,3 @@
+"""Helpers that start a real ``kvtier serve`` for tests and the demo."""
+
+from .daemon import Daemon, daemon_binary  # noqa: F401

@@ -1,0 +1,119 @@
+"""The Python client against a real daemon: every operation and its errors."""
+
+import os
+import struct
+
+import pytest
+import torch
+
+from kvtier import protocol as p
+from kvtier.client import Client, ConnectionLost, NotFound, BadRequest
+from conftest import CHUNK
+
+
+def test_hello_maps_the_arena(daemon):
+    with Client(daemon.socket_path) as c:
+        assert c.chunk_tokens == CHUNK
+        assert c.hello.arena_bytes > 0
+        assert c.ping(b"echo me") == b"echo me"
+
+
+def test_scope_handles_are_stable_per_connection(daemon):
+    with Client(daemon.socket_path) as c:
+        a = c.scope("m", "float32/KV_2LTD")
+        assert a != 0
+        assert c.scope("m", "float32/KV_2LTD") == a
+        assert c.scope("m", "float32/KV_2LTD", namespace="other") != a
+
+
+def _chunk(seed, nbytes=256):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g)
+
+
+def test_store_then_retrieve_in_place_across_connections(daemon):
+    tokens = list(range(1000, 1000 + 3 * CHUNK + 5))  # three whole chunks and a partial one
+    chunks = [_chunk(i) for i in range(3)]
+    with Client(daemon.socket_path) as w:
+        s = w.scope("store-retrieve", "uint8/KV_2LTD")
+        assert w.lookup(w.tokens(s, tokens)).tokens == 0
+        assert w.store(w.tokens(s, tokens), chunks) == 3
+    with Client(daemon.socket_path) as r:
+        s = r.scope("store-retrieve", "uint8/KV_2LTD")
+        hit = r.lookup(r.tokens(s, tokens), lease_ms=1000)
+        assert (hit.tokens, hit.chunks) == (3 * CHUNK, 3)
+        assert hit.lease != 0 and hit.by_tier[0] == 3
+        r.release(hit.lease)
+        got = r.prepare_retrieve(r.tokens(s, tokens[: 3 * CHUNK], skip=CHUNK))
+        assert got.tokens == 2 * CHUNK and len(got.slots) == 2
+        for slot, want in zip(got.slots, chunks[1:]):
+            assert torch.equal(r.slot_tensor(slot), want)
+        r.release(got.lease)
+        with pytest.raises(NotFound):
+            r.release(got.lease)
+
+
+def test_prepare_store_marks_cached_chunks(daemon):
+    tokens = list(range(5000, 5000 + 2 * CHUNK))
+    with Client(daemon.socket_path) as c:
+        s = c.scope("marks", "uint8/KV_2LTD")
+        assert c.store(c.tokens(s, tokens[:CHUNK]), [_chunk(7)]) == 1
+        slots = c.prepare_store(c.tokens(s, tokens), [256, 256])
+        assert [x.state for x in slots.slots] == [p.SLOT_STORED, p.SLOT_WRITE]
+        assert c.commit_store(slots.lease, 0) == 0  # dropped unseen
+        assert c.lookup(c.tokens(s, tokens)).chunks == 1
+
+
+def test_hash_keys_renew_prefetch_clear_stats(daemon):
+    hashes = [bytes([i]) * 16 for i in range(1, 4)]
+    with Client(daemon.socket_path) as c:
+        s = c.scope("hashes", "uint8/page")
+        assert c.store(c.hashes(s, hashes[:2]), [_chunk(1), _chunk(2)]) == 2
+        hit = c.lookup(c.hashes(s, hashes), lease_ms=500)
+        assert (hit.tokens, hit.chunks) == (0, 2)
+        c.renew(hit.lease, 2000)
+        c.release(hit.lease)
+        assert c.prefetch(c.hashes(s, hashes)) in (True, False)
+        assert c.clear(s) == 2
+        assert c.lookup(c.hashes(s, hashes)).chunks == 0
+        assert isinstance(c.stats(), dict)
+
+
+def test_error_statuses_raise_typed_exceptions(daemon):
+    with Client(daemon.socket_path) as c:
+        with pytest.raises(NotFound):
+            c.lookup(c.tokens(999, [1, 2, 3]))  # unknown scope handle
+        s = c.scope("errors", "uint8/KV_2LTD")
+        with pytest.raises(BadRequest):
+            c.lookup(c.tokens(s, list(range(40)), skip=3))  # skip not a chunk multiple
+        assert c.ping(b"still usable") == b"still usable"
+
+
+def test_unreachable_daemon_is_connection_lost(tmp_path):
+    with pytest.raises(ConnectionLost):
+        Client(str(tmp_path / "nobody.sock"), timeout=0.5)
+
+
+def test_silent_peer_times_out(tmp_path):
+    """A peer that accepts but never answers must not hang the caller."""
+    import socket
+    path = str(tmp_path / "silent.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    try:
+        with pytest.raises(ConnectionLost):
+            Client(path, timeout=0.3)
+    finally:
+        srv.close()
+
+
+def test_decoders_reject_malformed_bodies():
+    with pytest.raises(p.ProtocolError):
+        p.unpack_slots(struct.pack("<QII", 1, 0, 2))  # announces 2 slots, carries none
+    with pytest.raises(p.ProtocolError):
+        p.unpack_lookup_reply(struct.pack("<IIQB", 0, 0, 0, 9) + b"\0" * 36)
+    with pytest.raises(p.ProtocolError):
+        p.unpack_u32(b"\0" * 5, "x")
+    with pytest.raises(p.ProtocolError):
+        p.unpack_header(p.pack_header(0, 1, 1, status=77))

@@ -1,0 +1,69 @@
+"""KV_2LTD gather/scatter: byte layout and round trips for both paged shapes."""
+
+import pytest
+import torch
+
+from kvtier import layout
+
+
+def _paged(kind, nb=6, bs=4, h=2, d=3, layers=3, dtype=torch.float32):
+    g = torch.Generator().manual_seed(1)
+    shape = (nb, 2, bs, h, d) if kind == layout.BLOCK_FIRST else (2, nb, bs, h, d)
+    return [torch.randn(shape, generator=g).to(dtype) for _ in range(layers)]
+
+
+def _k_v(kind, kv, block, off):
+    if kind == layout.BLOCK_FIRST:
+        return kv[block, 0, off], kv[block, 1, off]
+    return kv[0, block, off], kv[1, block, off]
+
+
+@pytest.mark.parametrize("kind", [layout.BLOCK_FIRST, layout.KV_FIRST])
+def test_gather_matches_the_kv_2ltd_formula(kind):
+    kvs = _paged(kind)
+    paged = layout.Paged.of(kvs[0])
+    assert paged.kind == kind
+    block_ids = [5, 2, 3]
+    slots = layout.slots_of(block_ids, paged.block_size, 2, 9)  # 7 tokens crossing blocks
+    raw = torch.zeros(paged.chunk_bytes(3, 7), dtype=torch.uint8)
+    chunk = layout.chunk_view(raw, paged, 3)
+    for l, kv in enumerate(kvs):
+        layout.gather_layer(chunk, l, paged, kv, slots)
+    flat = raw.view(torch.float32)
+    H, T, L = 6, 7, 3
+    for l, kv in enumerate(kvs):
+        for t in range(T):
+            tok = 2 + t
+            k, v = _k_v(kind, kv, block_ids[tok // 4], tok % 4)
+            # K: ((0*L + l)*T + t)*H ; V: ((1*L + l)*T + t)*H  (kvformat's KV_2LTD)
+            assert torch.equal(flat[((0 * L + l) * T + t) * H:][:H], k.reshape(-1))
+            assert torch.equal(flat[((1 * L + l) * T + t) * H:][:H], v.reshape(-1))
+
+
+@pytest.mark.parametrize("kind", [layout.BLOCK_FIRST, layout.KV_FIRST])
+def test_scatter_round_trips_and_respects_first(kind):
+    src = _paged(kind)
+    paged = layout.Paged.of(src[0])
+    slots = layout.slots_of([1, 4], paged.block_size, 0, 8)
+    raw = torch.empty(paged.chunk_bytes(3, 8), dtype=torch.uint8)
+    chunk = layout.chunk_view(raw, paged, 3)
+    for l, kv in enumerate(src):
+        layout.gather_layer(chunk, l, paged, kv, slots)
+    dst = [torch.zeros_like(kv) for kv in src]
+    dst_slots = layout.slots_of([0, 3], paged.block_size, 3, 8)  # skip the first 3 tokens
+    for l, kv in enumerate(dst):
+        layout.scatter_layer(chunk, l, paged, kv, dst_slots, first=3)
+    for l in range(3):
+        for tok in range(8):
+            want = _k_v(kind, src[l], [1, 4][tok // 4], tok % 4)
+            got = _k_v(kind, dst[l], [0, 3][tok // 4], tok % 4)
+            if tok < 3:
+                assert not got[0].any() and not got[1].any()
+            else:
+                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_chunk_view_rejects_partial_tokens():
+    paged = layout.Paged.of(_paged(layout.KV_FIRST)[0])
+    with pytest.raises(ValueError):
+        layout.chunk_view(torch.zeros(7, dtype=torch.uint8), paged, 3)
