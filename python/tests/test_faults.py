@@ -75,8 +75,7 @@ def test_frozen_daemon_times_out_instead_of_hanging(own_daemon):
 def test_chunks_come_back_from_the_disk_tier(own_daemon):
     """After a restart RAM is empty; the disk tier still has the chunks and serves the load.
 
-    (CLEAR would not do here: the daemon's CLEAR also empties the disk tier,
-    although docs/protocol.md says lower tiers keep their chunks.)
+    (CLEAR would not do here: it empties the disk tier too.)
     """
     p = prompt(24, 100)
     engine(own_daemon.socket_path, "disk").prefill(p)
