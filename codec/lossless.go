@@ -82,7 +82,7 @@ func (zstdCodec) Encode(dst []byte, spec kvformat.Spec, chunk []byte) ([]byte, e
 	// frame, then the low plane as it is (it looks random: compressing it
 	// would cost time and save nothing).
 	bp := planeBuf(len(chunk))
-	defer planeBufs.Put(bp)
+	defer putPlaneBuf(bp)
 	split(*bp, chunk)
 	half := len(chunk) / 2
 	start := len(dst)
@@ -120,7 +120,7 @@ func (zstdCodec) Decode(dst []byte, spec kvformat.Spec, payload []byte, rawLen i
 		return dst, fmt.Errorf("%w: split zstd payload: frame of %d bytes and %d raw bytes for a %d-byte chunk", ErrCorrupt, frame, len(payload)-4-frame, rawLen)
 	}
 	bp := planeBuf(rawLen)
-	defer planeBufs.Put(bp)
+	defer putPlaneBuf(bp)
 	planes := *bp
 	got, err := z.dec.DecodeAll(payload[4:4+frame], planes[half:half])
 	if err != nil {

@@ -1,10 +1,6 @@
 package codec
 
-import (
-	"sync"
-
-	"kvtier/kvformat"
-)
+import "kvtier/kvformat"
 
 // Lossless codecs see a chunk of 16-bit floats as bytes, where the high
 // byte of each element (sign, exponent, top of the mantissa) repeats a lot
@@ -41,12 +37,17 @@ func join(dst, src []byte) {
 	}
 }
 
-// scratch buffers for the split planes, reused across calls.
-var planeBufs sync.Pool // *[]byte
+// planeBufs keeps a few scratch buffers for the split planes. A channel
+// rather than a sync.Pool: a pool may drop what it holds at any GC (and
+// under the race detector at random), and a dropped 32 MiB buffer is a
+// 32 MiB allocation on the next call.
+var planeBufs = make(chan *[]byte, 4)
 
 func planeBuf(n int) *[]byte {
-	bp, _ := planeBufs.Get().(*[]byte)
-	if bp == nil {
+	var bp *[]byte
+	select {
+	case bp = <-planeBufs:
+	default:
 		bp = new([]byte)
 	}
 	if cap(*bp) < n {
@@ -54,4 +55,12 @@ func planeBuf(n int) *[]byte {
 	}
 	*bp = (*bp)[:n]
 	return bp
+}
+
+// putPlaneBuf returns a buffer for reuse (or lets it go when enough wait).
+func putPlaneBuf(bp *[]byte) {
+	select {
+	case planeBufs <- bp:
+	default:
+	}
 }
