@@ -16,12 +16,14 @@ import (
 	"syscall"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"kvtier/chunk"
 	"kvtier/router/api"
 	"kvtier/router/index"
 	"kvtier/router/ingest"
+	"kvtier/router/redisindex"
 	"kvtier/router/tokenize"
 )
 
@@ -38,6 +40,7 @@ type controllerFlags struct {
 	tokenizers []string
 	podsFile   string
 	grpcListen string
+	indexRedis string
 }
 
 func controllerCmd() *cobra.Command {
@@ -71,6 +74,7 @@ down cleanly; a second signal kills it. See docs/router.md.`,
 	fl.IntVar(&f.maxBlocks, "max-blocks", 4_000_000, "most distinct blocks the index holds before evicting")
 	fl.StringVar(&f.scorer, "scorer", "longest-prefix", "pod scorer: longest-prefix or tier-weighted")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fl.StringVar(&f.indexRedis, "index-redis", "", "keep the block index in Redis (redis://[user:pass@]host:port[/db]), shared by every controller pointed at it, instead of in memory")
 	fl.StringVar(&f.grpcListen, "grpc-listen", "", "also serve llm-d's gRPC GetPodScores (indexer.v1.IndexerService) on this address")
 	fl.StringVar(&f.podsFile, "pods-file", "", "a file of pods, one NAME=MODEL=ADDRESS[=REPLAY] per line (# comments), watched: pods added, removed or changed there are followed, dropped or restarted within seconds")
 	fl.StringArrayVar(&f.tokenizers, "tokenizer", nil, "tokenizer for prompt strings: [MODEL=]tiktoken:ENCODING or [MODEL=]hf:/path/tokenizer.json (repeatable; without MODEL= it serves every model without its own)")
@@ -185,6 +189,36 @@ func parsePods(specs []string) ([]ingest.Endpoint, error) {
 	return eps, nil
 }
 
+// openIndex returns the block index: in memory, or in Redis with
+// --index-redis (shared by replicas; --max-blocks does not apply, entries
+// expire a day after their last update instead).
+func openIndex(f controllerFlags, pods *index.Pods) (index.Store, func(), error) {
+	if f.indexRedis == "" {
+		ix, err := index.New(index.Config{MaxBlocks: f.maxBlocks})
+		if err != nil {
+			return nil, nil, fmt.Errorf("--max-blocks: %w", err)
+		}
+		return ix, func() {}, nil
+	}
+	opts, err := goredis.ParseURL(f.indexRedis)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--index-redis: %w", err)
+	}
+	rdb := goredis.NewClient(opts)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		rdb.Close()
+		return nil, nil, fmt.Errorf("--index-redis: %w", err)
+	}
+	ix, err := redisindex.New(redisindex.Config{Client: rdb}, pods)
+	if err != nil {
+		rdb.Close()
+		return nil, nil, err
+	}
+	return ix, func() { rdb.Close() }, nil
+}
+
 // parseTokenizers loads the --tokenizer values into pools, by model; ""
 // is the default for models without their own.
 func parseTokenizers(specs []string) (func(string) *tokenize.Pool, error) {
@@ -248,11 +282,12 @@ func runController(ctx context.Context, unsignal func(), f controllerFlags, logO
 	if err != nil {
 		return fmt.Errorf("--block-size: %w", err)
 	}
-	ix, err := index.New(index.Config{MaxBlocks: f.maxBlocks})
-	if err != nil {
-		return fmt.Errorf("--max-blocks: %w", err)
-	}
 	pods := index.NewPods()
+	ix, closeIndex, err := openIndex(f, pods)
+	if err != nil {
+		return err
+	}
+	defer closeIndex()
 	tokenizers, err := parseTokenizers(f.tokenizers)
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	goredis "github.com/redis/go-redis/v9"
 
 	"kvtier/chunk"
 	"kvtier/internal/msgpacktest"
@@ -99,6 +101,52 @@ var controllerListening = regexp.MustCompile(`msg="controller listening" addr=(\
 // real ZMQ publisher emitting vLLM's BlockStored frames for a prompt, and
 // checks that /v1/score then gives the publishing pod the whole prompt.
 func TestControllerServesScoresFromEvents(t *testing.T) {
+	t.Run("memory", func(t *testing.T) { controllerServesScores(t) })
+	t.Run("redis", func(t *testing.T) {
+		bin, err := exec.LookPath("redis-server")
+		if err != nil {
+			if os.Getenv("CI") != "" {
+				t.Fatalf("redis-server not installed: %v", err)
+			}
+			t.Skip("redis-server not installed")
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		srv := exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
+		if err := srv.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+		for deadline := time.Now().Add(hang); ; {
+			if c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+				c.Close()
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("redis-server did not start")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		url := fmt.Sprintf("redis://127.0.0.1:%d/0", port)
+		controllerServesScores(t, "--index-redis", url)
+		// The blocks are in Redis, where another controller would see them.
+		opts, _ := goredis.ParseURL(url)
+		rdb := goredis.NewClient(opts)
+		defer rdb.Close()
+		keys, err := rdb.Keys(context.Background(), "kvtier:b:*").Result()
+		if err != nil || len(keys) != 10 {
+			t.Errorf("Redis holds %d block keys (%v), want the prompt's 10", len(keys), err)
+		}
+	})
+}
+
+// controllerServesScores runs a controller with extra flags against a
+// publisher and checks the pod scores the whole prompt.
+func controllerServesScores(t *testing.T, extra ...string) {
 	const blockSize = 16
 	prompt := make([]uint32, 10*blockSize+3)
 	for i := range prompt {
@@ -124,8 +172,8 @@ func TestControllerServesScoresFromEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "controller", "--listen", "127.0.0.1:0", "--hash-seed", "0",
-		"--pod", "pod-a=m=tcp://"+pub.Addr().String())
+	cmd := exec.Command(bin, append([]string{"controller", "--listen", "127.0.0.1:0", "--hash-seed", "0",
+		"--pod", "pod-a=m=tcp://" + pub.Addr().String()}, extra...)...)
 	stderr := &syncBuffer{}
 	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {

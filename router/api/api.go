@@ -299,7 +299,13 @@ func (h *Handler) score(s *scratch, candidates []index.PodID) int {
 	for i := range s.blocks {
 		s.hashes = append(s.hashes, chunk.EventHash(s.blocks[i]))
 	}
-	s.scores = h.scorer.Score(h.ix, s.hashes, candidates, s.scores[:0])
+	var ix index.Store = h.ix
+	if snap, ok := h.ix.(index.Snapshotter); ok {
+		// One read of the whole prompt instead of one per block; a failed
+		// read scores as an empty index (the store counts the failure).
+		ix, _ = snap.Snapshot(s.hashes)
+	}
+	s.scores = h.scorer.Score(ix, s.hashes, candidates, s.scores[:0])
 	return len(s.hashes)
 }
 

@@ -12,9 +12,9 @@ type Store interface {
 	ClearPod(pod PodID)
 	// ClearPodTier drops pod's holdings in one tier.
 	ClearPodTier(pod PodID, tier Tier) error
-	// Lookup calls visit with each leading block's holders, in prompt
-	// order, until visit returns false or a block has no holder. buf is
-	// scratch space for the holders and is returned, possibly grown.
+	// Lookup calls visit with each block's holders, in prompt order (an
+	// empty list for a block nobody holds), until visit returns false.
+	// buf is scratch space for the holders and is returned, possibly grown.
 	Lookup(hashes []uint64, buf []Entry, visit func(i int, holders []Entry) bool) []Entry
 	// HolderWords appends block h's holders to dst as packed words (see
 	// HolderWord), one per pod; the scorers read blocks this way.
@@ -30,3 +30,10 @@ func HolderWord(pod PodID, tiers uint32) uint32 { return holderWord(pod, tiers&h
 func HolderOf(w uint32) (PodID, uint32) { return holderPod(w), w & holderTierMask }
 
 var _ Store = (*Index)(nil)
+
+// Snapshotter is implemented by stores where reading block by block is
+// slow (a store across the network): Snapshot reads every block of a
+// prompt at once into a read-only Store that scorers then use.
+type Snapshotter interface {
+	Snapshot(hashes []uint64) (Store, error)
+}
