@@ -93,7 +93,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	collect(ch, arenaMetrics, c.mgr.RAM().Arena().Stats())
 	for _, t := range c.mgr.Tiers() {
-		if g := guardOf(t); g != nil {
+		if g := remote.GuardOf(t); g != nil {
 			collect(ch, remoteMetrics, g.Health(), t.Name())
 		}
 	}
@@ -110,19 +110,5 @@ func describe[S any](ch chan<- *prometheus.Desc, ms []metric[S]) {
 func collect[S any](ch chan<- prometheus.Metric, ms []metric[S], s S, labels ...string) {
 	for _, m := range ms {
 		ch <- prometheus.MustNewConstMetric(m.desc, m.kind, m.value(s), labels...)
-	}
-}
-
-// guardOf returns the circuit breaker of a remote tier, if t is one.
-func guardOf(t tier.Tier) *remote.Guarded {
-	for {
-		switch x := t.(type) {
-		case *remote.Guarded:
-			return x
-		case *remote.Encoded:
-			t = x.Inner()
-		default:
-			return nil
-		}
 	}
 }

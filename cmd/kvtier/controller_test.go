@@ -7,8 +7,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"kvtier/internal/redistest"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -103,35 +103,8 @@ var controllerListening = regexp.MustCompile(`msg="controller listening" addr=(\
 func TestControllerServesScoresFromEvents(t *testing.T) {
 	t.Run("memory", func(t *testing.T) { controllerServesScores(t) })
 	t.Run("redis", func(t *testing.T) {
-		bin, err := exec.LookPath("redis-server")
-		if err != nil {
-			if os.Getenv("CI") != "" {
-				t.Fatalf("redis-server not installed: %v", err)
-			}
-			t.Skip("redis-server not installed")
-		}
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		srv := exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
-		if err := srv.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
-		for deadline := time.Now().Add(hang); ; {
-			if c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
-				c.Close()
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("redis-server did not start")
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		url := fmt.Sprintf("redis://127.0.0.1:%d/0", port)
+		srv := redistest.Start(t)
+		url := srv.URL()
 		controllerServesScores(t, "--index-redis", url)
 		// The blocks are in Redis, where another controller would see them.
 		opts, _ := goredis.ParseURL(url)

@@ -2,11 +2,11 @@ package redisindex_test
 
 import (
 	"fmt"
+	"kvtier/internal/redistest"
 	"math/rand/v2"
 	"net"
-	"os"
-	"os/exec"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -16,47 +16,11 @@ import (
 	"kvtier/router/redisindex"
 )
 
-// redisServer starts a real redis-server on a free loopback port.
+// redisServer starts a real redis-server and returns its address and a
+// function that stops it.
 func redisServer(t *testing.T) (addr string, stop func()) {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("redis-server not installed (CI installs it): %v", err)
-		}
-		t.Skip("redis-server not installed")
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	stopped := false
-	stop = func() {
-		if !stopped {
-			stopped = true
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	}
-	t.Cleanup(stop)
-	addr = fmt.Sprintf("127.0.0.1:%d", port)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			return addr, stop
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("redis-server did not start")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	srv := redistest.Start(t)
+	return srv.Addr, srv.Stop
 }
 
 func newIndex(t *testing.T, addr string, pods *index.Pods) *redisindex.Index {
@@ -204,7 +168,8 @@ func TestRedisGoingAway(t *testing.T) {
 		t.Errorf("read with Redis down: %v, %d errors", w, ix.Errors())
 	}
 	_, port, _ := net.SplitHostPort(addr)
-	restartOn(t, port)
+	p, _ := strconv.Atoi(port)
+	redistest.StartOn(t, p)
 	deadline := time.Now().Add(10 * time.Second)
 	for ix.Add(id, index.GPU, []uint64{3}) != nil {
 		if time.Now().After(deadline) {
@@ -217,32 +182,11 @@ func TestRedisGoingAway(t *testing.T) {
 	}
 }
 
-func restartOn(t *testing.T, port string) {
-	bin, _ := exec.LookPath("redis-server")
-	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-}
-
 // BenchmarkScoreWithSnapshot: one 128-block prompt held by 8 pods, scored
 // through a one-pipeline snapshot.
 func BenchmarkScoreWithSnapshot(b *testing.B) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		b.Skip("redis-server not installed")
-	}
-	l, _ := net.Listen("tcp", "127.0.0.1:0")
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", b.TempDir())
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	time.Sleep(300 * time.Millisecond)
-	rdb := goredis.NewClient(&goredis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port)})
+	srv := redistest.Start(b)
+	rdb := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 	defer rdb.Close()
 	pods := index.NewPods()
 	ix, _ := redisindex.New(redisindex.Config{Client: rdb}, pods)

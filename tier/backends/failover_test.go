@@ -3,10 +3,7 @@ package backends_test
 import (
 	"bytes"
 	"context"
-	"fmt"
-	"net"
-	"os"
-	"os/exec"
+	"kvtier/internal/redistest"
 	"testing"
 	"time"
 
@@ -15,68 +12,14 @@ import (
 	"kvtier/tier/remote"
 )
 
-// redisServer runs a real redis-server on port until stopped.
-type redisServer struct {
-	cmd  *exec.Cmd
-	port int
-	dir  string
-}
-
-func startRedis(t *testing.T, port int, dir string) *redisServer {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("redis-server not installed (CI installs apt redis-server): %v", err)
-		}
-		t.Skip("redis-server not installed")
-	}
-	cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s := &redisServer{cmd: cmd, port: port, dir: dir}
-	t.Cleanup(s.stop)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err == nil {
-			c.Close()
-			return s
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("redis-server did not listen: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func (s *redisServer) stop() {
-	if s.cmd.Process != nil {
-		s.cmd.Process.Kill()
-		s.cmd.Wait()
-	}
-}
-
-func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // TestRemoteStoreRestartMidRun runs an engine with a real Redis as its
 // remote tier, kills Redis mid-run and starts it again. While it is down
 // the circuit opens, remote calls fail fast, and lookups and retrieves keep
 // working from RAM; once it is back the tier rejoins by itself.
 func TestRemoteStoreRestartMidRun(t *testing.T) {
-	port := freePort(t)
-	dir := t.TempDir()
-	srv := startRedis(t, port, dir)
+	srv := redistest.Start(t)
 	e, err := engine.Open(engine.Options{ChunkSize: 16, RAMBytes: 8 << 20, Policy: "LRU",
-		RemoteURLs: []string{fmt.Sprintf("redis://127.0.0.1:%d/0", port)}, RemoteTimeout: 500 * time.Millisecond})
+		RemoteURLs: []string{srv.URL()}, RemoteTimeout: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +55,7 @@ func TestRemoteStoreRestartMidRun(t *testing.T) {
 		t.Fatal("the chunks did not reach Redis")
 	}
 
-	srv.stop()
+	srv.Stop()
 	// The local tiers keep serving while the remote store is gone.
 	for i := range 20 {
 		store(uint32(10 + i))
@@ -121,7 +64,7 @@ func TestRemoteStoreRestartMidRun(t *testing.T) {
 			t.Fatalf("lookup with Redis down: %+v %v", hit, err)
 		}
 	}
-	guard := guardOf(remoteTier)
+	guard := remote.GuardOf(remoteTier)
 	deadline := time.Now().Add(20 * time.Second)
 	for guard.Health().State != remote.StateOpen {
 		e.Lookup(engine.Request{Scope: scope, Tokens: prompt(99)}) // misses go to the remote tier
@@ -139,7 +82,7 @@ func TestRemoteStoreRestartMidRun(t *testing.T) {
 		t.Errorf("an open circuit took %v to answer", took)
 	}
 
-	startRedis(t, port, dir) // empty: Redis kept nothing on disk
+	redistest.StartOn(t, srv.Port()) // empty: Redis kept nothing on disk
 	deadline = time.Now().Add(20 * time.Second)
 	for guard.Health().State != remote.StateClosed {
 		if time.Now().After(deadline) {
@@ -162,17 +105,4 @@ func keysOf(t *testing.T, e *engine.Engine, scope chunk.Scope, tokens []uint32) 
 		t.Fatal(err)
 	}
 	return keys
-}
-
-func guardOf(t interface{}) *remote.Guarded {
-	for {
-		switch x := t.(type) {
-		case *remote.Guarded:
-			return x
-		case *remote.Encoded:
-			t = x.Inner()
-		default:
-			return nil
-		}
-	}
 }

@@ -243,3 +243,18 @@ func (e *Encoded) Ping(ctx context.Context) error {
 
 // Close implements tier.Tier.
 func (e *Encoded) Close() error { return e.inner.Close() }
+
+// GuardOf returns the circuit breaker inside a remote tier as the engine
+// stacks it (Encoded over Guarded), or nil when t has none.
+func GuardOf(t tier.Tier) *Guarded {
+	for {
+		switch x := t.(type) {
+		case *Guarded:
+			return x
+		case *Encoded:
+			t = x.Inner()
+		default:
+			return nil
+		}
+	}
+}

@@ -1,0 +1,83 @@
+// Package redistest starts real redis-server processes for tests, on free
+// loopback ports. A test that needs one skips when redis-server is not
+// installed, except under CI (the CI environment variable set), where the
+// missing binary is a failure: CI installs it.
+package redistest
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+)
+
+// Server is one running redis-server.
+type Server struct {
+	Addr string // host:port
+	cmd  *exec.Cmd
+}
+
+// URL is the server's redis:// URL for database 0.
+func (s *Server) URL() string { return "redis://" + s.Addr + "/0" }
+
+// Start runs redis-server on a free port, without persistence, until the
+// test ends (or Stop).
+func Start(t testing.TB) *Server {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	return StartOn(t, port)
+}
+
+// StartOn runs redis-server on port, for restarting a server in place.
+func StartOn(t testing.TB, port int) *Server {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("redis-server not installed (CI installs apt redis-server): %v", err)
+		}
+		t.Skip("redis-server not installed")
+	}
+	s := &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port)}
+	s.cmd = exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", t.TempDir())
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	deadline := time.Now().Add(20 * time.Second) // a liveness bound, not a measurement
+	for {
+		if c, err := net.Dial("tcp", s.Addr); err == nil {
+			c.Close()
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redis-server did not listen on %s", s.Addr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Port is the server's port.
+func (s *Server) Port() int {
+	_, p, _ := net.SplitHostPort(s.Addr)
+	var n int
+	fmt.Sscan(p, &n)
+	return n
+}
+
+// Stop kills the server; calling it again does nothing.
+func (s *Server) Stop() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		s.cmd.Process.Kill()
+		s.cmd.Wait()
+		s.cmd = nil
+	}
+}
