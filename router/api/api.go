@@ -250,21 +250,24 @@ func (h *Handler) respond(s *scratch) ScoreResponse {
 		}
 	}
 	candidates := s.candidates
-	if len(s.req.Pods) == 0 {
+	restricted := len(s.req.Pods) > 0 // only some pods may score
+	if !restricted {
 		// Every pod serving the model; nil (every pod) while no pod's
 		// model is known, as with a static fleet of one model.
 		var known bool
 		s.candidates, known = h.pods.ServingModel(s.req.Model, s.candidates[:0])
-		candidates = nil
+		candidates, restricted = nil, known
 		if known {
 			candidates = s.candidates
 		}
 	} else {
 		candidates = h.sameModel(s.req.Model, candidates)
 	}
-	if candidates != nil && len(candidates) == 0 {
-		// Only unknown pods: all score 0. A non-nil empty slice would mean
-		// "score nobody" anyway, but skip hashing altogether.
+	// No pod can score (named pods unknown or of another model, or a model
+	// no pod serves): every score is 0, and nothing is hashed. The test is
+	// on restricted, not on candidates being nil: an empty slice may well
+	// be nil, and nil means "every pod" to a scorer.
+	if restricted && len(candidates) == 0 {
 		resp.Blocks = len(s.req.Tokens) / h.hasher.BlockSize()
 		return resp
 	}

@@ -400,3 +400,18 @@ func TestPromptsAreTokenizedWithTheModelsTokenizer(t *testing.T) {
 		t.Errorf("Score of an empty request: %v", err)
 	}
 }
+
+// TestModelNoPodServesScoresNobody: once pods' models are known, a request
+// for a model none of them serves scores nobody, on a fresh handler too
+// (whose scratch slices are still nil).
+func TestModelNoPodServesScoresNobody(t *testing.T) {
+	f := newFixture(t, nil)
+	for _, name := range []string{"pod-a", "pod-b", "pod-c"} {
+		id, _ := f.pods.ID(name)
+		f.pods.SetModel(id, "m")
+	}
+	got := f.score(t, map[string]any{"model": "other", "tokens": f.prompt})
+	checkScores(t, got, map[string]float64{}, 8)
+	got = f.score(t, map[string]any{"model": "other", "tokens": f.prompt, "pods": []string{"pod-a"}})
+	checkScores(t, got, map[string]float64{"pod-a": 0}, 8)
+}
