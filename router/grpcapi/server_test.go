@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -227,9 +228,48 @@ func TestWireCompatibility(t *testing.T) {
 		want = protowire.AppendTag(want, 1, protowire.BytesType)
 		want = protowire.AppendBytes(want, ps)
 	}
-	if string(resp) != string(want) {
-		t.Errorf("response bytes\n got %x\nwant %x", resp, want)
+	// Protobuf lets a message's fields come in any order (and dynamic
+	// messages do not promise one), so compare each PodScore's fields as
+	// a set of (number, wire type, bytes), keeping the scores' order.
+	if got, exp := canonical(t, resp), canonical(t, want); fmt.Sprint(got) != fmt.Sprint(exp) {
+		t.Errorf("response\n got %v (%x)\nwant %v (%x)", got, resp, exp, want)
 	}
+}
+
+// canonical parses a GetPodScoresResponse: for each entry of field 1, in
+// order, its fields as sorted "number/type/hex value" strings.
+func canonical(t *testing.T, b []byte) [][]string {
+	t.Helper()
+	var out [][]string
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || num != 1 || typ != protowire.BytesType {
+			t.Fatalf("response: field %d type %d where scores (1, bytes) were expected", num, typ)
+		}
+		b = b[n:]
+		msg, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			t.Fatal("response: truncated score")
+		}
+		b = b[n:]
+		var fields []string
+		for len(msg) > 0 {
+			num, typ, n := protowire.ConsumeTag(msg)
+			if n < 0 {
+				t.Fatal("score: bad tag")
+			}
+			msg = msg[n:]
+			n = protowire.ConsumeFieldValue(num, typ, msg)
+			if n < 0 {
+				t.Fatal("score: bad value")
+			}
+			fields = append(fields, fmt.Sprintf("%d/%d/%x", num, typ, msg[:n]))
+			msg = msg[n:]
+		}
+		slices.Sort(fields)
+		out = append(out, fields)
+	}
+	return out
 }
 
 // TestRankPresenceOnWire: rank 0 with HasRank is sent (field 3 = 0), and
@@ -240,10 +280,7 @@ func TestRankPresenceOnWire(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, _, n := protowire.ConsumeTag(b)
-		_, m := protowire.ConsumeBytes(b[n:])
-		inner := b[len(b)-m+protowire.SizeVarint(uint64(0)):] // skip the length prefix
-		_ = inner
+		_, _, n := protowire.ConsumeTag(b) // scores = 1
 		ps, _ := protowire.ConsumeBytes(b[n:])
 		has := false
 		for len(ps) > 0 {

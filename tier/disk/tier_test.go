@@ -408,7 +408,10 @@ func TestChurnKeepsDiskUsageBounded(t *testing.T) {
 	d.Close()
 	d = openTier(t, dir, Options{Capacity: capacity, SegmentSize: 256 << 10})
 	defer d.Close()
-	if got := d.Stats(); got.Used != st.Used || got.Objects != st.Objects {
+	// Used counts evicted bytes until their punch is durable, and st was
+	// read while punches could still be queued: after the restart usage may
+	// be lower, never higher, and the objects are the same.
+	if got := d.Stats(); got.Used > st.Used || got.Objects != st.Objects {
 		t.Fatalf("restart changed usage: %d/%d objects, was %d/%d", got.Used, got.Objects, st.Used, st.Objects)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -220,13 +221,25 @@ func sharedServer(tb testing.TB) *server {
 
 // bucketName turns a test name into a valid, unique bucket name.
 func bucketName(tb testing.TB) string {
+	// One bucket per test run, the same for every call of that run: with
+	// -count=N a test runs N times against the one shared server.
+	if v, ok := bucketNames.Load(tb); ok {
+		return v.(string)
+	}
 	name := strings.ToLower(tb.Name())
 	name = strings.NewReplacer("/", "-", "_", "-", "#", "-").Replace(name)
 	if len(name) > 50 {
 		name = name[:50]
 	}
-	return "t-" + strings.Trim(name, "-")
+	name = fmt.Sprintf("t-%s-%d", strings.Trim(name, "-"), bucketSeq.Add(1))
+	bucketNames.Store(tb, name)
+	return name
 }
+
+var (
+	bucketNames sync.Map // testing.TB → bucket name
+	bucketSeq   atomic.Int64
+)
 
 func TestMain(m *testing.M) {
 	code := m.Run()
