@@ -1,39 +1,81 @@
-// Package redisindex is a block index for kvtier's router kept in Redis, so
-// that several router replicas behind a load balancer share one view of
-// which pod holds which KV block. It implements index.Store.
+// Package redisindex is a block index for kvtier's router kept in Redis
+// (or Valkey), so that several router replicas behind a load balancer share
+// one view of which pod holds which KV block in which tier. It implements
+// index.Store with the same semantics as the in-memory index.Index.
 //
 // # Data model
 //
-// For each block, a hash keyed by the block's event hash:
+// Pod ids are local to each replica's index.Pods, so Redis holds pod names;
+// a name first read from Redis (written by another replica) is interned
+// into the local registry. With the default prefix "kvtier:":
 //
-//	<prefix>b:<16 hex digits>   field: pod name   value: tier bitmask (bit t = index.Tier t)
+//	kvtier:b:<16 hex digits of the block hash>   hash
+//	    field: pod name    value: tier bitmask in decimal (bit t = index.Tier t)
+//	kvtier:p:<pod name>                          sorted set
+//	    member: 16 hex digits of a block    score: last Add of that holding, Unix ms
+//	kvtier:pods                                  sorted set
+//	    member: pod name    score: the pod's last Add, Unix ms
 //
-// and for each pod, the set of its blocks, so a pod can be cleared:
+// The block hash is what scoring reads: one HGETALL answers a block's
+// holders. The pod's sorted set is the reverse index that ClearPod and
+// ClearPodTier walk, and its scores say when each holding was last
+// refreshed, which is what expiry needs. The registry lists the pods that
+// have holdings, so expiry can find them.
 //
-//	<prefix>p:<pod name>        members: 16 hex digits
+// # Consistency
 //
-// Pods are stored by name: pod ids are local to each replica's index.Pods,
-// and a name first seen in Redis (written by another replica) is interned
-// locally when read. Updates run as Lua scripts, one round trip per batch,
-// so a bitmask's read-modify-write and the pod's set change together.
-// Block keys expire TTL after their last update (default 24 h), so entries
-// of pods that vanished without a clear age out instead of growing Redis
-// forever; pod sets expire alike.
+// A bitmask update is a read-modify-write and must change the pod's set in
+// the same step, so every write is a Lua script (EVALSHA, loaded on first
+// use): Add and Remove of a batch are one script call, one round trip,
+// atomic in Redis. Hashes travel as one binary argument (8 bytes each,
+// big-endian) and scripts build the keys, so a batch costs the client no
+// allocation per block. ClearPod and ClearPodTier walk the pod's set in
+// chunks of ClearChunk blocks, one script call each, so clearing a pod with
+// a million blocks never stalls Redis for other replicas; a write racing a
+// clear of the same pod lands before or after each chunk.
 //
-// Scripts build their keys from the prefix, which Redis Cluster forbids:
-// use a standalone or Sentinel-managed Redis (or Valkey).
+// # Expiry (the memory bound)
 //
-// Scoring reads one Redis hash per prompt block. Snapshot fetches all of a
-// prompt's blocks in one pipeline into an in-memory Store, which the score
-// API uses when the index offers it (index.Snapshotter), so a score costs
-// one round trip rather than one per block.
+// The in-memory index is bounded by a block count; this one is bounded by
+// age. A (block, pod) holding that no Add has refreshed for Config.TTL
+// (default 24 h) is stale: Reap deletes stale holdings of every pod in the
+// registry, so holdings of pods that vanished without an AllBlocksCleared
+// age out even from blocks that live pods keep refreshing. Writes run Reap
+// themselves at most every TTL/16, so stale holdings live at most
+// TTL × 17/16 plus the gap to the next write. As a backstop, a block key
+// expires TTL after its last Add and pod sets and the registry 2×TTL after
+// their pod's last Add. Redis memory is therefore bounded by the blocks
+// added within the last TTL: about 200 bytes per (block, pod) holding,
+// all three structures included, measured with 4 pods per block
+// (BenchmarkMemoryPerHolding), so size TTL to the add rate. A
+// maxmemory limit with a volatile-* eviction policy is a hard cap on top.
+// A negative TTL turns expiry off. Clocks: the writers' clocks stamp the
+// holdings; replicas' skew only shifts expiry by the skew.
+//
+// # Reads
+//
+// Scorers read a prompt block by block (HolderWords), which over the
+// network would cost a round trip per block. ScoreWith and Snapshot
+// (index.Snapshotter) read every block of a prompt with one pipeline of
+// HGETALLs, then score from a local read-only copy (see fill for why not
+// a script). HolderWords and Lookup also cost one round trip
+// each. Read errors cannot be returned through index.Store: they count in
+// Stats.ReadErrors and read as "no holders".
+//
+// # Redis Cluster
+//
+// Scripts name their keys themselves, which Redis Cluster allows only
+// within the slot a call is routed to. In cluster mode every key therefore
+// carries one hash tag (the default prefix becomes "{kvtier}:"), which puts
+// the whole index on one shard: the cluster gives failover, not capacity.
 package redisindex
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -42,109 +84,178 @@ import (
 	"kvtier/router/index"
 )
 
+// Defaults for Config's zero fields.
+const (
+	DefaultPrefix        = "kvtier:"
+	DefaultClusterPrefix = "{kvtier}:"
+	DefaultTTL           = 24 * time.Hour
+	DefaultTimeout       = 2 * time.Second
+	// ClearChunk is how many of a pod's blocks one clear or reap script
+	// call handles: about a millisecond of Redis time.
+	ClearChunk = 1000
+)
+
+// ErrBadConfig is returned by New for an unusable Config.
+var ErrBadConfig = errors.New("redisindex: bad config")
+
 // Config configures an Index.
 type Config struct {
-	// Client talks to Redis; the caller owns it and closes it.
+	// URL of the Redis server, redis://[user:pass@]host:port[/db] or
+	// rediss:// for TLS; used when Client is nil. The Index then owns the
+	// client and Close closes it.
+	URL string
+	// Cluster reads URL as Redis Cluster seed nodes
+	// (redis://host:port?addr=host2:port2).
+	Cluster bool
+	// Client, when set, is used instead of URL; the caller owns it.
 	Client goredis.UniversalClient
-	// Prefix starts every key (default "kvtier:").
+	// Prefix starts every key: DefaultPrefix, or DefaultClusterPrefix for
+	// a cluster client, where it must contain a hash tag ("{...}").
 	Prefix string
-	// TTL is how long a block's entry lives after its last update
-	// (default 24 h).
+	// TTL is how long a holding lives after its last Add: 0 means
+	// DefaultTTL, negative means forever.
 	TTL time.Duration
-	// Timeout bounds each call (default 2 s).
+	// Timeout bounds each Redis call; 0 means DefaultTimeout.
 	Timeout time.Duration
 }
 
-// Index is an index.Store in Redis. Safe for concurrent use.
+// Stats counts what the Index could not report through index.Store.
+type Stats struct {
+	ReadErrors  uint64 // reads that failed and answered "no holders"
+	ClearErrors uint64 // ClearPod calls that failed (ClearPod returns no error)
+	ReapErrors  uint64 // Reap runs started by writes that failed
+	Reaped      uint64 // stale holdings this Index deleted
+}
+
+// Index is an index.Store in Redis. It is safe for concurrent use; each
+// method holds no lock across its Redis call.
 type Index struct {
-	rdb     goredis.UniversalClient
-	pods    *index.Pods
-	prefix  string
-	ttl     time.Duration
-	timeout time.Duration
+	rdb      goredis.UniversalClient
+	ownsRDB  bool
+	pods     *index.Pods
+	prefix   string
+	registry string // key of the pod registry; routes scripts in a cluster
+	ttl      time.Duration
+	timeout  time.Duration
+	now      func() time.Time // replaced by tests
 
-	errors atomic.Uint64 // failed reads, which reads report as "no holders"
+	namesMu   sync.RWMutex
+	names     map[string]index.PodID // skips Intern for names read before
+	snapshots sync.Pool
+	blobs     sync.Pool // *[]byte: hashes encoded for a script
+
+	lastReap atomic.Int64 // Unix ms of the last Reap started by a write
+
+	readErrors, clearErrors, reapErrors, reaped atomic.Uint64
 }
 
-var _ index.Store = (*Index)(nil)
+var (
+	_ index.Store       = (*Index)(nil)
+	_ index.Snapshotter = (*Index)(nil)
+)
 
-// New returns an Index over cfg.Client, naming pods through pods.
+// New returns an Index over Redis as cfg says, naming pods through pods.
 func New(cfg Config, pods *index.Pods) (*Index, error) {
-	if cfg.Client == nil || pods == nil {
-		return nil, errors.New("redisindex: a Redis client and a pod registry are required")
+	if pods == nil {
+		return nil, fmt.Errorf("%w: a pod registry is required", ErrBadConfig)
 	}
-	if cfg.Prefix == "" {
-		cfg.Prefix = "kvtier:"
+	rdb, owns, err := client(cfg)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.TTL <= 0 {
-		cfg.TTL = 24 * time.Hour
+	prefix, err := keyPrefix(cfg.Prefix, rdb)
+	if err != nil {
+		if owns {
+			rdb.Close()
+		}
+		return nil, err
 	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = 2 * time.Second
+	ix := &Index{
+		rdb: rdb, ownsRDB: owns, pods: pods,
+		prefix: prefix, registry: prefix + "pods",
+		ttl: cfg.TTL, timeout: cfg.Timeout, now: time.Now,
+		names: make(map[string]index.PodID),
 	}
-	return &Index{rdb: cfg.Client, pods: pods, prefix: cfg.Prefix, ttl: cfg.TTL, timeout: cfg.Timeout}, nil
+	if ix.ttl == 0 {
+		ix.ttl = DefaultTTL
+	}
+	if ix.timeout <= 0 {
+		ix.timeout = DefaultTimeout
+	}
+	ix.snapshots.New = func() any { return newSnapshot() }
+	ix.blobs.New = func() any { return new([]byte) }
+	return ix, nil
 }
 
-// Errors counts reads that failed (and answered "no holders").
-func (ix *Index) Errors() uint64 { return ix.errors.Load() }
+// client returns the client cfg names and whether New opened it.
+func client(cfg Config) (goredis.UniversalClient, bool, error) {
+	switch {
+	case cfg.Client != nil:
+		return cfg.Client, false, nil
+	case cfg.URL == "":
+		return nil, false, fmt.Errorf("%w: neither URL nor Client set", ErrBadConfig)
+	case cfg.Cluster:
+		opts, err := goredis.ParseClusterURL(cfg.URL)
+		if err != nil {
+			return nil, false, fmt.Errorf("%w: cluster URL: %w", ErrBadConfig, err)
+		}
+		return goredis.NewClusterClient(opts), true, nil
+	default:
+		opts, err := goredis.ParseURL(cfg.URL)
+		if err != nil {
+			return nil, false, fmt.Errorf("%w: URL: %w", ErrBadConfig, err)
+		}
+		return goredis.NewClient(opts), true, nil
+	}
+}
+
+// keyPrefix applies the default prefix and, for a cluster, checks that it
+// pins every key to one slot.
+func keyPrefix(prefix string, rdb goredis.UniversalClient) (string, error) {
+	_, cluster := rdb.(*goredis.ClusterClient)
+	switch {
+	case prefix == "" && cluster:
+		return DefaultClusterPrefix, nil
+	case prefix == "":
+		return DefaultPrefix, nil
+	case cluster && !hasHashTag(prefix):
+		return "", fmt.Errorf("%w: prefix %q has no hash tag ({...}), which Redis Cluster needs", ErrBadConfig, prefix)
+	}
+	return prefix, nil
+}
+
+// hasHashTag reports whether s holds a Redis Cluster hash tag: a "{"
+// followed later by "}" with something between.
+func hasHashTag(s string) bool {
+	open := strings.IndexByte(s, '{')
+	if open < 0 {
+		return false
+	}
+	end := strings.IndexByte(s[open+1:], '}')
+	return end > 0
+}
+
+// Close closes the Redis client if New opened it from Config.URL.
+func (ix *Index) Close() error {
+	if !ix.ownsRDB {
+		return nil
+	}
+	return ix.rdb.Close()
+}
+
+// Stats returns the Index's counters.
+func (ix *Index) Stats() Stats {
+	return Stats{
+		ReadErrors:  ix.readErrors.Load(),
+		ClearErrors: ix.clearErrors.Load(),
+		ReapErrors:  ix.reapErrors.Load(),
+		Reaped:      ix.reaped.Load(),
+	}
+}
 
 func (ix *Index) ctx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), ix.timeout)
 }
-
-func (ix *Index) blockKey(h uint64) string { return ix.prefix + "b:" + hex16(h) }
-
-func hex16(h uint64) string {
-	s := strconv.FormatUint(h, 16)
-	for len(s) < 16 {
-		s = "0" + s
-	}
-	return s
-}
-
-// update ORs bits into (set) or clears bits from each block's mask for
-// pod, keeping the pod's block set in step. ARGV: prefix, pod, bits,
-// ttl ms, set (1) or clear (0), then the blocks' hex hashes.
-var update = goredis.NewScript(`
-local prefix, pod, bits, ttl, set = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5] == '1'
-local podkey = prefix .. 'p:' .. pod
-for i = 6, #ARGV do
-  local bkey = prefix .. 'b:' .. ARGV[i]
-  local mask = tonumber(redis.call('HGET', bkey, pod) or '0')
-  if set then
-    mask = bit.bor(mask, bits)
-  else
-    mask = bit.band(mask, bit.bnot(bits))
-  end
-  if mask == 0 then
-    redis.call('HDEL', bkey, pod)
-    redis.call('SREM', podkey, ARGV[i])
-  else
-    redis.call('HSET', bkey, pod, mask)
-    redis.call('PEXPIRE', bkey, ttl)
-    redis.call('SADD', podkey, ARGV[i])
-  end
-end
-if redis.call('EXISTS', podkey) == 1 then redis.call('PEXPIRE', podkey, ttl) end
-return 0
-`)
-
-// clearPod clears bits from every block of pod. ARGV: prefix, pod, bits.
-var clearPod = goredis.NewScript(`
-local prefix, pod, bits = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local podkey = prefix .. 'p:' .. pod
-for _, h in ipairs(redis.call('SMEMBERS', podkey)) do
-  local bkey = prefix .. 'b:' .. h
-  local mask = bit.band(tonumber(redis.call('HGET', bkey, pod) or '0'), bit.bnot(bits))
-  if mask == 0 then
-    redis.call('HDEL', bkey, pod)
-    redis.call('SREM', podkey, h)
-  else
-    redis.call('HSET', bkey, pod, mask)
-  end
-end
-return 0
-`)
 
 func (ix *Index) podName(pod index.PodID) (string, error) {
 	name, ok := ix.pods.Name(pod)
@@ -154,164 +265,44 @@ func (ix *Index) podName(pod index.PodID) (string, error) {
 	return name, nil
 }
 
-func (ix *Index) change(pod index.PodID, tier index.Tier, hashes []uint64, set bool) error {
-	if tier >= index.NumTiers {
-		return fmt.Errorf("redisindex: %w: %d", index.ErrBadTier, tier)
+// podID resolves a pod name read from Redis to a local id, interning names
+// another replica wrote. The cache is checked against the registry
+// because index.Pods reuses the ids of removed pods.
+func (ix *Index) podID(name string) (index.PodID, bool) {
+	ix.namesMu.RLock()
+	id, ok := ix.names[name]
+	ix.namesMu.RUnlock()
+	if ok {
+		if cur, ok := ix.pods.Name(id); ok && cur == name {
+			return id, true
+		}
 	}
-	if len(hashes) == 0 {
-		return nil
-	}
-	name, err := ix.podName(pod)
+	name = strings.Clone(name) // name may point into a large reply
+	id, err := ix.pods.Intern(name)
 	if err != nil {
-		return err
+		return 0, false
 	}
-	args := make([]any, 0, 5+len(hashes))
-	flag := "0"
-	if set {
-		flag = "1"
-	}
-	args = append(args, ix.prefix, name, 1<<tier, ix.ttl.Milliseconds(), flag)
+	ix.namesMu.Lock()
+	ix.names[name] = id
+	ix.namesMu.Unlock()
+	return id, true
+}
+
+// encodeHashes writes hashes into a pooled buffer as a script argument.
+func (ix *Index) encodeHashes(hashes []uint64) *[]byte {
+	buf := ix.blobs.Get().(*[]byte)
+	b := (*buf)[:0]
 	for _, h := range hashes {
-		args = append(args, hex16(h))
+		b = append(b, byte(h>>56), byte(h>>48), byte(h>>40), byte(h>>32),
+			byte(h>>24), byte(h>>16), byte(h>>8), byte(h))
 	}
-	ctx, cancel := ix.ctx()
-	defer cancel()
-	if err := update.Run(ctx, ix.rdb, nil, args...).Err(); err != nil && !errors.Is(err, goredis.Nil) {
-		return fmt.Errorf("redisindex: %w", err)
-	}
-	return nil
-}
-
-// Add implements index.Store.
-func (ix *Index) Add(pod index.PodID, tier index.Tier, hashes []uint64) error {
-	return ix.change(pod, tier, hashes, true)
-}
-
-// Remove implements index.Store.
-func (ix *Index) Remove(pod index.PodID, tier index.Tier, hashes []uint64) error {
-	return ix.change(pod, tier, hashes, false)
-}
-
-func (ix *Index) clear(pod index.PodID, bits int) error {
-	name, err := ix.podName(pod)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := ix.ctx()
-	defer cancel()
-	if err := clearPod.Run(ctx, ix.rdb, nil, ix.prefix, name, bits).Err(); err != nil && !errors.Is(err, goredis.Nil) {
-		return fmt.Errorf("redisindex: %w", err)
-	}
-	return nil
-}
-
-// ClearPod implements index.Store. A failure is counted (Errors): the
-// interface has no error, and the entries then age out with their TTL.
-func (ix *Index) ClearPod(pod index.PodID) {
-	if ix.clear(pod, 1<<index.NumTiers-1) != nil {
-		ix.errors.Add(1)
-	}
-}
-
-// ClearPodTier implements index.Store.
-func (ix *Index) ClearPodTier(pod index.PodID, tier index.Tier) error {
-	if tier >= index.NumTiers {
-		return fmt.Errorf("redisindex: %w: %d", index.ErrBadTier, tier)
-	}
-	return ix.clear(pod, 1<<tier)
-}
-
-// HolderWords implements index.Store with one HGETALL. A failed read
-// counts in Errors and reads as no holders.
-func (ix *Index) HolderWords(h uint64, dst []uint32) []uint32 {
-	ctx, cancel := ix.ctx()
-	defer cancel()
-	m, err := ix.rdb.HGetAll(ctx, ix.blockKey(h)).Result()
-	if err != nil {
-		ix.errors.Add(1)
-		return dst
-	}
-	return ix.appendWords(dst, m)
-}
-
-// appendWords turns a block's (pod name → mask) fields into holder words.
-func (ix *Index) appendWords(dst []uint32, m map[string]string) []uint32 {
-	for name, v := range m {
-		mask, err := strconv.ParseUint(v, 10, 32)
-		if err != nil || mask == 0 {
-			continue // not ours: ignore rather than guess
-		}
-		id, err := ix.pods.Intern(name)
-		if err != nil {
-			continue
-		}
-		dst = append(dst, index.HolderWord(id, uint32(mask)))
-	}
-	return dst
-}
-
-// Lookup implements index.Store: it fetches every block in one pipeline,
-// then visits them in order.
-func (ix *Index) Lookup(hashes []uint64, buf []index.Entry, visit func(i int, holders []index.Entry) bool) []index.Entry {
-	snap, err := ix.Snapshot(hashes)
-	if err != nil {
-		snap = &Snapshot{}
-	}
-	return snap.Lookup(hashes, buf, visit)
-}
-
-// Snapshot reads the holders of every block of hashes in one pipeline and
-// returns them as a read-only Store for scoring.
-func (ix *Index) Snapshot(hashes []uint64) (index.Store, error) {
-	ctx, cancel := ix.ctx()
-	defer cancel()
-	pipe := ix.rdb.Pipeline()
-	cmds := make([]*goredis.MapStringStringCmd, len(hashes))
-	for i, h := range hashes {
-		cmds[i] = pipe.HGetAll(ctx, ix.blockKey(h))
-	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, goredis.Nil) {
-		ix.errors.Add(1)
-		return &Snapshot{}, fmt.Errorf("redisindex: %w", err)
-	}
-	s := &Snapshot{words: make(map[uint64][]uint32, len(hashes))}
-	for i, h := range hashes {
-		if w := ix.appendWords(nil, cmds[i].Val()); len(w) > 0 {
-			s.words[h] = w
-		}
-	}
-	return s, nil
-}
-
-// Snapshot is a read-only Store of the blocks one Snapshot call read.
-// Writes are refused.
-type Snapshot struct{ words map[uint64][]uint32 }
-
-var errReadOnly = errors.New("redisindex: a snapshot is read-only")
-
-func (s *Snapshot) Add(index.PodID, index.Tier, []uint64) error    { return errReadOnly }
-func (s *Snapshot) Remove(index.PodID, index.Tier, []uint64) error { return errReadOnly }
-func (s *Snapshot) ClearPod(index.PodID)                           {}
-func (s *Snapshot) ClearPodTier(index.PodID, index.Tier) error     { return errReadOnly }
-
-// HolderWords implements index.Store.
-func (s *Snapshot) HolderWords(h uint64, dst []uint32) []uint32 { return append(dst, s.words[h]...) }
-
-// Lookup implements index.Store.
-func (s *Snapshot) Lookup(hashes []uint64, buf []index.Entry, visit func(i int, holders []index.Entry) bool) []index.Entry {
-	for i, h := range hashes {
-		buf = buf[:0]
-		for _, w := range s.words[h] {
-			pod, tiers := index.HolderOf(w)
-			for t := index.Tier(0); t < index.NumTiers; t++ {
-				if tiers&(1<<t) != 0 {
-					buf = append(buf, index.Entry{Pod: pod, Tier: t})
-				}
-			}
-		}
-		if !visit(i, buf) {
-			break
-		}
-	}
+	*buf = b
 	return buf
+}
+
+func (ix *Index) ttlMillis() int64 {
+	if ix.ttl < 0 {
+		return 0
+	}
+	return ix.ttl.Milliseconds()
 }
