@@ -257,7 +257,8 @@ func (m *Lookup) Decode(body []byte) error {
 
 // LookupReply says how much is cached. Tokens and chunks count from the
 // prompt's first token (from the first key for hash keys, where Tokens is
-// zero); ByTier[i] is the number of those chunks tier i (0 = RAM) holds.
+// zero); ByTier[i] is the number of those chunks tier i (0 = RAM) would
+// serve: each chunk counts once, for the fastest tier holding it.
 //
 //	 0 4 hit tokens
 //	 4 4 hit chunks
