@@ -111,22 +111,16 @@ func (e *Engine) Chunker(scope chunk.Scope) (*chunk.Chunker, error) {
 // it with the chunker and the index of the first chunk after Skip. The
 // caller returns the buffer with e.putKeys.
 func (e *Engine) keys(r Request) (*chunk.Chunker, *[]chunk.Key, int, error) {
-	if r.Scope.Namespace == "" {
-		r.Scope.Namespace = e.namespace
-	}
-	c, err := e.Chunker(r.Scope)
-	if err != nil {
-		return nil, nil, 0, err
-	}
-	first, err := c.FirstChunk(r.Skip, len(r.Tokens))
-	if err != nil {
-		return nil, nil, 0, fmt.Errorf("engine: %w", err)
-	}
 	kp, _ := e.keyPool.Get().(*[]chunk.Key)
 	if kp == nil {
 		kp = new([]chunk.Key)
 	}
-	*kp = c.Keys((*kp)[:0], r.Tokens)
+	keys, first, c, err := e.Keys((*kp)[:0], r)
+	if err != nil {
+		e.keyPool.Put(kp)
+		return nil, nil, 0, err
+	}
+	*kp = keys
 	return c, kp, first, nil
 }
 
@@ -226,10 +220,7 @@ func (e *Engine) Close() error {
 // them (for Chunker.Bounds). It is for callers that drive the manager
 // themselves, like the daemon's zero-copy protocol.
 func (e *Engine) Keys(dst []chunk.Key, r Request) ([]chunk.Key, int, *chunk.Chunker, error) {
-	if r.Scope.Namespace == "" {
-		r.Scope.Namespace = e.namespace
-	}
-	c, err := e.Chunker(r.Scope)
+	c, err := e.Chunker(e.scoped(r.Scope))
 	if err != nil {
 		return dst, 0, nil, err
 	}
@@ -240,6 +231,14 @@ func (e *Engine) Keys(dst []chunk.Key, r Request) ([]chunk.Key, int, *chunk.Chun
 	return c.Keys(dst, r.Tokens), first, c, nil
 }
 
+// scoped applies the engine's default namespace to a scope that names none.
+func (e *Engine) scoped(s chunk.Scope) chunk.Scope {
+	if s.Namespace == "" {
+		s.Namespace = e.namespace
+	}
+	return s
+}
+
 // TokensThrough returns how many tokens the first n chunks of a prompt of
 // numTokens tokens cover.
 func TokensThrough(c *chunk.Chunker, n, numTokens int) int { return tokensThrough(c, n, numTokens) }
@@ -247,10 +246,7 @@ func TokensThrough(c *chunk.Chunker, n, numTokens int) int { return tokensThroug
 // ScopeID returns the id chunk keys of scope carry, after the engine's
 // default namespace is applied as it is for requests.
 func (e *Engine) ScopeID(scope chunk.Scope) (uint64, error) {
-	if scope.Namespace == "" {
-		scope.Namespace = e.namespace
-	}
-	c, err := e.Chunker(scope)
+	c, err := e.Chunker(e.scoped(scope))
 	if err != nil {
 		return 0, err
 	}
