@@ -78,6 +78,7 @@ type Client struct {
 	hdr         [wire.HeaderSize]byte
 	vec         [2][]byte
 
+	sizes       []uint32 // Store's chunk sizes, reused
 	lookupReply wire.LookupReply
 	slots       wire.Slots
 	dataHeader  wire.DataHeader
@@ -522,14 +523,14 @@ func (c *Client) Store(ctx context.Context, k wire.Keys, chunks [][]byte) (int, 
 		return 0, err
 	}
 	defer c.end()
-	sizes := make([]uint32, len(chunks))
+	c.sizes = c.sizes[:0]
 	for j, ch := range chunks {
 		if len(ch) > wire.MaxChunkBody {
 			return 0, fmt.Errorf("kvtier client: chunk %d of %d bytes, limit %d", j, len(ch), wire.MaxChunkBody)
 		}
-		sizes[j] = uint32(len(ch))
+		c.sizes = append(c.sizes, uint32(len(ch)))
 	}
-	m := wire.Store{Keys: k, Sizes: sizes}
+	m := wire.Store{Keys: k, Sizes: c.sizes}
 	flags := wire.Flags(0)
 	if len(chunks) > 0 {
 		flags = wire.FlagMore
