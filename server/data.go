@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"net"
 
 	"kvtier/arena"
@@ -94,11 +95,7 @@ func (s *session) dataHeader(h wire.Header, last bool) (wire.Header, error) {
 	return dh, nil
 }
 
-var errOutOfOrder = &wireError{"a data frame is out of order (wrong op, id or more-frames flag)"}
-
-type wireError struct{ msg string }
-
-func (e *wireError) Error() string { return e.msg }
+var errOutOfOrder = errors.New("a data frame is out of order (wrong op, id or more-frames flag)")
 
 // skipData discards the n data frames of a request that failed early.
 func (s *session) skipData(h wire.Header, n int) error {
