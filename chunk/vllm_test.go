@@ -3,8 +3,10 @@ package chunk
 import (
 	"bytes"
 	"encoding/hex"
+	"encoding/json"
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -309,5 +311,36 @@ func TestVLLMDoesNotAllocate(t *testing.T) {
 	}
 	if !slices.ContainsFunc(dst, func(b [32]byte) bool { return b != [32]byte{} }) {
 		t.Error("no hashes computed")
+	}
+}
+
+// TestVLLMExtraKeyVectorsMatchPython checks the Go hasher against the
+// Python harness's implementation of the same formula
+// (python/kvtier/harness/vllm_hash.py), for one block with each kind of
+// extra key: both read their expected values from the same file.
+func TestVLLMExtraKeyVectorsMatchPython(t *testing.T) {
+	data, err := os.ReadFile("../python/tests/testdata/vllm_extra_keys.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want map[string]string
+	if err := json.Unmarshal(data, &want); err != nil {
+		t.Fatal(err)
+	}
+	h := mustVLLMHasher(t, "0", 16)
+	tokens := countingTokens(0, 16)
+	cases := map[string][]ExtraKey{
+		"lora": {TextKey("lora-a")},
+		"salt": {TextKey("salt-1")},
+		"mm":   {MMKey("img", 4)},
+	}
+	for name, extra := range cases {
+		got := h.BlockHash([32]byte{}, false, tokens, extra)
+		if hex.EncodeToString(got[:]) != want[name] {
+			t.Errorf("%s: Go %x, Python %s", name, got, want[name])
+		}
+	}
+	if len(want) != len(cases) {
+		t.Errorf("vector file has %d cases, test covers %d", len(want), len(cases))
 	}
 }

@@ -5,13 +5,14 @@ With vLLM installed, the connector subclasses vLLM's own
 Without vLLM (as on machines where only the test harness runs) small local
 stand-ins with the same names and the same behaviour the connector relies on
 are used instead: ``bind_connector_metadata`` / ``clear_connector_metadata`` /
-``_get_connector_metadata`` and the role enum. ``VLLM_AVAILABLE`` says which.
+``_get_connector_metadata`` and the role enum, and the stats base class. ``VLLM_AVAILABLE`` says which.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
 
 try:  # pragma: no cover - exercised only where vLLM is installed
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore
@@ -20,9 +21,15 @@ try:  # pragma: no cover - exercised only where vLLM is installed
         KVConnectorRole,
     )
 
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats  # type: ignore
+    except ImportError:  # releases before connector stats
+        KVConnectorStats = None  # type: ignore[assignment,misc]
+
     VLLM_AVAILABLE = True
 except ImportError:
     VLLM_AVAILABLE = False
+    KVConnectorStats = None  # type: ignore[assignment,misc]
 
     class KVConnectorRole(enum.Enum):
         """Stand-in for vLLM's enum: which process an instance lives in."""
@@ -52,6 +59,18 @@ except ImportError:
         def clear_connector_metadata(self) -> None:
             self._connector_metadata = None
 
+        def handle_preemptions(self, kv_connector_metadata: Any) -> None:
+            """Upstream's default: nothing to finish before preempted blocks are reused."""
+
         def _get_connector_metadata(self) -> KVConnectorMetadata:
             assert self._connector_metadata is not None, "no connector metadata bound for this step"
             return self._connector_metadata
+
+
+if KVConnectorStats is None:
+
+    @dataclass
+    class KVConnectorStats:  # type: ignore[no-redef]
+        """Stand-in for vLLM's stats base: a ``data`` dict the connector fills and vLLM aggregates."""
+
+        data: Dict[str, Any] = field(default_factory=dict)

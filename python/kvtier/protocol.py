@@ -11,7 +11,9 @@ bytes come from another process.
 
 from __future__ import annotations
 
+import array
 import struct
+import sys
 from dataclasses import dataclass, field
 from typing import List, Sequence
 
@@ -117,13 +119,23 @@ class Keys:
 
 
 def pack_u32_array(values: Sequence[int]) -> bytes:
-    """Packs u32s without a count; numpy keeps 100k-token prompts cheap."""
-    import numpy as np
+    """Packs u32s without a count. An ``array('I')`` (as the vLLM connector keeps
+    prompts) is used as is; anything else is converted once, range-checked."""
+    if isinstance(values, array.array) and values.typecode == "I" and values.itemsize == 4:
+        return values.tobytes() if sys.byteorder == "little" else _swapped(values)
+    try:
+        arr = array.array("I", values)
+    except (OverflowError, TypeError) as e:
+        raise ValueError(f"token id out of the u32 range: {e}") from e
+    if arr.itemsize != 4:
+        raise ValueError("this platform's unsigned int is not 4 bytes")
+    return arr.tobytes() if sys.byteorder == "little" else _swapped(arr)
 
-    arr = np.asarray(values, dtype=np.int64)
-    if arr.size and (arr.min() < 0 or arr.max() > 0xFFFFFFFF):
-        raise ValueError("token id out of the u32 range")
-    return arr.astype("<u4").tobytes()
+
+def _swapped(arr: "array.array") -> bytes:
+    other = array.array(arr.typecode, arr)
+    other.byteswap()
+    return other.tobytes()
 
 
 def pack_counted_u32(values: Sequence[int]) -> bytes:

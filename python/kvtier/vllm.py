@@ -7,30 +7,36 @@ Enable it with::
                            "kv_role": "kv_both",
                            "kv_connector_extra_config": {"socket_path": "/run/kvtier/kvtier.sock"}}'
 
-Targets vLLM's ``KVConnectorBase_V1`` as of vLLM 0.10 – 0.11 (constructor
-``(vllm_config, role, kv_cache_config=None)``, ``get_block_ids_with_load_errors``);
-docs/vllm.md lists the call order this class relies on. Loads are synchronous
-from vLLM's point of view (``get_num_new_matched_tokens`` answers
-``(tokens, False)``) but, with ``layerwise`` on, the copy of layer i+1 from
-the arena overlaps the computation of layer i.
+Targets vLLM's ``KVConnectorBase_V1`` as on vLLM main in November 2026
+(``resumed_req_ids``, packed and standardized KV layouts, cross-layer blocks)
+and keeps the older shapes that are still deployed (``resumed_from_preemption``,
+5-D block-first / KV-first KV, constructor without ``kv_cache_config``);
+docs/vllm.md lists the versions and the call order this class relies on.
 
 Principles:
 
 - Chunks are kvtier's: ``chunk_size`` tokens (the daemon's, from HELLO), keyed
-  by the prompt's token ids (kind 0), bytes in KV_2LTD (see ``layout``).
+  by the prompt's token ids under a scope (model, KV dtype and format,
+  parallel rank, namespace). LoRA adapter, cache salt and multimodal inputs
+  separate keys as vLLM's block hashes do (see :mod:`kvtier.vllm_keys`).
   Only whole chunks are stored and loaded.
-- Tokens vLLM already holds in its prefix cache (``num_computed_tokens``) are
-  never written: the load starts there, and ``skip`` keeps the daemon from
-  even handing out chunks before it.
-- The daemon is an optimisation, never a dependency: a failure in any call
-  becomes a miss (scheduler) or load errors for the affected blocks
-  (worker, via ``get_block_ids_with_load_errors``), never an exception into
-  vLLM and never a hang (every socket call has a timeout). The next call
-  reconnects.
+- A request's blocks are the scheduler's latest word: a request resumed after
+  preemption gets new blocks that *replace* the old ones; saves and loads
+  always use the current list, so KV is never read from or written to a
+  block the request no longer owns.
+- Tokens vLLM already holds (``num_computed_tokens``) are never written.
+- Loads from RAM are synchronous (``layerwise`` overlaps them with compute);
+  a hit that is partly on disk or remote is loaded asynchronously
+  (``load_async``), finished in ``get_finished``.
+- The daemon is an optimisation, never a dependency: a failure becomes a miss
+  (scheduler) or load errors for the affected blocks (worker, through
+  ``get_block_ids_with_load_errors``; vLLM then applies
+  ``kv_load_failure_policy``), never an exception into vLLM and never a hang.
 """
 
 from __future__ import annotations
 
+import array
 import logging
 import threading
 import time
@@ -39,11 +45,12 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 import torch
 
-from . import layout
 from . import protocol as p
-from ._vllm_compat import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole
+from . import vllm_kv as kvl
+from ._vllm_compat import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorStats
 from .client import Client, KVTierError, default_socket_path
 from .link import Link
+from .vllm_keys import key_tokens, mm_items, namespace_of
 
 log = logging.getLogger("kvtier.vllm")
 
@@ -57,10 +64,12 @@ class ReqMeta:
     """What the worker does for one request in one step (plain data, shipped to workers)."""
 
     req_id: str
-    token_ids: List[int]
+    namespace: str
+    token_ids: "array.array"
     block_ids: List[int]
     load_start: int = 0  # first token to write: vLLM holds the ones before
     load_end: int = 0    # tokens the request has once the load is done (0: no load)
+    load_async: bool = False  # load in the background, report in get_finished
     save_start: int = 0  # chunks [save_start, save_end) are to be stored
     save_end: int = 0
 
@@ -72,7 +81,7 @@ class KVTierConnectorMetadata(KVConnectorMetadata):
 
 @dataclass
 class Settings:
-    """``kv_connector_extra_config`` keys understood by the connector."""
+    """``kv_connector_extra_config`` keys understood by the connector (docs/vllm.md)."""
 
     socket_path: str = ""
     timeout: float = 5.0          # seconds any one daemon call may take
@@ -82,58 +91,127 @@ class Settings:
     # caps leases at 10 minutes; a dead worker's connection frees them anyway.
     save_lease_ms: int = 600000
     layerwise: bool = False       # overlap loading layer i+1 with computing layer i
+    load_async: bool = True       # load hits that are not in RAM in the background
+    cross_layer: bool = False     # ask vLLM for cross-layer blocks (one copy per block run)
+    kv_layout: str = ""           # force the per-layer form: packed, block_first, kv_first, mla
     reconnect_interval: float = 1.0  # least seconds between reconnection attempts
     namespace: str = ""
 
     @classmethod
+    def from_extra(cls, extra: Dict[str, Any]) -> "Settings":
+        s = cls()
+        known = set(cls.__dataclass_fields__)
+        for key, value in extra.items():
+            if key not in known:
+                log.warning("kvtier: unknown kv_connector_extra_config key %r ignored", key)
+                continue
+            default = getattr(s, key)
+            setattr(s, key, _truthy(value) if isinstance(default, bool) else type(default)(value))
+        s.socket_path = s.socket_path or default_socket_path()
+        if s.kv_layout and s.kv_layout not in (kvl.PACKED, kvl.BLOCK_FIRST, kvl.KV_FIRST, kvl.MLA):
+            raise ValueError(f"kv_layout {s.kv_layout!r}: want packed, block_first, kv_first or mla")
+        return s
+
+    @classmethod
     def from_config(cls, vllm_config: Any) -> "Settings":
         ktc = getattr(vllm_config, "kv_transfer_config", None)
-        extra = dict(getattr(ktc, "kv_connector_extra_config", None) or {})
-        s = cls()
-        for name in ("socket_path", "namespace"):
-            setattr(s, name, str(extra.get(name, getattr(s, name))))
-        s.timeout = float(extra.get("timeout", s.timeout))
-        s.lease_ms = int(extra.get("lease_ms", s.lease_ms))
-        s.save_lease_ms = int(extra.get("save_lease_ms", s.save_lease_ms))
-        s.layerwise = _truthy(extra.get("layerwise", s.layerwise))
-        s.reconnect_interval = float(extra.get("reconnect_interval", s.reconnect_interval))
-        s.socket_path = s.socket_path or default_socket_path()
-        return s
+        return cls.from_extra(dict(getattr(ktc, "kv_connector_extra_config", None) or {}))
 
 
 def _truthy(v: Any) -> bool:
     return v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes", "on")
 
 
-def scope_of(vllm_config: Any) -> Tuple[str, str, int, int]:
+def _use_mla(vllm_config: Any) -> bool:
+    return bool(getattr(getattr(vllm_config, "model_config", None), "use_mla", False))
+
+
+def scope_of(vllm_config: Any, fmt_tag: str = "") -> Tuple[str, str, int, int]:
     """(model, format, world size, rank) — what keys are computed under.
 
-    The format names the KV dtype and the KV_2LTD layout so chunks of
-    differently typed caches never match.
+    The format names the KV dtype and the chunk format so chunks of
+    differently typed or shaped caches never match.
     """
     model_config = vllm_config.model_config
     cache_dtype = getattr(vllm_config.cache_config, "cache_dtype", "auto")
     dtype = model_config.dtype if cache_dtype in (None, "auto") else cache_dtype
     if isinstance(dtype, torch.dtype):
-        dtype = layout.dtype_name(dtype)
+        dtype = str(dtype).replace("torch.", "")
     parallel = vllm_config.parallel_config
     world = int(getattr(parallel, "tensor_parallel_size", 1)) * int(getattr(parallel, "pipeline_parallel_size", 1))
     rank = int(getattr(parallel, "rank", 0))
-    return model_config.model, f"{dtype}/KV_2LTD", world, rank
+    tag = fmt_tag or ("KV_MLA_FMT" if _use_mla(vllm_config) else "KV_2LTD")
+    return model_config.model, f"{dtype}/{tag}", world, rank
 
 
 def chunk_floor(n: int, chunk: int) -> int:
     return n // chunk * chunk
 
 
+# ------------------------------------------------------------- scheduler state
+
+
+@dataclass
+class _Lookup:
+    """The answer to one get_num_new_matched_tokens, kept until the request is allocated."""
+
+    hit: int          # tokens kvtier holds from the prompt's start
+    lease: int
+    local: int        # tokens vLLM holds itself
+    in_ram: bool      # every hit chunk is in the daemon's RAM
+
+
 @dataclass
 class _Tracked:
-    """Scheduler-side memory of a running request, for saving across steps."""
+    """Scheduler-side memory of a running request."""
 
-    token_ids: List[int]
+    request: Any            # vLLM's Request, for live fields (publishable blocks)
+    namespace: str
+    tokens: "array.array"   # key tokens of the prompt
     block_ids: List[int]
-    saved_upto: int
-    computed: int
+    saved_upto: int         # tokens [0, saved_upto) are in kvtier
+    computed: int           # tokens computed once this step has run
+
+
+@dataclass
+class _Stats:
+    """Counters in the shape of vLLM's KVConnectorStats.data."""
+
+    queries: int = 0
+    hit_tokens: int = 0
+    load_bytes: int = 0
+    save_bytes: int = 0
+    load_seconds: float = 0.0
+    save_seconds: float = 0.0
+    load_errors: int = 0
+
+    def take(self) -> Dict[str, Any]:
+        data = dict(self.__dict__)
+        self.__init__()  # type: ignore[misc]
+        return data
+
+
+class KVTierStats(KVConnectorStats):
+    """vLLM's per-interval connector stats: plain counters that add up across workers."""
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values()) if self.data else True
+
+    def aggregate(self, other: "KVConnectorStats") -> "KVConnectorStats":
+        for k, v in (getattr(other, "data", None) or {}).items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self) -> Dict[str, Any]:
+        d = self.data
+        out = {k: d.get(k, 0) for k in ("queries", "hit_tokens", "load_bytes", "save_bytes", "load_errors")}
+        for what in ("load", "save"):
+            secs = d.get(f"{what}_seconds", 0.0)
+            out[f"{what}_GBps"] = round(d.get(f"{what}_bytes", 0) / secs / 1e9, 3) if secs else 0.0
+        return out
 
 
 @dataclass
@@ -142,15 +220,17 @@ class _Load:
 
     req: ReqMeta
     lease: int
-    parts: List[Tuple[torch.Tensor, torch.Tensor, int]]  # (chunk [2,L,T,H], dst slots, first token)
+    parts: List[Tuple[torch.Tensor, Any, int]]  # (chunk view, index on the KV's device, first token)
+    nbytes: int
 
 
 @dataclass
 class _Save:
     req: ReqMeta
     lease: int
-    parts: List[Tuple[torch.Tensor, torch.Tensor]]  # (chunk [2,L,T,H], src slots)
+    parts: List[Tuple[torch.Tensor, Any]]  # (chunk view, index on the KV's device)
     count: int
+    nbytes: int
     layers_done: int = 0
 
 
@@ -158,112 +238,252 @@ class KVTierConnector(KVConnectorBase_V1):
     """vLLM v1 KV connector backed by a node-local kvtier daemon."""
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
-        super().__init__(vllm_config, role, kv_cache_config) if kv_cache_config is not None \
-            else super().__init__(vllm_config, role)
+        if kv_cache_config is not None:
+            super().__init__(vllm_config, role, kv_cache_config)
+        else:
+            super().__init__(vllm_config, role)
+        _refuse_hybrid(kv_cache_config)
         self.settings = Settings.from_config(vllm_config)
-        self.link = Link(self.settings.socket_path, scope_of(vllm_config), timeout=self.settings.timeout,
-                         reconnect_interval=self.settings.reconnect_interval,
-                         namespace=self.settings.namespace, name="vllm")
+        self.vllm_config = vllm_config
+        self.use_mla = _use_mla(vllm_config)
+        self.link = self._new_link(scope_of(vllm_config, self._format_tag()))
         ktc = getattr(vllm_config, "kv_transfer_config", None)
-        kv_role = getattr(ktc, "kv_role", "kv_both")
+        kv_role = getattr(ktc, "kv_role", None) or "kv_both"
         self.can_save = kv_role in ("kv_both", "kv_producer")
         self.can_load = kv_role in ("kv_both", "kv_consumer")
         self.block_size = int(vllm_config.cache_config.block_size)
         self._chunk = 0
+        self._scopes: Dict[Tuple[int, str], int] = {}
+        self.stats = _Stats()
         # scheduler side
-        self._lookups: Dict[str, Tuple[int, int, int]] = {}  # req id -> (kvtier hit, lease, vLLM-local tokens)
-        self._loads: Dict[str, Tuple[int, int]] = {}     # req id -> (load_start, load_end), this step
+        self._lookups: Dict[str, _Lookup] = {}
+        self._requests: Dict[str, Any] = {}  # req id -> vLLM Request, from lookup until finished
+        self._loads: Dict[str, Tuple[int, int, bool]] = {}  # req id -> (load_start, load_end, async), this step
         self._tracked: Dict[str, _Tracked] = {}
+        self._async_loaded: Set[str] = set()  # loaded in the background; vLLM resumes them with the tokens counted
         # worker side
-        self._kv_caches: Dict[str, torch.Tensor] = {}
         self._layer_index: Dict[str, int] = {}
-        self._paged: Optional[layout.Paged] = None
+        self._kv: List[torch.Tensor] = []
+        self._layout: Optional[kvl.Layout] = None
+        self._cross: Optional[kvl.CrossLayer] = None
+        self.copier: kvl.HostCopier = kvl.HostCopier()
+        self._device = torch.device("cpu")
         self._load_errors: Set[int] = set()
         self._layer_ready: List[threading.Event] = []
         self._loader: Optional[threading.Thread] = None
         self._saves: List[_Save] = []
-        self._errors_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._async_link: Optional[Link] = None
+        self._async_threads: List[threading.Thread] = []
+        self._done_recving: Set[str] = set()
+
+    def _new_link(self, scope: Tuple[str, str, int, int]) -> Link:
+        s = self.settings
+        return Link(s.socket_path, scope, timeout=s.timeout, reconnect_interval=s.reconnect_interval,
+                    namespace=s.namespace, name="vllm")
+
+    def _format_tag(self) -> str:
+        """Per-layer chunks are KV_2LTD (any layout, any block size); cross-layer chunks are raw blocks."""
+        if self.prefer_cross_layer_blocks:
+            name = kvl.resolved_layout_name(self.vllm_config.cache_config) or kvl.PREFERRED_CROSS_LAYER_LAYOUT
+            return f"{name}/blocks{int(self.vllm_config.cache_config.block_size)}"
+        return "KV_MLA_FMT" if self.use_mla else "KV_2LTD"
+
+    # ------------------------------------------------------------ class hooks
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: Any) -> Optional[str]:
+        """kvtier reads any layout through strides; with cross-layer blocks it prefers BLHNC."""
+        ktc = getattr(vllm_config, "kv_transfer_config", None)
+        extra = dict(getattr(ktc, "kv_connector_extra_config", None) or {})
+        if _truthy(extra.get("cross_layer", False)) and not _use_mla(vllm_config):
+            return kvl.PREFERRED_CROSS_LAYER_LAYOUT
+        return None
+
+    @property
+    def prefer_cross_layer_blocks(self) -> bool:
+        return self.settings.cross_layer and not self.use_mla
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: Dict[str, Any]) -> bool:
+        """Layer-by-layer waits and saves cannot be captured in a whole-model CUDA graph."""
+        return True
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: Optional[Dict[str, Any]] = None) -> Optional[KVConnectorStats]:
+        return KVTierStats(data=dict(data)) if data is not None else None
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: Any, metric_types: Any, labelnames: Any, per_engine_labelvalues: Any):
+        """kvtier's own metrics are on the daemon's /metrics; vLLM logs the connector stats."""
+        return None
 
     # ------------------------------------------------------------ helpers
 
-    def _client(self) -> Client:
-        c = self.link.get()
+    def _client(self, link: Optional[Link] = None) -> Client:
+        c = (link or self.link).get()
         self._chunk = c.chunk_tokens
         return c
 
-    def _keys(self, c: Client, tokens: List[int], skip: int) -> p.Keys:
-        return c.tokens(self.link.scope, tokens, skip)
+    def _scope(self, c: Client, link: Link, namespace: str) -> int:
+        if namespace == self.settings.namespace:
+            return link.scope
+        key = (id(c), namespace)
+        handle = self._scopes.get(key)
+        if handle is None:
+            model, fmt, world, rank = link.scope_args
+            handle = c.scope(model, fmt, world_size=world, rank=rank, namespace=namespace)
+            self._scopes[key] = handle
+        return handle
+
+    def _keys(self, c: Client, link: Link, namespace: str, tokens: "array.array", end: int, skip: int) -> p.Keys:
+        return c.tokens(self._scope(c, link, namespace), tokens[:end], skip)
 
     # ------------------------------------------------------ scheduler side
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Tuple[Optional[int], bool]:
-        """Whole cached chunks beyond ``num_computed_tokens``, never the prompt's last token."""
+        """Whole cached chunks beyond ``num_computed_tokens``, never the request's last token."""
         if not self.can_load:
             return 0, False
-        tokens = list(request.prompt_token_ids)
+        tokens = self._key_tokens(request)
         self._release_lookup(request.request_id)
+        self._requests[request.request_id] = request
+        if tokens is None:  # prompt embeddings: nothing to key by
+            return 0, False
+        namespace = namespace_of(self.settings.namespace, request)
         try:
             c = self._client()
-            reply = c.lookup(self._keys(c, tokens, chunk_floor(num_computed_tokens, self._chunk)),
-                             lease_ms=self.settings.lease_ms)
+            keys = self._keys(c, self.link, namespace, tokens, len(tokens), chunk_floor(num_computed_tokens, self._chunk))
+            reply = c.lookup(keys, lease_ms=self.settings.lease_ms)
         except _ABSORBED as e:
             self.link.fail(e)
             return 0, False
-        self._lookups[request.request_id] = (reply.tokens, reply.lease, num_computed_tokens)
-        usable = min(reply.tokens, chunk_floor(len(tokens) - 1, self._chunk))
-        return max(0, usable - num_computed_tokens), False
+        in_ram = not reply.by_tier or reply.by_tier[0] >= reply.chunks
+        self._lookups[request.request_id] = _Lookup(reply.tokens, reply.lease, num_computed_tokens, in_ram)
+        total = int(getattr(request, "num_tokens", 0) or len(tokens))
+        usable = min(reply.tokens, chunk_floor(total - 1, self._chunk))
+        self.stats.queries += 1
+        n = max(0, usable - num_computed_tokens)
+        self.stats.hit_tokens += n
+        return n, bool(n and not in_ram and self.settings.load_async)
+
+    def _key_tokens(self, request: Any) -> Optional["array.array"]:
+        tokens = key_tokens(getattr(request, "prompt_token_ids", None), mm_items(request))
+        return None if tokens is None else array.array("I", tokens)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
-        """Records the load decided for this step; vLLM has not yet updated num_computed_tokens."""
+        """Records the load decided for this step; vLLM has not yet updated num_computed_tokens.
+
+        For an asynchronous load vLLM calls this twice: first with the tokens
+        to load (the load is planned now, into the blocks allocated for it),
+        then with 0 once the load has finished.
+        """
+        rid = request.request_id
         if num_external_tokens <= 0:
-            self._release_lookup(request.request_id, keep_hit=True)
+            self._release_lookup(rid, keep_hit=True)
             return
-        _, _, local = self._lookups.get(request.request_id, (0, 0, 0))
-        self._loads[request.request_id] = (local, local + num_external_tokens)
+        look = self._lookups.get(rid) or _Lookup(0, 0, 0, True)
+        is_async = not look.in_ram and self.settings.load_async
+        self._loads[rid] = (look.local, look.local + num_external_tokens, is_async)
+        if is_async:
+            self._plan_async(request, blocks, look)
+
+    def _plan_async(self, request: Any, blocks: Any, look: _Lookup) -> None:
+        """An asynchronous load is not scheduled this step: remember it to ship with this step's metadata."""
+        tokens = self._key_tokens(request)
+        block_ids = _first_group(_block_ids_of(blocks))
+        state = _Tracked(request, namespace_of(self.settings.namespace, request), tokens, block_ids,
+                         chunk_floor(look.hit, self._chunk or 1), look.local)
+        self._tracked[request.request_id] = state
+        self._async_loaded.add(request.request_id)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         meta = KVTierConnectorMetadata()
         for req_id in getattr(scheduler_output, "finished_req_ids", ()) or ():
             self._forget(req_id)
+        self._ship_async_loads(meta)
         for new in scheduler_output.scheduled_new_reqs:
             self._track_new(new, scheduler_output.num_scheduled_tokens[new.req_id], meta)
-        for req_id, new_blocks, computed in _cached_requests(scheduler_output.scheduled_cached_reqs):
-            self._track_cached(req_id, new_blocks, computed, scheduler_output.num_scheduled_tokens[req_id], meta)
+        cached = scheduler_output.scheduled_cached_reqs
+        for req_id, new_blocks, computed, resumed in _cached_requests(cached):
+            self._track_cached(req_id, new_blocks, computed, resumed,
+                               scheduler_output.num_scheduled_tokens[req_id], meta)
         self._loads.clear()
         return meta
 
-    def _track_new(self, new: Any, scheduled: int, meta: KVTierConnectorMetadata) -> None:
-        tokens = list(new.prompt_token_ids)
-        block_ids = list(_first_group(new.block_ids))
-        hit, _, _ = self._lookups.get(new.req_id, (0, 0, 0))
-        state = _Tracked(tokens, block_ids, chunk_floor(hit, self._chunk or 1), new.num_computed_tokens + scheduled)
-        self._tracked[new.req_id] = state
-        load_start, load_end = self._loads.get(new.req_id, (0, 0))
-        req = ReqMeta(new.req_id, tokens, block_ids, load_start, load_end)
-        self._add_save(req, state)
-        if req.load_end or req.save_end:
-            meta.requests.append(req)
+    def _ship_async_loads(self, meta: KVTierConnectorMetadata) -> None:
+        for rid, (start, end, is_async) in list(self._loads.items()):
+            state = self._tracked.get(rid)
+            if not is_async or state is None:
+                continue
+            meta.requests.append(ReqMeta(rid, state.namespace, state.tokens, list(state.block_ids),
+                                         start, end, load_async=True))
+            del self._loads[rid]
 
-    def _track_cached(self, req_id: str, new_blocks: Iterable[int], computed: int, scheduled: int,
-                      meta: KVTierConnectorMetadata) -> None:
+    def _track_new(self, new: Any, scheduled: int, meta: KVTierConnectorMetadata) -> None:
+        state = self._tracked.get(new.req_id)
+        block_ids = _first_group(new.block_ids)
+        if new.req_id in self._async_loaded and state is not None:
+            # Loaded in the background: vLLM now counts those tokens as computed.
+            self._async_loaded.discard(new.req_id)
+            state.block_ids, state.computed = block_ids, new.num_computed_tokens + scheduled
+            self._lookups.pop(new.req_id, None)
+        else:
+            request = self._request_of(new)
+            tokens = self._key_tokens(request)
+            if tokens is None:
+                return  # prompt embeddings are not cached
+            look = self._lookups.get(new.req_id) or _Lookup(0, 0, 0, True)
+            state = _Tracked(request, namespace_of(self.settings.namespace, request), tokens, block_ids,
+                             chunk_floor(max(look.hit, 0), self._chunk or 1), new.num_computed_tokens + scheduled)
+            self._tracked[new.req_id] = state
+        self._emit(new.req_id, state, meta)
+
+    def _request_of(self, new: Any) -> Any:
+        """The vLLM Request seen by get_num_new_matched_tokens (it has cache_salt), else the NewRequestData."""
+        req = self._requests.get(new.req_id)
+        return req if req is not None else new
+
+    def _track_cached(self, req_id: str, new_blocks: Optional[List[int]], computed: int, resumed: bool,
+                      scheduled: int, meta: KVTierConnectorMetadata) -> None:
         state = self._tracked.get(req_id)
         if state is None:
             return
-        state.block_ids.extend(new_blocks)
+        if resumed:
+            # Preempted and scheduled again: the old blocks were freed and may
+            # hold another request's KV now. The new list replaces them.
+            state.block_ids = list(new_blocks or [])
+            self._async_loaded.discard(req_id)
+        elif new_blocks:
+            state.block_ids.extend(new_blocks)
         if computed < state.computed:
             # vLLM rewound the request (a failed load or preemption): what
             # was computed beyond this point is being recomputed, so save it again.
             state.saved_upto = min(state.saved_upto, chunk_floor(computed, self._chunk or 1))
+        if resumed:
+            look = self._lookups.pop(req_id, None)
+            if look is not None:
+                state.saved_upto = max(state.saved_upto, chunk_floor(min(look.hit, computed), self._chunk or 1))
         state.computed = computed + scheduled
-        req = ReqMeta(req_id, state.token_ids, list(state.block_ids))
+        self._emit(req_id, state, meta)
+
+    def _emit(self, req_id: str, state: _Tracked, meta: KVTierConnectorMetadata) -> None:
+        load_start, load_end, is_async = self._loads.get(req_id, (0, 0, False))
+        if is_async:
+            load_start = load_end = 0  # shipped already
+        req = ReqMeta(req_id, state.namespace, state.tokens, list(state.block_ids), load_start, load_end)
         self._add_save(req, state)
-        if req.save_end:
+        if req.load_end or req.save_end:
             meta.requests.append(req)
 
     def _add_save(self, req: ReqMeta, state: _Tracked) -> None:
         if not self.can_save or not self._chunk:
             return
-        end = chunk_floor(min(state.computed, len(state.token_ids)), self._chunk)
+        limit = min(state.computed, len(state.tokens))
+        publishable = getattr(state.request, "num_publishable_block_hashes", None)
+        if isinstance(publishable, int):
+            limit = min(limit, publishable * self.block_size)
+        end = chunk_floor(limit, self._chunk)
         if end > state.saved_upto:
             req.save_start, req.save_end = state.saved_upto, end
             state.saved_upto = end
@@ -276,13 +496,19 @@ class KVTierConnector(KVConnectorBase_V1):
     def _forget(self, req_id: str) -> None:
         self._release_lookup(req_id)
         self._tracked.pop(req_id, None)
+        self._async_loaded.discard(req_id)
+        self._requests.pop(req_id, None)
 
     def _release_lookup(self, req_id: str, keep_hit: bool = False) -> None:
-        hit, lease, local = self._lookups.get(req_id, (0, 0, 0))
+        """Ends the lookup's lease; ``keep_hit`` remembers how much kvtier holds (it need not be saved)."""
+        look = self._lookups.get(req_id)
+        if look is None:
+            return
+        lease = look.lease
         if keep_hit:
-            self._lookups[req_id] = (hit, 0, local)
+            look.lease = 0
         else:
-            self._lookups.pop(req_id, None)
+            del self._lookups[req_id]
         c = self.link.client
         if lease and c is not None and not c.closed:
             try:
@@ -291,81 +517,167 @@ class KVTierConnector(KVConnectorBase_V1):
                 if isinstance(e, ConnectionError):
                     self.link.fail(e)
 
+    def reset_cache(self) -> Optional[bool]:
+        """vLLM reset its own prefix cache; kvtier's chunks stay valid (they are keyed by content)."""
+        return True
+
+    def get_kv_connector_stats(self) -> Optional[KVConnectorStats]:
+        data = self.stats.take()
+        if not any(data.values()):
+            return None
+        return KVTierStats(data=data)
+
     # --------------------------------------------------------- worker side
 
     def register_kv_caches(self, kv_caches: Dict[str, torch.Tensor]) -> None:
-        self._kv_caches = dict(kv_caches)
-        self._layer_index = {name: i for i, name in enumerate(self._kv_caches)}
-        first = next(iter(self._kv_caches.values()))
-        self._paged = layout.Paged.of(first)
-        if self._paged.block_size != self.block_size:
-            raise ValueError(f"KV cache block size {self._paged.block_size} != cache_config.block_size {self.block_size}")
+        self._layer_index = {name: i for i, name in enumerate(kv_caches)}
+        self._kv = list(kv_caches.values())
+        first = self._kv[0]
+        form = self.settings.kv_layout or self._configured_form(first)
+        self._layout = kvl.Layout.detect(first, use_mla=self.use_mla, form=form, block_size=self.block_size)
+        self._set_device(first.device)
+
+    def register_cross_layers_kv_cache(self, kv_cache: torch.Tensor, attn_backend: Any = None) -> None:
+        name = kvl.resolved_layout_name(self.vllm_config.cache_config) or kvl.PREFERRED_CROSS_LAYER_LAYOUT
+        num_layers = self._num_attention_layers(kv_cache)
+        self._cross = kvl.CrossLayer.of(kv_cache, name, num_layers, use_mla=self.use_mla)
+        if not self.link.scope_args[1].endswith(f"/{name}/blocks{self.block_size}"):
+            raise ValueError(f"cross-layer KV in layout {name}, but the scheduler keys chunks as "
+                             f"{self.link.scope_args[1]}: set the same layout for both")
+        self._kv = list(self._cross.per_layer)
+        self._layout = self._cross.layer
+        if self._layout.block_size != self.block_size:
+            raise ValueError(f"cross-layer KV block size {self._layout.block_size} != {self.block_size}")
+        self._set_device(kv_cache.device)
+
+    def _num_attention_layers(self, kv_cache: torch.Tensor) -> int:
+        groups = getattr(getattr(self, "_kv_cache_config", None), "kv_cache_groups", None)
+        if groups:
+            return sum(len(getattr(g, "layer_names", ())) for g in groups)
+        name = kvl.resolved_layout_name(self.vllm_config.cache_config) or kvl.PREFERRED_CROSS_LAYER_LAYOUT
+        return kv_cache.shape[name.index("L")] if kv_cache.is_contiguous() else kv_cache.shape[0]
+
+    def _configured_form(self, t: torch.Tensor) -> str:
+        """The per-layer form from vLLM's config: a resolved standard layout means packed."""
+        if self.use_mla:
+            return kvl.MLA
+        if kvl.resolved_layout_name(self.vllm_config.cache_config) in kvl.STANDARD_LAYOUTS:
+            return kvl.PACKED
+        return ""
+
+    def _set_device(self, device: torch.device) -> None:
+        self._device = device
+        self.copier = kvl.copier_for(device)
+        if device.type == "cuda":  # pragma: no cover - needs a GPU
+            try:
+                c = self._client()
+                if c._arena_bytes is not None:
+                    self.copier.register_host(c._arena_bytes)
+            except _ABSORBED as e:
+                self.link.fail(e)
 
     @property
     def _layers(self) -> int:
-        return len(self._kv_caches)
+        return len(self._kv)
 
-    def _kv_list(self) -> List[torch.Tensor]:
-        return list(self._kv_caches.values())
+    def _layer_of(self, layer_name: str) -> int:
+        i = self._layer_index.get(layer_name)
+        if i is None:
+            if self._cross is None:
+                raise KeyError(f"kvtier: unknown attention layer {layer_name!r}")
+            # Cross-layer registration names no layers: they arrive in order the first time through.
+            i = self._layer_index[layer_name] = len(self._layer_index)
+        return i
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         """Leases the chunks of every loading request and copies them in (or starts the copier)."""
         self._saves = []
         self._layer_ready = []
         meta = self._get_connector_metadata()
-        loads = [l for l in (self._prepare_load(r) for r in meta.requests if r.load_end > r.load_start) if l]
+        reqs = [r for r in meta.requests if r.load_end > r.load_start]
+        for r in reqs:
+            if r.load_async:
+                self._start_async_load(r)
+        loads = [l for l in (self._prepare_load(r, self.link) for r in reqs if not r.load_async) if l]
         if not loads:
             return
-        if not self.settings.layerwise:
-            self._copy_layers(loads)
+        if not self.settings.layerwise or self._cross is not None:
+            self._copy_layers(loads, self.link)
             return
         self._layer_ready = [threading.Event() for _ in range(self._layers)]
-        self._loader = threading.Thread(target=self._copy_layers, args=(loads,), name="kvtier-load", daemon=True)
+        self._loader = threading.Thread(target=self._copy_layers, args=(loads, self.link), name="kvtier-load",
+                                        daemon=True)
         self._loader.start()
 
-    def _prepare_load(self, req: ReqMeta) -> Optional[_Load]:
+    def _prepare_load(self, req: ReqMeta, link: Link) -> Optional[_Load]:
         """PREPARE_RETRIEVE for one request; unavailable chunks become load errors."""
-        skip = chunk_floor(req.load_start, self._chunk or 1)
-        got_end = req.load_start
+        got_end, slots = req.load_start, None
         try:
-            c = self._client()
+            c = self._client(link)
             skip = chunk_floor(req.load_start, self._chunk)
-            slots = c.prepare_retrieve(self._keys(c, req.token_ids[:req.load_end], skip), self.settings.lease_ms)
-            parts = []
+            slots = c.prepare_retrieve(self._keys(c, link, req.namespace, req.token_ids, req.load_end, skip),
+                                       self.settings.lease_ms)
+            parts, nbytes = [], 0
             for i, s in enumerate(slots.slots):
                 begin = skip + i * self._chunk
-                chunk = layout.chunk_view(c.slot_tensor(s), self._paged, self._layers)
-                if chunk.shape[2] != self._chunk:
-                    raise ValueError(f"chunk of {chunk.shape[2]} tokens, want {self._chunk}")
                 first = max(0, req.load_start - begin)
-                dst = layout.slots_of(req.block_ids, self.block_size, begin + first, begin + self._chunk)
-                parts.append((chunk, dst, first))
+                parts.append(self._load_part(c.slot_tensor(s), req.block_ids, begin, first))
+                nbytes += s.length
             got_end = max(req.load_start, skip + len(slots.slots) * self._chunk)
         except _ABSORBED as e:
-            self.link.fail(e)
-            slots = None
+            link.fail(e)
+            got_end = req.load_start
         self._fail_blocks(req, got_end, req.load_end)
-        if slots is None or not slots.slots:
-            self._release_quietly(slots.lease if slots else 0)
+        if slots is None or not slots.slots or got_end <= req.load_start:
+            self._release_quietly(link, slots.lease if slots else 0)
             return None
-        return _Load(req, slots.lease, parts)
+        return _Load(req, slots.lease, parts, nbytes)
+
+    def _load_part(self, raw: torch.Tensor, block_ids: List[int], begin: int, first: int):
+        if self._cross is not None:
+            view = self._cross.chunk_view(raw)
+            if view.shape[0] * self.block_size != self._chunk:
+                raise ValueError(f"chunk of {view.shape[0]} blocks, want {self._chunk // self.block_size}")
+            if first % self.block_size:
+                raise ValueError("cross-layer load starting inside a block")
+            b0 = (begin + first) // self.block_size
+            nb = self._chunk // self.block_size - first // self.block_size
+            index = torch.as_tensor(block_ids[b0:b0 + nb], dtype=torch.int64).to(self._device)
+            return view, index, first // self.block_size
+        view = kvl.chunk_view(raw, self._layout, self._layers)
+        if view.shape[2] != self._chunk:
+            raise ValueError(f"chunk of {view.shape[2]} tokens, want {self._chunk}")
+        index = kvl.token_index(block_ids, self.block_size, begin + first, begin + self._chunk, self._device)
+        return view, index, first
 
     def _fail_blocks(self, req: ReqMeta, start: int, end: int) -> None:
         if start >= end:
             return
         first, last = start // self.block_size, (end - 1) // self.block_size
-        with self._errors_lock:
+        with self._lock:
             self._load_errors.update(req.block_ids[first:last + 1])
+            self.stats.load_errors += last + 1 - first
 
-    def _copy_layers(self, loads: List[_Load]) -> None:
+    def _copy_layers(self, loads: List[_Load], link: Link) -> None:
         """Scatters every layer of every load, in layer order, signalling each layer as it lands."""
+        t0 = time.perf_counter()
         try:
-            for layer, kv in enumerate(self._kv_list()):
+            if self._cross is not None:
                 for load in loads:
-                    for chunk, dst, first in load.parts:
-                        layout.scatter_layer(chunk, layer, self._paged, kv, dst, first)
-                if self._layer_ready:
-                    self._layer_ready[layer].set()
+                    for view, index, first_block in load.parts:
+                        self._cross.scatter(self.copier, view, index, first_block)
+            else:
+                for layer, kv in enumerate(self._kv):
+                    for load in loads:
+                        for view, index, first in load.parts:
+                            kvl.scatter_layer(self.copier, view, layer, self._layout, kv, index, first)
+                    self.copier.layer_done(layer)
+                    if self._layer_ready:
+                        self._layer_ready[layer].set()
+            self.copier.fence()
+            with self._lock:
+                self.stats.load_bytes += sum(l.nbytes for l in loads)
+                self.stats.load_seconds += time.perf_counter() - t0
         except Exception as e:  # noqa: BLE001 - must not escape a background thread
             log.error("kvtier: copying loaded KV: %s", e)
             for load in loads:
@@ -374,44 +686,73 @@ class KVTierConnector(KVConnectorBase_V1):
             for ev in self._layer_ready:
                 ev.set()
             for load in loads:
-                self._release_quietly(load.lease)
+                self._release_quietly(link, load.lease)
 
-    def _release_quietly(self, lease: int) -> None:
-        c = self.link.client
+    def _release_quietly(self, link: Link, lease: int) -> None:
+        c = link.client
         if not lease or c is None or c.closed:
             return
         try:
             c.release(lease)
         except _ABSORBED as e:
             if isinstance(e, ConnectionError):
-                self.link.fail(e)
+                link.fail(e)
+
+    # ----- asynchronous loads
+
+    def _start_async_load(self, req: ReqMeta) -> None:
+        if self._async_link is None:
+            self._async_link = self._new_link(self.link.scope_args)
+        t = threading.Thread(target=self._async_load, args=(req,), name=f"kvtier-async-{req.req_id}", daemon=True)
+        self._async_threads.append(t)
+        t.start()
+
+    def _async_load(self, req: ReqMeta) -> None:
+        """Promotes the request's chunks (PREPARE_RETRIEVE waits for disk or remote), copies them in."""
+        link = self._async_link
+        load = self._prepare_load(req, link)
+        if load is not None:
+            self._copy_layers([load], link)
+        with self._lock:
+            self._done_recving.add(req.req_id)
+
+    def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
+        with self._lock:
+            done, self._done_recving = self._done_recving, set()
+        self._async_threads = [t for t in self._async_threads if t.is_alive()]
+        return None, (done or None)
+
+    # ----- layer hooks
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Blocks until the layer's loaded KV is in place (layerwise mode only)."""
         if not self._layer_ready:
             return
-        i = self._layer_index[layer_name]
+        i = self._layer_of(layer_name)
         # The copier does no I/O before setting events, so this cannot wait on
         # the daemon; the bound is a safety net against a bug, not a tuning knob.
         if not self._layer_ready[i].wait(timeout=max(60.0, self.settings.timeout)):
             log.error("kvtier: layer %s not loaded in time", layer_name)
+        self.copier.wait_layer(i)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
         """Copies this layer's K/V of every chunk being saved straight into the arena slots."""
-        layer = self._layer_index[layer_name]
+        layer = self._layer_of(layer_name)
         if layer == 0:
             self._saves = self._prepare_saves()
+        if self._cross is not None:
+            return  # whole blocks are copied once every layer is written (wait_for_save)
         for save in self._saves:
             try:
-                for chunk, src in save.parts:
-                    layout.gather_layer(chunk, layer, self._paged, kv_layer, src)
+                for chunk, index in save.parts:
+                    kvl.gather_layer(self.copier, chunk, layer, self._layout, kv_layer, index)
                 save.layers_done += 1
             except _ABSORBED as e:  # the save is dropped at commit time: layers_done falls short
                 log.error("kvtier: gathering layer %s: %s", layer_name, e)
 
     def _prepare_saves(self) -> List[_Save]:
         meta = self._get_connector_metadata()
-        with self._errors_lock:
+        with self._lock:
             failed = set(self._load_errors)
         saves = []
         for req in meta.requests:
@@ -426,22 +767,34 @@ class KVTierConnector(KVConnectorBase_V1):
         try:
             c = self._client()
             n = (req.save_end - req.save_start) // self._chunk
-            size = self._paged.chunk_bytes(self._layers, self._chunk)
-            slots = c.prepare_store(self._keys(c, req.token_ids[:req.save_end], req.save_start), [size] * n,
-                                    self.settings.save_lease_ms)
+            size = self._chunk_bytes()
+            keys = self._keys(c, self.link, req.namespace, req.token_ids, req.save_end, req.save_start)
+            slots = c.prepare_store(keys, [size] * n, self.settings.save_lease_ms)
             parts = []
             for i, s in enumerate(slots.slots):
                 if s.state != p.SLOT_WRITE:
                     continue
                 begin = req.save_start + i * self._chunk
-                src = layout.slots_of(req.block_ids, self.block_size, begin, begin + self._chunk)
-                parts.append((layout.chunk_view(c.slot_tensor(s), self._paged, self._layers), src))
+                parts.append(self._save_part(c.slot_tensor(s), req.block_ids, begin))
         except _ABSORBED as e:
             self.link.fail(e)
             return None
         if not slots.lease:
             return None
-        return _Save(req, slots.lease, parts, len(slots.slots))
+        return _Save(req, slots.lease, parts, len(slots.slots), size * len(parts))
+
+    def _chunk_bytes(self) -> int:
+        if self._cross is not None:
+            return self._cross.chunk_bytes(self._chunk // self.block_size)
+        return self._layout.chunk_bytes(self._layers, self._chunk)
+
+    def _save_part(self, raw: torch.Tensor, block_ids: List[int], begin: int):
+        if self._cross is not None:
+            b0 = begin // self.block_size
+            index = torch.as_tensor(block_ids[b0:b0 + self._chunk // self.block_size], dtype=torch.int64)
+            return self._cross.chunk_view(raw), index.to(self._device)
+        index = kvl.token_index(block_ids, self.block_size, begin, begin + self._chunk, self._device)
+        return kvl.chunk_view(raw, self._layout, self._layers), index
 
     def wait_for_save(self) -> None:
         """Commits the chunks gathered during the forward pass (whole chunks, all layers)."""
@@ -449,39 +802,109 @@ class KVTierConnector(KVConnectorBase_V1):
             self._loader.join()
             self._loader = None
         saves, self._saves = self._saves, []
-        for save in saves:
-            complete = save.layers_done == self._layers
+        t0 = time.perf_counter()
+        ok = self._finish_saves(saves)
+        for save, complete in zip(saves, ok):
             try:
                 self._client().commit_store(save.lease, save.count if complete else 0)
+                if complete:
+                    self.stats.save_bytes += save.nbytes
             except _ABSORBED as e:
                 self.link.fail(e)
+        self.stats.save_seconds += time.perf_counter() - t0
 
-    def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
-        return None, None
+    def _finish_saves(self, saves: List[_Save]) -> List[bool]:
+        """Copies cross-layer blocks now that every layer is written, then waits for the host copies."""
+        ok = []
+        for save in saves:
+            if self._cross is None:
+                ok.append(save.layers_done == self._layers)
+                continue
+            try:
+                for chunk, index in save.parts:
+                    self._cross.gather(self.copier, chunk, index)
+                ok.append(True)
+            except _ABSORBED as e:
+                log.error("kvtier: gathering cross-layer blocks: %s", e)
+                ok.append(False)
+        try:
+            self.copier.fence()
+        except RuntimeError as e:  # pragma: no cover - a device fault
+            log.error("kvtier: waiting for host copies: %s", e)
+            return [False] * len(saves)
+        return ok
+
+    def handle_preemptions(self, kv_connector_metadata: Any) -> None:
+        """Preempted requests' blocks are about to be reused: no save may still be reading them.
+
+        Saves finish inside the step that gathered them (``wait_for_save``
+        fences the host copies before committing), so by the time vLLM calls
+        this nothing is in flight; the fence makes that a guarantee rather
+        than an accident of timing.
+        """
+        self.copier.fence()
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
-        with self._errors_lock:
+        with self._lock:
             errors, self._load_errors = self._load_errors, set()
         return errors
 
     def shutdown(self) -> None:
         if self._loader is not None:
             self._loader.join()
+        for t in self._async_threads:
+            t.join(timeout=self.settings.timeout * 2)
         self.link.close()
+        if self._async_link is not None:
+            self._async_link.close()
+
+
+def _refuse_hybrid(kv_cache_config: Any) -> None:
+    """Hybrid models (several KV cache groups) need per-group keys kvtier does not have yet."""
+    groups = getattr(kv_cache_config, "kv_cache_groups", None) or ()
+    if len(groups) <= 1:
+        return
+    kinds = sorted({type(getattr(g, "kv_cache_spec", g)).__name__ for g in groups})
+    raise ValueError(f"kvtier's vLLM connector does not support hybrid models yet: this model has "
+                     f"{len(groups)} KV cache groups ({', '.join(kinds)}); run it without kvtier or "
+                     f"with --disable-hybrid-kv-cache-manager")
+
+
+def _block_ids_of(blocks: Any) -> Any:
+    getter = getattr(blocks, "get_block_ids", None)
+    if callable(getter):
+        return getter()
+    return blocks
 
 
 def _first_group(block_ids: Any) -> List[int]:
     """vLLM ≥ 0.9 passes one block list per KV cache group; this connector uses the first."""
+    if block_ids is None:
+        return []
     if block_ids and isinstance(block_ids[0], (list, tuple)):
         return list(block_ids[0])
     return list(block_ids)
 
 
-def _cached_requests(cached: Any) -> Iterable[Tuple[str, List[int], int]]:
-    """(req id, new block ids, num computed tokens) of running requests, in either vLLM form."""
+def _cached_requests(cached: Any) -> Iterable[Tuple[str, Optional[List[int]], int, bool]]:
+    """(req id, new block ids or None, num computed tokens, resumed) of running requests, in every vLLM form.
+
+    Current vLLM names resumed requests in ``resumed_req_ids`` (a set); older
+    releases had ``resumed_from_preemption``, a list of bools. Either way a
+    resumed request's ``new_block_ids`` are all its blocks.
+    """
     if cached is None:
         return []
     if hasattr(cached, "req_ids"):  # vLLM ≥ 0.10: one object of parallel lists
-        return [(rid, _first_group(nb) if nb else [], nc) for rid, nb, nc in
-                zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens)]
-    return [(c.req_id, _first_group(c.new_block_ids), c.num_computed_tokens) for c in cached]
+        resumed_ids = getattr(cached, "resumed_req_ids", None)
+        flags = getattr(cached, "resumed_from_preemption", None)
+        out = []
+        for i, (rid, nb, nc) in enumerate(zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens)):
+            if resumed_ids is not None:
+                resumed = rid in resumed_ids
+            else:
+                resumed = bool(flags[i]) if flags else False
+            out.append((rid, _first_group(nb) if nb is not None else None, nc, resumed))
+        return out
+    return [(c.req_id, _first_group(c.new_block_ids), c.num_computed_tokens,
+             bool(getattr(c, "resumed_from_preemption", False))) for c in cached]

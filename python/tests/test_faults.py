@@ -88,4 +88,5 @@ def test_chunks_come_back_from_the_disk_tier(own_daemon):
         assert c.lookup(c.tokens(s, p)).by_tier == [0, 6]  # the hit lives on disk only
     e = engine(own_daemon.socket_path, "disk")
     assert_close(e.prefill(p), reference(p))
-    assert e.steps[0].external_tokens == 96
+    # A hit that is not in RAM is loaded asynchronously (done_recving), then scheduled with it computed.
+    assert e.async_loaded == {"req-1": 96} and e.steps[0].num_computed_before == 96

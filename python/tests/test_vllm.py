@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from kvtier import layout
+from kvtier import vllm_kv as layout
 from harness_util import assert_close, engine, prompt, reference
 
 CASES = [(layout.BLOCK_FIRST, False), (layout.KV_FIRST, False), (layout.BLOCK_FIRST, True), (layout.KV_FIRST, True)]

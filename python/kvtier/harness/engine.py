@@ -1,35 +1,46 @@
-"""A tiny stand-in for vLLM's v1 engine, driving a KV connector the way vLLM does.
+"""A small stand-in for vLLM's v1 engine, driving a KV connector the way vLLM does.
 
-vLLM cannot be installed here, so this module plays its part: it keeps a
-paged KV cache with block tables and a prefix cache, schedules requests,
-and calls the connector's scheduler-side and worker-side methods in vLLM's
-order and with vLLM's argument shapes (docs/vllm.md, per vLLM 0.10/0.11):
+vLLM cannot be installed here, so this module plays its part, following
+vLLM's main branch as of November 2026 (vllm/v1/core/sched/scheduler.py and
+output.py; facts in ../shared/conformance/vllm_kv_connector_v1.json):
 
-scheduler: get_num_new_matched_tokens → allocate → update_state_after_alloc
-→ build_connector_meta; worker: bind_connector_metadata → start_load_kv →
-per layer (wait_for_layer_load, attention, save_kv_layer) → wait_for_save →
+- a block pool with a prefix cache keyed by vLLM's chained block hashes,
+  extra keys included (LoRA name, multimodal items, cache salt; see
+  :mod:`kvtier.harness.vllm_hash`);
+- a scheduler over many requests with a token budget (chunked prefill),
+  running requests first, then waiting ones; when blocks run out the newest
+  running request is **preempted**: its blocks are freed, its computed tokens
+  reset to 0, and it goes back to the front of the waiting queue. Resumed,
+  it asks the connector again and is scheduled as a cached request named in
+  ``resumed_req_ids`` whose ``new_block_ids`` replace its blocks (or, with
+  ``legacy_preemption``, flagged in ``resumed_from_preemption``);
+- asynchronous loads (``WAITING_FOR_REMOTE_KVS`` until the worker reports
+  the request in ``get_finished``), load errors and ``kv_load_failure_policy``;
+- every KV layout vLLM has used: per-layer legacy 5-D, packed, the
+  standardized physical permutations, cross-layer blocks, and MLA.
+
+Scheduler: get_num_new_matched_tokens → allocate → update_state_after_alloc
+per admitted request → build_connector_meta; worker: bind_connector_metadata
+→ handle_preemptions → start_load_kv → per layer (wait_for_layer_load,
+attention of every scheduled request, save_kv_layer) → wait_for_save →
 get_finished → get_block_ids_with_load_errors → clear_connector_metadata;
-scheduler: load errors first (rewind to the first failed block and
-recompute, vLLM's ``recompute`` policy), then request_finished.
-
-One request runs per step (prefills may be split by ``token_budget``); that
-is all the connector tests need and keeps the harness small.
+scheduler: load errors first, then request_finished for finishing requests.
 """
 
 from __future__ import annotations
 
-import hashlib
+import enum
 import importlib
-import struct
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 
-from .. import layout
+from .. import vllm_kv as kvl
 from .._vllm_compat import KVConnectorRole
 from .model import LayerHooks, Llama, LlamaConfig
+from .vllm_hash import block_hashes
 
 # ----------------------------------------------------------------- vLLM's shapes
 
@@ -38,10 +49,37 @@ from .model import LayerHooks, Llama, LlamaConfig
 class ModelConfig:
     model: str
     dtype: torch.dtype = torch.float32
+    use_mla: bool = False
+
+
+class KVCacheLayout(enum.Enum):
+    """vLLM's resolved layout enum (PR 51718): the member name is the permutation."""
+
+    LBNHC = "LBNHC"
+    LBHNC = "LBHNC"
+    LHBNC = "LHBNC"
+    BLHNC = "BLHNC"
+    BLNHC = "BLNHC"
+    BHLNC = "BHLNC"
 
 
 @dataclass
 class CacheConfig:
+    block_size: int = 16
+    cache_dtype: str = "auto"
+    enable_prefix_caching: bool = True
+    kv_cache_layout: Optional[str] = None  # resolved name, None on vLLM before the standardization
+
+    def get_resolved_kv_cache_layout(self) -> KVCacheLayout:
+        if self.kv_cache_layout is None:
+            raise ValueError("KV cache layout has not been resolved yet")
+        return KVCacheLayout[self.kv_cache_layout]
+
+
+@dataclass
+class LegacyCacheConfig:
+    """A cache config of vLLM before the layout standardization (no resolved layout)."""
+
     block_size: int = 16
     cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
@@ -60,26 +98,83 @@ class KVTransferConfig:
     kv_connector_module_path: str = "kvtier.vllm"
     kv_role: str = "kv_both"
     kv_connector_extra_config: Dict[str, Any] = field(default_factory=dict)
+    kv_load_failure_policy: str = "recompute"
 
 
 @dataclass
 class VllmConfig:
     model_config: ModelConfig
-    cache_config: CacheConfig
+    cache_config: Any
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     kv_transfer_config: Optional[KVTransferConfig] = None
 
 
 @dataclass
+class LoRARequest:
+    lora_name: str
+    lora_int_id: int
+
+
+@dataclass
+class PlaceholderRange:
+    offset: int
+    length: int
+
+
+@dataclass
+class MultiModalFeatureSpec:
+    identifier: str
+    mm_position: PlaceholderRange
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+    FINISHED_ERROR = "finished_error"
+
+
+@dataclass
 class Request:
     request_id: str
-    prompt_token_ids: List[int]
+    prompt_token_ids: Optional[List[int]]
+    max_tokens: int = 1
+    lora_request: Optional[LoRARequest] = None
+    cache_salt: Optional[str] = None
+    mm_features: List[MultiModalFeatureSpec] = field(default_factory=list)
+    prompt_embeds: Optional[torch.Tensor] = None
     num_computed_tokens: int = 0
     block_ids: List[int] = field(default_factory=list)
+    output_token_ids: List[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    num_preemptions: int = 0
+    block_hashes: List[bytes] = field(default_factory=list)
+    logits: List[torch.Tensor] = field(default_factory=list)  # one per sampled token
+    publishable: Optional[int] = None  # fewer publishable blocks than full ones (EAGLE drafts)
+
+    @property
+    def prompt(self) -> List[int]:
+        return list(self.prompt_token_ids or [])
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        if self.prompt_token_ids is None:
+            return int(self.prompt_embeds.shape[0])
+        return len(self.prompt_token_ids)
+
+    @property
+    def all_token_ids(self) -> List[int]:
+        return self.prompt + self.output_token_ids
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+        return self.num_prompt_tokens + len(self.output_token_ids)
+
+    @property
+    def num_publishable_block_hashes(self) -> int:
+        return len(self.block_hashes) if self.publishable is None else self.publishable
 
 
 @dataclass
@@ -93,13 +188,29 @@ class KVCacheBlocks:
 @dataclass
 class NewRequestData:
     req_id: str
-    prompt_token_ids: List[int]
+    prompt_token_ids: Optional[List[int]]
+    mm_features: List[MultiModalFeatureSpec]
     block_ids: Tuple[List[int], ...]
     num_computed_tokens: int
+    lora_request: Optional[LoRARequest]
+    prompt_embeds: Optional[torch.Tensor] = None
 
 
 @dataclass
 class CachedRequestData:
+    req_ids: List[str] = field(default_factory=list)
+    resumed_req_ids: Set[str] = field(default_factory=set)
+    new_token_ids: List[List[int]] = field(default_factory=list)
+    all_token_ids: Dict[str, List[int]] = field(default_factory=dict)
+    new_block_ids: List[Optional[Tuple[List[int], ...]]] = field(default_factory=list)
+    num_computed_tokens: List[int] = field(default_factory=list)
+    num_output_tokens: List[int] = field(default_factory=list)
+
+
+@dataclass
+class LegacyCachedRequestData:
+    """CachedRequestData of vLLM 0.10–0.11: ``resumed_from_preemption`` instead of ``resumed_req_ids``."""
+
     req_ids: List[str] = field(default_factory=list)
     resumed_from_preemption: List[bool] = field(default_factory=list)
     new_token_ids: List[List[int]] = field(default_factory=list)
@@ -110,10 +221,11 @@ class CachedRequestData:
 @dataclass
 class SchedulerOutput:
     scheduled_new_reqs: List[NewRequestData]
-    scheduled_cached_reqs: CachedRequestData
+    scheduled_cached_reqs: Any
     num_scheduled_tokens: Dict[str, int]
     total_num_scheduled_tokens: int
     finished_req_ids: Set[str]
+    preempted_req_ids: Set[str] = field(default_factory=set)
     kv_connector_metadata: Any = None
 
 
@@ -145,20 +257,16 @@ class BlockPool:
         self.cached: Dict[bytes, int] = {}
         self.hash_of: Dict[int, bytes] = {}
 
-    def block_hashes(self, tokens: List[int]) -> List[bytes]:
-        out, prev = [], b""
-        for i in range(len(tokens) // self.block_size):
-            block = tokens[i * self.block_size:(i + 1) * self.block_size]
-            prev = hashlib.sha256(prev + struct.pack(f"<{len(block)}I", *block)).digest()
-            out.append(prev)
-        return out
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
 
-    def computed_blocks(self, tokens: List[int]) -> List[int]:
+    def computed_blocks(self, req: Request) -> List[int]:
         """Cached blocks of the prompt's prefix, leaving at least one token to compute."""
-        if not self.prefix_caching:
+        if not self.prefix_caching or req.prompt_token_ids is None:
             return []
         hit = []
-        for h in self.block_hashes(tokens)[: (len(tokens) - 1) // self.block_size]:
+        for h in req.block_hashes[: (req.num_tokens - 1) // self.block_size]:
             if h not in self.cached:
                 break
             hit.append(self.cached[h])
@@ -169,9 +277,9 @@ class BlockPool:
             self.refs[b] += 1
             self.free.pop(b, None)
 
-    def allocate(self, n: int) -> List[int]:
+    def allocate(self, n: int) -> Optional[List[int]]:
         if n > len(self.free):
-            raise RuntimeError(f"out of KV blocks: want {n}, {len(self.free)} free")
+            return None
         out = []
         for _ in range(n):
             b, _ = self.free.popitem(last=False)  # least recently freed first
@@ -182,16 +290,21 @@ class BlockPool:
             out.append(b)
         return out
 
+    def cache_full_blocks(self, req: Request) -> None:
+        """Makes the request's computed full blocks findable by the prefix cache."""
+        if not self.prefix_caching:
+            return
+        full = min(req.num_computed_tokens, req.num_prompt_tokens) // self.block_size
+        for b, h in list(zip(req.block_ids, req.block_hashes))[:full]:
+            if h not in self.cached:
+                self.cached[h], self.hash_of[b] = b, h
+
     def release(self, req: Request) -> None:
-        """Frees the request's blocks, keeping its full blocks findable by the prefix cache."""
-        if self.prefix_caching:
-            for b, h in zip(req.block_ids, self.block_hashes(req.prompt_token_ids)):
-                if h not in self.cached:
-                    self.cached[h], self.hash_of[b] = b, h
         for b in req.block_ids:
             self.refs[b] -= 1
             if self.refs[b] == 0:
                 self.free[b] = None
+        req.block_ids = []
 
 
 # ---------------------------------------------------------------- engine
@@ -210,42 +323,86 @@ class _ConnectorHooks(LayerHooks):
 
 @dataclass
 class StepRecord:
-    """What one step did, for tests to inspect."""
+    """What one step did for one request, for tests to inspect."""
 
     req_id: str
     num_computed_before: int
     num_scheduled: int
     external_tokens: int
     load_error_blocks: Set[int]
+    resumed: bool = False
+
+
+# Per-layer KV forms the harness can allocate; standard layout names are accepted too.
+LEGACY_FORMS = (kvl.BLOCK_FIRST, kvl.KV_FIRST, kvl.PACKED)
 
 
 class Engine:
     """Scheduler + one worker in one process, each with its own connector instance."""
 
     def __init__(self, model_cfg: LlamaConfig, model_name: str = "kvtier-test-llama", num_blocks: int = 256,
-                 block_size: int = 16, layout_kind: str = layout.BLOCK_FIRST,
+                 block_size: int = 16, layout_kind: str = kvl.BLOCK_FIRST,
                  kv_transfer: Optional[KVTransferConfig] = None, prefix_caching: bool = True,
-                 token_budget: int = 1 << 30):
+                 token_budget: int = 1 << 30, legacy_preemption: bool = False, cross_layer: bool = False,
+                 device: str = "cpu"):
         self.model = Llama(model_cfg)
         self.cfg = model_cfg
         self.block_size, self.token_budget = block_size, token_budget
+        self.legacy_preemption = legacy_preemption
         self.pool = BlockPool(num_blocks, block_size, prefix_caching)
-        c = model_cfg
-        shape = ((num_blocks, 2, block_size, c.kv_heads, c.head_dim) if layout_kind == layout.BLOCK_FIRST
-                 else (2, num_blocks, block_size, c.kv_heads, c.head_dim))
-        self.kv_caches = {c.layer_name(i): torch.zeros(shape, dtype=c.dtype) for i in range(c.layers)}
-        self.paged = layout.Paged.of(next(iter(self.kv_caches.values())), layout_kind)
-        self.vllm_config = VllmConfig(ModelConfig(model_name, c.dtype),
-                                      CacheConfig(block_size, enable_prefix_caching=prefix_caching),
+        use_mla = model_cfg.mla_latent > 0
+        cache_config = self._cache_config(layout_kind, block_size, prefix_caching)
+        self.vllm_config = VllmConfig(ModelConfig(model_name, model_cfg.dtype, use_mla), cache_config,
                                       kv_transfer_config=kv_transfer)
+        self.cross_tensor: Optional[torch.Tensor] = None
+        self.kv_caches = self._allocate(model_cfg, num_blocks, block_size, layout_kind, device)
+        first = next(iter(self.kv_caches.values()))
+        form = kvl.MLA if use_mla else (layout_kind if layout_kind in LEGACY_FORMS else kvl.PACKED)
+        self.layout = kvl.Layout.detect(first, use_mla=use_mla, form=form)
         self.scheduler_connector = self.worker_connector = None
+        self.fail_policy = kv_transfer.kv_load_failure_policy if kv_transfer else "recompute"
         if kv_transfer is not None:
             self.scheduler_connector = load_connector(self.vllm_config, KVConnectorRole.SCHEDULER)
             self.worker_connector = load_connector(self.vllm_config, KVConnectorRole.WORKER)
-            self.worker_connector.register_kv_caches(self.kv_caches)
+            if cross_layer and getattr(self.worker_connector, "prefer_cross_layer_blocks", False):
+                self.worker_connector.register_cross_layers_kv_cache(self.cross_tensor, None)
+            else:
+                self.worker_connector.register_kv_caches(self.kv_caches)
         self.steps: List[StepRecord] = []
-        self._finished: Set[str] = set()
+        self.requests: Dict[str, Request] = {}
+        self.waiting: List[Request] = []
+        self.running: List[Request] = []
+        self._finished_ids: Set[str] = set()
+        self._finished_recving: Set[str] = set()
+        self.kv_snapshots: Dict[str, torch.Tensor] = {}
+        self.async_loaded: Dict[str, int] = {}  # req id -> tokens loaded in the background
         self._next_id = 0
+
+    @staticmethod
+    def _cache_config(layout_kind: str, block_size: int, prefix_caching: bool):
+        if layout_kind in LEGACY_FORMS:
+            return LegacyCacheConfig(block_size, enable_prefix_caching=prefix_caching)
+        return CacheConfig(block_size, enable_prefix_caching=prefix_caching, kv_cache_layout=layout_kind.upper())
+
+    def _allocate(self, c: LlamaConfig, nb: int, bs: int, kind: str, device: str) -> Dict[str, torch.Tensor]:
+        names = [c.layer_name(i) for i in range(c.layers)]
+        if c.mla_latent:
+            if kind in LEGACY_FORMS:
+                return {n: torch.zeros((nb, bs, c.mla_latent), dtype=c.dtype, device=device) for n in names}
+            logical, per_layer = kvl.allocate_standard(kind, c.layers, nb, 1, bs, c.mla_latent, c.dtype, device)
+        elif kind == kvl.BLOCK_FIRST:
+            return {n: torch.zeros((nb, 2, bs, c.kv_heads, c.head_dim), dtype=c.dtype, device=device) for n in names}
+        elif kind == kvl.KV_FIRST:
+            return {n: torch.zeros((2, nb, bs, c.kv_heads, c.head_dim), dtype=c.dtype, device=device) for n in names}
+        elif kind == kvl.PACKED:
+            return {n: torch.zeros((nb, c.kv_heads, bs, 2 * c.head_dim), dtype=c.dtype, device=device) for n in names}
+        else:
+            logical, per_layer = kvl.allocate_standard(kind, c.layers, nb, c.kv_heads, bs, 2 * c.head_dim,
+                                                       c.dtype, device)
+        self.cross_tensor = logical
+        if c.mla_latent:  # MLA per-layer views are [B, N, latent]
+            per_layer = [t.squeeze(1) for t in per_layer]
+        return dict(zip(names, per_layer))
 
     def close(self) -> None:
         for c in (self.scheduler_connector, self.worker_connector):
@@ -254,96 +411,282 @@ class Engine:
 
     # -- public
 
-    def prefill(self, prompt: List[int], req_id: Optional[str] = None) -> torch.Tensor:
-        """Runs one request to its first token and returns that token's logits."""
+    def add_request(self, prompt: Optional[List[int]], req_id: Optional[str] = None, max_tokens: int = 1,
+                    lora: Optional[str] = None, cache_salt: Optional[str] = None,
+                    mm: Optional[List[Tuple[str, int, int]]] = None,
+                    prompt_embeds: Optional[torch.Tensor] = None) -> Request:
         self._next_id += 1
-        req = Request(req_id or f"req-{self._next_id}", list(prompt))
-        new = True
-        while True:
-            logits = self._step(req, new)
-            new = False
-            if logits is not None:
-                self._finish(req)
-                return logits
+        req = Request(req_id or f"req-{self._next_id}", list(prompt) if prompt is not None else None, max_tokens,
+                      LoRARequest(lora, 1 + self._next_id) if lora else None, cache_salt,
+                      [MultiModalFeatureSpec(i, PlaceholderRange(o, n)) for i, o, n in (mm or [])], prompt_embeds)
+        req.block_hashes = block_hashes(req, self.block_size)
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+        return req
+
+    def run(self, max_steps: int = 10000) -> Dict[str, Request]:
+        """Steps until every request has finished."""
+        for _ in range(max_steps):
+            if not self.waiting and not self.running:
+                return self.requests
+            self.step()
+        raise RuntimeError("harness: requests did not finish")
+
+    def prefill(self, prompt: List[int], req_id: Optional[str] = None, **kw) -> torch.Tensor:
+        """Runs one request to its first token and returns that token's logits."""
+        req = self.add_request(prompt, req_id, **kw)
+        self.run()
+        if req.status == Status.FINISHED_ERROR:
+            raise RuntimeError(f"request {req.request_id} failed to load its KV")
+        return req.logits[0]
 
     # -- scheduler
 
-    def _schedule_new(self, req: Request) -> Tuple[NewRequestData, int]:
-        local_blocks = self.pool.computed_blocks(req.prompt_token_ids)
-        self.pool.take(local_blocks)
-        local = len(local_blocks) * self.block_size
-        external = 0
+    def step(self) -> None:
+        out, scheduled, external, resumed = self._schedule()
+        meta = None
         if self.scheduler_connector is not None:
-            external, _async = self.scheduler_connector.get_num_new_matched_tokens(req, local)
-            external = external or 0
-        need = -(-req.num_tokens // self.block_size) - len(local_blocks)
-        req.block_ids = local_blocks + self.pool.allocate(need)
-        if self.scheduler_connector is not None:
-            self.scheduler_connector.update_state_after_alloc(req, KVCacheBlocks(req.block_ids), external)
-        req.num_computed_tokens = local + external
-        return NewRequestData(req.request_id, req.prompt_token_ids, (list(req.block_ids),),
-                              req.num_computed_tokens), external
+            meta = out.kv_connector_metadata = self.scheduler_connector.build_connector_meta(out)
+        before = {r.request_id: r.num_computed_tokens for r in scheduled}
+        logits, errors, done_recving = self._execute(scheduled, out)
+        for r in scheduled:
+            self.steps.append(StepRecord(r.request_id, before[r.request_id], out.num_scheduled_tokens[r.request_id],
+                                         external.get(r.request_id, 0), errors, r.request_id in resumed))
+        self._finished_recving |= done_recving
+        self._update_from_output(scheduled, out, logits, errors)
+        del meta
 
-    def _step(self, req: Request, new: bool) -> Optional[torch.Tensor]:
-        cached = CachedRequestData()
-        external = 0
-        if new:
-            new_data, external = self._schedule_new(req)
-            news = [new_data]
-        else:
-            news = []
-            cached = CachedRequestData([req.request_id], [False], [[]], [None], [req.num_computed_tokens])
-        n = min(self.token_budget, req.num_tokens - req.num_computed_tokens)
-        out = SchedulerOutput(news, cached, {req.request_id: n}, n, self._finished)
-        self._finished = set()
-        if self.scheduler_connector is not None:
-            out.kv_connector_metadata = self.scheduler_connector.build_connector_meta(out)
-        before = req.num_computed_tokens
-        logits, errors = self._execute(req, out, n)
-        self.steps.append(StepRecord(req.request_id, before, n, external, errors))
-        return self._update_from_output(req, n, logits, errors)
+    def _schedule(self):
+        budget = self.token_budget
+        num_scheduled: Dict[str, int] = {}
+        new_blocks: Dict[str, Optional[List[int]]] = {}
+        scheduled_running: List[Request] = []
+        preempted: List[Request] = []
+        for req in list(self.running):
+            if req not in self.running or budget <= 0:
+                continue
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if n <= 0:
+                continue
+            blocks = self._grow(req, n, preempted, scheduled_running, num_scheduled, new_blocks)
+            if blocks is None:
+                continue
+            scheduled_running.append(req)
+            new_blocks[req.request_id] = blocks
+            num_scheduled[req.request_id] = n
+            budget -= num_scheduled[req.request_id]
+        scheduled_new, scheduled_resumed, external = [], [], {}
+        if not preempted:
+            budget = self._admit(budget, num_scheduled, new_blocks, scheduled_new, scheduled_resumed, external)
+        out = SchedulerOutput(
+            [NewRequestData(r.request_id, r.prompt_token_ids, r.mm_features, (list(r.block_ids),),
+                            r.num_computed_tokens, r.lora_request, r.prompt_embeds) for r in scheduled_new],
+            self._cached_data(scheduled_running, scheduled_resumed, new_blocks, num_scheduled),
+            num_scheduled, sum(num_scheduled.values()), self._finished_ids,
+            {r.request_id for r in preempted})
+        self._finished_ids = set()
+        resumed = {r.request_id for r in scheduled_resumed}
+        return out, scheduled_running + scheduled_new + scheduled_resumed, external, resumed
 
-    def _update_from_output(self, req: Request, n: int, logits: torch.Tensor, errors: Set[int]):
-        failed = [i for i, b in enumerate(req.block_ids) if b in errors]
-        if failed:
-            # vLLM's "recompute" policy: rewind to the first block that failed to
-            # load and drop this step's output; the request is scheduled again.
-            req.num_computed_tokens = min(req.num_computed_tokens, failed[0] * self.block_size)
-            return None
-        req.num_computed_tokens += n
-        return logits[-1] if req.num_computed_tokens == req.num_tokens else None
+    def _grow(self, req, n, preempted, scheduled_running, num_scheduled, new_blocks) -> Optional[List[int]]:
+        """Blocks for n more tokens of a running request, preempting the newest running requests if needed."""
+        need = -(-(req.num_computed_tokens + n) // self.block_size) - len(req.block_ids)
+        while True:
+            got = self.pool.allocate(max(need, 0))
+            if got is not None:
+                req.block_ids.extend(got)
+                return got
+            victim = self.running[-1]
+            self.running.remove(victim)
+            if victim in scheduled_running:
+                scheduled_running.remove(victim)
+                num_scheduled.pop(victim.request_id)
+                new_blocks.pop(victim.request_id)
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is req:
+                return None
 
-    def _finish(self, req: Request) -> None:
-        if self.scheduler_connector is not None:
-            self.scheduler_connector.request_finished(req, list(req.block_ids))
+    def _preempt(self, req: Request) -> None:
         self.pool.release(req)
-        self._finished.add(req.request_id)
+        req.num_computed_tokens = 0
+        req.status = Status.PREEMPTED
+        req.num_preemptions += 1
+        self.waiting.insert(0, req)
+
+    def _admit(self, budget, num_scheduled, new_blocks, scheduled_new, scheduled_resumed, external) -> int:
+        skipped = []
+        while self.waiting and budget > 0:
+            req = self.waiting.pop(0)
+            if req.status == Status.WAITING_FOR_REMOTE_KVS:
+                if not self._remote_kv_ready(req):
+                    skipped.append(req)
+                    continue
+            ext, is_async, local_blocks = 0, False, []
+            if req.num_computed_tokens == 0:
+                local_blocks = self.pool.computed_blocks(req)
+                local = len(local_blocks) * self.block_size
+                if self.scheduler_connector is not None:
+                    ext, is_async = self.scheduler_connector.get_num_new_matched_tokens(req, local)
+                    if ext is None:
+                        skipped.append(req)
+                        continue
+                computed = local + ext
+            else:
+                computed = req.num_computed_tokens
+            n = 0 if is_async else min(req.num_tokens - computed, budget)
+            need = -(-(computed + n) // self.block_size) - len(local_blocks) - len(req.block_ids)
+            got = self.pool.allocate(max(need, 0))
+            if got is None:
+                skipped.append(req)
+                break
+            self.pool.take(local_blocks)
+            req.block_ids = local_blocks + req.block_ids + got
+            if self.scheduler_connector is not None:
+                self.scheduler_connector.update_state_after_alloc(req, KVCacheBlocks(list(req.block_ids)), ext)
+            if is_async:
+                self.async_loaded[req.request_id] = ext
+                req.status = Status.WAITING_FOR_REMOTE_KVS
+                req.num_computed_tokens = 0
+                skipped.append(req)
+                continue
+            (scheduled_resumed if req.status == Status.PREEMPTED else scheduled_new).append(req)
+            external[req.request_id] = ext
+            req.status = Status.RUNNING
+            req.num_computed_tokens = computed
+            self.running.append(req)
+            new_blocks[req.request_id] = list(req.block_ids)
+            num_scheduled[req.request_id] = n
+            budget -= n
+        self.waiting[:0] = skipped
+        return budget
+
+    def _remote_kv_ready(self, req: Request) -> bool:
+        """vLLM's _update_waiting_for_remote_kv: the blocks now hold the loaded tokens."""
+        if req.request_id not in self._finished_recving:
+            return False
+        self._finished_recving.discard(req.request_id)
+        computed = min(len(req.block_ids) * self.block_size, req.num_tokens)
+        if computed == req.num_tokens:
+            computed -= 1
+        req.num_computed_tokens = computed
+        self.pool.cache_full_blocks(req)
+        req.status = Status.PREEMPTED if req.num_preemptions else Status.WAITING
+        return True
+
+    def _cached_data(self, running, resumed, new_blocks, num_scheduled):
+        reqs = running + resumed
+        if self.legacy_preemption:
+            return LegacyCachedRequestData(
+                [r.request_id for r in reqs], [r in resumed for r in reqs], [[] for _ in reqs],
+                [(new_blocks[r.request_id],) if new_blocks[r.request_id] else None for r in reqs],
+                [r.num_computed_tokens for r in reqs])
+        return CachedRequestData(
+            [r.request_id for r in reqs], {r.request_id for r in resumed}, [],
+            {r.request_id: r.all_token_ids for r in resumed},
+            [(new_blocks[r.request_id],) if new_blocks[r.request_id] else None for r in reqs],
+            [r.num_computed_tokens for r in reqs], [len(r.output_token_ids) for r in reqs])
+
+    def _update_from_output(self, scheduled, out, logits, errors) -> None:
+        failed_reqs = {r.request_id for r in scheduled if errors.intersection(r.block_ids)}
+        for r in self._waiting_with_errors(errors):
+            self._handle_failed(r, errors)
+        for r in scheduled:
+            n = out.num_scheduled_tokens[r.request_id]
+            if r.request_id in failed_reqs:
+                self._handle_failed(r, errors)
+                continue
+            r.num_computed_tokens += n
+            self.pool.cache_full_blocks(r)
+            if r.num_computed_tokens == r.num_tokens:
+                self._sample(r, logits[r.request_id])
+
+    def _waiting_with_errors(self, errors: Set[int]) -> List[Request]:
+        return [r for r in self.waiting if r.status == Status.WAITING_FOR_REMOTE_KVS and errors.intersection(r.block_ids)]
+
+    def _handle_failed(self, r: Request, errors: Set[int]) -> None:
+        """vLLM's policies: recompute from the first failed block, or fail the request."""
+        if self.fail_policy == "fail":
+            self._finish(r, Status.FINISHED_ERROR)
+            return
+        first = next(i for i, b in enumerate(r.block_ids) if b in errors)
+        r.num_computed_tokens = min(r.num_computed_tokens, first * self.block_size)
+
+    def _sample(self, r: Request, logits: torch.Tensor) -> None:
+        r.logits.append(logits)
+        if len(r.output_token_ids) + 1 >= r.max_tokens:
+            self._finish(r, Status.FINISHED)
+            return
+        r.output_token_ids.append(int(logits.argmax()))
+
+    def _finish(self, r: Request, status: Status) -> None:
+        if r.status == Status.RUNNING:
+            self.running.remove(r)
+        elif r in self.waiting:
+            self.waiting.remove(r)
+        r.status = status
+        self.kv_snapshots[r.request_id] = self.kv_of(r, 0, r.num_computed_tokens)
+        if self.scheduler_connector is not None:
+            self.scheduler_connector.request_finished(r, list(r.block_ids))
+        self.pool.release(r)
+        self._finished_ids.add(r.request_id)
+
+    def kv_of(self, r: Request, start: int, end: int) -> torch.Tensor:
+        """The request's cached KV of tokens [start, end) as [layers, tokens, heads, parts, dim] (a copy)."""
+        t = torch.arange(start, end, dtype=torch.int64)
+        blocks = torch.as_tensor(r.block_ids, dtype=torch.int64)
+        if end <= start or not r.block_ids:
+            return torch.empty(0)
+        b, o = blocks[t // self.block_size], t % self.block_size
+        return torch.stack([self.layout.canonical(kv)[b, :, o] for kv in self.kv_caches.values()]).clone()
 
     # -- worker
 
-    def _execute(self, req: Request, out: SchedulerOutput, n: int) -> Tuple[torch.Tensor, Set[int]]:
+    def _execute(self, scheduled: List[Request], out: SchedulerOutput):
         wc = self.worker_connector
         hooks = None
         if wc is not None:
             wc.bind_connector_metadata(out.kv_connector_metadata)
+            if out.preempted_req_ids:
+                wc.handle_preemptions(out.kv_connector_metadata)
             wc.start_load_kv(ForwardContext(dict(self.kv_caches)))
             hooks = _ConnectorHooks(wc)
-        start = req.num_computed_tokens
-        logits = self._forward(req, start, start + n, hooks)
+        batch = []
+        for r in scheduled:
+            start = r.num_computed_tokens
+            end = start + out.num_scheduled_tokens[r.request_id]
+            batch.append(self._inputs(r, start, end))
+        outs = self.model.forward_batch(batch, list(self.kv_caches.values()), self.layout, hooks) if batch else []
+        logits = {r.request_id: o[-1] for r, o in zip(scheduled, outs)}
         errors: Set[int] = set()
+        done_recving: Set[str] = set()
         if wc is not None:
             wc.wait_for_save()
-            wc.get_finished(out.finished_req_ids)
+            _, recving = wc.get_finished(out.finished_req_ids)
+            done_recving = set(recving or ())
             errors = wc.get_block_ids_with_load_errors()
             wc.clear_connector_metadata()
-        return logits, errors
+        return logits, errors, done_recving
 
-    def _forward(self, req: Request, start: int, end: int, hooks) -> torch.Tensor:
-        slots = layout.slots_of(req.block_ids, self.block_size, 0, end)
-        tokens = torch.as_tensor(req.prompt_token_ids[start:end], dtype=torch.int64)
+    def _inputs(self, r: Request, start: int, end: int):
+        blocks = torch.as_tensor(r.block_ids, dtype=torch.int64)
+        t = torch.arange(0, end, dtype=torch.int64)
+        slots = blocks[t // self.block_size] * self.block_size + t % self.block_size
+        tokens = torch.as_tensor(self._token_ids(r)[start:end], dtype=torch.int64)
         positions = torch.arange(start, end, dtype=torch.int64)
-        return self.model.forward(tokens, positions, slots[start:end], slots, list(self.kv_caches.values()),
-                                  self.paged, hooks)
+        return tokens, positions, slots[start:end], slots
+
+    def _token_ids(self, r: Request) -> List[int]:
+        if r.prompt_token_ids is None:  # embeddings: the harness model maps them back to ids
+            return [int(i) for i in r.prompt_embeds.tolist()] + r.output_token_ids
+        return r.all_token_ids
+
+    def wait_async_loads(self, timeout_steps: int = 200) -> None:
+        """Steps (with nothing scheduled) until asynchronous loads have been reported."""
+        for _ in range(timeout_steps):
+            if not any(r.status == Status.WAITING_FOR_REMOTE_KVS for r in self.waiting):
+                return
+            self.step()
 
 
 def reference_logits(model_cfg: LlamaConfig, prompt: List[int], block_size: int = 16) -> torch.Tensor:

@@ -21,6 +21,7 @@ from typing import Callable, List, Optional
 import torch
 
 from .. import layout
+from .. import vllm_kv
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class LlamaConfig:
     eps: float = 1e-6
     seed: int = 0
     dtype: torch.dtype = torch.float32
+    # MLA: > 0 caches one latent of this size per token (K and V are
+    # projected up from it at attention time) instead of per-head K and V.
+    mla_latent: int = 0
 
     def layer_name(self, i: int) -> str:
         return f"model.layers.{i}.self_attn.attn"
@@ -77,6 +81,9 @@ class Llama:
                 "attn_norm": 1 + 0.1 * torch.randn(cfg.hidden, generator=g).to(cfg.dtype),
                 "wq": w(cfg.heads * cfg.head_dim, cfg.hidden),
                 "wk": w(cfg.kv_heads * cfg.head_dim, cfg.hidden),
+                "w_dkv": w(max(cfg.mla_latent, 1), cfg.hidden),
+                "w_uk": w(cfg.kv_heads * cfg.head_dim, max(cfg.mla_latent, 1)),
+                "w_uv": w(cfg.kv_heads * cfg.head_dim, max(cfg.mla_latent, 1)),
                 "wv": w(cfg.kv_heads * cfg.head_dim, cfg.hidden),
                 "wo": w(cfg.hidden, cfg.heads * cfg.head_dim),
                 "mlp_norm": 1 + 0.1 * torch.randn(cfg.hidden, generator=g).to(cfg.dtype),
@@ -97,41 +104,76 @@ class Llama:
 
     @torch.no_grad()
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-                context_slots: torch.Tensor, kv_caches: List[torch.Tensor], paged: layout.Paged,
+                context_slots: torch.Tensor, kv_caches: List[torch.Tensor], paged,
                 hooks: Optional[LayerHooks] = None, last_only: bool = True) -> torch.Tensor:
         """Runs the new tokens of one request; returns logits (of the last token by default).
 
         ``context_slots`` are the slots of tokens 0..positions[-1] (the whole
-        context including the new tokens), in order.
+        context including the new tokens), in order. ``paged`` is a
+        :class:`layout.Paged` or a :class:`vllm_kv.Layout`.
+        """
+        return self.forward_batch([(token_ids, positions, slot_mapping, context_slots)], kv_caches, paged,
+                                  hooks, last_only)[0]
+
+    @torch.no_grad()
+    def forward_batch(self, batch, kv_caches: List[torch.Tensor], paged, hooks: Optional[LayerHooks] = None,
+                      last_only: bool = True) -> List[torch.Tensor]:
+        """One forward pass over several requests, layer by layer, as an engine's batched step runs.
+
+        ``batch`` holds (token_ids, positions, slot_mapping, context_slots) per
+        request. The hooks run once per layer for the whole batch, where vLLM
+        calls the connector.
         """
         cfg, hooks = self.cfg, hooks or LayerHooks()
-        x = self.embed[token_ids]
+        lay = paged if isinstance(paged, vllm_kv.Layout) else vllm_kv.Layout.detect(kv_caches[0], form=paged.kind)
+        xs = [self.embed[tokens] for tokens, _, _, _ in batch]
         for i, lw in enumerate(self.layers):
             name = cfg.layer_name(i)
-            h = _rms_norm(x, lw["attn_norm"], cfg.eps)
-            q = self._rope((h @ lw["wq"].T).view(-1, cfg.heads, cfg.head_dim), positions)
-            k = self._rope((h @ lw["wk"].T).view(-1, cfg.kv_heads, cfg.head_dim), positions)
-            v = (h @ lw["wv"].T).view(-1, cfg.kv_heads, cfg.head_dim)
             hooks.before_attention(name)
-            attn = self._attention(q, k, v, positions, slot_mapping, context_slots, kv_caches[i], paged)
+            for r, (tokens, positions, slot_mapping, context_slots) in enumerate(batch):
+                x = xs[r]
+                h = _rms_norm(x, lw["attn_norm"], cfg.eps)
+                q = self._rope((h @ lw["wq"].T).view(-1, cfg.heads, cfg.head_dim), positions)
+                attn = self._attention(lw, h, q, positions, slot_mapping, context_slots, kv_caches[i], lay)
+                x = x + attn.reshape(len(tokens), -1) @ lw["wo"].T
+                h = _rms_norm(x, lw["mlp_norm"], cfg.eps)
+                xs[r] = x + (torch.nn.functional.silu(h @ lw["w_gate"].T) * (h @ lw["w_up"].T)) @ lw["w_down"].T
             hooks.after_attention(name, kv_caches[i])
-            x = x + attn.reshape(len(token_ids), -1) @ lw["wo"].T
-            h = _rms_norm(x, lw["mlp_norm"], cfg.eps)
-            x = x + (torch.nn.functional.silu(h @ lw["w_gate"].T) * (h @ lw["w_up"].T)) @ lw["w_down"].T
-        if last_only:
-            x = x[-1:]
-        return _rms_norm(x, self.final_norm, cfg.eps) @ self.lm_head.T
+        out = []
+        for x in xs:
+            if last_only:
+                x = x[-1:]
+            out.append(_rms_norm(x, self.final_norm, cfg.eps) @ self.lm_head.T)
+        return out
 
-    def _attention(self, q, k, v, positions, slot_mapping, context_slots, kv, paged, block_q: int = 512):
+    def _write_kv(self, lw, h, positions, slot_mapping, kv, lay):
+        """Writes the new tokens' cache entries: K/V per head, or MLA's latent."""
+        cfg = self.cfg
+        view = lay.canonical(kv)
+        blocks, offsets = slot_mapping // lay.block_size, slot_mapping % lay.block_size
+        if cfg.mla_latent:
+            view[blocks, :, offsets] = (h @ lw["w_dkv"].T).view(-1, 1, 1, cfg.mla_latent)
+            return
+        k = self._rope((h @ lw["wk"].T).view(-1, cfg.kv_heads, cfg.head_dim), positions)
+        v = (h @ lw["wv"].T).view(-1, cfg.kv_heads, cfg.head_dim)
+        view[blocks, :, offsets] = torch.stack((k, v), dim=2)
+
+    def _read_kv(self, lw, context_slots, kv, lay):
+        """Keys and values of the whole context, read back from the paged cache."""
+        cfg = self.cfg
+        cached = lay.canonical(kv)[context_slots // lay.block_size, :, context_slots % lay.block_size]
+        if cfg.mla_latent:
+            latent = cached.reshape(-1, cfg.mla_latent)
+            pos = torch.arange(len(latent), dtype=torch.int64)
+            keys = self._rope((latent @ lw["w_uk"].T).view(-1, cfg.kv_heads, cfg.head_dim), pos)
+            return keys, (latent @ lw["w_uv"].T).view(-1, cfg.kv_heads, cfg.head_dim)
+        return cached[:, :, 0], cached[:, :, 1]
+
+    def _attention(self, lw, h, q, positions, slot_mapping, context_slots, kv, lay, block_q: int = 512):
         """Writes the new K/V into the paged cache, then attends causally over the cached context."""
-        rows = paged.rows(kv)
-        kidx, vidx = paged.row_indices(slot_mapping)
-        rows.index_copy_(0, kidx, k.reshape(len(k), -1))
-        rows.index_copy_(0, vidx, v.reshape(len(v), -1))
-        ck, cv = paged.row_indices(context_slots)
+        self._write_kv(lw, h, positions, slot_mapping, kv, lay)
+        keys, values = self._read_kv(lw, context_slots, kv, lay)
         group = self.cfg.heads // self.cfg.kv_heads
-        keys = rows.index_select(0, ck).view(-1, self.cfg.kv_heads, self.cfg.head_dim)
-        values = rows.index_select(0, cv).view(-1, self.cfg.kv_heads, self.cfg.head_dim)
         keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)      # [heads, N, d]
         values = values.repeat_interleave(group, dim=1).transpose(0, 1)  # [heads, N, d]
         scale = 1.0 / math.sqrt(self.cfg.head_dim)
