@@ -369,9 +369,13 @@ class KVTierStorage(HiCacheStorage):
         """Writes the pool's pages, one per key, straight into arena slots."""
         if not self._indices_fit(io, keys, host_indices):
             return [False] * len(keys)
-        pages = [_as_bytes(io.pool.get_data_page(io.page_index(host_indices, i), flat=True))
-                 for i in range(len(keys))]
-        n = self._store(io.link, keys, [v.numel() for v in pages], lambda i, dst: dst.copy_(pages[i]))
+
+        def produce(i: int, dst: torch.Tensor) -> None:
+            # One page at a time: a contiguous page goes from the pool to the arena
+            # in one copy, and a strided one needs only one page of scratch.
+            dst.copy_(_as_bytes(io.pool.get_data_page(io.page_index(host_indices, i), flat=True)))
+
+        n = self._store(io.link, keys, [io.page_bytes] * len(keys), produce)
         return [i < n for i in range(len(keys))]
 
     @staticmethod
