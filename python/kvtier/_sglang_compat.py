@@ -16,7 +16,7 @@ commit 001067f (main, November 2026): field names, defaults and meanings.
 from __future__ import annotations
 
 from abc import ABC
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Optional
 
@@ -127,3 +127,17 @@ except ImportError:
 
         kv_hit_pages: int
         extra_pool_hit_pages: Dict[str, int]
+
+
+try:  # pragma: no cover - exercised only where SGLang is installed
+    from sglang.srt.metrics.collector import StorageMetrics  # type: ignore
+except ImportError:
+
+    @dataclass
+    class StorageMetrics:
+        """What SGLang's storage metrics collector reads from ``get_stats()``: per batch, pages and GB/s."""
+
+        prefetch_pgs: List[int] = field(default_factory=list)
+        backup_pgs: List[int] = field(default_factory=list)
+        prefetch_bandwidth: List[float] = field(default_factory=list)
+        backup_bandwidth: List[float] = field(default_factory=list)

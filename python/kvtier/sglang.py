@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -53,6 +55,7 @@ from ._sglang_compat import (
     PoolName,
     PoolTransfer,
     PoolTransferResult,
+    StorageMetrics,
 )
 from .client import DEFAULT_TIMEOUT, Client, KVTierError, default_socket_path
 from .layout import dtype_name
@@ -176,6 +179,31 @@ def _as_bytes_view(t: torch.Tensor) -> torch.Tensor:
     return t.view(-1).view(torch.uint8)
 
 
+class _Traffic:
+    """Pages and GB/s of each read and write batch since the last drain, for SGLang's metrics."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._m = StorageMetrics()
+
+    def note(self, read: bool, pages: int, nbytes: int, seconds: float) -> None:
+        if pages <= 0:
+            return
+        gbps = nbytes / 1e9 / seconds if seconds > 0 else 0.0
+        with self._lock:
+            if read:
+                self._m.prefetch_pgs.append(pages)
+                self._m.prefetch_bandwidth.append(gbps)
+            else:
+                self._m.backup_pgs.append(pages)
+                self._m.backup_bandwidth.append(gbps)
+
+    def drain(self) -> StorageMetrics:
+        with self._lock:
+            m, self._m = self._m, StorageMetrics()
+        return m
+
+
 @dataclass
 class _PoolIO:
     """A registered host pool and the daemon connection holding its scope."""
@@ -215,6 +243,7 @@ class KVTierStorage(HiCacheStorage):
             log.warning("kvtier: tp_lcm_size head splitting is not supported; pages are stored per TP rank, "
                         "so ranks of different TP sizes do not share them")
         self.mem_pool_host = None
+        self.traffic = _Traffic()
         self.link = self._new_link(self._kv_format(None), replicated=self.mla)
         self._pools: Dict[str, _PoolIO] = {}
 
@@ -298,6 +327,7 @@ class KVTierStorage(HiCacheStorage):
         """Leases the leading cached pages, calls consume(i, bytes) for each; returns how many."""
         if not keys:
             return 0
+        start = time.perf_counter()
         try:
             c = link.get()
             slots = c.prepare_retrieve(self._keys(c, link, keys), self.lease_ms)
@@ -313,6 +343,7 @@ class KVTierStorage(HiCacheStorage):
             log.error("kvtier: reading pages: %s", e)
         finally:
             self._release(c, link, slots.lease)
+        self.traffic.note(True, done, sum(s.length for s in slots.slots[:done]), time.perf_counter() - start)
         return done
 
     def _release(self, c: Client, link: Link, lease: int) -> None:
@@ -327,6 +358,7 @@ class KVTierStorage(HiCacheStorage):
         """Reserves slots, lets produce(i, dst) fill each new page, commits; returns pages stored."""
         if not keys:
             return 0
+        start = time.perf_counter()
         try:
             c = link.get()
             slots = c.prepare_store(self._keys(c, link, keys), list(sizes), self.lease_ms)
@@ -347,6 +379,7 @@ class KVTierStorage(HiCacheStorage):
         except _ABSORBED as e:
             link.fail(e)
             return 0
+        self.traffic.note(False, count, sum(sizes[:count]), time.perf_counter() - start)
         return count
 
     # ----- page moves between a registered pool and the arena
@@ -516,7 +549,16 @@ class KVTierStorage(HiCacheStorage):
             except _ABSORBED as e:
                 link.fail(e)
 
-    def get_stats(self):
+    def get_stats(self) -> StorageMetrics:
+        """Pages and GB/s per batch since the last call: what SGLang's storage metrics log.
+
+        SGLang asserts the type of what this returns (``StorageMetrics``), so the
+        daemon's own statistics are :meth:`daemon_stats` instead.
+        """
+        return self.traffic.drain()
+
+    def daemon_stats(self) -> Optional[dict]:
+        """The daemon's STATS document (None while it is unreachable)."""
         try:
             return self.link.get().stats()
         except _ABSORBED as e:

@@ -377,7 +377,24 @@ def test_mla_shares_kv_over_tp_but_not_mamba_state(daemon):
     r0.close(), r1.close()
 
 
-# ----- failures
+# ----- metrics and failures
+
+
+def test_get_stats_reports_what_sglangs_metrics_collector_reads(daemon):
+    b = backend(daemon.socket_path, "sglang-stats", ranks={"enable_storage_metrics": True})
+    pool = _pool(seed=50)
+    b.register_mem_pool_host(pool)
+    keys = _keys("stats", 3)
+    assert b.batch_set_v1(keys, _idx(0, 1, 2)) == [True] * 3
+    assert b.batch_get_v1(keys[:2], _idx(3, 4)) == [True, True]
+    m = b.get_stats()
+    assert type(m).__name__ == "StorageMetrics"
+    assert (m.backup_pgs, m.prefetch_pgs) == ([3], [2])
+    assert all(v > 0 for v in m.backup_bandwidth + m.prefetch_bandwidth)
+    assert b.get_stats().backup_pgs == []  # drained
+    assert isinstance(b.daemon_stats(), dict)
+    b.close()
+
 
 
 def test_dead_daemon_reads_as_misses(own_daemon):
