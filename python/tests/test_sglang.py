@@ -115,9 +115,11 @@ def test_layouts_with_the_same_page_bytes_share_and_others_do_not(daemon):
     assert torch.equal(direct.layer_pages(1)[:, 3], src.layer_pages(1)[:, 1])
 
     for other in ("page_first", "page_head"):
-        o = backend(daemon.socket_path, "sglang-cross-layout")
-        o.register_mem_pool_host(_pool(other))
+        o, pool = backend(daemon.socket_path, "sglang-cross-layout"), _pool(other)
+        o.register_mem_pool_host(pool)
         assert o.batch_exists(keys) == 0, other  # another byte order: another scope
+        assert o.batch_get_v1(keys, _idx(0, 1)) == [False, False]
+        assert not pool.kv_buffer.any()
         o.close()
     b.close(), d.close()
 
@@ -140,8 +142,11 @@ def test_page_first_flag_is_honoured_before_the_pool_is_registered(daemon):
     keys = _keys("flag", 1)
     flagged = backend(daemon.socket_path, "sglang-flag", ranks={"is_page_first_layout": True})
     plain = backend(daemon.socket_path, "sglang-flag")
-    assert flagged.set(keys[0], torch.ones(8))
-    assert plain.batch_exists(keys) == 0 and flagged.batch_exists(keys) == 1
+    page = torch.arange(8, dtype=torch.float16)
+    assert flagged.set(keys[0], page)
+    assert plain.batch_exists(keys) == 0 and plain.get(keys[0], torch.zeros(8, dtype=torch.float16)) is None
+    got = torch.zeros(8, dtype=torch.float16)
+    assert flagged.get(keys[0], got) is got and torch.equal(got, page)
     flagged.close(), plain.close()
 
 
