@@ -27,11 +27,6 @@ func TestDocsCoverEveryKey(t *testing.T) {
 			t.Errorf("synonym %s is not documented", k)
 		}
 	}
-	for k := range lmcacheOnly {
-		if !strings.Contains(doc, "`"+k+"`") {
-			t.Errorf("LMCache key %s is not documented", k)
-		}
-	}
 }
 
 // TestDocsExamplesLoad parses every YAML example in the documentation.
