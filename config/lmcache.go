@@ -416,14 +416,14 @@ func showList(n int, item func(int) string) string {
 
 // check decides what a value of an ignored or refused key does: nothing at
 // LMCache's default, a warning or an error otherwise.
-func (k *lmcacheKey) check(v any) (*Warning, error) {
+func (k *lmcacheKey) check(v any) (*warning, error) {
 	if k.isDefault(v) {
 		return nil, nil
 	}
 	if k.Disposition == refused {
 		return nil, fmt.Errorf("%w (%s); remove it or set it to %s", ErrUnsupported, k.Reason, k.showDefault())
 	}
-	return &Warning{Value: showValue(v), Reason: k.Reason}, nil
+	return &warning{Value: showValue(v), Reason: k.Reason}, nil
 }
 
 // whyEC explains the encoder-cache overrides: LMCache builds a second
@@ -433,7 +433,7 @@ const whyEC = "an override for LMCache's encoder-cache (EC) engine, which kvtier
 
 // ecOverride handles the key ec and keys ec_<LMCache key>. decode reads
 // the value as the kind it is given. handled is false for any other key.
-func ecOverride(key string, decode func(valueKind) (any, error)) (w *Warning, handled bool, err error) {
+func ecOverride(key string, decode func(valueKind) (any, error)) (w *warning, handled bool, err error) {
 	kind := kindMap
 	if key != "ec" {
 		rest, ok := strings.CutPrefix(key, "ec_")
@@ -447,7 +447,7 @@ func ecOverride(key string, decode func(valueKind) (any, error)) (w *Warning, ha
 	if err != nil || v == nil {
 		return nil, true, err
 	}
-	return &Warning{Value: showValue(v), Reason: whyEC}, true, nil
+	return &warning{Value: showValue(v), Reason: whyEC}, true, nil
 }
 
 // lmcacheName resolves an LMCache alias to the key it stands for.

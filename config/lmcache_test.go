@@ -16,7 +16,7 @@ import (
 
 // loadWarn loads as root with exactly the given environment and returns
 // the warnings too.
-func loadWarn(t *testing.T, path string, environ ...string) (Config, []Warning, error) {
+func loadWarn(t *testing.T, path string, environ ...string) (Config, []warning, error) {
 	t.Helper()
 	return load(path, environ, 0)
 }
@@ -109,7 +109,7 @@ func TestEveryLMCacheKeyAtDefaultLoads(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := rootDefaults()
-	check := func(what string, c Config, ws []Warning, err error) {
+	check := func(what string, c Config, ws []warning, err error) {
 		t.Helper()
 		if err != nil {
 			t.Fatalf("%s: LMCache defaults rejected: %v", what, err)
@@ -212,7 +212,7 @@ func TestLMCacheNonDefaultValues(t *testing.T) {
 	}
 }
 
-func checkOutcome(t *testing.T, input string, ws []Warning, err error, want outcome) {
+func checkOutcome(t *testing.T, input string, ws []warning, err error, want outcome) {
 	t.Helper()
 	if want.warn {
 		if err != nil || len(ws) != 1 {
@@ -275,7 +275,7 @@ func TestLMCachePDConfigIsRefusedAtTheSwitch(t *testing.T) {
 		"pd_proxy_host": "pd.yaml:10", "pd_proxy_port": "pd.yaml:11",
 	}
 	if !reflect.DeepEqual(got, want) {
-		t.Errorf("warnings by key:\n got %v\nwant %v", got, want)
+		t.Errorf("warningSet by key:\n got %v\nwant %v", got, want)
 	}
 }
 
@@ -292,7 +292,7 @@ func TestLMCacheVariables(t *testing.T) {
 		"LMCACHE_LOG_LEVEL=DEBUG", "LMCACHE_USE_EXPERIMENTAL=True", "LMCACHE_CONFIG_FILE=/nonexistent",
 	)
 	if err != nil || len(ws) > 0 {
-		t.Fatalf("got warnings %v, error %v", ws, err)
+		t.Fatalf("got warningSet %v, error %v", ws, err)
 	}
 	if c.ChunkSize != 512 || !c.Hugepages || c.RemoteSerde != "raw" || c.MaxLocalCPUSize != 3 ||
 		!reflect.DeepEqual(c.ExtraConfig, map[string]any{"use_odirect": 1}) {

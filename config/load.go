@@ -31,7 +31,7 @@ type origins map[string]string
 // KVTIER_CONFIG_FILE or else LMCACHE_CONFIG_FILE, if either is set — applies
 // the LMCACHE_<KEY> and then the KVTIER_<KEY> environment overrides and
 // validates the result. Settings accepted without effect are logged once
-// each as warnings (see Warning).
+// each as warnings.
 func Load(path string) (Config, error) {
 	c, ws, err := load(path, os.Environ(), os.Geteuid())
 	logWarnings(ws)
@@ -54,9 +54,9 @@ func Parse(data []byte, name string) (Config, error) {
 	return c, err
 }
 
-func parse(data []byte, name string) (Config, []Warning, error) {
+func parse(data []byte, name string) (Config, []warning, error) {
 	c := Default()
-	from, ws := origins{}, warnings{}
+	from, ws := origins{}, warningSet{}
 	if err := decodeFile(&c, data, name, from, ws); err != nil {
 		return Config{}, nil, err
 	}
@@ -70,7 +70,7 @@ func parse(data []byte, name string) (Config, []Warning, error) {
 // UnmarshalYAML decodes with the same strictness as Parse, so a Config
 // embedded in a larger document is checked too. It does not validate.
 func (c *Config) UnmarshalYAML(n *yaml.Node) error {
-	ws := warnings{}
+	ws := warningSet{}
 	if err := decodeNode(c, n, "", nil, ws); err != nil {
 		return err
 	}
@@ -81,10 +81,10 @@ func (c *Config) UnmarshalYAML(n *yaml.Node) error {
 // load is Load with its inputs explicit and its warnings returned rather
 // than logged. Warnings are dropped when loading fails: the errors come
 // first.
-func load(path string, environ []string, euid int) (Config, []Warning, error) {
+func load(path string, environ []string, euid int) (Config, []warning, error) {
 	getenv := lookupIn(environ)
 	c := defaults(getenv, euid)
-	from, ws := origins{}, warnings{}
+	from, ws := origins{}, warningSet{}
 	var errs []error
 	path, what := configPath(path, getenv)
 	if path != "" {
@@ -153,7 +153,7 @@ func lookupIn(environ []string) func(string) string {
 	return func(k string) string { return m[k] }
 }
 
-func decodeFile(c *Config, data []byte, name string, from origins, ws warnings) error {
+func decodeFile(c *Config, data []byte, name string, from origins, ws warningSet) error {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
@@ -172,7 +172,7 @@ func decodeFile(c *Config, data []byte, name string, from origins, ws warnings) 
 // decodeNode applies a YAML mapping of keys to c, collecting one error per
 // bad key so the user can fix them all in one pass, and one warning per
 // setting that has no effect.
-func decodeNode(c *Config, n *yaml.Node, name string, from origins, ws warnings) error {
+func decodeNode(c *Config, n *yaml.Node, name string, from origins, ws warningSet) error {
 	if n.Kind == yaml.DocumentNode {
 		if len(n.Content) == 0 {
 			return nil
@@ -218,7 +218,7 @@ func decodeNode(c *Config, n *yaml.Node, name string, from origins, ws warnings)
 
 // setFromNode applies one key of the file. It returns a warning for an
 // LMCache setting that is accepted but has no effect.
-func setFromNode(rv reflect.Value, key string, v *yaml.Node) (*Warning, error) {
+func setFromNode(rv reflect.Value, key string, v *yaml.Node) (*warning, error) {
 	canonical := canonicalKey(key)
 	if i, ok := fieldIndex[canonical]; ok {
 		if isNull(v) {
@@ -242,7 +242,7 @@ func setFromNode(rv reflect.Value, key string, v *yaml.Node) (*Warning, error) {
 
 // applyEnv applies the LMCACHE_<KEY> variables in environ to c, then the
 // KVTIER_<KEY> ones, so that a KVTIER_ variable overrides an LMCACHE_ one.
-func applyEnv(c *Config, environ []string, from origins, ws warnings) error {
+func applyEnv(c *Config, environ []string, from origins, ws warningSet) error {
 	rv := reflect.ValueOf(c).Elem()
 	return errors.Join(
 		applyEnvPrefix(rv, environ, envLMCachePrefix, from, ws),
@@ -251,7 +251,7 @@ func applyEnv(c *Config, environ []string, from origins, ws warnings) error {
 
 // applyEnvPrefix applies the variables of one prefix. Within a prefix a
 // key set twice, through synonyms, is an error.
-func applyEnvPrefix(rv reflect.Value, environ []string, prefix string, from origins, ws warnings) error {
+func applyEnvPrefix(rv reflect.Value, environ []string, prefix string, from origins, ws warningSet) error {
 	seenVar := map[string]bool{}
 	setBy := map[string]string{} // canonical key → variable, to catch synonyms
 	var errs []error
@@ -290,7 +290,7 @@ func applyEnvPrefix(rv reflect.Value, environ []string, prefix string, from orig
 // variable but KVTIER_CONFIG_FILE is; an LMCACHE_ variable is when it names
 // an LMCache key. One that looks like a misspelt LMCache key is reported
 // as a warning rather than an error: LMCache itself only warns about it.
-func readVar(prefix, name, key string, ws warnings) bool {
+func readVar(prefix, name, key string, ws warningSet) bool {
 	if prefix == envPrefix {
 		return name != envConfigFile
 	}
@@ -301,7 +301,7 @@ func readVar(prefix, name, key string, ws warnings) bool {
 		return true
 	}
 	if s := nearestIn(key, lmcacheNameList); s != "" {
-		ws.set("env "+name, &Warning{Value: "this variable",
+		ws.set("env "+name, &warning{Value: "this variable",
 			Reason: "no LMCache option is named " + key + ", so LMCache ignores it too (did you mean " +
 				envLMCachePrefix + strings.ToUpper(s) + "?)"}, key, "env "+name)
 	}
@@ -310,7 +310,7 @@ func readVar(prefix, name, key string, ws warnings) bool {
 
 // setFromEnv applies one environment variable. It returns a warning for an
 // LMCache setting that is accepted but has no effect.
-func setFromEnv(rv reflect.Value, key, value string) (*Warning, error) {
+func setFromEnv(rv reflect.Value, key, value string) (*warning, error) {
 	canonical := canonicalKey(key)
 	if i, ok := fieldIndex[canonical]; ok {
 		return nil, parseField(rv.Field(i), value)

@@ -6,18 +6,18 @@ import (
 	"strings"
 )
 
-// Warning is a setting kvtier accepts but does not act on: an LMCache
+// warning is a setting kvtier accepts but does not act on: an LMCache
 // option it ignores, given a value other than LMCache's default, or an
-// LMCACHE_ variable that names no LMCache option. Loading logs each one
+// LMCACHE_ variable that looks like a misspelt LMCache option. Loading logs each one
 // once, with log/slog at level WARN.
-type Warning struct {
+type warning struct {
 	Key    string // the key as written
 	Source string // "file.yaml:12" or "env LMCACHE_PY_ENABLE_GC"
 	Value  string // the value as read, secrets hidden
 	Reason string // why it has no effect
 }
 
-func (w Warning) String() string {
+func (w warning) String() string {
 	var b strings.Builder
 	if w.Source != "" {
 		b.WriteString(w.Source + ": ")
@@ -26,15 +26,15 @@ func (w Warning) String() string {
 	return b.String()
 }
 
-// warnings holds at most one Warning per key, by canonical key: a later
+// warningSet holds at most one warning per key, by canonical key: a later
 // source replaces an earlier one, and a later source that puts the key
 // back to its default removes it, so each key is reported once and only
 // for the value that counts.
-type warnings map[string]Warning
+type warningSet map[string]warning
 
 // set records w for key, completing it with the key as written and its
 // source; a nil w clears the key.
-func (ws warnings) set(canonical string, w *Warning, key, source string) {
+func (ws warningSet) set(canonical string, w *warning, key, source string) {
 	if ws == nil {
 		return
 	}
@@ -47,7 +47,7 @@ func (ws warnings) set(canonical string, w *Warning, key, source string) {
 }
 
 // list returns the warnings sorted by key, so logs are stable.
-func (ws warnings) list() []Warning {
+func (ws warningSet) list() []warning {
 	if len(ws) == 0 {
 		return nil
 	}
@@ -56,7 +56,7 @@ func (ws warnings) list() []Warning {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	out := make([]Warning, len(keys))
+	out := make([]warning, len(keys))
 	for i, k := range keys {
 		out[i] = ws[k]
 	}
@@ -66,7 +66,7 @@ func (ws warnings) list() []Warning {
 // logWarnings writes each warning to the default slog logger. Loading
 // happens before a daemon builds its own logger, which takes its level from
 // this very configuration.
-func logWarnings(ws []Warning) {
+func logWarnings(ws []warning) {
 	for _, w := range ws {
 		slog.Warn("config: setting has no effect in kvtier",
 			"key", w.Key, "source", w.Source, "value", w.Value, "reason", w.Reason)
