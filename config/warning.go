@@ -8,8 +8,8 @@ import (
 
 // warning is a setting kvtier accepts but does not act on: an LMCache
 // option it ignores, given a value other than LMCache's default, or an
-// LMCACHE_ variable that looks like a misspelt LMCache option. Loading logs each one
-// once, with log/slog at level WARN.
+// LMCACHE_ variable that looks like a misspelt LMCache option. Loading
+// logs each one once, with log/slog at level WARN.
 type warning struct {
 	Key    string // the key as written
 	Source string // "file.yaml:12" or "env LMCACHE_PY_ENABLE_GC"
