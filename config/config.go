@@ -1,11 +1,16 @@
 // Package config holds kvtier's configuration: a YAML file overlaid with
-// KVTIER_<KEY> environment variables.
+// LMCACHE_<KEY> and then KVTIER_<KEY> environment variables.
 //
-// Key names follow LMCache's wherever the meaning is the same, so an LMCache
-// user can hand kvtier the file they already have (LMCACHE_CONFIG_FILE is
-// honoured too). LMCache options kvtier has no equivalent for yet are accepted
-// only while they hold LMCache's default: a file that relies on blending or
-// PD disaggregation fails loudly instead of silently losing the feature.
+// Key names follow LMCache's wherever the meaning is the same, and every
+// key of LMCache's configuration is recognised, so an LMCache user can hand
+// kvtier the file and environment they already have (LMCACHE_CONFIG_FILE
+// is honoured too). lmcache.go lists LMCache's keys and what kvtier does
+// with each: implements it, maps it onto a kvtier key, ignores it (a value
+// other than LMCache's default is logged once as a warning), or refuses it
+// (any value but the default is an error) — the last for features kvtier
+// lacks and settings without which it would silently cache or return
+// something else: a file that relies on blending or PD disaggregation
+// fails loudly instead of silently losing the feature.
 //
 // Loading is strict, because a typo in a cache configuration does not crash
 // anything — it just quietly makes the cache smaller, slower or absent.
@@ -13,10 +18,11 @@
 // KVTIER_ variables that match no key are all errors, reported together.
 // Each is a *KeyError naming the key and where its value came from
 // (file:line or the variable); only unreadable files and malformed YAML
-// produce other errors.
+// produce other errors. LMCACHE_ variables that name no LMCache key are
+// left alone, since LMCache uses the prefix for other settings too.
 //
-// The flow is: defaults → file → environment → normalise → validate.
-// A null value in the file means "keep the default".
+// The flow is: defaults → file → LMCACHE_ variables → KVTIER_ variables →
+// normalise → validate. A null value in the file means "keep the default".
 package config
 
 import (

@@ -16,7 +16,8 @@ import (
 // data_dir is predictable.
 func loadWith(t *testing.T, path string, environ ...string) (Config, error) {
 	t.Helper()
-	return load(path, environ, 0)
+	c, _, err := load(path, environ, 0)
+	return c, err
 }
 
 func writeFile(t *testing.T, name, content string) string {
@@ -84,7 +85,7 @@ func TestDefaultDataDir(t *testing.T) {
 			t.Errorf("%s: got %q, want %q", tc.name, got, tc.want)
 		}
 	}
-	c, err := load("", []string{"HOME=/home/u"}, 1000)
+	c, _, err := load("", []string{"HOME=/home/u"}, 1000)
 	if err != nil || c.DataDir != "/home/u/.local/state/kvtier" {
 		t.Errorf("FromEnv must take HOME from environ: %q, %v", c.DataDir, err)
 	}
@@ -117,88 +118,6 @@ func TestLMCacheExampleLoads(t *testing.T) {
 	}
 	if got := c.LocalDiskBytes(); got != 20*GiB {
 		t.Errorf("LocalDiskBytes = %d, want 20 GiB", got)
-	}
-}
-
-func TestLMCachePDConfigRefusedKeyByKey(t *testing.T) {
-	_, err := loadWith(t, "testdata/lmcache_pd.yaml")
-	got := map[string]string{}
-	for _, ke := range keyErrors(err) {
-		if !errors.Is(ke, ErrUnsupported) {
-			t.Errorf("%v: want ErrUnsupported", ke)
-		}
-		got[ke.Key] = ke.Source
-	}
-	want := map[string]string{
-		"enable_pd":        "testdata/lmcache_pd.yaml:6",
-		"pd_role":          "testdata/lmcache_pd.yaml:7",
-		"pd_buffer_size":   "testdata/lmcache_pd.yaml:8",
-		"pd_buffer_device": "testdata/lmcache_pd.yaml:9",
-		"pd_proxy_host":    "testdata/lmcache_pd.yaml:10",
-		"pd_proxy_port":    "testdata/lmcache_pd.yaml:11",
-	}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("errors by key:\n got %v\nwant %v\nfull error: %v", got, want, err)
-	}
-	if !strings.Contains(err.Error(), "key enable_pd: is an LMCache option kvtier does not support yet") {
-		t.Errorf("message does not say what is wrong: %v", err)
-	}
-}
-
-func TestLMCacheOnlyKeysAtDefaultAreAccepted(t *testing.T) {
-	for key, def := range lmcacheOnly {
-		// Render the default the way a user would write it.
-		out, err := yaml.Marshal(map[string]any{key: def})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := Parse(out, "f.yaml"); err != nil {
-			t.Errorf("%s at its default rejected: %v", key, err)
-		}
-		if _, err := loadWith(t, "", EnvName(key)+"="+envText(def)); err != nil {
-			t.Errorf("%s at its default rejected from the environment: %v", key, err)
-		}
-	}
-}
-
-func envText(def any) string {
-	switch d := def.(type) {
-	case nil:
-		return ""
-	case string:
-		return d
-	}
-	out, _ := yaml.Marshal(def)
-	return strings.TrimSpace(string(out))
-}
-
-func TestLMCacheOnlyKeysSetAreRefused(t *testing.T) {
-	cases := map[string]string{
-		"use_layerwise":          "true",
-		"enable_blending":        "true",
-		"blend_special_str":      `"###"`,
-		"blend_recompute_ratios": "[0.15]",
-		"blend_check_layers":     "[1]",
-		"blend_min_tokens":       "128",
-		"enable_p2p":             "true",
-		"p2p_host":               "10.0.0.1",
-		"lmcache_worker_ports":   "[8001, 8002]",
-		"controller_url":         "localhost:9001",
-		"enable_xpyd":            "true",
-		"nixl_role":              "receiver",
-	}
-	for key, value := range cases {
-		_, err := Parse([]byte(key+": "+value+"\n"), "f.yaml")
-		var ke *KeyError
-		if !errors.As(err, &ke) || ke.Key != key || !errors.Is(err, ErrUnsupported) || ke.Source != "f.yaml:1" {
-			t.Errorf("%s: %s: got %v, want ErrUnsupported for the key at f.yaml:1", key, value, err)
-		}
-	}
-	_, err := loadWith(t, "", "KVTIER_ENABLE_CONTROLLER=1")
-	var ke *KeyError
-	if !errors.As(err, &ke) || ke.Key != "enable_controller" || ke.Source != "env KVTIER_ENABLE_CONTROLLER" ||
-		!errors.Is(err, ErrUnsupported) {
-		t.Errorf("env: got %v", err)
 	}
 }
 
@@ -397,7 +316,7 @@ func TestConfigFileFromEnvironment(t *testing.T) {
 		}
 	}
 	// An explicit path beats both.
-	c, err := load(kv, []string{"LMCACHE_CONFIG_FILE=" + lm}, 0)
+	c, _, err := load(kv, []string{"LMCACHE_CONFIG_FILE=" + lm}, 0)
 	if err != nil || c.ChunkSize != 128 {
 		t.Errorf("explicit path: %d, %v", c.ChunkSize, err)
 	}
@@ -482,10 +401,8 @@ func TestKeysAndEnvName(t *testing.T) {
 	if got := EnvName("max_local_cpu_size"); got != "KVTIER_MAX_LOCAL_CPU_SIZE" {
 		t.Errorf("EnvName = %q", got)
 	}
-	for _, k := range keys {
-		if _, clash := lmcacheOnly[k]; clash {
-			t.Errorf("%s is both a kvtier key and an unsupported LMCache key", k)
-		}
+	if got := LMCacheEnvName("py_enable_gc"); got != "LMCACHE_PY_ENABLE_GC" {
+		t.Errorf("LMCacheEnvName = %q", got)
 	}
 }
 

@@ -1,8 +1,12 @@
 package config
 
 import (
+	"flag"
+	"fmt"
+	"maps"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -27,11 +31,6 @@ func TestDocsCoverEveryKey(t *testing.T) {
 			t.Errorf("synonym %s is not documented", k)
 		}
 	}
-	for k := range lmcacheOnly {
-		if !strings.Contains(doc, "`"+k+"`") {
-			t.Errorf("LMCache key %s is not documented", k)
-		}
-	}
 }
 
 // TestDocsExamplesLoad parses every YAML example in the documentation.
@@ -54,4 +53,72 @@ func TestDocsExamplesLoad(t *testing.T) {
 			t.Errorf("example loaded differently than it reads: %+v", c)
 		}
 	}
+}
+
+var updateDocs = flag.Bool("update", false, "rewrite the generated LMCache table in "+docsPath)
+
+// The LMCache table in the documentation sits between these lines.
+const (
+	lmcacheTableBegin = "<!-- BEGIN LMCache keys: generated from config/lmcache.go; after changing that table run go test ./config -run TestDocsLMCacheTable -update -->\n"
+	lmcacheTableEnd   = "<!-- END LMCache keys -->\n"
+)
+
+// TestDocsLMCacheTable keeps the documented LMCache table equal to the one
+// the loader uses. With -update it rewrites the documentation instead.
+func TestDocsLMCacheTable(t *testing.T) {
+	data, err := os.ReadFile(docsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(data)
+	before, rest, ok1 := strings.Cut(doc, lmcacheTableBegin)
+	current, after, ok2 := strings.Cut(rest, lmcacheTableEnd)
+	if !ok1 || !ok2 {
+		t.Fatalf("%s has no generated LMCache table (want the lines %q and %q)", docsPath, lmcacheTableBegin, lmcacheTableEnd)
+	}
+	want := renderLMCacheTable()
+	if current == want {
+		return
+	}
+	if *updateDocs {
+		if err := os.WriteFile(docsPath, []byte(before+lmcacheTableBegin+want+lmcacheTableEnd+after), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	t.Errorf("the LMCache table in %s is out of date: run go test ./config -run TestDocsLMCacheTable -update", docsPath)
+}
+
+// renderLMCacheTable writes the LMCache tables as Markdown.
+func renderLMCacheTable() string {
+	var b strings.Builder
+	b.WriteString("| LMCache key | LMCache default | Environment | In kvtier |\n|---|---|---|---|\n")
+	for _, k := range lmcacheKeys {
+		fmt.Fprintf(&b, "| `%s` | `%s` | `%s` | %s |\n", k.Name, k.showDefault(), LMCacheEnvName(k.Name), docDisposition(k))
+	}
+	b.WriteString("\nOlder names, read as the key they stand for (LMCache's `_CONFIG_ALIASES`), and names LMCache only warns about:\n\n")
+	b.WriteString("| Older name | Environment | In kvtier |\n|---|---|---|\n")
+	aliases := slices.Sorted(maps.Keys(lmcacheAliases))
+	for _, old := range aliases {
+		fmt.Fprintf(&b, "| `%s` | `%s` | the same as `%s` |\n", old, LMCacheEnvName(old), lmcacheAliases[old])
+	}
+	for _, k := range lmcacheRetired {
+		fmt.Fprintf(&b, "| `%s` | `%s` | %s |\n", k.Name, LMCacheEnvName(k.Name), docDisposition(k))
+	}
+	return b.String()
+}
+
+func docDisposition(k lmcacheKey) string {
+	var s string
+	switch k.Disposition {
+	case implemented:
+		s = "implemented"
+	case mapped:
+		s = "sets `" + k.Target + "`"
+	case ignored:
+		s = "ignored: " + k.Reason
+	case refused:
+		s = "**refused**: not supported yet (" + k.Reason + ")"
+	}
+	return strings.ReplaceAll(s, "|", `\|`)
 }

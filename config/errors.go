@@ -26,23 +26,28 @@ func (e *KeyError) Error() string {
 func (e *KeyError) Unwrap() error { return e.Err }
 
 var (
-	// ErrUnknownKey: the key is neither a kvtier key nor an LMCache one.
+	// ErrUnknownKey: the key is neither a kvtier key nor an LMCache one
+	// (nor an older LMCache name, nor an ec_ override of an LMCache key).
 	ErrUnknownKey = errors.New("unknown key")
 	// ErrDuplicateKey: the same key (or a synonym) is set twice in one source.
 	ErrDuplicateKey = errors.New("set more than once")
-	// ErrUnsupported: an LMCache option kvtier does not implement, set to a
-	// value other than LMCache's default.
+	// ErrUnsupported: an LMCache option kvtier refuses (see lmcache.go), set
+	// to a value other than LMCache's default.
 	ErrUnsupported = errors.New("is an LMCache option kvtier does not support yet")
 )
 
 // nearestKey returns the known key closest to key when it is near enough
 // to be a typo, or "".
-func nearestKey(key string) string {
+func nearestKey(key string) string { return nearestIn(key, allKeyNames) }
+
+// nearestIn returns the name in names closest to key, if it is at most two
+// edits away, or "".
+func nearestIn(key string, names []string) string {
 	if len(key) > 64 { // no key is this long; spare the quadratic work
 		return ""
 	}
 	best, bestDist := "", 3 // more than two edits away is not a typo
-	for _, k := range allKeyNames {
+	for _, k := range names {
 		if d := editDistance(key, k); d < bestDist {
 			best, bestDist = k, d
 		}

@@ -26,11 +26,14 @@ func FuzzParse(f *testing.F) {
 		"local_disk: file:///x\nmax_local_disk_size: .inf", "? [a]\n: 1", "<<: {chunk_size: 3}",
 		"remote_url: 'redis://u:p@h:1?token=x'\nlocal_cpu_use_hugepages: on",
 		"chunk_size: 1\n---\n", "extra_config: !!binary aGVsbG8=", "namespace: !!str 12",
+		"p2p_init_ports: '8000, 8001'\npin_timeout_sec: 5", "blend_recompute_ratios: [.nan, 1]",
+		"ec: {chunk_size: 1}\nec_enable_pd: true", "pd_allocation_timeout_sec: .inf\nenable_xpyd: no",
+		"retrieve_locations: [*a]", "lmcache_worker_port: &a 1\nhidden_state_layers: [*a]",
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		c, err := Parse(data, "fuzz.yaml")
+		c, _, err := parse(data, "fuzz.yaml") // Parse without logging warnings
 		if err != nil {
 			return
 		}
@@ -38,7 +41,7 @@ func FuzzParse(f *testing.F) {
 		if err != nil {
 			t.Fatalf("accepted config does not marshal: %v", err)
 		}
-		again, err := Parse(out, "marshalled.yaml")
+		again, _, err := parse(out, "marshalled.yaml")
 		if err != nil {
 			t.Fatalf("marshalled config is rejected: %v\ninput: %q\nmarshalled:\n%s", err, data, out)
 		}
@@ -47,5 +50,23 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("round trip changed the config:\n%s\n---\n%s", out, out2)
 		}
 		_ = c.String()
+	})
+}
+
+// FuzzEnv feeds arbitrary values to the variables of every LMCache key
+// (LMCACHE_, KVTIER_ and the LMCACHE_EC_ override). Loading must never
+// panic, and every error must name its key.
+func FuzzEnv(f *testing.F) {
+	for i, v := range []string{"256", "true", "8000, x", "inf", "'\"quoted\"'", "{\"a\": [1]}", "", ",,", "1e400", "-0"} {
+		f.Add(uint16(i*11), v)
+	}
+	f.Fuzz(func(t *testing.T, i uint16, value string) {
+		name := lmcacheNameList[int(i)%len(lmcacheNameList)]
+		for _, v := range []string{LMCacheEnvName(name), EnvName(name), LMCacheEnvName("ec_" + name)} {
+			_, _, err := load("", []string{v + "=" + value}, 0)
+			if err != nil && len(keyErrors(err)) == 0 {
+				t.Fatalf("%s=%q: an error that names no key: %v", v, value, err)
+			}
+		}
 	})
 }

@@ -41,60 +41,9 @@ func tagName(f reflect.StructField) string {
 	return name
 }
 
-// synonyms maps LMCache key names to the kvtier key that means the same.
-var synonyms = map[string]string{
-	"local_cpu_use_hugepages": "hugepages",
-}
-
-// lmcacheOnly lists LMCache options kvtier recognises but does not
-// implement, each with LMCache's default (nil stands for Python's None).
-// Taken from lmcache/v1/config.py at LMCache commit 000620e3, including the
-// deprecated names LMCache still maps onto them. A file may carry these
-// keys, but only with their default: anything else would be silently
-// ignored, which is worse than an error.
-var lmcacheOnly = map[string]any{
-	// Layerwise pipelining.
-	"use_layerwise": false,
-	// CacheBlend.
-	"enable_blending":        false,
-	"blend_special_str":      " # # ",
-	"blend_recompute_ratios": nil,
-	"blend_thresholds":       nil,
-	"blend_check_layers":     nil,
-	"blend_min_tokens":       256,
-	// P2P sharing between engine instances.
-	"enable_p2p":       false,
-	"p2p_host":         nil,
-	"p2p_init_ports":   nil,
-	"p2p_lookup_ports": nil,
-	"transfer_channel": nil,
-	// LMCache controller.
-	"enable_controller":    false,
-	"lmcache_instance_id":  nil,
-	"controller_pull_url":  nil,
-	"controller_reply_url": nil,
-	"controller_url":       nil, // deprecated name of controller_pull_url
-	"lmcache_worker_ports": nil,
-	"lmcache_worker_ids":   nil,
-	// Prefill/decode disaggregation.
-	"enable_pd":           false,
-	"pd_role":             nil,
-	"pd_buffer_size":      nil,
-	"pd_buffer_device":    nil,
-	"pd_peer_host":        nil,
-	"pd_peer_init_port":   nil,
-	"pd_peer_alloc_port":  nil,
-	"pd_proxy_host":       nil,
-	"pd_proxy_port":       nil,
-	"enable_xpyd":         false, // deprecated name of enable_pd
-	"nixl_role":           nil,   // deprecated name of pd_role
-	"nixl_peer_host":      nil,
-	"nixl_peer_init_port": nil,
-	"nixl_proxy_host":     nil,
-	"nixl_proxy_port":     nil,
-	"nixl_buffer_size":    nil,
-	"nixl_buffer_device":  nil,
-}
+// synonyms maps LMCache key names to the kvtier key that means the same;
+// the LMCache table (lmcache.go) says which those are.
+var synonyms = lmcacheSynonyms()
 
 // allKeyNames is every name a file may use, sorted so that typo
 // suggestions are deterministic.
@@ -105,42 +54,9 @@ func sortedKeyNames() []string {
 	for k := range synonyms {
 		names = append(names, k)
 	}
-	for k := range lmcacheOnly {
-		names = append(names, k)
-	}
+	names = append(names, lmcacheNameList...)
 	slices.Sort(names)
-	return names
-}
-
-// holdsDefault reports whether a decoded YAML value leaves an LMCache-only
-// option at its default. Empty strings and lists count as unset.
-func holdsDefault(v, def any) bool {
-	switch x := v.(type) {
-	case nil:
-		return true
-	case string:
-		return x == "" || x == def
-	case []any:
-		return len(x) == 0
-	case map[string]any:
-		return len(x) == 0
-	}
-	return v == def // def is never a map or slice, so this cannot panic
-}
-
-// envHoldsDefault is holdsDefault for an environment value.
-func envHoldsDefault(s string, def any) bool {
-	switch d := def.(type) {
-	case bool:
-		b, err := parseBool(s)
-		return err == nil && b == d
-	case int:
-		i, err := strconv.Atoi(strings.TrimSpace(s))
-		return err == nil && i == d
-	case string:
-		return s == "" || s == d
-	}
-	return s == ""
+	return slices.Compact(names)
 }
 
 var (

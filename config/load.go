@@ -13,10 +13,13 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// Environment variables. Every other KVTIER_ variable must name a key.
+// Environment variables. Every other KVTIER_ variable must name a key;
+// LMCACHE_ variables are read only when they name an LMCache key, since
+// LMCache uses that prefix for other settings too.
 const (
 	envPrefix            = "KVTIER_"
 	envConfigFile        = "KVTIER_CONFIG_FILE"
+	envLMCachePrefix     = "LMCACHE_"
 	envLMCacheConfigFile = "LMCACHE_CONFIG_FILE"
 )
 
@@ -26,56 +29,84 @@ type origins map[string]string
 
 // Load reads the YAML file at path — or, when path is "", the file named by
 // KVTIER_CONFIG_FILE or else LMCACHE_CONFIG_FILE, if either is set — applies
-// the KVTIER_* environment overrides and validates the result.
+// the LMCACHE_<KEY> and then the KVTIER_<KEY> environment overrides and
+// validates the result. Settings accepted without effect are logged once
+// each as warnings.
 func Load(path string) (Config, error) {
-	return load(path, os.Environ(), os.Geteuid())
+	c, ws, err := load(path, os.Environ(), os.Geteuid())
+	logWarnings(ws)
+	return c, err
 }
 
 // FromEnv is Load("") with environ (KEY=value entries, as os.Environ
 // returns) in place of the process environment.
 func FromEnv(environ []string) (Config, error) {
-	return load("", environ, os.Geteuid())
+	c, ws, err := load("", environ, os.Geteuid())
+	logWarnings(ws)
+	return c, err
 }
 
 // Parse decodes a YAML document over the defaults and validates it, without
 // looking at the environment. name labels positions in errors.
 func Parse(data []byte, name string) (Config, error) {
+	c, ws, err := parse(data, name)
+	logWarnings(ws)
+	return c, err
+}
+
+func parse(data []byte, name string) (Config, []warning, error) {
 	c := Default()
-	from := origins{}
-	if err := decodeFile(&c, data, name, from); err != nil {
-		return Config{}, err
+	from, ws := origins{}, warningSet{}
+	if err := decodeFile(&c, data, name, from, ws); err != nil {
+		return Config{}, nil, err
 	}
-	return finish(c, from)
+	c, err := finish(c, from)
+	if err != nil {
+		return Config{}, nil, err
+	}
+	return c, ws.list(), nil
 }
 
 // UnmarshalYAML decodes with the same strictness as Parse, so a Config
 // embedded in a larger document is checked too. It does not validate.
 func (c *Config) UnmarshalYAML(n *yaml.Node) error {
-	return decodeNode(c, n, "", nil)
+	ws := warningSet{}
+	if err := decodeNode(c, n, "", nil, ws); err != nil {
+		return err
+	}
+	logWarnings(ws.list())
+	return nil
 }
 
-func load(path string, environ []string, euid int) (Config, error) {
+// load is Load with its inputs explicit and its warnings returned rather
+// than logged. Warnings are dropped when loading fails: the errors come
+// first.
+func load(path string, environ []string, euid int) (Config, []warning, error) {
 	getenv := lookupIn(environ)
 	c := defaults(getenv, euid)
-	from := origins{}
+	from, ws := origins{}, warningSet{}
 	var errs []error
 	path, what := configPath(path, getenv)
 	if path != "" {
 		data, err := os.ReadFile(path)
 		if err != nil {
-			return Config{}, fmt.Errorf("reading %s: %w", what, err)
+			return Config{}, nil, fmt.Errorf("reading %s: %w", what, err)
 		}
-		if err := decodeFile(&c, data, path, from); err != nil {
+		if err := decodeFile(&c, data, path, from, ws); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if err := applyEnv(&c, environ, from); err != nil {
+	if err := applyEnv(&c, environ, from, ws); err != nil {
 		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
-		return Config{}, errors.Join(errs...)
+		return Config{}, nil, errors.Join(errs...)
 	}
-	return finish(c, from)
+	c, err := finish(c, from)
+	if err != nil {
+		return Config{}, nil, err
+	}
+	return c, ws.list(), nil
 }
 
 // configPath picks the file to read: path if given, else the file named by
@@ -122,7 +153,7 @@ func lookupIn(environ []string) func(string) string {
 	return func(k string) string { return m[k] }
 }
 
-func decodeFile(c *Config, data []byte, name string, from origins) error {
+func decodeFile(c *Config, data []byte, name string, from origins, ws warningSet) error {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
@@ -135,12 +166,13 @@ func decodeFile(c *Config, data []byte, name string, from origins) error {
 	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
 		return fmt.Errorf("%s: want a single YAML document, found a second one", name)
 	}
-	return decodeNode(c, &doc, name, from)
+	return decodeNode(c, &doc, name, from, ws)
 }
 
 // decodeNode applies a YAML mapping of keys to c, collecting one error per
-// bad key so the user can fix them all in one pass.
-func decodeNode(c *Config, n *yaml.Node, name string, from origins) error {
+// bad key so the user can fix them all in one pass, and one warning per
+// setting that has no effect.
+func decodeNode(c *Config, n *yaml.Node, name string, from origins, ws warningSet) error {
 	if n.Kind == yaml.DocumentNode {
 		if len(n.Content) == 0 {
 			return nil
@@ -171,10 +203,12 @@ func decodeNode(c *Config, n *yaml.Node, name string, from origins) error {
 			continue
 		}
 		firstLine[canonical] = k.Line
-		if err := setFromNode(rv, key, v); err != nil {
+		w, err := setFromNode(rv, key, v)
+		if err != nil {
 			errs = append(errs, &KeyError{Key: key, Source: src, Err: err})
 			continue
 		}
+		ws.set(canonical, w, key, src)
 		if from != nil {
 			from[canonical] = src
 		}
@@ -182,36 +216,58 @@ func decodeNode(c *Config, n *yaml.Node, name string, from origins) error {
 	return errors.Join(errs...)
 }
 
-func setFromNode(rv reflect.Value, key string, v *yaml.Node) error {
-	if i, ok := fieldIndex[canonicalKey(key)]; ok {
+// setFromNode applies one key of the file. It returns a warning for an
+// LMCache setting that is accepted but has no effect.
+func setFromNode(rv reflect.Value, key string, v *yaml.Node) (*warning, error) {
+	canonical := canonicalKey(key)
+	if i, ok := fieldIndex[canonical]; ok {
 		if isNull(v) {
-			return nil
+			return nil, nil
 		}
-		return decodeField(rv.Field(i), v)
+		return nil, decodeField(rv.Field(i), v)
 	}
-	if def, ok := lmcacheOnly[key]; ok {
-		var x any
-		if err := v.Decode(&x); err != nil || !holdsDefault(x, def) {
-			return unsupported(def)
+	if k, ok := lmcacheIndex[canonical]; ok {
+		x, err := k.Kind.decode(v)
+		if err != nil {
+			return nil, err
 		}
-		return nil
+		return k.check(x)
 	}
-	return unknownKeyError(key)
+	decode := func(kind valueKind) (any, error) { return kind.decode(v) }
+	if w, ok, err := ecOverride(key, decode); ok {
+		return w, err
+	}
+	return nil, unknownKeyError(key)
 }
 
-// applyEnv applies every KVTIER_<KEY> variable in environ to c.
-func applyEnv(c *Config, environ []string, from origins) error {
+// applyEnv applies the LMCACHE_<KEY> variables in environ to c, then the
+// KVTIER_<KEY> ones, so that a KVTIER_ variable overrides an LMCACHE_ one.
+func applyEnv(c *Config, environ []string, from origins, ws warningSet) error {
 	rv := reflect.ValueOf(c).Elem()
+	return errors.Join(
+		applyEnvPrefix(rv, environ, envLMCachePrefix, from, ws),
+		applyEnvPrefix(rv, environ, envPrefix, from, ws))
+}
+
+// applyEnvPrefix applies the variables of one prefix. Within a prefix a
+// key set twice, through synonyms, is an error.
+func applyEnvPrefix(rv reflect.Value, environ []string, prefix string, from origins, ws warningSet) error {
 	seenVar := map[string]bool{}
 	setBy := map[string]string{} // canonical key → variable, to catch synonyms
 	var errs []error
 	for _, kv := range environ {
 		name, value, ok := strings.Cut(kv, "=")
-		if !ok || !strings.HasPrefix(name, envPrefix) || name == envConfigFile || seenVar[name] {
+		if !ok || !strings.HasPrefix(name, prefix) || seenVar[name] {
 			continue
 		}
 		seenVar[name] = true
-		key := strings.ToLower(name[len(envPrefix):])
+		key := strings.ToLower(name[len(prefix):])
+		if !readVar(prefix, name, key, ws) {
+			continue
+		}
+		if prefix == envLMCachePrefix {
+			value = unquote(value)
+		}
 		canonical, src := canonicalKey(key), "env "+name
 		if other, dup := setBy[canonical]; dup {
 			errs = append(errs, &KeyError{Key: key, Source: src,
@@ -219,35 +275,74 @@ func applyEnv(c *Config, environ []string, from origins) error {
 			continue
 		}
 		setBy[canonical] = name
-		if err := setFromEnv(rv, key, value); err != nil {
+		w, err := setFromEnv(rv, key, value)
+		if err != nil {
 			errs = append(errs, &KeyError{Key: key, Source: src, Err: err})
 			continue
 		}
+		ws.set(canonical, w, key, src)
 		from[canonical] = src
 	}
 	return errors.Join(errs...)
 }
 
-func setFromEnv(rv reflect.Value, key, value string) error {
-	if i, ok := fieldIndex[canonicalKey(key)]; ok {
-		return parseField(rv.Field(i), value)
+// readVar reports whether a variable is a key to apply. Every KVTIER_
+// variable but KVTIER_CONFIG_FILE is; an LMCACHE_ variable is when it names
+// an LMCache key. One that looks like a misspelt LMCache key is reported
+// as a warning rather than an error: LMCache itself only warns about it.
+func readVar(prefix, name, key string, ws warningSet) bool {
+	if prefix == envPrefix {
+		return name != envConfigFile
 	}
-	if def, ok := lmcacheOnly[key]; ok {
-		if !envHoldsDefault(value, def) {
-			return unsupported(def)
+	if name == envLMCacheConfigFile {
+		return false
+	}
+	if isLMCacheVar(key) {
+		return true
+	}
+	if s := nearestIn(key, lmcacheNameList); s != "" {
+		ws.set("env "+name, &warning{Value: "this variable",
+			Reason: "no LMCache option is named " + key + ", so LMCache ignores it too (did you mean " +
+				envLMCachePrefix + strings.ToUpper(s) + "?)"}, key, "env "+name)
+	}
+	return false
+}
+
+// setFromEnv applies one environment variable. It returns a warning for an
+// LMCache setting that is accepted but has no effect.
+func setFromEnv(rv reflect.Value, key, value string) (*warning, error) {
+	canonical := canonicalKey(key)
+	if i, ok := fieldIndex[canonical]; ok {
+		return nil, parseField(rv.Field(i), value)
+	}
+	if k, ok := lmcacheIndex[canonical]; ok {
+		x, err := k.Kind.parse(value)
+		if err != nil {
+			return nil, err
 		}
-		return nil
+		return k.check(x)
 	}
-	return unknownKeyError(key)
+	parse := func(kind valueKind) (any, error) { return kind.parse(value) }
+	if w, ok, err := ecOverride(key, parse); ok {
+		return w, err
+	}
+	return nil, unknownKeyError(key)
 }
 
 // EnvName is the environment variable that overrides key.
 func EnvName(key string) string { return envPrefix + strings.ToUpper(key) }
 
+// LMCacheEnvName is LMCache's environment variable for key, which kvtier
+// reads too when key is one of LMCache's.
+func LMCacheEnvName(key string) string { return envLMCachePrefix + strings.ToUpper(key) }
+
 // Keys lists kvtier's own keys in the order Config declares them.
 func Keys() []string { return append([]string(nil), keyOrder...) }
 
+// canonicalKey is the key a name sets: LMCache's older names resolve to
+// the current LMCache key, and mapped LMCache keys to the kvtier key.
 func canonicalKey(key string) string {
+	key = lmcacheName(key)
 	if s, ok := synonyms[key]; ok {
 		return s
 	}
@@ -259,17 +354,6 @@ func unknownKeyError(key string) error {
 		return fmt.Errorf("%w (did you mean %s?)", ErrUnknownKey, s)
 	}
 	return ErrUnknownKey
-}
-
-func unsupported(def any) error {
-	shown := "null"
-	switch d := def.(type) {
-	case string:
-		shown = strconv.Quote(d)
-	case bool, int:
-		shown = fmt.Sprint(d)
-	}
-	return fmt.Errorf("%w; remove it or set it to %s", ErrUnsupported, shown)
 }
 
 func isNull(n *yaml.Node) bool {

@@ -45,9 +45,9 @@ func serveCmd() *cobra.Command {
 		Long: `Run the node daemon: the engine (RAM tier, and a disk tier if local_disk is
 set) and the HTTP admin API on admin_addr. The configuration is --config, else
 the file named by KVTIER_CONFIG_FILE or LMCACHE_CONFIG_FILE, else the built-in
-defaults, with KVTIER_* variables on top. With neither a file nor
-KVTIER_MAX_LOCAL_CPU_SIZE, the RAM tier is sized to the smaller of 5 GiB and a
-quarter of the machine's memory. SIGTERM or SIGINT shuts it down cleanly; a
+defaults, with LMCACHE_* and then KVTIER_* variables on top. With neither a
+file nor KVTIER_MAX_LOCAL_CPU_SIZE (or LMCACHE_MAX_LOCAL_CPU_SIZE), the RAM tier
+is sized to the smaller of 5 GiB and a quarter of the machine's memory. SIGTERM or SIGINT shuts it down cleanly; a
 second signal kills it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -242,16 +242,21 @@ func newLogger(w io.Writer, level string) *slog.Logger {
 
 // sizeRAMForMachine shrinks the RAM tier's default to defaultRAMShare of
 // the machine's memory when nothing chose its size: no configuration file
-// and no KVTIER_MAX_LOCAL_CPU_SIZE. A size someone wrote down is kept as
-// written. It reports whether it changed the size.
+// and no variable for max_local_cpu_size. A size someone wrote down is kept
+// as written. It reports whether it changed the size.
 func sizeRAMForMachine(cfg *config.Config, configPath string) bool {
 	for _, v := range []string{"KVTIER_CONFIG_FILE", "LMCACHE_CONFIG_FILE"} {
 		if os.Getenv(v) != "" {
 			return false
 		}
 	}
-	if _, set := os.LookupEnv("KVTIER_MAX_LOCAL_CPU_SIZE"); set || configPath != "" {
+	if configPath != "" {
 		return false
+	}
+	for _, v := range []string{config.EnvName("max_local_cpu_size"), config.LMCacheEnvName("max_local_cpu_size")} {
+		if _, set := os.LookupEnv(v); set {
+			return false
+		}
 	}
 	limit, ok := machineMemory()
 	if !ok {
