@@ -258,6 +258,7 @@ class KVTierConnector(KVConnectorBase_V1):
         # scheduler side
         self._lookups: Dict[str, _Lookup] = {}
         self._requests: Dict[str, Any] = {}  # req id -> vLLM Request, from lookup until finished
+        self._token_cache: Dict[str, "array.array"] = {}  # req id -> key tokens, until finished
         self._loads: Dict[str, Tuple[int, int, bool]] = {}  # req id -> (load_start, load_end, async), this step
         self._tracked: Dict[str, _Tracked] = {}
         self._async_loaded: Set[str] = set()  # loaded in the background; vLLM resumes them with the tokens counted
@@ -368,8 +369,18 @@ class KVTierConnector(KVConnectorBase_V1):
         return n, bool(n and not in_ram and self.settings.load_async)
 
     def _key_tokens(self, request: Any) -> Optional["array.array"]:
-        tokens = key_tokens(getattr(request, "prompt_token_ids", None), mm_items(request))
-        return None if tokens is None else array.array("I", tokens)
+        """The request's key tokens as packed u32s, computed once per request (prompts are immutable)."""
+        rid = getattr(request, "request_id", None) or getattr(request, "req_id", None)
+        cached = self._token_cache.get(rid)
+        if cached is not None:
+            return cached
+        prompt = getattr(request, "prompt_token_ids", None)
+        if prompt is None:
+            return None
+        items = mm_items(request)
+        tokens = array.array("I", key_tokens(prompt, items) if items else prompt)
+        self._token_cache[rid] = tokens
+        return tokens
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         """Records the load decided for this step; vLLM has not yet updated num_computed_tokens.
@@ -498,6 +509,7 @@ class KVTierConnector(KVConnectorBase_V1):
         self._tracked.pop(req_id, None)
         self._async_loaded.discard(req_id)
         self._requests.pop(req_id, None)
+        self._token_cache.pop(req_id, None)
 
     def _release_lookup(self, req_id: str, keep_hit: bool = False) -> None:
         """Ends the lookup's lease; ``keep_hit`` remembers how much kvtier holds (it need not be saved)."""
