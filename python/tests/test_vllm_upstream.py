@@ -443,3 +443,15 @@ def test_vllm_connector_matches_upstream_interface():
             continue
         assert name in cls.__dict__, f"{name} is not implemented"
         assert _params(getattr(cls, name)) == m["params"], name
+
+
+def test_sglang_backend_matches_upstream_interface():
+    from kvtier.sglang import KVTierStorage
+
+    facts = _conformance("sglang_hicache_storage.json")
+    for m in facts["methods"]:
+        name = m["name"]
+        assert name in KVTierStorage.__dict__, f"{name} is not implemented"
+        want = [p.split("=")[0] for p in m["params"]]
+        assert _params(getattr(KVTierStorage, name)) == want, name
+    assert _params(KVTierStorage.__init__) == ["storage_config", "kwargs"]
