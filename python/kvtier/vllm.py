@@ -50,7 +50,9 @@ from . import vllm_kv as kvl
 from ._vllm_compat import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorStats
 from .client import Client, KVTierError, default_socket_path
 from .link import Link
-from .vllm_keys import key_tokens, mm_items, namespace_of
+import os
+
+from .vllm_keys import HashKeys, TokenKeys, key_tokens, mm_items, namespace_of
 
 log = logging.getLogger("kvtier.vllm")
 
@@ -65,7 +67,7 @@ class ReqMeta:
 
     req_id: str
     namespace: str
-    token_ids: "array.array"
+    keys: Any              # TokenKeys or HashKeys of the prompt
     block_ids: List[int]
     load_start: int = 0  # first token to write: vLLM holds the ones before
     load_end: int = 0    # tokens the request has once the load is done (0: no load)
@@ -96,6 +98,9 @@ class Settings:
     kv_layout: str = ""           # force the per-layer form: packed, block_first, kv_first, mla
     reconnect_interval: float = 1.0  # least seconds between reconnection attempts
     namespace: str = ""
+    # "tokens": keys from token ids (reproducible everywhere); "block_hashes":
+    # vLLM's own block hashes (cheaper for long prompts; needs PYTHONHASHSEED).
+    key_mode: str = "tokens"
 
     @classmethod
     def from_extra(cls, extra: Dict[str, Any]) -> "Settings":
@@ -108,6 +113,11 @@ class Settings:
             default = getattr(s, key)
             setattr(s, key, _truthy(value) if isinstance(default, bool) else type(default)(value))
         s.socket_path = s.socket_path or default_socket_path()
+        if s.key_mode not in ("tokens", "block_hashes"):
+            raise ValueError(f"key_mode {s.key_mode!r}: want tokens or block_hashes")
+        if s.key_mode == "block_hashes" and not os.environ.get("PYTHONHASHSEED"):
+            raise ValueError("key_mode block_hashes needs vLLM started with a fixed PYTHONHASHSEED: without it "
+                             "vLLM's block hashes are random per process and no other engine could reuse a chunk")
         if s.kv_layout and s.kv_layout not in (kvl.PACKED, kvl.BLOCK_FIRST, kvl.KV_FIRST, kvl.MLA):
             raise ValueError(f"kv_layout {s.kv_layout!r}: want packed, block_first, kv_first or mla")
         return s
@@ -167,7 +177,7 @@ class _Tracked:
 
     request: Any            # vLLM's Request, for live fields (publishable blocks)
     namespace: str
-    tokens: "array.array"   # key tokens of the prompt
+    tokens: Any             # TokenKeys or HashKeys of the prompt
     block_ids: List[int]
     saved_upto: int         # tokens [0, saved_upto) are in kvtier
     computed: int           # tokens computed once this step has run
@@ -258,7 +268,7 @@ class KVTierConnector(KVConnectorBase_V1):
         # scheduler side
         self._lookups: Dict[str, _Lookup] = {}
         self._requests: Dict[str, Any] = {}  # req id -> vLLM Request, from lookup until finished
-        self._token_cache: Dict[str, "array.array"] = {}  # req id -> key tokens, until finished
+        self._token_cache: Dict[str, Any] = {}  # req id -> chunk keys, until finished
         self._loads: Dict[str, Tuple[int, int, bool]] = {}  # req id -> (load_start, load_end, async), this step
         self._tracked: Dict[str, _Tracked] = {}
         self._async_loaded: Set[str] = set()  # loaded in the background; vLLM resumes them with the tokens counted
@@ -337,39 +347,41 @@ class KVTierConnector(KVConnectorBase_V1):
             self._scopes[key] = handle
         return handle
 
-    def _keys(self, c: Client, link: Link, namespace: str, tokens: "array.array", end: int, skip: int) -> p.Keys:
-        return c.tokens(self._scope(c, link, namespace), tokens[:end], skip)
+    def _keys(self, c: Client, link: Link, namespace: str, keys: Any, end: int, skip: int) -> p.Keys:
+        return keys.build(c, self._scope(c, link, namespace), end, skip)
 
     # ------------------------------------------------------ scheduler side
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Tuple[Optional[int], bool]:
         """Whole cached chunks beyond ``num_computed_tokens``, never the request's last token."""
-        if not self.can_load:
-            return 0, False
-        tokens = self._key_tokens(request)
         self._release_lookup(request.request_id)
         self._requests[request.request_id] = request
-        if tokens is None:  # prompt embeddings: nothing to key by
-            return 0, False
         namespace = namespace_of(self.settings.namespace, request)
         try:
             c = self._client()
-            keys = self._keys(c, self.link, namespace, tokens, len(tokens), chunk_floor(num_computed_tokens, self._chunk))
-            reply = c.lookup(keys, lease_ms=self.settings.lease_ms)
+            tokens = self._key_tokens(request)
+            if tokens is None or not self.can_load:  # prompt embeddings: nothing to key by
+                return 0, False
+            skip = chunk_floor(num_computed_tokens, self._chunk)
+            if isinstance(tokens, HashKeys):
+                skip = 0  # hash keys always start at the prompt's first chunk
+            reply = c.lookup(self._keys(c, self.link, namespace, tokens, len(tokens), skip),
+                             lease_ms=self.settings.lease_ms)
         except _ABSORBED as e:
             self.link.fail(e)
             return 0, False
         in_ram = not reply.by_tier or reply.by_tier[0] >= reply.chunks
-        self._lookups[request.request_id] = _Lookup(reply.tokens, reply.lease, num_computed_tokens, in_ram)
+        hit = tokens.hit_tokens(reply, self._chunk)
+        self._lookups[request.request_id] = _Lookup(hit, reply.lease, num_computed_tokens, in_ram)
         total = int(getattr(request, "num_tokens", 0) or len(tokens))
-        usable = min(reply.tokens, chunk_floor(total - 1, self._chunk))
+        usable = min(hit, chunk_floor(total - 1, self._chunk))
         self.stats.queries += 1
         n = max(0, usable - num_computed_tokens)
         self.stats.hit_tokens += n
         return n, bool(n and not in_ram and self.settings.load_async)
 
-    def _key_tokens(self, request: Any) -> Optional["array.array"]:
-        """The request's key tokens as packed u32s, computed once per request (prompts are immutable)."""
+    def _key_tokens(self, request: Any) -> Any:
+        """The request's chunk keys (TokenKeys or HashKeys), computed once per request; None if it has none."""
         rid = getattr(request, "request_id", None) or getattr(request, "req_id", None)
         cached = self._token_cache.get(rid)
         if cached is not None:
@@ -377,10 +389,17 @@ class KVTierConnector(KVConnectorBase_V1):
         prompt = getattr(request, "prompt_token_ids", None)
         if prompt is None:
             return None
-        items = mm_items(request)
-        tokens = array.array("I", key_tokens(prompt, items) if items else prompt)
-        self._token_cache[rid] = tokens
-        return tokens
+        if self.settings.key_mode == "block_hashes":
+            hashes = getattr(request, "block_hashes", None)
+            if hashes is None or not self._chunk:
+                return None
+            n = len(prompt) // self.block_size  # prompt blocks only: outputs are not stored
+            keys: Any = HashKeys.of(list(hashes[:n]), self.block_size, self._chunk)
+        else:
+            items = mm_items(request)
+            keys = TokenKeys(array.array("I", key_tokens(prompt, items) if items else prompt))
+        self._token_cache[rid] = keys
+        return keys
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         """Records the load decided for this step; vLLM has not yet updated num_computed_tokens.
@@ -627,7 +646,7 @@ class KVTierConnector(KVConnectorBase_V1):
         try:
             c = self._client(link)
             skip = chunk_floor(req.load_start, self._chunk)
-            slots = c.prepare_retrieve(self._keys(c, link, req.namespace, req.token_ids, req.load_end, skip),
+            slots = c.prepare_retrieve(self._keys(c, link, req.namespace, req.keys, req.load_end, skip),
                                        self.settings.lease_ms)
             parts, nbytes = [], 0
             for i, s in enumerate(slots.slots):
@@ -780,7 +799,7 @@ class KVTierConnector(KVConnectorBase_V1):
             c = self._client()
             n = (req.save_end - req.save_start) // self._chunk
             size = self._chunk_bytes()
-            keys = self._keys(c, self.link, req.namespace, req.token_ids, req.save_end, req.save_start)
+            keys = self._keys(c, self.link, req.namespace, req.keys, req.save_end, req.save_start)
             slots = c.prepare_store(keys, [size] * n, self.settings.save_lease_ms)
             parts = []
             for i, s in enumerate(slots.slots):

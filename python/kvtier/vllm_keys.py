@@ -23,6 +23,7 @@ have no token identity and are not cached.
 
 from __future__ import annotations
 
+import array
 import hashlib
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -75,3 +76,70 @@ def key_tokens(prompt: Optional[Sequence[int]], items: Sequence[Tuple[str, int, 
         for i in range(max(offset, 0), end):
             tokens[i] = _MM_BIT | ((base + (i - offset) * _MM_STEP) & 0x7FFFFFFF)
     return tokens
+
+
+class TokenKeys:
+    """A prompt keyed by its token ids (packed u32s): the daemon chains and hashes them."""
+
+    __slots__ = ("tokens",)
+
+    def __init__(self, tokens: "array.array"):
+        self.tokens = tokens
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getstate__(self):
+        return self.tokens
+
+    def __setstate__(self, state):
+        self.tokens = state
+
+    def build(self, client: Any, scope: int, end: int, skip: int):
+        """Keys of the chunks in [skip, end) tokens (skip and end on chunk boundaries)."""
+        return client.tokens(scope, self.tokens[:end], skip)
+
+    def hit_tokens(self, reply: Any, chunk: int) -> int:
+        return reply.tokens
+
+
+class HashKeys:
+    """A prompt keyed by vLLM's own block hashes: one 16-byte key per chunk.
+
+    A chunk's key is the hash of its last block, which vLLM chained over the
+    whole prefix and every extra key (LoRA, salt, multimodal, prompt
+    embeddings). Reproducible across processes only when vLLM runs with a
+    fixed PYTHONHASHSEED, which the connector requires for this mode.
+    """
+
+    __slots__ = ("hashes", "chunk")
+
+    def __init__(self, hashes: List[bytes], chunk: int):
+        self.hashes, self.chunk = hashes, chunk
+
+    def __len__(self) -> int:
+        return len(self.hashes) * self.chunk
+
+    def __getstate__(self):
+        return (self.hashes, self.chunk)
+
+    def __setstate__(self, state):
+        self.hashes, self.chunk = state
+
+    def build(self, client: Any, scope: int, end: int, skip: int):
+        return client.hashes(scope, self.hashes[skip // self.chunk:end // self.chunk])
+
+    def hit_tokens(self, reply: Any, chunk: int) -> int:
+        return reply.chunks * chunk
+
+    @classmethod
+    def of(cls, block_hashes: Sequence[bytes], block_size: int, chunk: int) -> "HashKeys":
+        if chunk % block_size:
+            raise ValueError(f"key_mode block_hashes needs the chunk size ({chunk}) to be a multiple "
+                             f"of vLLM's block size ({block_size})")
+        per = chunk // block_size
+        keys = []
+        for i in range(per - 1, len(block_hashes), per):
+            h = bytes(block_hashes[i])
+            keys.append(h[:16] if len(h) >= 16 else h.ljust(16, b"\0"))
+        return cls(keys, chunk)

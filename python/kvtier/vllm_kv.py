@@ -407,14 +407,26 @@ class CrossLayer:
 
     def gather(self, copier: HostCopier, chunk: torch.Tensor, block_index: torch.Tensor) -> None:
         _check_device(self.blocks, block_index)
-        copier.to_host(chunk[:block_index.shape[0]], self.blocks.index_select(0, block_index))
+        n = block_index.shape[0]
+        if _host_resident(self.blocks, copier):  # KV already in host memory: one copy, no staging
+            torch.index_select(self.blocks, 0, block_index, out=chunk[:n])
+            return
+        copier.to_host(chunk[:n], self.blocks.index_select(0, block_index))
 
     def scatter(self, copier: HostCopier, chunk: torch.Tensor, block_index: torch.Tensor, first_block: int = 0) -> None:
         _check_device(self.blocks, block_index)
         n = block_index.shape[0]
+        if _host_resident(self.blocks, copier):
+            self.blocks.index_copy_(0, block_index, chunk[first_block:first_block + n])
+            return
         stage = torch.empty((n, self.block_elems), dtype=self.blocks.dtype, device=self.blocks.device)
         copier.to_device(stage, chunk[first_block:first_block + n])
         self.blocks.index_copy_(0, block_index, stage)
+
+
+def _host_resident(kv: torch.Tensor, copier: HostCopier) -> bool:
+    """KV in CPU memory with the plain copier: staging would only add a copy."""
+    return kv.device.type == "cpu" and type(copier) is HostCopier
 
 
 def allocate_standard(layout_name: str, num_layers: int, num_blocks: int, heads: int, block_size: int,

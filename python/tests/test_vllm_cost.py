@@ -12,6 +12,7 @@ import time
 import pytest
 
 from kvtier.harness.engine import KVCacheBlocks, NewRequestData, Request, SchedulerOutput, CachedRequestData
+from kvtier.harness.vllm_hash import block_hashes
 from kvtier.testing import Daemon
 from harness_util import engine, prompt
 
@@ -25,16 +26,23 @@ def daemon256(kvtier_bin, tmp_path):
     d.stop()
 
 
-def test_scheduler_cost_of_a_32k_prompt(daemon256):
+@pytest.mark.parametrize("key_mode", ["tokens", "block_hashes"])
+def test_scheduler_cost_of_a_32k_prompt(daemon256, key_mode, monkeypatch):
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
     p = [t % 250 for t in prompt(80, 1024)] * (TOKENS // 1024)
-    e = engine(daemon256.socket_path, "cost", block_size=16, num_blocks=8)
+    e = engine(daemon256.socket_path, f"cost-{key_mode}", block_size=16, num_blocks=8, key_mode=key_mode)
     sched = e.scheduler_connector
     c = sched._client()
-    c.store(c.tokens(sched.link.scope, p), [_zeros(c) for _ in range(TOKENS // 256)])
+    first = Request("warm", p)
+    first.block_hashes = block_hashes(first, 16)
+    keys = sched._key_tokens(first).build(c, sched.link.scope, TOKENS, 0)
+    c.store(keys, [_zeros(c) for _ in range(TOKENS // 256)])
+    sched.request_finished(first, [])
     blocks = list(range(TOKENS // 16))
     samples = []
     for i in range(30):
         req = Request(f"r{i}", p)
+        req.block_hashes = first.block_hashes  # vLLM computes them when the request arrives
         t0 = time.perf_counter()
         n, is_async = sched.get_num_new_matched_tokens(req, 0)
         sched.update_state_after_alloc(req, KVCacheBlocks(blocks), n)
@@ -45,7 +53,7 @@ def test_scheduler_cost_of_a_32k_prompt(daemon256):
         sched.request_finished(req, blocks)
         assert n == TOKENS - 256 and not is_async and meta.requests[0].load_end == n
     samples.sort()
-    print(f"\nscheduler side, 32k-token prompt: median {samples[len(samples) // 2] * 1e6:.0f} us, "
+    print(f"\nscheduler side, 32k-token prompt, key_mode {key_mode}: median {samples[len(samples) // 2] * 1e6:.0f} us, "
           f"best {samples[0] * 1e6:.0f} us")
     e.close()
 

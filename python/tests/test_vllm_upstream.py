@@ -245,6 +245,29 @@ def test_extra_key_vectors_match_go(name):
     assert vllm_hash.block_hash(None, list(range(16)), extra).hex() == want
 
 
+def test_block_hash_keys_need_a_fixed_hash_seed(monkeypatch):
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    with pytest.raises(ValueError, match="PYTHONHASHSEED"):
+        kv_vllm.Settings.from_extra({"key_mode": "block_hashes"})
+
+
+def test_block_hash_keys_round_trip_and_carry_vllms_extra_keys(daemon, monkeypatch):
+    """key_mode block_hashes: chunks keyed by vLLM's own hashes (harness: PYTHONHASHSEED=0)."""
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    p = prompt(68, 5 * 16 + 3)
+    saver = engine(daemon.socket_path, "hash-keys", prefix_caching=False, key_mode="block_hashes")
+    saver.prefill(p, "s")
+    saver.prefill(p, "other-lora", lora="adapter-x")
+    assert external(saver, "other-lora") == 0
+    loader = engine(daemon.socket_path, "hash-keys", prefix_caching=False, key_mode="block_hashes")
+    assert_close(loader.prefill(p, "l"), reference(p))
+    assert external(loader, "l") == 80
+    loaded_equal_saved(loader, "l", saver, "s", 80)
+    tokens_mode = engine(daemon.socket_path, "hash-keys", prefix_caching=False)
+    tokens_mode.prefill(p, "t")
+    assert external(tokens_mode, "t") == 0  # the two key spaces never meet
+
+
 # ------------------------------------------------- embeds, publishable
 
 
@@ -385,7 +408,7 @@ def test_every_index_op_runs_on_the_kv_device(daemon, kind):
     conn.link.socket_path = daemon.socket_path
     conn.register_kv_caches(e.kv_caches)
     copier = conn.copier = RecordingCopier()
-    tokens = kv_vllm.array.array("I", prompt(70 + len(kind), 32))
+    tokens = kv_vllm.TokenKeys(kv_vllm.array.array("I", prompt(70 + len(kind), 32)))
     save = kv_vllm.ReqMeta("r", "", tokens, [3, 5, 7, 9], save_start=0, save_end=32)
     for step in ([save], [kv_vllm.ReqMeta("r2", "", tokens, [2, 4, 6, 8], load_start=0, load_end=32)]):
         conn.bind_connector_metadata(kv_vllm.KVTierConnectorMetadata(step))
