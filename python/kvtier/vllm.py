@@ -285,6 +285,8 @@ class KVTierConnector(KVConnectorBase_V1):
         self._saves: List[_Save] = []
         self._lock = threading.Lock()
         self._async_link: Optional[Link] = None
+        self._async_copier: Optional[kvl.HostCopier] = None
+        self._async_copy_lock = threading.Lock()
         self._async_threads: List[threading.Thread] = []
         self._done_recving: Set[str] = set()
 
@@ -633,11 +635,12 @@ class KVTierConnector(KVConnectorBase_V1):
         if not loads:
             return
         if not self.settings.layerwise or self._cross is not None:
-            self._copy_layers(loads, self.link)
+            self._copy_layers(loads, self.link, self.copier, [])
             return
         self._layer_ready = [threading.Event() for _ in range(self._layers)]
-        self._loader = threading.Thread(target=self._copy_layers, args=(loads, self.link), name="kvtier-load",
-                                        daemon=True)
+        self._loader = threading.Thread(target=self._copy_layers, args=(loads, self.link, self.copier,
+                                                                         self._layer_ready),
+                                        name="kvtier-load", daemon=True)
         self._loader.start()
 
     def _prepare_load(self, req: ReqMeta, link: Link) -> Optional[_Load]:
@@ -689,23 +692,29 @@ class KVTierConnector(KVConnectorBase_V1):
             self._load_errors.update(req.block_ids[first:last + 1])
             self.stats.load_errors += last + 1 - first
 
-    def _copy_layers(self, loads: List[_Load], link: Link) -> None:
-        """Scatters every layer of every load, in layer order, signalling each layer as it lands."""
+    def _copy_layers(self, loads: List[_Load], link: Link, copier: kvl.HostCopier,
+                     ready: List[threading.Event]) -> None:
+        """Scatters every layer of every load, in layer order, signalling each layer as it lands.
+
+        ``ready`` holds this step's per-layer events (layerwise loads); an
+        asynchronous load passes none and its own copier, so it can never
+        signal, or be waited on as, the step's layers.
+        """
         t0 = time.perf_counter()
         try:
             if self._cross is not None:
                 for load in loads:
                     for view, index, first_block in load.parts:
-                        self._cross.scatter(self.copier, view, index, first_block)
+                        self._cross.scatter(copier, view, index, first_block)
             else:
                 for layer, kv in enumerate(self._kv):
                     for load in loads:
                         for view, index, first in load.parts:
-                            kvl.scatter_layer(self.copier, view, layer, self._layout, kv, index, first)
-                    self.copier.layer_done(layer)
-                    if self._layer_ready:
-                        self._layer_ready[layer].set()
-            self.copier.fence()
+                            kvl.scatter_layer(copier, view, layer, self._layout, kv, index, first)
+                    copier.layer_done(layer)
+                    if ready:
+                        ready[layer].set()
+            copier.fence()
             with self._lock:
                 self.stats.load_bytes += sum(l.nbytes for l in loads)
                 self.stats.load_seconds += time.perf_counter() - t0
@@ -714,7 +723,7 @@ class KVTierConnector(KVConnectorBase_V1):
             for load in loads:
                 self._fail_blocks(load.req, load.req.load_start, load.req.load_end)
         finally:
-            for ev in self._layer_ready:
+            for ev in ready:
                 ev.set()
             for load in loads:
                 self._release_quietly(link, load.lease)
@@ -743,7 +752,10 @@ class KVTierConnector(KVConnectorBase_V1):
         link = self._async_link
         load = self._prepare_load(req, link)
         if load is not None:
-            self._copy_layers([load], link)
+            if self._async_copier is None:
+                self._async_copier = kvl.copier_for(self._device)
+            with self._async_copy_lock:  # one asynchronous load copies at a time through its copier
+                self._copy_layers([load], link, self._async_copier, [])
         with self._lock:
             self._done_recving.add(req.req_id)
 
