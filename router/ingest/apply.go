@@ -2,7 +2,7 @@ package ingest
 
 import (
 	"kvtier/router/index"
-	"kvtier/router/kvevents"
+	"kvtier/kvevents"
 )
 
 // replayFunc fetches the buffered messages with seq ≥ start from a

@@ -10,7 +10,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"kvtier/router/index"
-	"kvtier/router/kvevents"
+	"kvtier/kvevents"
 )
 
 // Subscriber subscribes to the KV events of a list of pods and keeps an
