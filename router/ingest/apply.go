@@ -1,8 +1,8 @@
 package ingest
 
 import (
-	"kvtier/router/index"
 	"kvtier/kvevents"
+	"kvtier/router/index"
 )
 
 // replayFunc fetches the buffered messages with seq ≥ start from a

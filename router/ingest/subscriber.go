@@ -9,8 +9,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
-	"kvtier/router/index"
 	"kvtier/kvevents"
+	"kvtier/router/index"
 )
 
 // Subscriber subscribes to the KV events of a list of pods and keeps an
