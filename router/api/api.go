@@ -5,7 +5,8 @@
 // The handler reproduces the engine's prefix-cache keys: it cuts the tokens
 // into blocks, hashes them exactly as vLLM does (chunk.VLLMHasher with the
 // pods' PYTHONHASHSEED, the request's LoRA name and cache salt), reduces each
-// hash to the 64-bit form vLLM's KV events carry (chunk.EventHash), and asks
+// hash to the 64-bit form vLLM's KV events carry (chunk.EventHash) and to
+// the index key of the request's KV-cache group (index.GroupKey), and asks
 // an index.Scorer to score the pods over router/index, which router/ingest
 // fills from those events. The keys therefore match only when the pods run
 // with the same PYTHONHASHSEED, block size and --prefix-caching-hash-algo
