@@ -7,9 +7,8 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/vmihailenco/msgpack/v5"
-
 	"kvtier/chunk"
+	"kvtier/kvevents"
 	"kvtier/router/index"
 	"kvtier/router/ingest"
 )
@@ -83,7 +82,7 @@ type RouteResult struct {
 // blocks keyed by vLLM's sha256_cbor block hashes of the prompt's tokens
 // (BlockTokens mapping) and, like vLLM, publishes a KV-event batch after
 // each request: BlockStored for the blocks it added, BlockRemoved for
-// those it evicted, msgpack-encoded in vLLM's array form. The router's
+// those it evicted, encoded as vLLM's tagged arrays (package kvevents). The router's
 // index is fed only through those messages (ingest.Feeder), so the kvtier
 // policies see exactly what a real router would.
 func SimulateRouting(ctx context.Context, reqs []Request, cfg RouteConfig, policy string, progress func(done, total int)) (RouteResult, error) {
@@ -291,6 +290,7 @@ type simPod struct {
 	added, removed []uint64
 	addedAt        []int    // prompt block index of each added hash
 	eventTokens    []uint32 // token ids of the added blocks
+	events         kvevents.Batch
 }
 
 type simBlock struct {
@@ -378,25 +378,26 @@ func (p *simPod) evict() bool {
 	return false
 }
 
-// batch encodes vLLM's EventBatch [ts, events, dp_rank] with a BlockRemoved
-// event (if any block was evicted) and a BlockStored event for the added
-// blocks: [tag, block_hashes, parent_block_hash, token_ids, block_size,
-// lora_id, medium].
+// batch encodes vLLM's EventBatch with a BlockRemoved event (if any block
+// was evicted) and a BlockStored event for the added blocks, as tagged
+// arrays (kvevents.Array), the form most vLLM releases wrote.
 func (p *simPod) batch(hashes []uint64, tokens []uint32) ([]byte, error) {
-	var events []any
+	b := &p.events
+	b.Reset()
+	b.Timestamp = float64(p.seq)
 	if len(p.removed) > 0 {
-		events = append(events, []any{"BlockRemoved", p.removed, nil})
+		b.Add(kvevents.Event{Kind: kvevents.BlockRemoved}, p.removed, nil)
 	}
 	if len(p.added) > 0 {
-		var parent any
+		e := kvevents.Event{Kind: kvevents.BlockStored, BlockSize: routeBlockTokens}
 		if first := p.addedAt[0]; first > 0 {
-			parent = hashes[first-1]
+			e.Parent, e.HasParent = hashes[first-1], true
 		}
 		p.eventTokens = p.eventTokens[:0]
-		for _, b := range p.addedAt {
-			p.eventTokens = append(p.eventTokens, tokens[b*routeBlockTokens:(b+1)*routeBlockTokens]...)
+		for _, blk := range p.addedAt {
+			p.eventTokens = append(p.eventTokens, tokens[blk*routeBlockTokens:(blk+1)*routeBlockTokens]...)
 		}
-		events = append(events, []any{"BlockStored", p.added, parent, p.eventTokens, routeBlockTokens, nil, nil})
+		b.Add(e, p.added, p.eventTokens)
 	}
-	return msgpack.Marshal([]any{float64(p.seq), events, nil})
+	return kvevents.Encoder{Encoding: kvevents.Array}.Append(nil, b), nil
 }

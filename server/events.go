@@ -7,12 +7,11 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/go-zeromq/zmq4"
-	"github.com/vmihailenco/msgpack/v5"
 
 	"kvtier/chunk"
+	"kvtier/kvevents"
 	"kvtier/tier"
 )
 
@@ -29,6 +28,12 @@ type EventOptions struct {
 	BlockSize int
 	// ChunkTokens is the daemon's chunk size; a multiple of BlockSize.
 	ChunkTokens int
+	// Encoding is how events are laid out (package kvevents): the zero
+	// value, kvevents.Map, is what vLLM writes since v0.26 and what its
+	// current subscribers read; kvevents.Array suits consumers written
+	// for older vLLM releases (llm-d-kv-cache before v0.9). kvtier's
+	// router reads both.
+	Encoding kvevents.Encoding
 	// QueueDepth bounds the events waiting to be sent (default 8192).
 	QueueDepth int
 	Logger     *slog.Logger
@@ -196,12 +201,11 @@ func mediumOf(tierName string) string {
 func (p *Publisher) send() {
 	defer close(p.done)
 	var seqFrame [8]byte
+	var batch kvevents.Batch
+	enc := kvevents.Encoder{Encoding: p.opts.Encoding}
 	for ev := range p.queue {
-		payload, err := p.encode(ev)
-		if err != nil {
-			p.log.Error("kv events: encoding", "err", err)
-			continue
-		}
+		p.batchOf(ev, &batch)
+		payload := enc.Append(nil, &batch)
 		binary.BigEndian.PutUint64(seqFrame[:], ev.seq)
 		msg := zmq4.NewMsgFrom(p.topic, append([]byte(nil), seqFrame[:]...), payload)
 		if err := p.sock.SendMulti(msg); err != nil {
@@ -212,23 +216,20 @@ func (p *Publisher) send() {
 	}
 }
 
-// encodeEvent builds vLLM's EventBatch [ts, [event], null] with a
-// BlockStored [tag, hashes, parent, token_ids, block_size, lora_id,
-// medium] or BlockRemoved [tag, hashes, medium] event. Token ids are not
-// kept per chunk, so they are sent empty; the router does not read them.
-func (p *Publisher) encode(ev blockEvent) ([]byte, error) {
-	ts := float64(time.Now().UnixNano()) / 1e9
-	var e []any
+// batchOf fills b with the one event of ev: a BlockStored or BlockRemoved
+// in the tier's medium, with no group (vLLM's default group 0). Token ids
+// are not kept per chunk, so BlockStored carries none: the router does not
+// read them, and llm-d treats a token-less BlockStored as a tier update of
+// blocks it already knows from the pod's GPU events.
+func (p *Publisher) batchOf(ev blockEvent, b *kvevents.Batch) {
+	b.Reset()
+	b.Timestamp = kvevents.Now()
+	e := kvevents.Event{Kind: kvevents.BlockRemoved, Medium: ev.medium}
 	if ev.stored {
-		var parent any
-		if ev.hasParent {
-			parent = ev.parent
-		}
-		e = []any{"BlockStored", ev.hashes, parent, []uint32{}, p.opts.BlockSize, nil, ev.medium}
-	} else {
-		e = []any{"BlockRemoved", ev.hashes, ev.medium}
+		e.Kind, e.BlockSize = kvevents.BlockStored, p.opts.BlockSize
+		e.Parent, e.HasParent = ev.parent, ev.hasParent
 	}
-	return msgpack.Marshal([]any{ts, []any{e}, nil})
+	b.Add(e, ev.hashes, nil)
 }
 
 // Stats reports events sent and dropped.

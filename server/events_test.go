@@ -10,6 +10,7 @@ import (
 	"kvtier/chunk"
 	"kvtier/client"
 	"kvtier/engine"
+	"kvtier/kvevents"
 	"kvtier/router/index"
 	"kvtier/router/ingest"
 	"kvtier/server"
@@ -19,8 +20,14 @@ import (
 // TestEventsReachTheRouter stores a prompt through the daemon and checks
 // that a router subscribed to the daemon's KV events credits the pod with
 // the prompt's vLLM blocks in its CPU tier, and forgets them once the
-// chunks leave RAM.
+// chunks leave RAM, in both event encodings.
 func TestEventsReachTheRouter(t *testing.T) {
+	for _, enc := range []kvevents.Encoding{kvevents.Map, kvevents.Array} {
+		t.Run(enc.String(), func(t *testing.T) { testEventsReachTheRouter(t, enc) })
+	}
+}
+
+func testEventsReachTheRouter(t *testing.T, enc kvevents.Encoding) {
 	const blockSize = 4 // vLLM blocks of 4 tokens: 4 per 16-token chunk
 	eng, err := engine.Open(engine.Options{ChunkSize: pChunkTokens, RAMBytes: 16 << 20, Policy: "LRU"})
 	if err != nil {
@@ -28,7 +35,7 @@ func TestEventsReachTheRouter(t *testing.T) {
 	}
 	defer eng.Close()
 	pub, err := server.NewPublisher(server.EventOptions{Endpoint: "tcp://127.0.0.1:0", Pod: "pod-a", Model: "m",
-		HashSeed: "0", BlockSize: blockSize, ChunkTokens: pChunkTokens})
+		HashSeed: "0", BlockSize: blockSize, ChunkTokens: pChunkTokens, Encoding: enc})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,8 @@
 // The handler reproduces the engine's prefix-cache keys: it cuts the tokens
 // into blocks, hashes them exactly as vLLM does (chunk.VLLMHasher with the
 // pods' PYTHONHASHSEED, the request's LoRA name and cache salt), reduces each
-// hash to the 64-bit form vLLM's KV events carry (chunk.EventHash), and asks
+// hash to the 64-bit form vLLM's KV events carry (chunk.EventHash) and to
+// the index key of the request's KV-cache group (index.GroupKey), and asks
 // an index.Scorer to score the pods over router/index, which router/ingest
 // fills from those events. The keys therefore match only when the pods run
 // with the same PYTHONHASHSEED, block size and --prefix-caching-hash-algo
@@ -73,6 +74,17 @@ type ScoreRequest struct {
 	// Prompt is the prompt as text, tokenized with the model's tokenizer
 	// (Config.Tokenizers); give Prompt or Tokens, not both.
 	Prompt *string `json:"prompt,omitempty"`
+	// AddSpecialTokens asks for the tokens the tokenizer adds around a
+	// text (BOS, for Llama 3 style tokenizers), as vLLM does for a
+	// completion request's prompt. Off by default: a prompt rendered with
+	// a chat template already carries them, and vLLM's chat endpoint adds
+	// none. Only used with Prompt.
+	AddSpecialTokens bool `json:"add_special_tokens,omitempty"`
+	// Group is the KV-cache group to score (vLLM's group_idx; see
+	// index.GroupKey): 0, the default, is a non-hybrid model's only group
+	// and what events without a group_idx report. A hybrid model's groups
+	// are scored one at a time.
+	Group int `json:"group_idx,omitempty"`
 }
 
 // ScoreResponse is the answer of POST /v1/score. Scores holds every
@@ -222,7 +234,11 @@ func (h *Handler) tokenize(ctx context.Context, s *scratch) error {
 	if pool == nil {
 		return fmt.Errorf("no tokenizer is configured for model %.200q: send tokens (token ids), or start the controller with --tokenizer", s.req.Model)
 	}
-	toks, err := pool.Encode(ctx, *s.req.Prompt, s.req.Tokens[:0])
+	encode := pool.Encode
+	if s.req.AddSpecialTokens {
+		encode = pool.EncodeSpecial
+	}
+	toks, err := encode(ctx, *s.req.Prompt, s.req.Tokens[:0])
 	if err != nil {
 		return fmt.Errorf("tokenizing the prompt: %w", err)
 	}
@@ -302,6 +318,7 @@ func (h *Handler) score(s *scratch, candidates []index.PodID) int {
 	for i := range s.blocks {
 		s.hashes = append(s.hashes, chunk.EventHash(s.blocks[i]))
 	}
+	index.GroupKeys(s.hashes, s.req.Group)
 	var ix index.Store = h.ix
 	if snap, ok := h.ix.(index.Snapshotter); ok {
 		// One read of the whole prompt instead of one per block; a failed
@@ -343,6 +360,10 @@ func validateRequest(req *ScoreRequest, maxTokens int) error {
 		return fmt.Errorf("too many tokens: %d, at most %d", len(req.Tokens), maxTokens)
 	case req.Prompt != nil && len(*req.Prompt) > 16*maxTokens:
 		return fmt.Errorf("prompt of %d bytes is too long", len(*req.Prompt))
+	case req.AddSpecialTokens && req.Prompt == nil:
+		return errors.New("add_special_tokens applies to a prompt, not to tokens")
+	case !index.ValidGroup(req.Group):
+		return fmt.Errorf("group_idx %d out of range 0..%d", req.Group, index.MaxGroup)
 	}
 	for _, p := range req.Pods {
 		if p == "" {

@@ -191,6 +191,9 @@ func TestBadRequests(t *testing.T) {
 		{"string token", `{"model":"m","tokens":["a"]}`, 400, "decoding request"},
 		{"empty pod name", `{"model":"m","tokens":[1],"pods":[""]}`, 400, "empty pod name"},
 		{"too many tokens", `{"model":"m","tokens":` + toks(1001) + `}`, 400, "too many tokens"},
+		{"negative group", `{"model":"m","tokens":[1],"group_idx":-1}`, 400, "group_idx -1 out of range"},
+		{"group too large", `{"model":"m","tokens":[1],"group_idx":65536}`, 400, "out of range"},
+		{"special tokens without prompt", `{"model":"m","tokens":[1],"add_special_tokens":true}`, 400, "add_special_tokens applies to a prompt"},
 		{"body too large", `{"model":"m","tokens":[` + strings.Repeat("1,", 40<<10) + `1]}`, 413, "too large"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -414,4 +417,51 @@ func TestModelNoPodServesScoresNobody(t *testing.T) {
 	checkScores(t, got, map[string]float64{}, 8)
 	got = f.score(t, map[string]any{"model": "other", "tokens": f.prompt, "pods": []string{"pod-a"}})
 	checkScores(t, got, map[string]float64{"pod-a": 0}, 8)
+}
+
+// TestScoreByGroup: a request scores the KV-cache group it names (group 0
+// by default); holdings of the same blocks in another group do not count.
+func TestScoreByGroup(t *testing.T) {
+	f := newFixture(t, nil)
+	g2 := append([]uint64(nil), f.hashes[:6]...)
+	index.GroupKeys(g2, 2)
+	f.hold(t, "pod-g2", index.GPU, g2)
+
+	got := f.score(t, map[string]any{"model": "m", "tokens": f.prompt})
+	checkScores(t, got, map[string]float64{"pod-a": 8, "pod-b": 3, "pod-c": 1}, 8)
+	got = f.score(t, map[string]any{"model": "m", "tokens": f.prompt, "group_idx": 0})
+	checkScores(t, got, map[string]float64{"pod-a": 8, "pod-b": 3, "pod-c": 1}, 8)
+	got = f.score(t, map[string]any{"model": "m", "tokens": f.prompt, "group_idx": 2})
+	checkScores(t, got, map[string]float64{"pod-g2": 6}, 8)
+	got = f.score(t, map[string]any{"model": "m", "tokens": f.prompt, "group_idx": 1, "pods": []string{"pod-a", "pod-g2"}})
+	checkScores(t, got, map[string]float64{"pod-a": 0, "pod-g2": 0}, 8)
+}
+
+// TestAddSpecialTokens: with add_special_tokens the prompt gets the
+// tokenizer's post-processor tokens (bos-toy's BOS, id 0), without it not.
+func TestAddSpecialTokens(t *testing.T) {
+	f := newFixture(t, nil)
+	tok, err := tokenize.LoadHF("../tokenize/testdata/bos-toy/tokenizer.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := tokenize.NewPool(tok, tokenize.PoolOptions{})
+	f.h.tokenizer = func(string) *tokenize.Pool { return pool }
+	text := strings.Repeat("abcd", 8) // 32 ids, two blocks; 33 with BOS
+	plain, _ := pool.Encode(context.Background(), text, nil)
+	withBOS, _ := pool.EncodeSpecial(context.Background(), text, nil)
+	hashesOf := func(ids []uint32) []uint64 {
+		var out []uint64
+		for _, b := range f.h.hasher.BlockHashes(nil, ids, chunk.VLLMRequest{}) {
+			out = append(out, chunk.EventHash(b))
+		}
+		return out
+	}
+	f.hold(t, "pod-plain", index.GPU, hashesOf(plain))
+	f.hold(t, "pod-bos", index.GPU, hashesOf(withBOS))
+	pods := []string{"pod-plain", "pod-bos"}
+	got := f.score(t, map[string]any{"model": "m", "prompt": text, "pods": pods})
+	checkScores(t, got, map[string]float64{"pod-plain": 2, "pod-bos": 0}, 2)
+	got = f.score(t, map[string]any{"model": "m", "prompt": text, "pods": pods, "add_special_tokens": true})
+	checkScores(t, got, map[string]float64{"pod-plain": 0, "pod-bos": 2}, 2)
 }

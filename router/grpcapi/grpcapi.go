@@ -13,7 +13,10 @@
 //
 // Scoring is not done here: a Scorer turns (model, prompt, pods) into
 // scores, so this package only translates between protobuf and Go values
-// and between Go errors and gRPC status codes.
+// and between Go errors and gRPC status codes. NewHandlerScorer is the
+// Scorer over the router's HTTP handler (package router/api); it tokenizes
+// the prompt as llm-d does, with the tokenizer's special tokens, so that
+// the block keys are the engine's (ScorerOptions).
 package grpcapi
 
 import (

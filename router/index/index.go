@@ -2,7 +2,9 @@
 // records which serving pods hold which KV blocks (keyed by the engine's
 // 64-bit block hash) in which tier, and scores pods for a prompt's sequence
 // of block hashes so the router can send the prompt where most of its prefix
-// is already cached.
+// is already cached. A hybrid model's KV-cache groups are kept apart by
+// keying each block with its group (GroupKey); group 0 keys are the hashes
+// themselves.
 //
 // Layout. Blocks are spread over a power-of-two number of shards by a mixed
 // hash; each shard has its own RWMutex and is a linear-probing table of

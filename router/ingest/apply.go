@@ -1,8 +1,8 @@
 package ingest
 
 import (
+	"kvtier/kvevents"
 	"kvtier/router/index"
-	"kvtier/router/kvevents"
 )
 
 // replayFunc fetches the buffered messages with seq ≥ start from a
@@ -215,11 +215,15 @@ func (s *stream) apply(p podRef, b *kvevents.Batch) {
 		switch e.Kind {
 		case kvevents.BlockStored, kvevents.BlockRemoved:
 			tier, ok := TierOf(e.Medium)
-			if !ok {
+			group := groupOf(e)
+			if !ok || !index.ValidGroup(group) {
 				skipped++
 				continue
 			}
+			// Keyed by group so that hybrid models' groups stay apart.
+			// The batch is this stream's own, so rewriting it is free.
 			hashes := b.BlockHashes(e)
+			index.GroupKeys(hashes, group)
 			var err error
 			if e.Kind == kvevents.BlockStored {
 				if s.wrote[p.id]&(1<<tier) == 0 {
@@ -254,6 +258,15 @@ func (s *stream) apply(p podRef, b *kvevents.Batch) {
 	addIf(&c.clears, clears)
 	addIf(&c.skipped, skipped)
 	addIf(&c.indexErrors, indexErrors)
+}
+
+// groupOf returns the KV-cache group of a block event: its group_idx, or
+// 0 when it has none (vLLM before hybrid-model events, kvtier daemons).
+func groupOf(e *kvevents.Event) int {
+	if e.HasGroupIdx {
+		return e.GroupIdx
+	}
+	return 0
 }
 
 // addIf skips the atomic add (a contended cache-line write) for zero.

@@ -7,9 +7,11 @@
 // three-frame message with kvevents and applies its events to the index:
 //
 //   - BlockStored adds the blocks to the pod in the tier named by the event's
-//     medium (see TierOf); events on a medium that maps to no tier are
-//     counted as Skipped and ignored;
-//   - BlockRemoved removes them from that tier;
+//     medium (see TierOf) and the KV-cache group named by its group_idx
+//     (none means group 0; see index.GroupKey); events on a medium that maps
+//     to no tier, or with a group_idx out of range, are counted as Skipped
+//     and ignored;
+//   - BlockRemoved removes them from that tier and group;
 //   - AllBlocksCleared clears what this endpoint announced for the pod.
 //
 // The pod is the one named by the topic ("kv@<pod>@<model>", llm-d's
@@ -97,7 +99,7 @@ type PodStats struct {
 	BlocksRemoved  uint64 // block hashes passed to Index.Remove
 	Clears         uint64 // AllBlocksCleared events applied
 	Malformed      uint64 // messages skipped as undecodable
-	Skipped        uint64 // events ignored: unknown kind or medium
+	Skipped        uint64 // events ignored: unknown kind, medium or group
 	Gaps           uint64 // sequence gaps seen
 	Replays        uint64 // replay requests that completed
 	ReplayFailures uint64 // replay requests that failed or timed out

@@ -9,8 +9,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"kvtier/kvevents"
 	"kvtier/router/index"
-	"kvtier/router/kvevents"
 )
 
 // Subscriber subscribes to the KV events of a list of pods and keeps an

@@ -18,7 +18,10 @@
 //
 // Encode reads text the way an engine reads an already templated prompt:
 // special and added tokens written in the text are recognised as such, and no
-// BOS/EOS or other post-processor tokens are added.
+// BOS/EOS or other post-processor tokens are added. Pool.EncodeSpecial reads
+// it the way vLLM reads a completion request's prompt (add_special_tokens,
+// true there): the tokens of tokenizer.json's post_processor, such as Llama
+// 3's <|begin_of_text|>, are added around it (see SpecialTokenizer).
 //
 // Pool bounds the number of concurrent encoders and keeps a prefix cache: the
 // text is cut at "safe" points (after a line feed, before a printable ASCII

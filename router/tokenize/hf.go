@@ -26,16 +26,21 @@ type BPE struct {
 	prefixSpace bool // ByteLevel add_prefix_space
 	merger      merger
 	cut         *newlineCut // nil: text cannot be cut safely
+	// prefix and suffix are what the post_processor adds around a text
+	// when special tokens are asked for (Pool.EncodeSpecial).
+	prefix, suffix []uint32
 }
 
 // The parts of tokenizer.json this package reads. Unknown fields are ignored:
-// decoder, post_processor, truncation and padding do not change which ids
-// the text maps to.
+// decoder, truncation and padding do not change which ids the text maps
+// to. The post_processor only adds special tokens around the text, which
+// Encode never does and EncodeSpecial does.
 type hfFile struct {
-	AddedTokens  []hfAddedToken  `json:"added_tokens"`
-	Normalizer   *hfComponent    `json:"normalizer"`
-	PreTokenizer *hfComponent    `json:"pre_tokenizer"`
-	Model        json.RawMessage `json:"model"`
+	AddedTokens   []hfAddedToken   `json:"added_tokens"`
+	Normalizer    *hfComponent     `json:"normalizer"`
+	PreTokenizer  *hfComponent     `json:"pre_tokenizer"`
+	PostProcessor *hfPostProcessor `json:"post_processor"`
+	Model         json.RawMessage  `json:"model"`
 }
 
 type hfAddedToken struct {
@@ -83,8 +88,8 @@ func LoadHF(path string) (*BPE, error) {
 }
 
 // ParseHF builds a tokenizer from the contents of a tokenizer.json. It
-// refuses, with an error wrapping ErrUnsupported, any model, normalizer or
-// pre-tokenizer it would not reproduce exactly.
+// refuses, with an error wrapping ErrUnsupported, any model, normalizer,
+// pre-tokenizer or post-processor it would not reproduce exactly.
 func ParseHF(name string, data []byte) (*BPE, error) {
 	var f hfFile
 	if err := json.Unmarshal(data, &f); err != nil {
@@ -111,6 +116,9 @@ func ParseHF(name string, data []byte) (*BPE, error) {
 	}
 	if !cutForbidden {
 		t.cut = cutRuleOf(t.split, t.prefixSpace)
+	}
+	if t.prefix, t.suffix, err = specialTokensOf(f.PostProcessor); err != nil {
+		return nil, err
 	}
 	return t, nil
 }

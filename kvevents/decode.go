@@ -9,9 +9,10 @@ package kvevents
 //     block_hashes, parent_block_hash, token_ids, block_size, lora_id];
 //     BlockRemoved is ["BlockRemoved", block_hashes]; AllBlocksCleared is
 //     ["AllBlocksCleared"]. Hashes are Python ints.
-//   - 0181ea31 (2026 main): array_like is gone, so EventBatch is the map
-//     {"ts", "events", "data_parallel_rank"} and each event a map whose
-//     "type" key carries the tag. BlockStored gained medium, lora_name,
+//   - 0181ea31 (2026 main, vLLM PR 42892, released in v0.26): the event
+//     structs lost array_like, so each event is a map whose "type" key
+//     carries the tag; the EventBatch stays the array [ts, events,
+//     data_parallel_rank]. BlockStored gained medium, lora_name,
 //     extra_keys, group_idx, kv_cache_spec_kind and
 //     kv_cache_spec_sliding_window; BlockRemoved gained medium and group_idx.
 //     Fields without a default (parent_block_hash, lora_id, medium,
@@ -21,9 +22,10 @@ package kvevents
 // Releases in between wrote the array form with the newer trailing fields
 // and [ts, events, data_parallel_rank]; omit_defaults drops trailing fields
 // at their default there. This decoder therefore accepts either form for
-// the batch and, independently, for each event, treats every field after
-// the ones the oldest release wrote as optional, and skips unknown trailing
-// array elements, unknown map keys and events of unknown type.
+// the batch (a map batch too, which no release wrote but costs nothing)
+// and, independently, for each event, treats every field after the ones
+// the oldest release wrote as optional, and skips unknown trailing array
+// elements, unknown map keys and events of unknown type.
 
 import (
 	"encoding/binary"

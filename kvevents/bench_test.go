@@ -121,3 +121,25 @@ func BenchmarkHashArray(b *testing.B) {
 		b.ReportMetric(float64(b.N)*float64(len(hashes))/b.Elapsed().Seconds(), "hashes/s")
 	})
 }
+
+// BenchmarkEncode writes the typical batch (64 BlockStored events of 16
+// blocks and 256 tokens) in each encoding into a reused buffer; it must
+// not allocate.
+func BenchmarkEncode(b *testing.B) {
+	var d Decoder
+	var batch Batch
+	if err := d.Decode(pack(b, true, typicalBatch(false)), &batch); err != nil {
+		b.Fatal(err)
+	}
+	for _, enc := range encodings {
+		b.Run(enc.String(), func(b *testing.B) {
+			e := Encoder{Encoding: enc}
+			buf := e.Append(nil, &batch)
+			b.SetBytes(int64(len(buf)))
+			b.ReportAllocs()
+			for b.Loop() {
+				buf = e.Append(buf[:0], &batch)
+			}
+		})
+	}
+}
