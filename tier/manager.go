@@ -98,6 +98,7 @@ type Manager struct {
 
 	prefetchDropped atomic.Uint64
 	promoted        atomic.Uint64
+	readFailed      atomic.Uint64 // lower-tier reads that failed and were served as misses
 }
 
 // lowerTier is a tier below RAM with its write queue and counters.
@@ -456,13 +457,28 @@ func (m *Manager) promote(ctx context.Context, keys []chunk.Key, ids []arena.ID)
 			m.arena.Unref(ids[i])
 		}
 	}
-	if got < n && !errors.Is(errs[got], ErrNotFound) && !errors.Is(errs[got], ErrCorrupt) {
-		return got, errs[got]
+	if got < n {
+		return got, m.readFailure(ctx, errs[got])
 	}
-	if got == n {
-		return got, stop
+	return got, stop
+}
+
+// readFailure decides what a failed lower-tier read means to the caller.
+// A lower tier is a cache: whatever went wrong in it (a store that timed
+// out, refused or reset the connection, answered garbage) only ends the
+// prefix there, so the engine recomputes those chunks. Only the caller's
+// own cancellation is its error.
+func (m *Manager) readFailure(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
 	}
-	return got, nil
+	if !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrCorrupt) {
+		m.readFailed.Add(1)
+		if m.opts.Logger.Enabled(ctx, slog.LevelDebug) {
+			m.opts.Logger.Debug("lower tier read failed: served as a miss", "err", err)
+		}
+	}
+	return nil
 }
 
 // lowerMissing reports whether some lower tier lacks k.
@@ -612,6 +628,10 @@ func (m *Manager) Stats() ([]Stats, []QueueStats) {
 
 // Promoted returns how many objects were promoted from lower tiers.
 func (m *Manager) Promoted() uint64 { return m.promoted.Load() }
+
+// ReadFailed returns how many lower-tier reads failed (for reasons other
+// than a missing or corrupt object) and were served as misses.
+func (m *Manager) ReadFailed() uint64 { return m.readFailed.Load() }
 
 // Flush waits until every queued lower-tier write has been attempted.
 func (m *Manager) Flush(ctx context.Context) error {

@@ -48,9 +48,10 @@
 // The URL wins as a whole; the two sources are never mixed. With neither,
 // Open fails rather than sending anonymous requests.
 //
-// Every operation is bounded by Config.Timeout (remote.Options.Timeout),
-// including the transfer of the object's bytes, so the timeout must allow
-// for the largest chunk at the slowest expected bandwidth.
+// Every operation is bounded by a deadline: Config.Timeout for its round
+// trip plus, for a GET or PUT, the object's bytes at Config.Bandwidth
+// (remote.CallDeadline). Only checking the bucket when the tier opens gets
+// longer, openTimeout, since it may include the first TLS handshake.
 package s3
 
 import (
@@ -71,6 +72,7 @@ import (
 
 	"kvtier/chunk"
 	"kvtier/tier"
+	"kvtier/tier/remote"
 )
 
 // MaxSinglePut is the largest object sent as one PUT. Larger ones go
@@ -145,7 +147,7 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 }
 
 func (t *Tier) ensureBucket(ctx context.Context) error {
-	ctx, cancel := t.bound(ctx)
+	ctx, cancel := context.WithTimeout(ctx, max(openTimeout, t.cfg.Timeout))
 	defer cancel()
 	exists, err := t.client.BucketExists(ctx, t.cfg.Bucket)
 	if err != nil {
@@ -182,7 +184,7 @@ func (t *Tier) Ping(ctx context.Context) error {
 	if t.closed.Load() {
 		return tier.ErrClosed
 	}
-	ctx, cancel := t.bound(ctx)
+	ctx, cancel := t.bound(ctx, 0)
 	defer cancel()
 	exists, err := t.client.BucketExists(ctx, t.cfg.Bucket)
 	if err != nil {
@@ -211,7 +213,7 @@ func (t *Tier) Size(key chunk.Key) (int, bool) {
 	if n, ok := t.known.size(key); ok {
 		return int(n), true
 	}
-	ctx, cancel := t.bound(context.Background())
+	ctx, cancel := t.bound(context.Background(), 0)
 	defer cancel()
 	n, ok := t.stat(ctx, key)
 	return int(n), ok
@@ -257,7 +259,7 @@ func (t *Tier) PrefixContains(keys []chunk.Key) int {
 }
 
 func (t *Tier) statPrefix(keys []chunk.Key) int {
-	ctx, cancel := t.bound(context.Background())
+	ctx, cancel := t.bound(context.Background(), 0)
 	defer cancel()
 	var next, firstMissing atomic.Int64
 	firstMissing.Store(int64(len(keys)))
@@ -295,7 +297,7 @@ func (t *Tier) Get(ctx context.Context, key chunk.Key, dst []byte) (int, error) 
 	if t.closed.Load() {
 		return 0, tier.ErrClosed
 	}
-	ctx, cancel := t.bound(ctx)
+	ctx, cancel := t.bound(ctx, len(dst))
 	defer cancel()
 	name := objectName(t.cfg.Prefix, key)
 	body, info, _, err := t.core.GetObject(ctx, t.cfg.Bucket, name, minio.GetObjectOptions{})
@@ -339,7 +341,7 @@ func (t *Tier) Put(ctx context.Context, key chunk.Key, data []byte) error {
 	if _, ok := t.known.size(key); ok {
 		return nil
 	}
-	ctx, cancel := t.bound(ctx)
+	ctx, cancel := t.bound(ctx, len(data))
 	defer cancel()
 	if _, ok := t.stat(ctx, key); ok {
 		return nil
@@ -372,7 +374,7 @@ func (t *Tier) Remove(key chunk.Key) bool {
 		return false
 	}
 	t.known.forget(key)
-	ctx, cancel := t.bound(context.Background())
+	ctx, cancel := t.bound(context.Background(), 0)
 	defer cancel()
 	name := objectName(t.cfg.Prefix, key)
 	if _, err := t.client.StatObject(ctx, t.cfg.Bucket, name, minio.StatObjectOptions{}); err != nil {
@@ -413,9 +415,9 @@ func (t *Tier) Close() error {
 	return nil
 }
 
-// bound applies the per-operation deadline to ctx.
-func (t *Tier) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, t.cfg.Timeout)
+// bound applies the deadline of an operation that moves n bytes to ctx.
+func (t *Tier) bound(ctx context.Context, n int) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, remote.CallDeadline(t.cfg.Timeout, t.cfg.Bandwidth, n))
 }
 
 // isNotFound tells a missing object from every other failure. It trusts
