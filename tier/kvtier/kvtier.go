@@ -37,6 +37,9 @@ type Config struct {
 	TLS     *tls.Config
 	Conns   int // connections kept open (default 4)
 	Timeout time.Duration
+	// Bandwidth, with Timeout, bounds a RETRIEVE or STORE that comes
+	// without a deadline (remote.BoundCall).
+	Bandwidth int64
 }
 
 // ParseURL reads a kvtier:// URL.
@@ -126,9 +129,12 @@ func Open(ctx context.Context, u *url.URL, o remote.Options) (tier.Tier, error) 
 	if err != nil {
 		return nil, err
 	}
-	cfg.Timeout = o.Timeout
+	cfg.Timeout, cfg.Bandwidth = o.Timeout, o.Bandwidth
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = remote.DefaultTimeout
+	}
+	if cfg.Bandwidth <= 0 {
+		cfg.Bandwidth = remote.DefaultBandwidth
 	}
 	t := &Tier{cfg: cfg, pool: make(chan *client.Client, cfg.Conns)}
 	c, err := t.dial(ctx)
@@ -243,6 +249,8 @@ func (t *Tier) Size(key chunk.Key) (int, bool) {
 // manager sizes dst with Size first; should the object have changed size
 // in between, the connection is dropped and the read fails.
 func (t *Tier) Get(ctx context.Context, key chunk.Key, dst []byte) (int, error) {
+	ctx, cancel := remote.BoundCall(ctx, t.cfg.Timeout, t.cfg.Bandwidth, len(dst))
+	defer cancel()
 	bufs := [1][]byte{dst}
 	n := 0
 	err := t.call(ctx, func(c *client.Client) error {
@@ -267,6 +275,8 @@ func (t *Tier) Put(ctx context.Context, key chunk.Key, data []byte) error {
 	if len(data) > wire.MaxChunkBody {
 		return fmt.Errorf("kvtier tier: %d bytes: %w", len(data), tier.ErrTooLarge)
 	}
+	ctx, cancel := remote.BoundCall(ctx, t.cfg.Timeout, t.cfg.Bandwidth, len(data))
+	defer cancel()
 	var stored int
 	err := t.call(ctx, func(c *client.Client) error {
 		var err error

@@ -71,15 +71,16 @@ import (
 
 // Tier is a tier.Tier on one Redis deployment. It is safe for concurrent use.
 type Tier struct {
-	client   goredis.UniversalClient
-	topology Topology
-	prefix   string
-	ttl      time.Duration
-	timeout  time.Duration // bound on calls that take no context
-	known    *presence
-	log      *slog.Logger
-	closed   atomic.Bool
-	stats    counters
+	client    goredis.UniversalClient
+	topology  Topology
+	prefix    string
+	ttl       time.Duration
+	timeout   time.Duration // bound on calls that take no context
+	bandwidth int64         // with timeout, bounds transfers (remote.CallDeadline)
+	known     *presence
+	log       *slog.Logger
+	closed    atomic.Bool
+	stats     counters
 }
 
 // counters are the Stats fields this tier can know without asking Redis.
@@ -115,17 +116,21 @@ func Dial(ctx context.Context, u *url.URL, o remote.Options) (*Tier, error) {
 	if o.Timeout <= 0 {
 		o.Timeout = remote.DefaultTimeout
 	}
+	if o.Bandwidth <= 0 {
+		o.Bandwidth = remote.DefaultBandwidth
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
 	t := &Tier{
-		client:   goredis.NewUniversalClient(clientOptions(cfg, o.Timeout)),
-		topology: cfg.topology,
-		prefix:   cfg.prefix,
-		ttl:      cfg.ttl,
-		timeout:  o.Timeout,
-		known:    newPresence(cfg.cacheSlots),
-		log:      o.Logger,
+		client:    goredis.NewUniversalClient(clientOptions(cfg, o.Timeout)),
+		topology:  cfg.topology,
+		prefix:    cfg.prefix,
+		ttl:       cfg.ttl,
+		timeout:   o.Timeout,
+		bandwidth: o.Bandwidth,
+		known:     newPresence(cfg.cacheSlots),
+		log:       o.Logger,
 	}
 	if err := t.Ping(ctx); err != nil {
 		t.client.Close()
@@ -252,6 +257,8 @@ func (t *Tier) Get(ctx context.Context, key chunk.Key, dst []byte) (int, error) 
 	if t.closed.Load() {
 		return 0, fmt.Errorf("redis: get %v: %w", key, tier.ErrClosed)
 	}
+	ctx, cancel := remote.BoundCall(ctx, t.timeout, t.bandwidth, len(dst))
+	defer cancel()
 	n, err := t.client.GetToBuffer(ctx, t.keyName(key), dst).Result()
 	if err != nil {
 		return 0, t.getError(key, len(dst), err)
@@ -296,6 +303,8 @@ func (t *Tier) Put(ctx context.Context, key chunk.Key, data []byte) error {
 	case len(data) > maxValue:
 		return fmt.Errorf("redis: put %v: %d bytes above Redis' 512 MiB value limit: %w", key, len(data), tier.ErrTooLarge)
 	}
+	ctx, cancel := remote.BoundCall(ctx, t.timeout, t.bandwidth, len(data))
+	defer cancel()
 	stored, err := t.client.SetNX(ctx, t.keyName(key), data, t.ttl).Result()
 	if err != nil {
 		return fmt.Errorf("redis: put %v (%d bytes): %w", key, len(data), closedOr(err))

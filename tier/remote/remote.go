@@ -55,6 +55,20 @@ var (
 	ErrBadURL        = errors.New("remote: bad URL")
 )
 
+// BoundCall gives ctx the deadline of a call that moves n bytes, unless it
+// has a deadline already. Under Guard every Get and Put arrives with one,
+// so on the daemon's path this allocates nothing; a backend used on its
+// own still never waits without bound, nor cuts a large transfer short
+// at the round-trip deadline.
+func BoundCall(ctx context.Context, base time.Duration, bandwidth int64, n int) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, noCancel
+	}
+	return context.WithTimeout(ctx, CallDeadline(base, bandwidth, n))
+}
+
+func noCancel() {}
+
 // Options are handed to a backend's OpenFunc. Zero values take the defaults
 // noted.
 type Options struct {
