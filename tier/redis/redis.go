@@ -89,7 +89,10 @@ type counters struct {
 	bytesRead, bytesWritten              atomic.Uint64
 }
 
-var _ tier.Tier = (*Tier)(nil)
+var (
+	_ tier.Tier               = (*Tier)(nil)
+	_ remote.PresenceReporter = (*Tier)(nil)
+)
 
 // bufferSize is each connection's bufio size. Chunk payloads bypass these
 // buffers (bufio reads and writes large slices directly), so they only
@@ -198,32 +201,46 @@ func (t *Tier) Contains(key chunk.Key) bool {
 // Size returns the stored object's length, from the presence cache when it
 // knows the key and with one STRLEN otherwise.
 func (t *Tier) Size(key chunk.Key) (int, bool) {
+	n, ok, _ := t.SizeErr(key)
+	return n, ok
+}
+
+// SizeErr is Size with the error of a STRLEN that failed
+// (remote.PresenceReporter).
+func (t *Tier) SizeErr(key chunk.Key) (int, bool, error) {
 	if t.closed.Load() {
-		return 0, false
+		return 0, false, nil
 	}
 	if n, ok := t.known.size(key); ok {
-		return n, true
+		return n, true, nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), t.timeout)
 	defer cancel()
 	n, err := t.client.StrLen(ctx, t.keyName(key)).Result()
 	if err != nil {
 		t.logError("strlen", key, err)
-		return 0, false
+		return 0, false, err
 	}
 	if n <= 0 {
-		return 0, false
+		return 0, false, nil
 	}
 	t.known.add(key, int(n))
-	return int(n), true
+	return int(n), true, nil
 }
 
 // PrefixContains asks for all keys in one pipeline and returns how many
 // leading keys are stored. A failed request counts as "not stored": a
 // lookup must go on without this tier rather than fail.
 func (t *Tier) PrefixContains(keys []chunk.Key) int {
+	n, _ := t.PrefixContainsErr(keys)
+	return n
+}
+
+// PrefixContainsErr is PrefixContains with the error of the pipeline, if
+// it failed (remote.PresenceReporter).
+func (t *Tier) PrefixContainsErr(keys []chunk.Key) (int, error) {
 	if t.closed.Load() || len(keys) == 0 {
-		return 0
+		return 0, nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), t.timeout)
 	defer cancel()
@@ -245,7 +262,7 @@ func (t *Tier) PrefixContains(keys []chunk.Key) int {
 		}
 		t.known.add(keys[n], int(size))
 	}
-	return n
+	return n, err
 }
 
 // Get reads key's value into dst and returns its length. The value goes

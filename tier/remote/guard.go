@@ -26,6 +26,19 @@ type Pinger interface {
 	Ping(ctx context.Context) error
 }
 
+// PresenceReporter is implemented by tiers that can tell a presence check
+// that failed from one that found nothing. Contains, PrefixContains and
+// Size can only answer "not stored", so without it a store that refuses
+// connections looks empty to Guard, which then never cuts it off.
+type PresenceReporter interface {
+	// PrefixContainsErr is PrefixContains with the error, if any, that
+	// cut the answer short.
+	PrefixContainsErr(keys []chunk.Key) (int, error)
+	// SizeErr is Size with the error, if any, that kept it from
+	// answering.
+	SizeErr(key chunk.Key) (int, bool, error)
+}
+
 // State is a circuit breaker's state.
 type State int32
 
@@ -120,15 +133,17 @@ type Health struct {
 // because an abandoned call may still write or read them after the caller
 // has reused them. ErrNotFound (and ErrCorrupt, ErrTooLarge) are answers,
 // not failures. Contains, PrefixContains, Size and Remove report no errors,
-// so for them only a missed deadline counts as a failure; their answers
-// count as neither success nor failure, because a backend may give them
-// from a local presence cache without asking the store at all (a hung
-// Redis still "has" every key it held). Only a Get, a Put or a probe that
-// the store answered proves it healthy.
+// so for them only a missed deadline, or an error the tier reports as a
+// PresenceReporter, counts as a failure; their answers count as neither
+// success nor failure, because a backend may give them from a local
+// presence cache without asking the store at all (a hung Redis still
+// "has" every key it held). Only a Get, a Put or a probe that the store
+// answered proves it healthy.
 type Guarded struct {
-	inner tier.Tier
-	ping  Pinger // nil when inner has no Ping
-	o     GuardOptions
+	inner    tier.Tier
+	ping     Pinger           // nil when inner has no Ping
+	presence PresenceReporter // nil when inner cannot report presence errors
+	o        GuardOptions
 
 	state       atomic.Int32 // State
 	consecutive atomic.Int32
@@ -159,6 +174,7 @@ func Guard(t tier.Tier, o GuardOptions) *Guarded {
 		work: make(chan *call), quit: make(chan struct{}),
 	}
 	g.ping, _ = t.(Pinger)
+	g.presence, _ = t.(PresenceReporter)
 	g.errOpen = fmt.Errorf("%w: %s: circuit open", ErrUnavailable, t.Name())
 	g.errHung = fmt.Errorf("%w: %s: %d calls hung past the deadline", ErrUnavailable, t.Name(), o.MaxAbandoned)
 	g.calls.New = func() any {
@@ -206,7 +222,7 @@ func (g *Guarded) Contains(key chunk.Key) bool {
 		return false
 	}
 	ok := c.ok
-	g.finish(c, outcomeNeutral)
+	g.finish(c, presenceOutcome(c.err))
 	return ok
 }
 
@@ -224,7 +240,7 @@ func (g *Guarded) PrefixContains(keys []chunk.Key) int {
 		return 0
 	}
 	n := c.n
-	g.finish(c, outcomeNeutral)
+	g.finish(c, presenceOutcome(c.err))
 	return n
 }
 
@@ -240,7 +256,7 @@ func (g *Guarded) Size(key chunk.Key) (int, bool) {
 		return 0, false
 	}
 	n, ok := c.n, c.ok
-	g.finish(c, outcomeNeutral)
+	g.finish(c, presenceOutcome(c.err))
 	return n, ok
 }
 
@@ -388,6 +404,15 @@ const (
 	outcomeFailure
 )
 
+// presenceOutcome judges the error a PresenceReporter gave: only a store
+// that failed to answer says something about its health.
+func presenceOutcome(err error) outcome {
+	if err == nil || errors.Is(err, tier.ErrNotFound) || errors.Is(err, tier.ErrClosed) {
+		return outcomeNeutral
+	}
+	return outcomeFailure
+}
+
 // classify judges a Get or Put error: answers from the store are
 // successes, the caller's own cancellation says nothing.
 func classify(ctx context.Context, err error) outcome {
@@ -511,6 +536,24 @@ func (g *Guarded) worker(c *call) {
 
 // exec runs on a worker.
 func (g *Guarded) exec(c *call) {
+	switch {
+	case g.presence != nil && (c.op == opContains || c.op == opSize):
+		c.n, c.ok, c.err = g.presence.SizeErr(c.key)
+	case g.presence != nil && c.op == opPrefix:
+		c.n, c.err = g.presence.PrefixContainsErr(c.keys)
+	default:
+		g.execPlain(c)
+	}
+	if c.status.CompareAndSwap(running, finished) {
+		c.done <- struct{}{}
+		return
+	}
+	g.abandoned.Add(-1)
+	g.recycle(c)
+}
+
+// execPlain runs c's operation through the tier.Tier methods.
+func (g *Guarded) execPlain(c *call) {
 	switch c.op {
 	case opContains:
 		c.ok = g.inner.Contains(c.key)
@@ -529,12 +572,6 @@ func (g *Guarded) exec(c *call) {
 	case opPing:
 		c.err = g.ping.Ping(c.ctx)
 	}
-	if c.status.CompareAndSwap(running, finished) {
-		c.done <- struct{}{}
-		return
-	}
-	g.abandoned.Add(-1)
-	g.recycle(c)
 }
 
 // finish records a completed call's outcome and pools it.
