@@ -350,7 +350,8 @@ func (m *Manager) writer(lt *lowerTier) {
 // Acquire refs the RAM objects of the leading keys stored anywhere in the
 // hierarchy, promoting lower-tier hits into RAM, and returns how many it
 // acquired. ids must have room for len(keys). The caller Unrefs each id on
-// Arena(). This is the zero-copy read path.
+// Arena(). This is the zero-copy read path. A lower tier that fails a read
+// ends the prefix there without an error: the caller recomputes the rest.
 func (m *Manager) Acquire(ctx context.Context, keys []chunk.Key, ids []arena.ID) (int, error) {
 	n := m.ram.Acquire(keys, ids)
 	if n == len(keys) || len(m.lower) == 0 {
@@ -410,8 +411,9 @@ func (m *Manager) copyOut(ids []arena.ID, dst [][]byte) (int, error) {
 // directly, keys held only by lower tiers by reading them into new RAM
 // objects, up to FetchParallel reads at a time. RAM is reserved in key
 // order before each read starts, so when RAM runs out the prefix simply
-// ends there: that is a shorter hit, not an error. It returns the length
-// of the prefix it acquired.
+// ends there: that is a shorter hit, not an error. So is a lower tier
+// that fails a read (readFailure). It returns the length of the prefix it
+// acquired.
 func (m *Manager) promote(ctx context.Context, keys []chunk.Key, ids []arena.ID) (int, error) {
 	errs := make([]error, len(keys))
 	sem := make(chan struct{}, m.opts.FetchParallel)

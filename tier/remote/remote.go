@@ -4,13 +4,20 @@
 // Backends (redis, s3, fs, ...) register an OpenFunc under a URL scheme in an
 // init function, the way database/sql drivers do; Open picks the backend from
 // the scheme of a URL such as "redis://:secret@cache:6379/0". Registration is
-// the only global state.
+// the only global state. Every scheme also takes two parameters, which Open
+// removes before the backend sees the URL:
+//
+//	timeout=100ms    deadline of a call's round trip (Options.Timeout)
+//	bandwidth=128MiB bytes per second a healthy store moves at least
+//	                 (Options.Bandwidth): a call that moves n bytes gets
+//	                 n/bandwidth more (CallDeadline)
 //
 // A remote store fails in ways a local tier does not: it stops answering,
 // answers slowly, or refuses connections. Guard wraps any tier in a circuit
 // breaker so that every call is bounded by a deadline, a store that keeps
 // failing is cut off (calls fail fast with ErrUnavailable instead of piling
-// up), and a background probe reconnects it once it answers again.
+// up), and a background probe reconnects it once it answers again. Above
+// it, the tier manager serves every failed read as a miss.
 package remote
 
 import (
