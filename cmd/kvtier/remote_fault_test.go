@@ -45,24 +45,23 @@ type faultRig struct {
 	d      *daemon
 	c      *client.Client
 	h      uint32
-	redis  *redistest.Server
-	remote string // the address in remote_url (the Redis, or a relay to it)
+	redis *redistest.Server
 }
 
 // startFaultRig starts Redis and a daemon with a 1 MiB RAM tier over it,
 // stores faultTargets one-chunk prompts and enough filler after them that
-// the targets are held by Redis alone. remote, when not empty, is the
-// address the daemon is told Redis is at.
-func startFaultRig(t *testing.T, redis *redistest.Server, remote string) *faultRig {
+// the targets are held by Redis alone. remoteURL, when not empty, is the
+// remote_url the daemon is given instead of Redis' own.
+func startFaultRig(t *testing.T, redis *redistest.Server, remoteURL string) *faultRig {
 	t.Helper()
-	if remote == "" {
-		remote = redis.Addr
+	if remoteURL == "" {
+		remoteURL = redis.URL()
 	}
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "kvtier.sock")
-	conf := fmt.Sprintf("chunk_size: %d\nmax_local_cpu_size: %g\nremote_url: redis://%s/0\n"+
+	conf := fmt.Sprintf("chunk_size: %d\nmax_local_cpu_size: %g\nremote_url: %q\n"+
 		"admin_addr: 127.0.0.1:0\ndata_dir: %s\nsocket_path: %s\n",
-		faultChunkTokens, 1.0/1024, remote, dir, sock)
+		faultChunkTokens, 1.0/1024, remoteURL, dir, sock)
 	path := filepath.Join(dir, "kvtier.yaml")
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
@@ -78,7 +77,7 @@ func startFaultRig(t *testing.T, redis *redistest.Server, remote string) *faultR
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &faultRig{d: d, c: c, h: h, redis: redis, remote: remote}
+	r := &faultRig{d: d, c: c, h: h, redis: redis}
 	for i := range faultTargets + faultFillers {
 		if n, err := c.Store(ctx, r.keys(i), [][]byte{faultChunk(i)}); err != nil || n != 1 {
 			t.Fatalf("store %d: %d, %v", i, n, err)
@@ -238,11 +237,13 @@ func TestRemoteKilledIsAMiss(t *testing.T) {
 }
 
 // TestRemoteSilentIsAMiss puts Redis behind a relay that, once told to,
-// accepts connections and never answers on them.
+// accepts connections and never answers on them. The URL sets its own
+// deadlines, which the daemon must take out of it before the Redis tier
+// (which refuses parameters it does not know) sees it.
 func TestRemoteSilentIsAMiss(t *testing.T) {
 	redis := redistest.Start(t)
 	relay := faulttest.StartRelay(t, redis.Addr)
-	r := startFaultRig(t, redis, relay.Addr())
+	r := startFaultRig(t, redis, "redis://"+relay.Addr()+"/0?timeout=50ms&bandwidth=256MiB")
 	relay.Silence(true)
 	faulttest.CheckFast(t, r.retrieveAll(t))
 	r.checkOpen(t)
