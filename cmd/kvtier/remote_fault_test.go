@@ -42,9 +42,9 @@ var faultScope = chunk.Scope{Model: "fault-model", WorldSize: 1, Format: "bfloat
 // faultRig is a daemon whose only remote tier is a Redis the test can
 // make sick, with a client on its local socket.
 type faultRig struct {
-	d      *daemon
-	c      *client.Client
-	h      uint32
+	d     *daemon
+	c     *client.Client
+	h     uint32
 	redis *redistest.Server
 }
 
