@@ -108,6 +108,7 @@ type lowerTier struct {
 	pending atomic.Int64  // writes queued or being written
 	dropped atomic.Uint64 // writes dropped because the queue stayed full
 	failed  atomic.Uint64 // writes the tier refused
+	failing atomic.Bool   // the last write failed: later failures are not logged
 }
 
 // writeJob asks a writer to copy one RAM object to a lower tier. It holds
@@ -333,17 +334,38 @@ func (m *Manager) writer(lt *lowerTier) {
 	for job := range lt.queue {
 		if !lt.Contains(job.key) {
 			if err := lt.Put(context.Background(), job.key, m.arena.Bytes(job.id)); err != nil {
-				lt.failed.Add(1)
-				m.opts.Logger.Warn("lower tier write failed", "tier", lt.Name(), "key", job.key, "err", err)
-			} else if !m.ram.Contains(job.key) {
-				// Removed (or cleared) while queued: eviction cannot be why,
-				// since this job's reference keeps the object busy. Undo
-				// the write so a queued copy never resurrects a removal.
-				lt.Remove(job.key)
+				m.writeFailed(lt, job.key, err)
+			} else {
+				m.writeSucceeded(lt)
+				if !m.ram.Contains(job.key) {
+					// Removed (or cleared) while queued: eviction cannot be
+					// why, since this job's reference keeps the object busy.
+					// Undo the write so a queued copy never resurrects a
+					// removal.
+					lt.Remove(job.key)
+				}
 			}
 		}
 		m.arena.Unref(job.id)
 		lt.pending.Add(-1)
+	}
+}
+
+// writeFailed counts a refused write and logs the first of a run: a store
+// that is down refuses every write, and one line per chunk stored would
+// flood the log for as long as it stays down.
+func (m *Manager) writeFailed(lt *lowerTier, k chunk.Key, err error) {
+	lt.failed.Add(1)
+	if !lt.failing.Swap(true) {
+		m.opts.Logger.Warn("lower tier write failed; further failures are only counted until a write succeeds",
+			"tier", lt.Name(), "key", k, "err", err)
+	}
+}
+
+// writeSucceeded ends a run of failed writes.
+func (m *Manager) writeSucceeded(lt *lowerTier) {
+	if lt.failing.Load() && lt.failing.Swap(false) {
+		m.opts.Logger.Info("lower tier writes succeed again", "tier", lt.Name(), "failed_total", lt.failed.Load())
 	}
 }
 
