@@ -150,7 +150,7 @@ func defaults(getenv func(string) string, euid int) Config {
 		MaxLocalCPUSize:   5.0,
 		MaxLocalDiskSize:  0,
 		RemoteSerde:       "raw",
-		RemoteTimeout:     2 * time.Second,
+		RemoteTimeout:     100 * time.Millisecond, // a round trip; transfers get more (remote.CallDeadline)
 		CachePolicy:       "LRU",
 		DataDir:           defaultDataDir(getenv, euid),
 		AdminAddr:         "127.0.0.1:7480",

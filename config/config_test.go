@@ -39,7 +39,7 @@ func TestDefaults(t *testing.T) {
 		LocalCPU:          true,
 		MaxLocalCPUSize:   5.0,
 		RemoteSerde:       "raw",
-		RemoteTimeout:     2 * time.Second,
+		RemoteTimeout:     100 * time.Millisecond,
 		CachePolicy:       "LRU",
 		DataDir:           "/var/lib/kvtier",
 		AdminAddr:         "127.0.0.1:7480",

@@ -41,8 +41,10 @@ type Options struct {
 	// RemoteURLs are remote tiers below the disk tier, in order (see
 	// package remote for the schemes). Each is guarded by a circuit
 	// breaker and stores sealed objects encoded with RemoteCodec (a
-	// codec name; "" is raw). RemoteTimeout bounds each remote call
-	// (default 2 s).
+	// codec name; "" is raw). RemoteTimeout bounds each remote call's
+	// round trip, and calls that move a chunk get its bytes' worth more
+	// (remote.CallDeadline; default remote.DefaultTimeout). A URL's own
+	// timeout and bandwidth parameters win over it.
 	RemoteURLs    []string
 	RemoteCodec   string
 	RemoteTimeout time.Duration
@@ -142,8 +144,13 @@ func openRemotes(o Options, specOf remote.SpecFunc) ([]tier.Tier, error) {
 	var out []tier.Tier
 	seen := map[string]int{}
 	for _, raw := range o.RemoteURLs {
-		ctx, cancel := context.WithTimeout(context.Background(), 4*timeout)
-		t, err := remote.Open(ctx, raw, remote.Options{Logger: o.Logger, Timeout: timeout})
+		ro, err := remote.OptionsOf(raw, remote.Options{Logger: o.Logger, Timeout: timeout})
+		if err != nil {
+			closeTiers(out)
+			return nil, fmt.Errorf("engine: remote tier %s: %w", remote.Redact(raw), err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), max(remoteOpenTimeout, 4*ro.Timeout))
+		t, err := remote.Open(ctx, raw, ro)
 		cancel()
 		if err != nil {
 			closeTiers(out)
@@ -153,12 +160,18 @@ func openRemotes(o Options, specOf remote.SpecFunc) ([]tier.Tier, error) {
 		if seen[name]++; seen[name] > 1 {
 			name = fmt.Sprintf("%s-%d", name, seen[name])
 		}
-		g := remote.Guard(t, remote.GuardOptions{Timeout: timeout, Logger: o.Logger.With("tier", name)})
+		g := remote.Guard(t, remote.GuardOptions{Timeout: ro.Timeout, Bandwidth: ro.Bandwidth, Logger: o.Logger.With("tier", name)})
 		out = append(out, remote.Encode(g, name, c, specOf))
-		o.Logger.Info("remote tier open", "tier", name, "url", remote.Redact(raw), "codec", c.Name())
+		o.Logger.Info("remote tier open", "tier", name, "url", remote.Redact(raw), "codec", c.Name(),
+			"timeout", ro.Timeout, "bandwidth", ro.Bandwidth)
 	}
 	return out, nil
 }
+
+// remoteOpenTimeout bounds connecting to a remote store when the daemon
+// starts: unlike a call on the read path it may include DNS, TCP and TLS
+// set-up, and nobody is waiting for a forward pass yet.
+const remoteOpenTimeout = 10 * time.Second
 
 func schemeOf(raw string) string {
 	u, err := url.Parse(raw)

@@ -217,7 +217,7 @@ func TestStatsMatchManager(t *testing.T) {
 	var want Stats
 	for _, s := range tiers {
 		want.Tiers = append(want.Tiers, TierStats{s.Name, s.Capacity, s.Used, s.Objects, s.Pinned, s.Hits, s.Misses,
-			s.Puts, s.Evictions, s.Removes, s.Corrupt, s.BytesRead, s.BytesWritten})
+			s.Puts, s.Evictions, s.Removes, s.Corrupt, s.BytesRead, s.BytesWritten, ""})
 	}
 	for _, q := range queues {
 		want.Queues = append(want.Queues, QueueStats{q.Tier, q.Depth, q.Capacity, q.Dropped, q.Failed})

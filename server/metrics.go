@@ -62,9 +62,10 @@ var (
 		newMetric("remote_circuit_opens_total", "Times the remote tier's circuit opened.", counter, func(h remote.Health) float64 { return float64(h.Opens) }, "tier"),
 		newMetric("remote_fast_fails_total", "Calls refused at once because the circuit was open.", counter, func(h remote.Health) float64 { return float64(h.FastFails) }, "tier"),
 		newMetric("remote_failures_total", "Calls to the remote store that failed, timeouts included.", counter, func(h remote.Health) float64 { return float64(h.Failures) }, "tier"),
-		newMetric("remote_timeouts_total", "Calls to the remote store that missed remote_timeout.", counter, func(h remote.Health) float64 { return float64(h.Timeouts) }, "tier"),
+		newMetric("remote_timeouts_total", "Calls to the remote store that missed their deadline (remote_timeout plus the object's bytes at the tier's bandwidth).", counter, func(h remote.Health) float64 { return float64(h.Timeouts) }, "tier"),
 	}
 	promotedDesc = prometheus.NewDesc("kvtier_promoted_total", "Chunks promoted from lower tiers into RAM.", nil, nil)
+	readFailDesc = prometheus.NewDesc("kvtier_read_failures_total", "Reads from tiers below RAM that failed (store down, timed out, I/O error) and were served as misses.", nil, nil)
 )
 
 // collector reads the manager's counters when Prometheus scrapes, so the
@@ -80,6 +81,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	describe(ch, arenaMetrics)
 	describe(ch, remoteMetrics)
 	ch <- promotedDesc
+	ch <- readFailDesc
 }
 
 // Collect implements prometheus.Collector.
@@ -98,6 +100,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(promotedDesc, counter, float64(c.mgr.Promoted()))
+	ch <- prometheus.MustNewConstMetric(readFailDesc, counter, float64(c.mgr.ReadFailed()))
 }
 
 func describe[S any](ch chan<- *prometheus.Desc, ms []metric[S]) {

@@ -3,6 +3,7 @@ package server
 import (
 	"kvtier/arena"
 	"kvtier/tier"
+	"kvtier/tier/remote"
 )
 
 // Stats is the body of GET /api/v1/stats: a snapshot of every tier, the
@@ -29,6 +30,9 @@ type TierStats struct {
 	Corrupt       uint64 `json:"corrupt"`
 	BytesRead     uint64 `json:"bytes_read"`
 	BytesWritten  uint64 `json:"bytes_written"`
+	// Circuit is the circuit breaker's state of a remote tier (closed,
+	// open, half-open); empty for local tiers.
+	Circuit string `json:"circuit,omitempty"`
 }
 
 // QueueStats is tier.QueueStats with JSON names.
@@ -61,8 +65,12 @@ func ReadStats(m *tier.Manager) Stats {
 		Promoted: m.Promoted(),
 		Arena:    arenaStats(m.RAM().Arena().Stats()),
 	}
-	for _, t := range tiers {
-		s.Tiers = append(s.Tiers, tierStats(t))
+	for i, t := range m.Tiers() {
+		ts := tierStats(tiers[i])
+		if g := remote.GuardOf(t); g != nil {
+			ts.Circuit = g.Health().State.String()
+		}
+		s.Tiers = append(s.Tiers, ts)
 	}
 	for _, q := range queues {
 		s.Queues = append(s.Queues, QueueStats(q))

@@ -98,6 +98,7 @@ type Manager struct {
 
 	prefetchDropped atomic.Uint64
 	promoted        atomic.Uint64
+	readFailed      atomic.Uint64 // lower-tier reads that failed and were served as misses
 }
 
 // lowerTier is a tier below RAM with its write queue and counters.
@@ -107,6 +108,7 @@ type lowerTier struct {
 	pending atomic.Int64  // writes queued or being written
 	dropped atomic.Uint64 // writes dropped because the queue stayed full
 	failed  atomic.Uint64 // writes the tier refused
+	failing atomic.Bool   // the last write failed: later failures are not logged
 }
 
 // writeJob asks a writer to copy one RAM object to a lower tier. It holds
@@ -332,13 +334,16 @@ func (m *Manager) writer(lt *lowerTier) {
 	for job := range lt.queue {
 		if !lt.Contains(job.key) {
 			if err := lt.Put(context.Background(), job.key, m.arena.Bytes(job.id)); err != nil {
-				lt.failed.Add(1)
-				m.opts.Logger.Warn("lower tier write failed", "tier", lt.Name(), "key", job.key, "err", err)
-			} else if !m.ram.Contains(job.key) {
-				// Removed (or cleared) while queued: eviction cannot be why,
-				// since this job's reference keeps the object busy. Undo
-				// the write so a queued copy never resurrects a removal.
-				lt.Remove(job.key)
+				m.writeFailed(lt, job.key, err)
+			} else {
+				m.writeSucceeded(lt)
+				if !m.ram.Contains(job.key) {
+					// Removed (or cleared) while queued: eviction cannot be
+					// why, since this job's reference keeps the object busy.
+					// Undo the write so a queued copy never resurrects a
+					// removal.
+					lt.Remove(job.key)
+				}
 			}
 		}
 		m.arena.Unref(job.id)
@@ -346,10 +351,29 @@ func (m *Manager) writer(lt *lowerTier) {
 	}
 }
 
+// writeFailed counts a refused write and logs the first of a run: a store
+// that is down refuses every write, and one line per chunk stored would
+// flood the log for as long as it stays down.
+func (m *Manager) writeFailed(lt *lowerTier, k chunk.Key, err error) {
+	lt.failed.Add(1)
+	if !lt.failing.Swap(true) {
+		m.opts.Logger.Warn("lower tier write failed; further failures are only counted until a write succeeds",
+			"tier", lt.Name(), "key", k, "err", err)
+	}
+}
+
+// writeSucceeded ends a run of failed writes.
+func (m *Manager) writeSucceeded(lt *lowerTier) {
+	if lt.failing.Load() && lt.failing.Swap(false) {
+		m.opts.Logger.Info("lower tier writes succeed again", "tier", lt.Name(), "failed_total", lt.failed.Load())
+	}
+}
+
 // Acquire refs the RAM objects of the leading keys stored anywhere in the
 // hierarchy, promoting lower-tier hits into RAM, and returns how many it
 // acquired. ids must have room for len(keys). The caller Unrefs each id on
-// Arena(). This is the zero-copy read path.
+// Arena(). This is the zero-copy read path. A lower tier that fails a read
+// ends the prefix there without an error: the caller recomputes the rest.
 func (m *Manager) Acquire(ctx context.Context, keys []chunk.Key, ids []arena.ID) (int, error) {
 	n := m.ram.Acquire(keys, ids)
 	if n == len(keys) || len(m.lower) == 0 {
@@ -409,8 +433,9 @@ func (m *Manager) copyOut(ids []arena.ID, dst [][]byte) (int, error) {
 // directly, keys held only by lower tiers by reading them into new RAM
 // objects, up to FetchParallel reads at a time. RAM is reserved in key
 // order before each read starts, so when RAM runs out the prefix simply
-// ends there: that is a shorter hit, not an error. It returns the length
-// of the prefix it acquired.
+// ends there: that is a shorter hit, not an error. So is a lower tier
+// that fails a read (readFailure). It returns the length of the prefix it
+// acquired.
 func (m *Manager) promote(ctx context.Context, keys []chunk.Key, ids []arena.ID) (int, error) {
 	errs := make([]error, len(keys))
 	sem := make(chan struct{}, m.opts.FetchParallel)
@@ -456,13 +481,28 @@ func (m *Manager) promote(ctx context.Context, keys []chunk.Key, ids []arena.ID)
 			m.arena.Unref(ids[i])
 		}
 	}
-	if got < n && !errors.Is(errs[got], ErrNotFound) && !errors.Is(errs[got], ErrCorrupt) {
-		return got, errs[got]
+	if got < n {
+		return got, m.readFailure(ctx, errs[got])
 	}
-	if got == n {
-		return got, stop
+	return got, stop
+}
+
+// readFailure decides what a failed lower-tier read means to the caller.
+// A lower tier is a cache: whatever went wrong in it (a store that timed
+// out, refused or reset the connection, answered garbage) only ends the
+// prefix there, so the engine recomputes those chunks. Only the caller's
+// own cancellation is its error.
+func (m *Manager) readFailure(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
 	}
-	return got, nil
+	if !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrCorrupt) {
+		m.readFailed.Add(1)
+		if m.opts.Logger.Enabled(ctx, slog.LevelDebug) {
+			m.opts.Logger.Debug("lower tier read failed: served as a miss", "err", err)
+		}
+	}
+	return nil
 }
 
 // lowerMissing reports whether some lower tier lacks k.
@@ -612,6 +652,10 @@ func (m *Manager) Stats() ([]Stats, []QueueStats) {
 
 // Promoted returns how many objects were promoted from lower tiers.
 func (m *Manager) Promoted() uint64 { return m.promoted.Load() }
+
+// ReadFailed returns how many lower-tier reads failed (for reasons other
+// than a missing or corrupt object) and were served as misses.
+func (m *Manager) ReadFailed() uint64 { return m.readFailed.Load() }
 
 // Flush waits until every queued lower-tier write has been attempted.
 func (m *Manager) Flush(ctx context.Context) error {

@@ -507,3 +507,45 @@ func TestStoreRefillsALowerTier(t *testing.T) {
 		t.Fatalf("disk after second store: %d bytes, %v", n, err)
 	}
 }
+
+// brokenTier is a lower tier that holds its keys but fails every read, as
+// a remote store does when its connection resets.
+type brokenTier struct{ tier.Tier }
+
+var errReset = errors.New("read: connection reset by peer")
+
+func (b brokenTier) Get(context.Context, chunk.Key, []byte) (int, error) { return 0, errReset }
+
+// TestLowerTierReadFailureIsAMiss: a lower tier that fails a read ends the
+// prefix there without an error, since the engine can always recompute;
+// only the caller's own cancellation is reported.
+func TestLowerTierReadFailureIsAMiss(t *testing.T) {
+	lower := newRAM(t, 16<<20)
+	ctx := context.Background()
+	for i := range 3 {
+		if err := lower.Put(ctx, key(i), payload(i, 4096)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := tier.NewManager(newRAM(t, 16<<20), []tier.Tier{brokenTier{lower}}, tier.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	keys := []chunk.Key{key(0), key(1), key(2)}
+	dst := [][]byte{make([]byte, 4096), make([]byte, 4096), make([]byte, 4096)}
+	if n, err := m.Retrieve(ctx, keys, dst); n != 0 || err != nil {
+		t.Fatalf("Retrieve over a failing lower tier = %d, %v; want a miss", n, err)
+	}
+	if m.ReadFailed() == 0 {
+		t.Error("the failed reads were not counted")
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := m.Retrieve(cancelled, keys, dst); !errors.Is(err, context.Canceled) {
+		t.Errorf("Retrieve with a cancelled context = %v, want context.Canceled", err)
+	}
+	if p := m.RAM().Arena().Pinned(); p != 0 {
+		t.Errorf("%d bytes still pinned after failed reads", p)
+	}
+}

@@ -73,6 +73,15 @@ func (s *Server) Port() int {
 	return n
 }
 
+// Signal sends sig to the server process: SIGSTOP hangs it with its port
+// still accepting connections, SIGCONT resumes it.
+func (s *Server) Signal(sig os.Signal) error {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return os.ErrProcessDone
+	}
+	return s.cmd.Process.Signal(sig)
+}
+
 // Stop kills the server; calling it again does nothing.
 func (s *Server) Stop() {
 	if s.cmd != nil && s.cmd.Process != nil {

@@ -37,6 +37,9 @@ type Config struct {
 	TLS     *tls.Config
 	Conns   int // connections kept open (default 4)
 	Timeout time.Duration
+	// Bandwidth, with Timeout, bounds a RETRIEVE or STORE that comes
+	// without a deadline (remote.BoundCall).
+	Bandwidth int64
 }
 
 // ParseURL reads a kvtier:// URL.
@@ -108,6 +111,11 @@ func tlsConfig(host, serverName, caFile string) (*tls.Config, error) {
 	return tc, nil
 }
 
+var (
+	_ tier.Tier               = (*Tier)(nil)
+	_ remote.PresenceReporter = (*Tier)(nil)
+)
+
 // Tier is a remote tier on another daemon. Safe for concurrent use: it
 // keeps a small pool of connections, each serving one call at a time.
 type Tier struct {
@@ -126,9 +134,12 @@ func Open(ctx context.Context, u *url.URL, o remote.Options) (tier.Tier, error) 
 	if err != nil {
 		return nil, err
 	}
-	cfg.Timeout = o.Timeout
+	cfg.Timeout, cfg.Bandwidth = o.Timeout, o.Bandwidth
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = remote.DefaultTimeout
+	}
+	if cfg.Bandwidth <= 0 {
+		cfg.Bandwidth = remote.DefaultBandwidth
 	}
 	t := &Tier{cfg: cfg, pool: make(chan *client.Client, cfg.Conns)}
 	c, err := t.dial(ctx)
@@ -210,39 +221,56 @@ func (t *Tier) Contains(key chunk.Key) bool { return t.PrefixContains([]chunk.Ke
 
 // PrefixContains implements tier.Tier with one LOOKUP.
 func (t *Tier) PrefixContains(keys []chunk.Key) int {
+	n, _ := t.PrefixContainsErr(keys)
+	return n
+}
+
+// PrefixContainsErr is PrefixContains with the error of a LOOKUP that
+// failed (remote.PresenceReporter), so that the circuit breaker learns of
+// a daemon that refuses connections.
+func (t *Tier) PrefixContainsErr(keys []chunk.Key) (int, error) {
 	if len(keys) == 0 {
-		return 0
+		return 0, nil
 	}
 	ctx, cancel := t.ctx()
 	defer cancel()
 	n := 0
-	t.call(ctx, func(c *client.Client) error {
+	err := t.call(ctx, func(c *client.Client) error {
 		hit, err := c.Lookup(ctx, client.Raw(keys), 0)
 		n = int(hit.Chunks)
 		return err
 	})
-	return n
+	return n, err
 }
 
 // Size implements tier.Tier with SIZES.
 func (t *Tier) Size(key chunk.Key) (int, bool) {
+	size, ok, _ := t.SizeErr(key)
+	return size, ok
+}
+
+// SizeErr is Size with the error of a SIZES that failed
+// (remote.PresenceReporter).
+func (t *Tier) SizeErr(key chunk.Key) (int, bool, error) {
 	ctx, cancel := t.ctx()
 	defer cancel()
 	size, ok := 0, false
-	t.call(ctx, func(c *client.Client) error {
+	err := t.call(ctx, func(c *client.Client) error {
 		sizes, err := c.Sizes(ctx, client.Raw([]chunk.Key{key}))
 		if err == nil && len(sizes) == 1 {
 			size, ok = int(sizes[0]), true
 		}
 		return err
 	})
-	return size, ok
+	return size, ok, err
 }
 
 // Get implements tier.Tier with one RETRIEVE straight into dst. The
 // manager sizes dst with Size first; should the object have changed size
 // in between, the connection is dropped and the read fails.
 func (t *Tier) Get(ctx context.Context, key chunk.Key, dst []byte) (int, error) {
+	ctx, cancel := remote.BoundCall(ctx, t.cfg.Timeout, t.cfg.Bandwidth, len(dst))
+	defer cancel()
 	bufs := [1][]byte{dst}
 	n := 0
 	err := t.call(ctx, func(c *client.Client) error {
@@ -267,6 +295,8 @@ func (t *Tier) Put(ctx context.Context, key chunk.Key, data []byte) error {
 	if len(data) > wire.MaxChunkBody {
 		return fmt.Errorf("kvtier tier: %d bytes: %w", len(data), tier.ErrTooLarge)
 	}
+	ctx, cancel := remote.BoundCall(ctx, t.cfg.Timeout, t.cfg.Bandwidth, len(data))
+	defer cancel()
 	var stored int
 	err := t.call(ctx, func(c *client.Client) error {
 		var err error

@@ -71,15 +71,16 @@ import (
 
 // Tier is a tier.Tier on one Redis deployment. It is safe for concurrent use.
 type Tier struct {
-	client   goredis.UniversalClient
-	topology Topology
-	prefix   string
-	ttl      time.Duration
-	timeout  time.Duration // bound on calls that take no context
-	known    *presence
-	log      *slog.Logger
-	closed   atomic.Bool
-	stats    counters
+	client    goredis.UniversalClient
+	topology  Topology
+	prefix    string
+	ttl       time.Duration
+	timeout   time.Duration // bound on calls that take no context
+	bandwidth int64         // with timeout, bounds transfers (remote.CallDeadline)
+	known     *presence
+	log       *slog.Logger
+	closed    atomic.Bool
+	stats     counters
 }
 
 // counters are the Stats fields this tier can know without asking Redis.
@@ -88,7 +89,10 @@ type counters struct {
 	bytesRead, bytesWritten              atomic.Uint64
 }
 
-var _ tier.Tier = (*Tier)(nil)
+var (
+	_ tier.Tier               = (*Tier)(nil)
+	_ remote.PresenceReporter = (*Tier)(nil)
+)
 
 // bufferSize is each connection's bufio size. Chunk payloads bypass these
 // buffers (bufio reads and writes large slices directly), so they only
@@ -115,17 +119,21 @@ func Dial(ctx context.Context, u *url.URL, o remote.Options) (*Tier, error) {
 	if o.Timeout <= 0 {
 		o.Timeout = remote.DefaultTimeout
 	}
+	if o.Bandwidth <= 0 {
+		o.Bandwidth = remote.DefaultBandwidth
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
 	t := &Tier{
-		client:   goredis.NewUniversalClient(clientOptions(cfg, o.Timeout)),
-		topology: cfg.topology,
-		prefix:   cfg.prefix,
-		ttl:      cfg.ttl,
-		timeout:  o.Timeout,
-		known:    newPresence(cfg.cacheSlots),
-		log:      o.Logger,
+		client:    goredis.NewUniversalClient(clientOptions(cfg, o.Timeout)),
+		topology:  cfg.topology,
+		prefix:    cfg.prefix,
+		ttl:       cfg.ttl,
+		timeout:   o.Timeout,
+		bandwidth: o.Bandwidth,
+		known:     newPresence(cfg.cacheSlots),
+		log:       o.Logger,
 	}
 	if err := t.Ping(ctx); err != nil {
 		t.client.Close()
@@ -193,32 +201,46 @@ func (t *Tier) Contains(key chunk.Key) bool {
 // Size returns the stored object's length, from the presence cache when it
 // knows the key and with one STRLEN otherwise.
 func (t *Tier) Size(key chunk.Key) (int, bool) {
+	n, ok, _ := t.SizeErr(key)
+	return n, ok
+}
+
+// SizeErr is Size with the error of a STRLEN that failed
+// (remote.PresenceReporter).
+func (t *Tier) SizeErr(key chunk.Key) (int, bool, error) {
 	if t.closed.Load() {
-		return 0, false
+		return 0, false, nil
 	}
 	if n, ok := t.known.size(key); ok {
-		return n, true
+		return n, true, nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), t.timeout)
 	defer cancel()
 	n, err := t.client.StrLen(ctx, t.keyName(key)).Result()
 	if err != nil {
 		t.logError("strlen", key, err)
-		return 0, false
+		return 0, false, err
 	}
 	if n <= 0 {
-		return 0, false
+		return 0, false, nil
 	}
 	t.known.add(key, int(n))
-	return int(n), true
+	return int(n), true, nil
 }
 
 // PrefixContains asks for all keys in one pipeline and returns how many
 // leading keys are stored. A failed request counts as "not stored": a
 // lookup must go on without this tier rather than fail.
 func (t *Tier) PrefixContains(keys []chunk.Key) int {
+	n, _ := t.PrefixContainsErr(keys)
+	return n
+}
+
+// PrefixContainsErr is PrefixContains with the error of the pipeline, if
+// it failed (remote.PresenceReporter).
+func (t *Tier) PrefixContainsErr(keys []chunk.Key) (int, error) {
 	if t.closed.Load() || len(keys) == 0 {
-		return 0
+		return 0, nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), t.timeout)
 	defer cancel()
@@ -240,7 +262,7 @@ func (t *Tier) PrefixContains(keys []chunk.Key) int {
 		}
 		t.known.add(keys[n], int(size))
 	}
-	return n
+	return n, err
 }
 
 // Get reads key's value into dst and returns its length. The value goes
@@ -252,6 +274,8 @@ func (t *Tier) Get(ctx context.Context, key chunk.Key, dst []byte) (int, error) 
 	if t.closed.Load() {
 		return 0, fmt.Errorf("redis: get %v: %w", key, tier.ErrClosed)
 	}
+	ctx, cancel := remote.BoundCall(ctx, t.timeout, t.bandwidth, len(dst))
+	defer cancel()
 	n, err := t.client.GetToBuffer(ctx, t.keyName(key), dst).Result()
 	if err != nil {
 		return 0, t.getError(key, len(dst), err)
@@ -296,6 +320,8 @@ func (t *Tier) Put(ctx context.Context, key chunk.Key, data []byte) error {
 	case len(data) > maxValue:
 		return fmt.Errorf("redis: put %v: %d bytes above Redis' 512 MiB value limit: %w", key, len(data), tier.ErrTooLarge)
 	}
+	ctx, cancel := remote.BoundCall(ctx, t.timeout, t.bandwidth, len(data))
+	defer cancel()
 	stored, err := t.client.SetNX(ctx, t.keyName(key), data, t.ttl).Result()
 	if err != nil {
 		return fmt.Errorf("redis: put %v (%d bytes): %w", key, len(data), closedOr(err))

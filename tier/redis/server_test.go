@@ -182,10 +182,12 @@ func (s *server) rawClient() *goredis.Client {
 	return c
 }
 
-// openTier opens rawURL through the remote registry, as kvtier does.
+// openTier opens rawURL through the remote registry, as kvtier does, with
+// a generous deadline: these tests check what the tier does, not how fast,
+// and the race detector slows transfers far below remote.DefaultBandwidth.
 func openTier(t testing.TB, rawURL string) *Tier {
 	t.Helper()
-	tr, err := remote.Open(context.Background(), rawURL, remote.Options{})
+	tr, err := remote.Open(context.Background(), rawURL, remote.Options{Timeout: 10 * time.Second})
 	if err != nil {
 		t.Fatalf("open %s: %v", rawURL, err)
 	}

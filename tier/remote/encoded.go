@@ -132,10 +132,8 @@ func (e *Encoded) Size(k chunk.Key) (int, bool) {
 }
 
 // fetch reads the whole sealed object of k, n bytes long, and checks its
-// header.
+// header. The guard below bounds the read by the object's size.
 func (e *Encoded) fetch(ctx context.Context, k chunk.Key, n int) ([]byte, codec.Info, error) {
-	ctx, cancel := context.WithTimeout(ctx, DefaultTimeout)
-	defer cancel()
 	obj := make([]byte, n)
 	got, err := e.inner.Get(ctx, k, obj)
 	if err != nil {

@@ -26,6 +26,19 @@ type Pinger interface {
 	Ping(ctx context.Context) error
 }
 
+// PresenceReporter is implemented by tiers that can tell a presence check
+// that failed from one that found nothing. Contains, PrefixContains and
+// Size can only answer "not stored", so without it a store that refuses
+// connections looks empty to Guard, which then never cuts it off.
+type PresenceReporter interface {
+	// PrefixContainsErr is PrefixContains with the error, if any, that
+	// cut the answer short.
+	PrefixContainsErr(keys []chunk.Key) (int, error)
+	// SizeErr is Size with the error, if any, that kept it from
+	// answering.
+	SizeErr(key chunk.Key) (int, bool, error)
+}
+
 // State is a circuit breaker's state.
 type State int32
 
@@ -53,14 +66,20 @@ func (s State) String() string {
 
 // GuardOptions tune Guard. Zero values take the defaults noted.
 type GuardOptions struct {
-	// Timeout is the deadline of every call to the inner tier
-	// (default DefaultTimeout).
+	// Timeout is the deadline of a call to the inner tier that moves no
+	// bytes (default DefaultTimeout). Get and Put get more: CallDeadline
+	// of their object's size at Bandwidth.
 	Timeout time.Duration
+	// Bandwidth is the slowest rate, in bytes per second, at which a
+	// healthy store moves an object (default DefaultBandwidth).
+	Bandwidth int64
 	// Threshold is the number of consecutive failures or timeouts that
 	// opens the circuit (default 5).
 	Threshold int
 	// ProbeInterval is how often the health probe runs while the circuit
-	// is not closed (default 1s).
+	// is not closed (default 250ms). Two successful probes in a row close
+	// it, so a store that comes back serves again within about twice
+	// this.
 	ProbeInterval time.Duration
 	// MaxAbandoned bounds the inner calls still running after their
 	// caller gave up at the deadline; beyond it calls fail fast, so a hung
@@ -73,11 +92,14 @@ func (o GuardOptions) withDefaults() GuardOptions {
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTimeout
 	}
+	if o.Bandwidth <= 0 {
+		o.Bandwidth = DefaultBandwidth
+	}
 	if o.Threshold <= 0 {
 		o.Threshold = 5
 	}
 	if o.ProbeInterval <= 0 {
-		o.ProbeInterval = time.Second
+		o.ProbeInterval = DefaultProbeInterval
 	}
 	if o.MaxAbandoned <= 0 {
 		o.MaxAbandoned = 32
@@ -87,6 +109,11 @@ func (o GuardOptions) withDefaults() GuardOptions {
 	}
 	return o
 }
+
+// DefaultProbeInterval is GuardOptions.ProbeInterval's default: short, so
+// that a store that comes back rejoins within a second, and cheap, since
+// probes run only while the circuit is not closed.
+const DefaultProbeInterval = 250 * time.Millisecond
 
 // Health is a snapshot of a breaker's state and counters, for metrics.
 type Health struct {
@@ -106,12 +133,17 @@ type Health struct {
 // because an abandoned call may still write or read them after the caller
 // has reused them. ErrNotFound (and ErrCorrupt, ErrTooLarge) are answers,
 // not failures. Contains, PrefixContains, Size and Remove report no errors,
-// so for them only a missed deadline counts as a failure and only a
-// positive answer as a success.
+// so for them only a missed deadline, or an error the tier reports as a
+// PresenceReporter, counts as a failure; their answers count as neither
+// success nor failure, because a backend may give them from a local
+// presence cache without asking the store at all (a hung Redis still
+// "has" every key it held). Only a Get, a Put or a probe that the store
+// answered proves it healthy.
 type Guarded struct {
-	inner tier.Tier
-	ping  Pinger // nil when inner has no Ping
-	o     GuardOptions
+	inner    tier.Tier
+	ping     Pinger           // nil when inner has no Ping
+	presence PresenceReporter // nil when inner cannot report presence errors
+	o        GuardOptions
 
 	state       atomic.Int32 // State
 	consecutive atomic.Int32
@@ -142,6 +174,7 @@ func Guard(t tier.Tier, o GuardOptions) *Guarded {
 		work: make(chan *call), quit: make(chan struct{}),
 	}
 	g.ping, _ = t.(Pinger)
+	g.presence, _ = t.(PresenceReporter)
 	g.errOpen = fmt.Errorf("%w: %s: circuit open", ErrUnavailable, t.Name())
 	g.errHung = fmt.Errorf("%w: %s: %d calls hung past the deadline", ErrUnavailable, t.Name(), o.MaxAbandoned)
 	g.calls.New = func() any {
@@ -185,11 +218,11 @@ func (g *Guarded) Contains(key chunk.Key) bool {
 		return false
 	}
 	c.key = key
-	if g.run(nil, c) != nil {
+	if g.run(nil, c, g.o.Timeout) != nil {
 		return false
 	}
 	ok := c.ok
-	g.finish(c, outcomeIf(ok))
+	g.finish(c, presenceOutcome(c.err))
 	return ok
 }
 
@@ -203,11 +236,11 @@ func (g *Guarded) PrefixContains(keys []chunk.Key) int {
 		return 0
 	}
 	c.keys = append(c.keys[:0], keys...)
-	if g.run(nil, c) != nil {
+	if g.run(nil, c, g.o.Timeout) != nil {
 		return 0
 	}
 	n := c.n
-	g.finish(c, outcomeIf(n > 0))
+	g.finish(c, presenceOutcome(c.err))
 	return n
 }
 
@@ -219,11 +252,11 @@ func (g *Guarded) Size(key chunk.Key) (int, bool) {
 		return 0, false
 	}
 	c.key = key
-	if g.run(nil, c) != nil {
+	if g.run(nil, c, g.o.Timeout) != nil {
 		return 0, false
 	}
 	n, ok := c.n, c.ok
-	g.finish(c, outcomeIf(ok))
+	g.finish(c, presenceOutcome(c.err))
 	return n, ok
 }
 
@@ -235,7 +268,7 @@ func (g *Guarded) Get(ctx context.Context, key chunk.Key, dst []byte) (int, erro
 	}
 	c.key = key
 	c.buf = grow(c.buf, len(dst))
-	if err := g.run(ctx, c); err != nil {
+	if err := g.run(ctx, c, g.deadline(len(dst))); err != nil {
 		return 0, err
 	}
 	n, err := c.n, c.err
@@ -259,7 +292,7 @@ func (g *Guarded) Put(ctx context.Context, key chunk.Key, data []byte) error {
 	}
 	c.key = key
 	c.buf = append(c.buf[:0], data...)
-	if err := g.run(ctx, c); err != nil {
+	if err := g.run(ctx, c, g.deadline(len(data))); err != nil {
 		return err
 	}
 	err = c.err
@@ -274,11 +307,11 @@ func (g *Guarded) Remove(key chunk.Key) bool {
 		return false
 	}
 	c.key = key
-	if g.run(nil, c) != nil {
+	if g.run(nil, c, g.o.Timeout) != nil {
 		return false
 	}
 	ok := c.ok
-	g.finish(c, outcomeIf(ok))
+	g.finish(c, outcomeNeutral)
 	return ok
 }
 
@@ -293,7 +326,7 @@ func (g *Guarded) Pin(keys []chunk.Key, ttl time.Duration) int {
 	}
 	c.keys = append(c.keys[:0], keys...)
 	c.ttl = ttl
-	if g.run(nil, c) != nil {
+	if g.run(nil, c, g.o.Timeout) != nil {
 		return 0
 	}
 	n := c.n
@@ -371,11 +404,13 @@ const (
 	outcomeFailure
 )
 
-func outcomeIf(answered bool) outcome {
-	if answered {
-		return outcomeSuccess
+// presenceOutcome judges the error a PresenceReporter gave: only a store
+// that failed to answer says something about its health.
+func presenceOutcome(err error) outcome {
+	if err == nil || errors.Is(err, tier.ErrNotFound) || errors.Is(err, tier.ErrClosed) {
+		return outcomeNeutral
 	}
-	return outcomeNeutral
+	return outcomeFailure
 }
 
 // classify judges a Get or Put error: answers from the store are
@@ -422,18 +457,23 @@ func (g *Guarded) begin(o op) (*call, error) {
 	return c, nil
 }
 
-// run executes c on its own goroutine and waits for it, the deadline, or
+// deadline is how long a Get or Put of n bytes may take.
+func (g *Guarded) deadline(n int) time.Duration {
+	return CallDeadline(g.o.Timeout, g.o.Bandwidth, n)
+}
+
+// run executes c on its own goroutine and waits for it, the timeout, or
 // parent's cancellation (parent is nil for operations without a context).
 // On a nil return the caller owns c and must pass it to finish; otherwise c
 // is abandoned to its goroutine.
-func (g *Guarded) run(parent context.Context, c *call) error {
+func (g *Guarded) run(parent context.Context, c *call, timeout time.Duration) error {
 	var ctxDone <-chan struct{}
 	var timerC <-chan time.Time
 	if parent != nil {
-		c.ctx, c.cancel = context.WithTimeout(parent, g.o.Timeout)
+		c.ctx, c.cancel = context.WithTimeout(parent, timeout)
 		ctxDone = c.ctx.Done()
 	} else {
-		c.timer.Reset(g.o.Timeout)
+		c.timer.Reset(timeout)
 		timerC = c.timer.C
 	}
 	o, trial := c.op, c.trial // c belongs to the goroutine once abandoned
@@ -459,7 +499,7 @@ func (g *Guarded) run(parent context.Context, c *call) error {
 	g.timeouts.Add(1)
 	g.recordFailure()
 	return fmt.Errorf("%w: %s %s: no answer within %v: %w",
-		ErrUnavailable, g.inner.Name(), o, g.o.Timeout, context.DeadlineExceeded)
+		ErrUnavailable, g.inner.Name(), o, timeout, context.DeadlineExceeded)
 }
 
 // workerIdle is how long a worker waits for the next call before exiting.
@@ -496,6 +536,24 @@ func (g *Guarded) worker(c *call) {
 
 // exec runs on a worker.
 func (g *Guarded) exec(c *call) {
+	switch {
+	case g.presence != nil && (c.op == opContains || c.op == opSize):
+		c.n, c.ok, c.err = g.presence.SizeErr(c.key)
+	case g.presence != nil && c.op == opPrefix:
+		c.n, c.err = g.presence.PrefixContainsErr(c.keys)
+	default:
+		g.execPlain(c)
+	}
+	if c.status.CompareAndSwap(running, finished) {
+		c.done <- struct{}{}
+		return
+	}
+	g.abandoned.Add(-1)
+	g.recycle(c)
+}
+
+// execPlain runs c's operation through the tier.Tier methods.
+func (g *Guarded) execPlain(c *call) {
 	switch c.op {
 	case opContains:
 		c.ok = g.inner.Contains(c.key)
@@ -514,12 +572,6 @@ func (g *Guarded) exec(c *call) {
 	case opPing:
 		c.err = g.ping.Ping(c.ctx)
 	}
-	if c.status.CompareAndSwap(running, finished) {
-		c.done <- struct{}{}
-		return
-	}
-	g.abandoned.Add(-1)
-	g.recycle(c)
 }
 
 // finish records a completed call's outcome and pools it.
@@ -621,7 +673,7 @@ func (g *Guarded) probe() {
 		binary.LittleEndian.PutUint64(c.key.Hash[:8], rand.Uint64())
 		binary.LittleEndian.PutUint64(c.key.Hash[8:], rand.Uint64())
 	}
-	if err := g.run(parent, c); err != nil {
+	if err := g.run(parent, c, g.o.Timeout); err != nil {
 		g.probeFail.Add(1)
 		return
 	}

@@ -4,13 +4,20 @@
 // Backends (redis, s3, fs, ...) register an OpenFunc under a URL scheme in an
 // init function, the way database/sql drivers do; Open picks the backend from
 // the scheme of a URL such as "redis://:secret@cache:6379/0". Registration is
-// the only global state.
+// the only global state. Every scheme also takes two parameters, which Open
+// removes before the backend sees the URL:
+//
+//	timeout=100ms    deadline of a call's round trip (Options.Timeout)
+//	bandwidth=128MiB bytes per second a healthy store moves at least
+//	                 (Options.Bandwidth): a call that moves n bytes gets
+//	                 n/bandwidth more (CallDeadline)
 //
 // A remote store fails in ways a local tier does not: it stops answering,
 // answers slowly, or refuses connections. Guard wraps any tier in a circuit
 // breaker so that every call is bounded by a deadline, a store that keeps
 // failing is cut off (calls fail fast with ErrUnavailable instead of piling
-// up), and a background probe reconnects it once it answers again.
+// up), and a background probe reconnects it once it answers again. Above
+// it, the tier manager serves every failed read as a miss.
 package remote
 
 import (
@@ -24,11 +31,29 @@ import (
 	"sync"
 	"time"
 
+	"kvtier/config"
 	"kvtier/tier"
 )
 
-// DefaultTimeout is the per-operation deadline when Options.Timeout is zero.
-const DefaultTimeout = 2 * time.Second
+// Deadlines of remote calls. An engine waits for a load before its forward
+// pass, so a remote call may take only what recomputing the chunk would
+// cost, not seconds: DefaultTimeout for the round trip plus the time the
+// call's bytes need at DefaultBandwidth, the slowest rate a healthy store
+// is expected to sustain (see CallDeadline). A 2 MiB chunk gets about
+// 115 ms, a 32 MiB one 350 ms.
+const (
+	DefaultTimeout   = 100 * time.Millisecond
+	DefaultBandwidth = 128 << 20 // bytes per second
+)
+
+// CallDeadline returns how long a call that moves n bytes may take: base
+// for its round trip plus n bytes at bandwidth bytes per second.
+func CallDeadline(base time.Duration, bandwidth int64, n int) time.Duration {
+	if n <= 0 || bandwidth <= 0 {
+		return base
+	}
+	return base + time.Duration(int64(n)*int64(time.Second)/bandwidth)
+}
 
 // Errors returned by Open. They are wrapped with the offending scheme or the
 // redacted URL.
@@ -37,11 +62,30 @@ var (
 	ErrBadURL        = errors.New("remote: bad URL")
 )
 
+// BoundCall gives ctx the deadline of a call that moves n bytes, unless it
+// has a deadline already. Under Guard every Get and Put arrives with one,
+// so on the daemon's path this allocates nothing; a backend used on its
+// own still never waits without bound, nor cuts a large transfer short
+// at the round-trip deadline.
+func BoundCall(ctx context.Context, base time.Duration, bandwidth int64, n int) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, noCancel
+	}
+	return context.WithTimeout(ctx, CallDeadline(base, bandwidth, n))
+}
+
+func noCancel() {}
+
 // Options are handed to a backend's OpenFunc. Zero values take the defaults
 // noted.
 type Options struct {
-	Logger  *slog.Logger  // default slog.Default()
-	Timeout time.Duration // per-operation deadline, default DefaultTimeout
+	Logger *slog.Logger // default slog.Default()
+	// Timeout is the deadline of a call's round trip, default
+	// DefaultTimeout; calls that move bytes get more (CallDeadline).
+	Timeout time.Duration
+	// Bandwidth is the slowest transfer rate, in bytes per second, that a
+	// healthy store sustains; default DefaultBandwidth.
+	Bandwidth int64
 }
 
 func (o Options) withDefaults() Options {
@@ -51,7 +95,66 @@ func (o Options) withDefaults() Options {
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTimeout
 	}
+	if o.Bandwidth <= 0 {
+		o.Bandwidth = DefaultBandwidth
+	}
 	return o
+}
+
+// Deadline returns how long a call that moves n bytes may take.
+func (o Options) Deadline(n int) time.Duration { return CallDeadline(o.Timeout, o.Bandwidth, n) }
+
+// URL query parameters that every scheme accepts. Open takes them out of
+// the URL before the backend sees it.
+const (
+	paramTimeout   = "timeout"   // Options.Timeout, a duration ("150ms")
+	paramBandwidth = "bandwidth" // Options.Bandwidth, bytes per second ("1GiB")
+)
+
+// OptionsOf returns o with its defaults and with whatever rawURL's timeout
+// and bandwidth parameters set: the options Open hands the backend, which
+// a caller also needs to guard the tier with matching deadlines.
+func OptionsOf(rawURL string, o Options) (Options, error) {
+	u, err := parseURL(rawURL)
+	if err != nil {
+		return o, err
+	}
+	o, _, err = takeParams(u, o.withDefaults())
+	return o, err
+}
+
+// takeParams applies the common parameters of u to o and returns u's query
+// without them.
+func takeParams(u *url.URL, o Options) (Options, string, error) {
+	if u.RawQuery == "" {
+		return o, "", nil
+	}
+	var rest []string
+	for _, part := range strings.Split(u.RawQuery, "&") {
+		name, value, _ := strings.Cut(part, "=")
+		name, err1 := url.QueryUnescape(name)
+		value, err2 := url.QueryUnescape(value)
+		if err := errors.Join(err1, err2); err != nil {
+			return o, "", fmt.Errorf("%w %q: query: %v", ErrBadURL, u.Redacted(), err)
+		}
+		switch name {
+		case paramTimeout:
+			d, err := time.ParseDuration(value)
+			if err != nil || d <= 0 {
+				return o, "", fmt.Errorf("%w %q: timeout: want a positive duration such as 150ms, got %q", ErrBadURL, u.Redacted(), value)
+			}
+			o.Timeout = d
+		case paramBandwidth:
+			b, err := config.ParseSize(value)
+			if err != nil || b <= 0 {
+				return o, "", fmt.Errorf("%w %q: bandwidth: want bytes per second such as 1GiB, got %q", ErrBadURL, u.Redacted(), value)
+			}
+			o.Bandwidth = int64(b)
+		default:
+			rest = append(rest, part)
+		}
+	}
+	return o, strings.Join(rest, "&"), nil
 }
 
 // OpenFunc opens one backend. u is the parsed URL including any user
@@ -102,21 +205,16 @@ func Schemes() []string {
 // never contain the URL's password: they show the URL redacted, and any
 // occurrence of the password in a backend's error message is masked.
 func Open(ctx context.Context, rawURL string, o Options) (tier.Tier, error) {
-	o = o.withDefaults()
-	u, err := url.Parse(rawURL)
+	u, err := parseURL(rawURL)
 	if err != nil {
-		// url.Error quotes the whole input, password included, so it is
-		// not wrapped; only its reason is kept.
-		var ue *url.Error
-		reason := err.Error()
-		if errors.As(err, &ue) {
-			reason = maskSecrets(ue.Err.Error(), rawURL)
-		}
-		return nil, fmt.Errorf("%w %q: %s", ErrBadURL, Redact(rawURL), reason)
+		return nil, err
 	}
 	if u.Scheme == "" {
 		return nil, fmt.Errorf("%w %q: no scheme (want e.g. redis://host:6379); registered: %s",
 			ErrBadURL, u.Redacted(), schemeList())
+	}
+	if o, u.RawQuery, err = takeParams(u, o.withDefaults()); err != nil {
+		return nil, err
 	}
 	scheme := strings.ToLower(u.Scheme)
 	registry.RLock()
@@ -132,6 +230,22 @@ func Open(ctx context.Context, rawURL string, o Options) (tier.Tier, error) {
 		return nil, fmt.Errorf("remote: open %s: %w", u.Redacted(), maskedError(err, u))
 	}
 	return t, nil
+}
+
+// parseURL parses rawURL with errors that never show its password.
+func parseURL(rawURL string) (*url.URL, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		// url.Error quotes the whole input, password included, so it is
+		// not wrapped; only its reason is kept.
+		var ue *url.Error
+		reason := err.Error()
+		if errors.As(err, &ue) {
+			reason = maskSecrets(ue.Err.Error(), rawURL)
+		}
+		return nil, fmt.Errorf("%w %q: %s", ErrBadURL, Redact(rawURL), reason)
+	}
+	return u, nil
 }
 
 func schemeList() string {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/minio/minio-go/v7/pkg/s3utils"
+
+	"kvtier/tier/remote"
 )
 
 // DefaultPrefix is prepended to every object name when the URL names no
@@ -37,7 +39,8 @@ type Config struct {
 	SecretKey    string
 	SessionToken string
 
-	Timeout     time.Duration // bound on each operation; DefaultTimeout if zero
+	Timeout     time.Duration // round-trip bound of each operation; DefaultTimeout if zero
+	Bandwidth   int64         // bytes/s a GET or PUT is allowed at least; DefaultBandwidth if zero
 	CacheKeys   int           // presence cache size; DefaultCacheKeys if zero
 	Parallelism int           // concurrent HEADs in PrefixContains; DefaultParallelism if zero
 	Logger      *slog.Logger  // slog.Default() if nil
@@ -45,7 +48,9 @@ type Config struct {
 
 // Defaults for the zero fields of Config.
 const (
-	DefaultTimeout     = 2 * time.Second
+	DefaultTimeout     = remote.DefaultTimeout
+	DefaultBandwidth   = remote.DefaultBandwidth
+	openTimeout        = 10 * time.Second // checking the bucket when the tier opens
 	DefaultCacheKeys   = 1 << 16
 	DefaultParallelism = 8
 )
@@ -59,6 +64,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Timeout <= 0 {
 		c.Timeout = DefaultTimeout
+	}
+	if c.Bandwidth <= 0 {
+		c.Bandwidth = DefaultBandwidth
 	}
 	if c.CacheKeys <= 0 {
 		c.CacheKeys = DefaultCacheKeys

@@ -17,7 +17,7 @@ func Open(ctx context.Context, u *url.URL, o remote.Options) (tier.Tier, error) 
 	if err != nil {
 		return nil, err
 	}
-	cfg.Timeout, cfg.Logger = o.Timeout, o.Logger
+	cfg.Timeout, cfg.Bandwidth, cfg.Logger = o.Timeout, o.Bandwidth, o.Logger
 	t, err := New(ctx, cfg)
 	if err != nil {
 		return nil, err // not a typed nil inside a non-nil tier.Tier

@@ -48,9 +48,10 @@
 // The URL wins as a whole; the two sources are never mixed. With neither,
 // Open fails rather than sending anonymous requests.
 //
-// Every operation is bounded by Config.Timeout (remote.Options.Timeout),
-// including the transfer of the object's bytes, so the timeout must allow
-// for the largest chunk at the slowest expected bandwidth.
+// Every operation is bounded by a deadline: Config.Timeout for its round
+// trip plus, for a GET or PUT, the object's bytes at Config.Bandwidth
+// (remote.CallDeadline). Only checking the bucket when the tier opens gets
+// longer, openTimeout, since it may include the first TLS handshake.
 package s3
 
 import (
@@ -71,6 +72,7 @@ import (
 
 	"kvtier/chunk"
 	"kvtier/tier"
+	"kvtier/tier/remote"
 )
 
 // MaxSinglePut is the largest object sent as one PUT. Larger ones go
@@ -99,7 +101,10 @@ type Tier struct {
 	bytesRead, bytesWritten     atomic.Uint64
 }
 
-var _ tier.Tier = (*Tier)(nil)
+var (
+	_ tier.Tier               = (*Tier)(nil)
+	_ remote.PresenceReporter = (*Tier)(nil)
+)
 
 // New connects to the store described by cfg and checks that its bucket is
 // reachable with the given credentials, creating it if cfg.CreateBucket is
@@ -145,7 +150,7 @@ func New(ctx context.Context, cfg Config) (*Tier, error) {
 }
 
 func (t *Tier) ensureBucket(ctx context.Context) error {
-	ctx, cancel := t.bound(ctx)
+	ctx, cancel := context.WithTimeout(ctx, max(openTimeout, t.cfg.Timeout))
 	defer cancel()
 	exists, err := t.client.BucketExists(ctx, t.cfg.Bucket)
 	if err != nil {
@@ -182,7 +187,7 @@ func (t *Tier) Ping(ctx context.Context) error {
 	if t.closed.Load() {
 		return tier.ErrClosed
 	}
-	ctx, cancel := t.bound(ctx)
+	ctx, cancel := t.bound(ctx, 0)
 	defer cancel()
 	exists, err := t.client.BucketExists(ctx, t.cfg.Bucket)
 	if err != nil {
@@ -205,43 +210,61 @@ func (t *Tier) Contains(key chunk.Key) bool {
 
 // Size implements tier.Tier. Network errors count as absent.
 func (t *Tier) Size(key chunk.Key) (int, bool) {
+	n, ok, _ := t.SizeErr(key)
+	return n, ok
+}
+
+// SizeErr is Size with the error of a HEAD that failed for another reason
+// than a missing object (remote.PresenceReporter).
+func (t *Tier) SizeErr(key chunk.Key) (int, bool, error) {
 	if t.closed.Load() {
-		return 0, false
+		return 0, false, nil
 	}
 	if n, ok := t.known.size(key); ok {
-		return int(n), true
+		return int(n), true, nil
 	}
-	ctx, cancel := t.bound(context.Background())
+	ctx, cancel := t.bound(context.Background(), 0)
 	defer cancel()
-	n, ok := t.stat(ctx, key)
-	return int(n), ok
+	n, ok, err := t.stat(ctx, key)
+	return int(n), ok, err
 }
 
 // stat asks the store whether key is there and remembers the answer when
-// it is. Errors other than "not found" are logged and count as absent: the
-// callers' contract has no error, and a miss is always safe.
-func (t *Tier) stat(ctx context.Context, key chunk.Key) (int64, bool) {
+// it is. Errors other than "not found" are logged and returned; they count
+// as absent for callers whose contract has no error, since a miss is
+// always safe.
+func (t *Tier) stat(ctx context.Context, key chunk.Key) (int64, bool, error) {
 	if n, ok := t.known.size(key); ok {
-		return n, true
+		return n, true, nil
 	}
 	name := objectName(t.cfg.Prefix, key)
 	info, err := t.client.StatObject(ctx, t.cfg.Bucket, name, minio.StatObjectOptions{})
 	if err != nil {
-		if !isNotFound(err) && t.log.Enabled(ctx, slog.LevelDebug) {
+		if isNotFound(err) {
+			return 0, false, nil
+		}
+		if t.log.Enabled(ctx, slog.LevelDebug) {
 			t.log.Debug("s3 stat failed", "object", name, "err", err)
 		}
-		return 0, false
+		return 0, false, fmt.Errorf("s3: head %s: %w", name, err)
 	}
 	t.known.add(key, info.Size)
-	return info.Size, true
+	return info.Size, true, nil
 }
 
 // PrefixContains implements tier.Tier: keys already known cost nothing,
 // the rest are checked with concurrent HEADs and no HEAD is started for a
 // key past the first one found missing.
 func (t *Tier) PrefixContains(keys []chunk.Key) int {
+	n, _ := t.PrefixContainsErr(keys)
+	return n
+}
+
+// PrefixContainsErr is PrefixContains with the error of a HEAD that
+// failed, if one did (remote.PresenceReporter).
+func (t *Tier) PrefixContainsErr(keys []chunk.Key) (int, error) {
 	if t.closed.Load() {
-		return 0
+		return 0, nil
 	}
 	n := 0
 	for n < len(keys) {
@@ -251,15 +274,17 @@ func (t *Tier) PrefixContains(keys []chunk.Key) int {
 		n++
 	}
 	if n == len(keys) {
-		return n
+		return n, nil
 	}
-	return n + t.statPrefix(keys[n:])
+	m, err := t.statPrefix(keys[n:])
+	return n + m, err
 }
 
-func (t *Tier) statPrefix(keys []chunk.Key) int {
-	ctx, cancel := t.bound(context.Background())
+func (t *Tier) statPrefix(keys []chunk.Key) (int, error) {
+	ctx, cancel := t.bound(context.Background(), 0)
 	defer cancel()
 	var next, firstMissing atomic.Int64
+	var failed atomic.Pointer[error] // the first HEAD that failed
 	firstMissing.Store(int64(len(keys)))
 	var wg sync.WaitGroup
 	for range min(t.cfg.Parallelism, len(keys)) {
@@ -269,14 +294,20 @@ func (t *Tier) statPrefix(keys []chunk.Key) int {
 				if i >= firstMissing.Load() {
 					return
 				}
-				if _, ok := t.stat(ctx, keys[i]); !ok {
+				if _, ok, err := t.stat(ctx, keys[i]); !ok {
+					if err != nil {
+						failed.CompareAndSwap(nil, &err)
+					}
 					lowerTo(&firstMissing, i)
 				}
 			}
 		})
 	}
 	wg.Wait()
-	return int(firstMissing.Load())
+	if err := failed.Load(); err != nil {
+		return int(firstMissing.Load()), *err
+	}
+	return int(firstMissing.Load()), nil
 }
 
 // lowerTo sets v to i if i is smaller, safely against concurrent callers.
@@ -295,7 +326,7 @@ func (t *Tier) Get(ctx context.Context, key chunk.Key, dst []byte) (int, error) 
 	if t.closed.Load() {
 		return 0, tier.ErrClosed
 	}
-	ctx, cancel := t.bound(ctx)
+	ctx, cancel := t.bound(ctx, len(dst))
 	defer cancel()
 	name := objectName(t.cfg.Prefix, key)
 	body, info, _, err := t.core.GetObject(ctx, t.cfg.Bucket, name, minio.GetObjectOptions{})
@@ -339,9 +370,9 @@ func (t *Tier) Put(ctx context.Context, key chunk.Key, data []byte) error {
 	if _, ok := t.known.size(key); ok {
 		return nil
 	}
-	ctx, cancel := t.bound(ctx)
+	ctx, cancel := t.bound(ctx, len(data))
 	defer cancel()
-	if _, ok := t.stat(ctx, key); ok {
+	if _, ok, _ := t.stat(ctx, key); ok {
 		return nil
 	}
 	name := objectName(t.cfg.Prefix, key)
@@ -372,7 +403,7 @@ func (t *Tier) Remove(key chunk.Key) bool {
 		return false
 	}
 	t.known.forget(key)
-	ctx, cancel := t.bound(context.Background())
+	ctx, cancel := t.bound(context.Background(), 0)
 	defer cancel()
 	name := objectName(t.cfg.Prefix, key)
 	if _, err := t.client.StatObject(ctx, t.cfg.Bucket, name, minio.StatObjectOptions{}); err != nil {
@@ -413,9 +444,9 @@ func (t *Tier) Close() error {
 	return nil
 }
 
-// bound applies the per-operation deadline to ctx.
-func (t *Tier) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, t.cfg.Timeout)
+// bound applies the deadline of an operation that moves n bytes to ctx.
+func (t *Tier) bound(ctx context.Context, n int) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, remote.CallDeadline(t.cfg.Timeout, t.cfg.Bandwidth, n))
 }
 
 // isNotFound tells a missing object from every other failure. It trusts
