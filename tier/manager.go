@@ -11,6 +11,7 @@ import (
 
 	"kvtier/arena"
 	"kvtier/chunk"
+	"kvtier/internal/ratelog"
 )
 
 // MaxTiers bounds the hierarchy's depth (RAM plus lower tiers) so per-tier
@@ -107,7 +108,15 @@ type lowerTier struct {
 	pending atomic.Int64  // writes queued or being written
 	dropped atomic.Uint64 // writes dropped because the queue stayed full
 	failed  atomic.Uint64 // writes the tier refused
+	// failLog writes refused writes to the log at most once per
+	// failLogEvery: a tier that refuses everything (a full disk, a store
+	// that is down) would otherwise log once per write.
+	failLog *ratelog.Limiter
 }
+
+// failLogEvery is the least time between two log lines about one tier's
+// refused writes; QueueStats.Failed counts every one.
+const failLogEvery = 10 * time.Second
 
 // writeJob asks a writer to copy one RAM object to a lower tier. It holds
 // an arena reference that the writer drops when done.
@@ -129,7 +138,8 @@ func NewManager(ram RAM, lower []Tier, opts Options) (*Manager, error) {
 	m := &Manager{ram: ram, arena: ram.Arena(), opts: opts, prefetch: make(chan []chunk.Key, opts.PrefetchQueue)}
 	m.idPool.New = func() any { return new([retrieveWindow]arena.ID) }
 	for _, t := range lower {
-		lt := &lowerTier{Tier: t, queue: make(chan writeJob, opts.QueueDepth)}
+		lt := &lowerTier{Tier: t, queue: make(chan writeJob, opts.QueueDepth),
+			failLog: ratelog.New(opts.Logger, slog.LevelWarn, "lower tier write failed", failLogEvery)}
 		m.lower = append(m.lower, lt)
 		for range opts.Writers {
 			m.wg.Add(1)
@@ -333,7 +343,7 @@ func (m *Manager) writer(lt *lowerTier) {
 		if !lt.Contains(job.key) {
 			if err := lt.Put(context.Background(), job.key, m.arena.Bytes(job.id)); err != nil {
 				lt.failed.Add(1)
-				m.opts.Logger.Warn("lower tier write failed", "tier", lt.Name(), "key", job.key, "err", err)
+				lt.failLog.Log("tier", lt.Name(), "key", job.key, "err", err)
 			} else if !m.ram.Contains(job.key) {
 				// Removed (or cleared) while queued: eviction cannot be why,
 				// since this job's reference keeps the object busy. Undo
