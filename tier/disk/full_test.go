@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -181,4 +182,44 @@ func TestFileSystemFullForOtherReasons(t *testing.T) {
 	for i := 20; i < 30; i++ {
 		checkGet(t, d, testKey(uint64(i)), testPayload(testKey(uint64(i)), size))
 	}
+}
+
+// TestPutOfKeyBeingWrittenWaitsForTheOutcome: a second Put of a key whose
+// first Put is still writing must not report it stored, since the first
+// may yet fail (here its fdatasync does); it stores the key itself.
+func TestPutOfKeyBeingWrittenWaitsForTheOutcome(t *testing.T) {
+	d := openTier(t, t.TempDir(), Options{Capacity: 16 << 20, DirectIO: DirectOff})
+	defer d.Close()
+	mustPut(t, d, testKey(0), testPayload(testKey(0), 4096)) // creates the active segment
+
+	inFlush, release := make(chan struct{}), make(chan struct{})
+	seg := d.active
+	seg.sync.mu.Lock()
+	seg.sync.flush = func(int) error {
+		close(inFlush)
+		<-release
+		return unix.EIO
+	}
+	seg.sync.mu.Unlock()
+
+	k := testKey(1)
+	data := testPayload(k, 8192)
+	first := make(chan error, 1)
+	go func() { first <- d.Put(context.Background(), k, data) }()
+	<-inFlush
+	second := make(chan error, 1)
+	go func() { second <- d.Put(context.Background(), k, data) }()
+	time.Sleep(10 * time.Millisecond) // let the second Put find the first's record; the outcome does not depend on it
+	close(release)
+
+	if err := <-first; err == nil {
+		t.Fatal("the Put whose fdatasync failed succeeded")
+	}
+	if err := <-second; err != nil {
+		t.Fatalf("second Put: %v", err)
+	}
+	if !d.Contains(k) {
+		t.Fatal("the second Put succeeded but the key is not stored")
+	}
+	checkGet(t, d, k, data)
 }
