@@ -30,6 +30,10 @@
 // I/O runs on a few goroutines fed by priority queues (reads, then deletes,
 // then writes); no lock is held across I/O. Pins are leases that keep
 // records from eviction until they lapse.
+//
+// A file system that fills up before the tier reaches its capacity makes
+// it evict to fit, when its own records filled it, or turn read-only until
+// there is room again (space.go).
 package disk
 
 import (
