@@ -222,3 +222,45 @@ func TestPutOfKeyBeingWrittenWaitsForTheOutcome(t *testing.T) {
 	}
 	checkGet(t, d, k, data)
 }
+
+// TestOpenOnFullFileSystem reopens a tier whose file system another file
+// has filled: Open must succeed read-only, serving the records there, and
+// the tier must start writing once the file is gone.
+func TestOpenOnFullFileSystem(t *testing.T) {
+	dir := mountSmallFS(t, 8<<20)
+	tierDir := filepath.Join(dir, "tier")
+	const size = 256 << 10
+	d := openTier(t, tierDir, Options{Capacity: 4 << 20, SegmentSize: 1 << 20})
+	for i := range 4 {
+		k := testKey(uint64(i))
+		mustPut(t, d, k, testPayload(k, size))
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	filler := filepath.Join(dir, "filler")
+	fill(t, filler)
+
+	d = openTier(t, tierDir, Options{Capacity: 4 << 20, SegmentSize: 1 << 20})
+	defer d.Close()
+	d.recheck = 0
+	if sp := d.Space(); !sp.ReadOnly {
+		t.Fatalf("Space = %+v after opening on a full file system, want read-only", sp)
+	}
+	for i := range 4 {
+		checkGet(t, d, testKey(uint64(i)), testPayload(testKey(uint64(i)), size))
+	}
+	k := testKey(10)
+	if err := d.Put(context.Background(), k, testPayload(k, size)); !errors.Is(err, ErrReadOnly) {
+		t.Fatalf("Put on the full file system: %v, want ErrReadOnly", err)
+	}
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	mustPut(t, d, k, testPayload(k, size))
+	checkGet(t, d, k, testPayload(k, size))
+	if sp := d.Space(); sp.ReadOnly {
+		t.Fatalf("Space = %+v after the filler was deleted, want writable", sp)
+	}
+}

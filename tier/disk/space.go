@@ -78,6 +78,10 @@ func (r fsRoom) others() int64 { return r.size - r.free - r.own }
 
 func (r fsRoom) margin() int64 { return margin(r.size) }
 
+// roomy reports whether a read-only tier may write again: twice the margin
+// is free, so that one record does not fill the disk at once.
+func (r fsRoom) roomy() bool { return r.avail >= 2*r.margin() && r.inode }
+
 // statRoom looks at dir's file system. The tier's own share is measured
 // from its files' allocated blocks, not from its accounting, which counts
 // records being written (or failing to be) before their blocks exist.
@@ -176,18 +180,28 @@ func (t *Tier) noSpace(need int64, err error) (retry bool) {
 }
 
 // admit lets a Put through unless the tier is read-only. A read-only or
-// shrunk tier asks the file system for room again when the check is due.
+// shrunk tier asks the file system for room again when the check is due,
+// and a tier opened on a full one probes it first (reprobe).
 func (t *Tier) admit() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if (t.room.ReadOnly || t.room.Capacity < t.opts.Capacity) && !t.checking && t.now() >= t.nextCheck {
 		t.checking = true
+		unprobed := t.unprobed
 		t.mu.Unlock()
 		room, err := statRoom(t.dir) // not under the lock: statfs can be slow
+		probed := false
+		if err == nil && unprobed && room.roomy() {
+			err = t.reprobe()
+			probed = err == nil
+		}
 		t.mu.Lock()
 		t.checking = false
 		t.nextCheck = t.now() + int64(t.recheck)
-		if err == nil {
+		if probed {
+			t.unprobed = false
+		}
+		if err == nil && !t.unprobed {
 			t.regainLocked(room)
 		}
 	}
@@ -203,7 +217,7 @@ func (t *Tier) admit() error {
 func (t *Tier) regainLocked(room fsRoom) {
 	m := room.margin()
 	if t.room.ReadOnly {
-		if room.avail < 2*m || !room.inode {
+		if !room.roomy() {
 			return
 		}
 		t.room.ReadOnly = false
@@ -222,4 +236,39 @@ func (t *Tier) headroomLocked() int64 {
 		return min(t.opts.Headroom, t.room.Capacity/64)
 	}
 	return t.opts.Headroom
+}
+
+// probeFull settles direct I/O on a file system too full for probe's test
+// writes. It only opens a scratch file with O_DIRECT, which file systems
+// without it refuse (EINVAL); whether writes take O_DIRECT and holes can be
+// punched is left to reprobe, which runs before the tier writes anything.
+func probeFull(dir string, mode DirectMode) (bool, error) {
+	if mode == DirectOff {
+		return false, nil
+	}
+	path := filepath.Join(dir, ".probe")
+	defer os.Remove(path)
+	fd, err := openFile(path, openFlags(true)|unix.O_CREAT|unix.O_TRUNC, 0o644)
+	switch {
+	case err == nil:
+		unix.Close(fd)
+		return true, nil
+	case mode == DirectAuto && errors.Is(err, unix.EINVAL):
+		return false, nil
+	}
+	return false, fmt.Errorf("disk: O_DIRECT in %s: %w", dir, err)
+}
+
+// reprobe runs the full probe of a tier opened on a full file system, once
+// there is room for it. The tier stays read-only if the probe fails, or
+// finds direct I/O other than what the open segment files use.
+func (t *Tier) reprobe() error {
+	direct, err := probe(t.dir, t.opts.DirectIO)
+	if err == nil && direct != t.direct {
+		err = fmt.Errorf("disk: %s takes O_DIRECT writes: %v, but the tier opened with direct I/O %v: reopen it", t.dir, direct, t.direct)
+	}
+	if err != nil {
+		t.logs.readOnly.Log("probe", err)
+	}
+	return err
 }

@@ -160,6 +160,7 @@ type Tier struct {
 	room      Space
 	nextCheck int64         // tier clock time of the next look at the file system
 	checking  bool          // a look is under way
+	unprobed  bool          // opened on a full file system: probe before writing
 	recheck   time.Duration // recheckEvery; tests shorten it
 	logs      spaceLogs
 }
@@ -181,6 +182,13 @@ func Open(dir string, opts Options) (*Tier, error) {
 		return nil, err
 	}
 	direct, err := probe(dir, opts.DirectIO)
+	unprobed := false
+	if isNoSpace(err) {
+		// Too full for the probe's test writes: open read-only and serve
+		// what is there (space.go).
+		direct, err = probeFull(dir, opts.DirectIO)
+		unprobed = err == nil
+	}
 	if err != nil {
 		unix.Close(lockFD)
 		return nil, err
@@ -205,6 +213,10 @@ func Open(dir string, opts Options) (*Tier, error) {
 	if err := t.recover(); err != nil {
 		t.closeFiles()
 		return nil, err
+	}
+	if unprobed {
+		t.room.ReadOnly, t.room.NoSpace, t.unprobed = true, 1, true
+		t.logs.readOnly.Log("at_open", true)
 	}
 	t.sched = newSched(opts.QueueDepth, opts.BounceSize, t.exec)
 	return t, nil
