@@ -33,7 +33,9 @@ import (
 //
 // A read-only or shrunk tier looks at the file system again at most once
 // per recheck interval, on a Put, and becomes writable (and grows back
-// toward Options.Capacity) as soon as there is room. Nothing is reported
+// toward Options.Capacity) as soon as there is room. A tier opened on a
+// file system too full for Open's probe writes starts read-only, and
+// probes before its first write. Nothing is reported
 // stored unless it was written: a Put that failed leaves no trace in the
 // index, the counters or the observer.
 
