@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"kvtier/internal/citest"
 )
 
 // referenceSGLangKeys restates get_hash_str with crypto/sha256: previous
@@ -64,7 +66,7 @@ func TestSGLangGolden(t *testing.T) {
 func TestSGLangAgainstPython(t *testing.T) {
 	const python = "/usr/bin/python3"
 	if _, err := os.Stat(python); err != nil {
-		t.Skip("no", python)
+		citest.Missing(t, "no %s", python)
 	}
 	script := `
 import hashlib

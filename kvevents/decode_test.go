@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"kvtier/internal/citest"
 	"kvtier/internal/msgpacktest"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -399,7 +400,7 @@ sys.stdout.write(msgpack.packb(batch, use_bin_type=True).hex())
 `
 	out, err := exec.Command("/usr/bin/python3", "-c", script).Output()
 	if err != nil {
-		t.Skipf("python3 with msgpack unavailable: %v", err)
+		citest.Missing(t, "python3 with msgpack unavailable (.ci/run installs python3-msgpack): %v", err)
 	}
 	payload, err := hex.DecodeString(string(out))
 	if err != nil {

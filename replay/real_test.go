@@ -5,19 +5,19 @@ import (
 	"os"
 	"testing"
 
+	"kvtier/internal/citest"
 	"kvtier/tier/policy"
 )
 
-// The public Mooncake conversation trace, when the machine has it.
-const realTrace = "/work/shared/traces/conversation_trace.jsonl"
-
 var chartPath = flag.String("chart", "", "write the real trace's hit-rate chart (SVG) to this file")
 
+// readRealTrace reads the public Mooncake conversation trace from
+// ../shared beside the checkout.
 func readRealTrace(t *testing.T) []Request {
 	t.Helper()
-	f, err := os.Open(realTrace)
+	f, err := os.Open(citest.Shared(t, "traces", "conversation_trace.jsonl"))
 	if err != nil {
-		t.Skipf("real trace not available: %v", err)
+		t.Fatal(err)
 	}
 	defer f.Close()
 	reqs, err := ReadTrace(f)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"os"
 	"testing"
+
+	"kvtier/internal/citest"
 )
 
 // conversations builds a trace of n conversations of turns requests each,
@@ -94,9 +96,9 @@ func TestRoutingRefusesBadConfig(t *testing.T) {
 }
 
 func TestRoutingOnTheSharedTrace(t *testing.T) {
-	f, err := os.Open("../../shared/traces/conversation_trace.jsonl")
+	f, err := os.Open(citest.Shared(t, "traces", "conversation_trace.jsonl"))
 	if err != nil {
-		t.Skip("trace not available:", err)
+		t.Fatal(err)
 	}
 	defer f.Close()
 	reqs, err := ReadTrace(f)

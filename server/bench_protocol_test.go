@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"runtime"
 	"testing"
 
 	"kvtier/client"
@@ -24,18 +25,26 @@ func BenchmarkLookupLocal(b *testing.B) {
 	if got, err := setup.Store(context.Background(), client.Tokens(h, tokens, 0), small); got != n || err != nil {
 		b.Fatal(got, err)
 	}
+	// One connection per RunParallel goroutine (SetParallelism(2) makes
+	// 2×GOMAXPROCS), dialled here: b.Fatal, which d.local calls, must not
+	// run on RunParallel's goroutines.
+	conns := make(chan *client.Client, 2*runtime.GOMAXPROCS(0))
+	for range cap(conns) {
+		conns <- d.local(b)
+	}
 	b.ReportAllocs()
 	b.SetParallelism(2)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
-		c := d.local(b)
+		c := <-conns
 		ctx := context.Background()
 		hc, _ := c.Scope(ctx, pScope)
 		keys := client.Tokens(hc, tokens, 0)
 		for pb.Next() {
 			hit, err := c.Lookup(ctx, keys, 0)
 			if err != nil || int(hit.Chunks) != n {
-				b.Fatal(hit, err)
+				b.Error(hit, err)
+				return
 			}
 		}
 	})

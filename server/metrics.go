@@ -5,6 +5,7 @@ import (
 
 	"kvtier/arena"
 	"kvtier/tier"
+	"kvtier/tier/disk"
 	"kvtier/tier/remote"
 )
 
@@ -64,6 +65,11 @@ var (
 		newMetric("remote_failures_total", "Calls to the remote store that failed, timeouts included.", counter, func(h remote.Health) float64 { return float64(h.Failures) }, "tier"),
 		newMetric("remote_timeouts_total", "Calls to the remote store that missed their deadline (remote_timeout plus the object's bytes at the tier's bandwidth).", counter, func(h remote.Health) float64 { return float64(h.Timeouts) }, "tier"),
 	}
+	diskMetrics = []metric[disk.Space]{
+		newMetric("disk_read_only", "1 while the disk tier refuses writes because its file system is full for other reasons, else 0.", gauge, func(s disk.Space) float64 { return bool01(s.ReadOnly) }, "tier"),
+		newMetric("disk_no_space_total", "Disk tier writes that failed because the file system was full.", counter, func(s disk.Space) float64 { return float64(s.NoSpace) }, "tier"),
+		newMetric("disk_refused_total", "Writes the disk tier refused while read-only.", counter, func(s disk.Space) float64 { return float64(s.Refused) }, "tier"),
+	}
 	promotedDesc = prometheus.NewDesc("kvtier_promoted_total", "Chunks promoted from lower tiers into RAM.", nil, nil)
 	readFailDesc = prometheus.NewDesc("kvtier_read_failures_total", "Reads from tiers below RAM that failed (store down, timed out, I/O error) and were served as misses.", nil, nil)
 )
@@ -80,6 +86,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	describe(ch, queueMetrics)
 	describe(ch, arenaMetrics)
 	describe(ch, remoteMetrics)
+	describe(ch, diskMetrics)
 	ch <- promotedDesc
 	ch <- readFailDesc
 }
@@ -98,9 +105,19 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		if g := remote.GuardOf(t); g != nil {
 			collect(ch, remoteMetrics, g.Health(), t.Name())
 		}
+		if d, ok := t.(*disk.Tier); ok {
+			collect(ch, diskMetrics, d.Space(), t.Name())
+		}
 	}
 	ch <- prometheus.MustNewConstMetric(promotedDesc, counter, float64(c.mgr.Promoted()))
 	ch <- prometheus.MustNewConstMetric(readFailDesc, counter, float64(c.mgr.ReadFailed()))
+}
+
+func bool01(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func describe[S any](ch chan<- *prometheus.Desc, ms []metric[S]) {

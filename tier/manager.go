@@ -11,6 +11,7 @@ import (
 
 	"kvtier/arena"
 	"kvtier/chunk"
+	"kvtier/internal/ratelog"
 )
 
 // MaxTiers bounds the hierarchy's depth (RAM plus lower tiers) so per-tier
@@ -109,7 +110,15 @@ type lowerTier struct {
 	dropped atomic.Uint64 // writes dropped because the queue stayed full
 	failed  atomic.Uint64 // writes the tier refused
 	failing atomic.Bool   // the last write failed: later failures are not logged
+	// failLog writes refused writes to the log at most once per
+	// failLogEvery: a tier that refuses everything (a full disk, a store
+	// that is down) would otherwise log once per write.
+	failLog *ratelog.Limiter
 }
+
+// failLogEvery is the least time between two log lines about one tier's
+// refused writes; QueueStats.Failed counts every one.
+const failLogEvery = 10 * time.Second
 
 // writeJob asks a writer to copy one RAM object to a lower tier. It holds
 // an arena reference that the writer drops when done.
@@ -131,7 +140,8 @@ func NewManager(ram RAM, lower []Tier, opts Options) (*Manager, error) {
 	m := &Manager{ram: ram, arena: ram.Arena(), opts: opts, prefetch: make(chan []chunk.Key, opts.PrefetchQueue)}
 	m.idPool.New = func() any { return new([retrieveWindow]arena.ID) }
 	for _, t := range lower {
-		lt := &lowerTier{Tier: t, queue: make(chan writeJob, opts.QueueDepth)}
+		lt := &lowerTier{Tier: t, queue: make(chan writeJob, opts.QueueDepth),
+			failLog: ratelog.New(opts.Logger, slog.LevelWarn, "lower tier write failed", failLogEvery)}
 		m.lower = append(m.lower, lt)
 		for range opts.Writers {
 			m.wg.Add(1)
@@ -356,10 +366,8 @@ func (m *Manager) writer(lt *lowerTier) {
 // flood the log for as long as it stays down.
 func (m *Manager) writeFailed(lt *lowerTier, k chunk.Key, err error) {
 	lt.failed.Add(1)
-	if !lt.failing.Swap(true) {
-		m.opts.Logger.Warn("lower tier write failed; further failures are only counted until a write succeeds",
-			"tier", lt.Name(), "key", k, "err", err)
-	}
+	lt.failing.Store(true)
+	lt.failLog.Log("tier", lt.Name(), "key", k, "err", err)
 }
 
 // writeSucceeded ends a run of failed writes.

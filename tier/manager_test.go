@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -548,4 +550,56 @@ func TestLowerTierReadFailureIsAMiss(t *testing.T) {
 	if p := m.RAM().Arena().Pinned(); p != 0 {
 		t.Errorf("%d bytes still pinned after failed reads", p)
 	}
+}
+
+// refuseTier is a lower tier that refuses every write, as a full disk does.
+type refuseTier struct{ tier.Tier }
+
+var errRefused = errors.New("no space left on device")
+
+func (refuseTier) Put(context.Context, chunk.Key, []byte) error { return errRefused }
+
+// TestRefusedWritesAreCountedNotFlooded stores through a tier that refuses
+// every write: each refusal is counted, but the log gets a line per
+// interval, not one per write.
+func TestRefusedWritesAreCountedNotFlooded(t *testing.T) {
+	var logBuf syncBuffer
+	ram := newRAM(t, 16<<20)
+	m, _ := tier.NewManager(ram, []tier.Tier{refuseTier{newRAM(t, 16<<20)}},
+		tier.Options{QueueDepth: 512, WriteWait: time.Second, Logger: slog.New(slog.NewTextHandler(&logBuf, nil))})
+	const n = 300
+	for i := range n {
+		if _, err := m.Store(context.Background(), []chunk.Key{key(i)}, [][]byte{payload(i, 4096)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := m.Close(); err != nil { // waits for the queued writes
+		t.Fatal(err)
+	}
+	_, qs := m.Stats()
+	if qs[0].Failed != n {
+		t.Fatalf("failed writes = %d, want %d", qs[0].Failed, n)
+	}
+	lines := strings.Count(logBuf.String(), "lower tier write failed")
+	if lines < 1 || lines > n/10 {
+		t.Fatalf("%d log lines for %d refused writes, want a handful", lines, n)
+	}
+}
+
+// syncBuffer is a bytes.Buffer that writers on several goroutines may share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"kvtier/internal/citest"
 )
 
 // TestBenchSmallShape runs the whole bench on a small chunk shape and checks
@@ -52,10 +54,7 @@ func TestBenchRejectsBadFlags(t *testing.T) {
 // cache, and the engine's LRU run matches the simulated LRU exactly when
 // the disk tier is off (same capacity in blocks, same policy code).
 func TestReplayRealTracePrefix(t *testing.T) {
-	trace := filepath.Join("..", "..", "..", "shared", "traces", "conversation_trace.jsonl")
-	if _, err := os.Stat(trace); err != nil {
-		t.Skipf("bundled trace not found: %v", err)
-	}
+	trace := citest.Shared(t, "traces", "conversation_trace.jsonl")
 	for _, disk := range []float64{0, 0.3} {
 		var out bytes.Buffer
 		plot := filepath.Join(t.TempDir(), "chart.svg")

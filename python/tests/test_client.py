@@ -62,6 +62,10 @@ def test_prepare_store_marks_cached_chunks(daemon):
         assert [x.state for x in slots.slots] == [p.SLOT_STORED, p.SLOT_WRITE]
         assert c.commit_store(slots.lease, 0) == 0  # dropped unseen
         assert c.lookup(c.tokens(s, tokens)).chunks == 1
+        # The chunk stored first keeps its bytes; the abandoned one left none.
+        got = c.prepare_retrieve(c.tokens(s, tokens))
+        assert len(got.slots) == 1 and torch.equal(c.slot_tensor(got.slots[0]), _chunk(7))
+        c.release(got.lease)
 
 
 def test_hash_keys_renew_prefetch_clear_stats(daemon):
@@ -72,11 +76,23 @@ def test_hash_keys_renew_prefetch_clear_stats(daemon):
         hit = c.lookup(c.hashes(s, hashes), lease_ms=500)
         assert (hit.tokens, hit.chunks) == (0, 2)
         c.renew(hit.lease, 2000)
-        c.release(hit.lease)
-        assert c.prefetch(c.hashes(s, hashes)) in (True, False)
+        c.release(hit.lease)  # the renewed lease is still there to release ...
+        with pytest.raises(NotFound):
+            c.release(hit.lease)  # ... once
+        got = c.prepare_retrieve(c.hashes(s, hashes))
+        assert len(got.slots) == 2
+        for slot, want in zip(got.slots, [_chunk(1), _chunk(2)]):
+            assert torch.equal(c.slot_tensor(slot), want)
+        c.release(got.lease)
+        assert c.prefetch(c.hashes(s, hashes)) is True  # an idle daemon's prefetch queue has room
+        st = c.stats()
+        mem = next(t for t in st["tiers"] if t["name"] == "mem")
+        assert mem["capacity_bytes"] == 256 << 20  # the fixture's 0.25 GB RAM tier
+        assert mem["objects"] >= 2 and mem["puts"] >= 2 and mem["used_bytes"] >= 2 * 256
         assert c.clear(s) == 2
         assert c.lookup(c.hashes(s, hashes)).chunks == 0
-        assert isinstance(c.stats(), dict)
+        after = next(t for t in c.stats()["tiers"] if t["name"] == "mem")
+        assert after["objects"] == mem["objects"] - 2 and after["removes"] >= mem["removes"] + 2
 
 
 def test_error_statuses_raise_typed_exceptions(daemon):

@@ -23,9 +23,16 @@ def _tier_objects(client, name):
     return next(t["objects"] for t in client.stats()["tiers"] if t["name"] == name)
 
 
+def _cached_chunks(socket_path, model, tokens):
+    """How many leading chunks of tokens the daemon holds for the harness's scope (model name, fp32, KV_2LTD)."""
+    with Client(socket_path) as c:
+        return c.lookup(c.tokens(c.scope(model, "float32/KV_2LTD"), tokens)).chunks
+
+
 def test_daemon_killed_before_the_lookup_is_a_miss(own_daemon):
     p = prompt(20, 70)
     engine(own_daemon.socket_path, "kill-lookup").prefill(p)
+    assert _cached_chunks(own_daemon.socket_path, "kill-lookup", p) == 4  # stored: the miss below is the kill's doing
     own_daemon.kill()
     e = engine(own_daemon.socket_path, "kill-lookup")
     assert_close(e.prefill(p), reference(p))
@@ -63,13 +70,16 @@ def test_daemon_killed_between_lookup_and_load_recomputes(own_daemon, layerwise)
 
 def test_frozen_daemon_times_out_instead_of_hanging(own_daemon):
     p = prompt(23, 40)
+    engine(own_daemon.socket_path, "frozen").prefill(p)
+    assert _cached_chunks(own_daemon.socket_path, "frozen", p) == 2  # the daemon holds the prompt ...
     e = engine(own_daemon.socket_path, "frozen", timeout=0.3)
     os.kill(own_daemon.proc.pid, signal.SIGSTOP)
     try:
         assert_close(e.prefill(p), reference(p))
-        assert e.steps[0].external_tokens == 0
+        assert e.steps[0].external_tokens == 0  # ... but cannot answer in time: a miss, not a hang
     finally:
         os.kill(own_daemon.proc.pid, signal.SIGCONT)
+    assert _cached_chunks(own_daemon.socket_path, "frozen", p) == 2  # and serves again once thawed
 
 
 def test_chunks_come_back_from_the_disk_tier(own_daemon):

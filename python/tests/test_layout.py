@@ -67,3 +67,11 @@ def test_chunk_view_rejects_partial_tokens():
     paged = layout.Paged.of(_paged(layout.KV_FIRST)[0])
     with pytest.raises(ValueError):
         layout.chunk_view(torch.zeros(7, dtype=torch.uint8), paged, 3)
+    # Whole tokens view as (K/V, layer, token, row), aliasing the bytes.
+    raw = torch.zeros(paged.chunk_bytes(3, 2), dtype=torch.uint8)
+    view = layout.chunk_view(raw, paged, 3)
+    assert view.shape == (2, 3, 2, paged.row_elems)
+    view[1, 2, 1] = 1.5  # V, last layer, last token: the last row of the buffer
+    flat = raw.view(torch.float32)
+    assert torch.equal(flat[-paged.row_elems:], torch.full((paged.row_elems,), 1.5))
+    assert not flat[:-paged.row_elems].any()

@@ -544,9 +544,15 @@ func TestConcurrentUse(t *testing.T) {
 				pod, tier := PodID(r.IntN(8)), Tier(r.IntN(int(NumTiers)))
 				switch r.IntN(10) {
 				case 0, 1, 2, 3:
-					mustAdd(t, ix, pod, tier, hs...)
+					if err := ix.Add(pod, tier, hs); err != nil {
+						t.Error(err) // not t.Fatal: this is not the test's goroutine
+						return
+					}
 				case 4, 5:
-					mustRemove(t, ix, pod, tier, hs...)
+					if err := ix.Remove(pod, tier, hs); err != nil {
+						t.Error(err)
+						return
+					}
 				case 6:
 					if r.IntN(10) == 0 {
 						ix.ClearPod(pod)

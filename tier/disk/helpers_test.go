@@ -81,7 +81,8 @@ func checkGet(t testing.TB, d *Tier, key chunk.Key, want []byte) {
 }
 
 // getOutcome reads key and classifies the result, failing the test if the
-// bytes are wrong or the error is neither not-found nor corrupt.
+// bytes are wrong or the error is neither not-found nor corrupt. It fails
+// with t.Errorf, not t.Fatalf, so that goroutines may call it.
 func getOutcome(t testing.TB, d *Tier, key chunk.Key, want []byte) error {
 	t.Helper()
 	dst := make([]byte, len(want)+blockSize)
@@ -89,11 +90,11 @@ func getOutcome(t testing.TB, d *Tier, key chunk.Key, want []byte) error {
 	switch {
 	case err == nil:
 		if n != len(want) || !bytes.Equal(dst[:n], want) {
-			t.Fatalf("Get(%v) returned %d wrong bytes", key, n)
+			t.Errorf("Get(%v) returned %d wrong bytes", key, n)
 		}
 	case errors.Is(err, tier.ErrNotFound), errors.Is(err, tier.ErrCorrupt):
 	default:
-		t.Fatalf("Get(%v): unexpected error %v", key, err)
+		t.Errorf("Get(%v): unexpected error %v", key, err)
 	}
 	return err
 }
@@ -108,17 +109,23 @@ func segmentFiles(t testing.TB, dir string) []string {
 	return paths
 }
 
-// allocatedBytes sums the file system blocks the segment files occupy.
+// allocatedBytes sums the file system blocks the segment files occupy. It
+// fails with t.Error, so that goroutines may call it.
 func allocatedBytes(t testing.TB, dir string) int64 {
 	t.Helper()
+	paths, err := filepath.Glob(filepath.Join(dir, "*.seg"))
+	if err != nil {
+		t.Error(err)
+	}
 	var total int64
-	for _, p := range segmentFiles(t, dir) {
+	for _, p := range paths {
 		var st unix.Stat_t
 		if err := unix.Stat(p, &st); err != nil {
 			if errors.Is(err, unix.ENOENT) {
 				continue // retired meanwhile
 			}
-			t.Fatal(err)
+			t.Error(err)
+			continue
 		}
 		total += st.Blocks * 512
 	}

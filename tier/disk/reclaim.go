@@ -19,7 +19,7 @@ import (
 // keepHeadroomLocked evicts until Headroom bytes are free or being freed,
 // so that the next Put need not wait for punches.
 func (t *Tier) keepHeadroomLocked() {
-	for t.opts.Capacity-(t.used-t.punching) < t.opts.Headroom {
+	for t.room.Capacity-(t.used-t.punching) < t.headroomLocked() {
 		if !t.evictOneLocked() {
 			return
 		}
@@ -80,7 +80,7 @@ func (t *Tier) execPunch(o *op) {
 		err = unix.Fsync(seg.fd)
 	}
 	if err != nil {
-		t.log.Error("freeing record space failed", "segment", seg.id, "offset", o.off, "err", err)
+		t.logs.punch.Log("segment", seg.id, "offset", o.off, "err", err)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -30,6 +30,10 @@
 // I/O runs on a few goroutines fed by priority queues (reads, then deletes,
 // then writes); no lock is held across I/O. Pins are leases that keep
 // records from eviction until they lapse.
+//
+// A file system that fills up before the tier reaches its capacity makes
+// it evict to fit, when its own records filled it, or turn read-only until
+// there is room again (space.go).
 package disk
 
 import (
@@ -151,6 +155,14 @@ type Tier struct {
 	writing  int64 // bytes of Puts in flight
 	punching int64 // bytes of punches queued or running
 	st       tier.Stats
+
+	// Room on the file system: see space.go.
+	room      Space
+	nextCheck int64         // tier clock time of the next look at the file system
+	checking  bool          // a look is under way
+	unprobed  bool          // opened on a full file system: probe before writing
+	recheck   time.Duration // recheckEvery; tests shorten it
+	logs      spaceLogs
 }
 
 var _ tier.Tier = (*Tier)(nil)
@@ -170,6 +182,13 @@ func Open(dir string, opts Options) (*Tier, error) {
 		return nil, err
 	}
 	direct, err := probe(dir, opts.DirectIO)
+	unprobed := false
+	if isNoSpace(err) {
+		// Too full for the probe's test writes: open read-only and serve
+		// what is there (space.go).
+		direct, err = probeFull(dir, opts.DirectIO)
+		unprobed = err == nil
+	}
 	if err != nil {
 		unix.Close(lockFD)
 		return nil, err
@@ -188,9 +207,16 @@ func Open(dir string, opts Options) (*Tier, error) {
 	t.space.L = &t.mu
 	t.st.Name = t.Name()
 	t.st.Capacity = opts.Capacity
+	t.room.Capacity = opts.Capacity
+	t.recheck = recheckEvery
+	t.logs = newSpaceLogs(t.log)
 	if err := t.recover(); err != nil {
 		t.closeFiles()
 		return nil, err
+	}
+	if unprobed {
+		t.room.ReadOnly, t.room.NoSpace, t.unprobed = true, 1, true
+		t.logs.readOnly.Log("at_open", true)
 	}
 	t.sched = newSched(opts.QueueDepth, opts.BounceSize, t.exec)
 	return t, nil
@@ -284,7 +310,9 @@ func (t *Tier) List(scope uint64, fn func(chunk.Key, int) bool) {
 
 // Put implements tier.Tier. It returns once the record is written and, with
 // SyncEach, durable. Reserving space may wait for evictions to free it; if
-// everything evictable is pinned, Put fails with tier.ErrBusy.
+// everything evictable is pinned, Put fails with tier.ErrBusy. A full file
+// system makes the tier evict to fit or turn read-only (see space.go); a
+// read-only tier fails Puts with ErrReadOnly.
 func (t *Tier) Put(ctx context.Context, key chunk.Key, data []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -293,10 +321,26 @@ func (t *Tier) Put(ctx context.Context, key chunk.Key, data []byte) error {
 	if need > t.opts.Capacity {
 		return fmt.Errorf("disk: put %v: %d bytes on disk: %w", key, need, tier.ErrTooLarge)
 	}
+	err := t.put(ctx, key, data, need)
+	if isNoSpace(err) && t.noSpace(need, err) {
+		// The capacity in force was lowered to what the file system
+		// holds: try once more, evicting down to it.
+		if err = t.put(ctx, key, data, need); isNoSpace(err) {
+			t.noSpace(need, err)
+		}
+	}
+	return err
+}
+
+// put makes one attempt at storing a need-byte record.
+func (t *Tier) put(ctx context.Context, key chunk.Key, data []byte, need int64) error {
 	if stored, err := t.enter(key); stored || err != nil {
 		return err
 	}
 	defer t.calls.Done()
+	if err := t.admit(); err != nil {
+		return fmt.Errorf("disk: put %v: %w", key, err)
+	}
 
 	t.mu.Lock()
 	r, err := t.reserveLocked(key, int64(len(data)), need)
@@ -356,14 +400,14 @@ type reservation struct {
 }
 
 // enter registers a Put call unless the tier is closed or key is already
-// there (stored). On (false, nil) the caller must call t.calls.Done.
+// stored. On (false, nil) the caller must call t.calls.Done.
 func (t *Tier) enter(key chunk.Key) (stored bool, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
 		return false, tier.ErrClosed
 	}
-	if _, ok := t.idx.get(key); ok {
+	if _, ok := t.idx.liveSlot(key); ok {
 		return true, nil
 	}
 	t.calls.Add(1)
@@ -372,25 +416,35 @@ func (t *Tier) enter(key chunk.Key) (stored bool, err error) {
 
 // reserveLocked makes room for a need-byte record, evicting least recently
 // used records as needed, and places it. The reservation is empty if key
-// was stored meanwhile.
+// was stored meanwhile. If another Put of key is writing it, this one waits
+// for the outcome rather than report as stored a record that may yet fail.
 func (t *Tier) reserveLocked(key chunk.Key, size, need int64) (reservation, error) {
 	for {
 		if t.closed {
 			return reservation{}, tier.ErrClosed
 		}
-		if _, ok := t.idx.get(key); ok {
-			return reservation{}, nil
+		if i, ok := t.idx.get(key); ok {
+			if t.idx.slots[i].state == slotLive {
+				return reservation{}, nil
+			}
+			t.space.Wait() // finishPut broadcasts
+			continue
 		}
-		if t.used+need <= t.opts.Capacity {
+		limit := t.room.Capacity
+		if need > limit {
+			return reservation{}, fmt.Errorf("disk: put %v: %d bytes on disk, the file system holds %d for the tier: %w",
+				key, need, limit, tier.ErrTooLarge)
+		}
+		if t.used+need <= limit {
 			break
 		}
 		// Evict only what the punches already under way will not free.
-		if t.used-t.punching+need > t.opts.Capacity && t.evictOneLocked() {
+		if t.used-t.punching+need > limit && t.evictOneLocked() {
 			continue
 		}
 		if t.punching == 0 && t.writing == 0 {
 			return reservation{}, fmt.Errorf("disk: put %v: %d of %d bytes pinned: %w",
-				key, t.used, t.opts.Capacity, tier.ErrBusy)
+				key, t.used, limit, tier.ErrBusy)
 		}
 		t.space.Wait()
 	}
