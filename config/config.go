@@ -103,6 +103,9 @@ type Config struct {
 	KVEventsModel     string `yaml:"kv_events_model"`
 	KVEventsHashSeed  string `yaml:"kv_events_hash_seed"`
 	KVEventsBlockSize int    `yaml:"kv_events_block_size"`
+	// KVEventsEncoding is how each event is laid out: "map" (vLLM since
+	// 0.26, llm-d since v0.9) or "array" (the older tagged arrays).
+	KVEventsEncoding string `yaml:"kv_events_encoding"`
 
 	// DiskDirectIO is auto, on or off: whether the disk tier bypasses the
 	// page cache with O_DIRECT. auto uses it where the filesystem allows.
@@ -157,6 +160,7 @@ func defaults(getenv func(string) string, euid int) Config {
 		SocketPath:        defaultSocketPath(getenv, euid),
 		SocketMode:        "0600",
 		KVEventsBlockSize: 16,
+		KVEventsEncoding:  "map",
 		DiskDirectIO:      "auto",
 		DiskSegmentSize:   256 * MiB,
 		WriteQueueDepth:   64,

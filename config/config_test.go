@@ -46,6 +46,7 @@ func TestDefaults(t *testing.T) {
 		SocketPath:        "/run/kvtier/kvtier.sock",
 		SocketMode:        "0600",
 		KVEventsBlockSize: 16,
+		KVEventsEncoding:  "map",
 		DiskDirectIO:      "auto",
 		DiskSegmentSize:   256 * MiB,
 		WriteQueueDepth:   64,

@@ -89,6 +89,8 @@ func (c Config) Validate() error {
 		}
 	}
 	switch {
+	case c.KVEventsEncoding != "map" && c.KVEventsEncoding != "array":
+		bad("kv_events_encoding", "want map or array, got %q", c.KVEventsEncoding)
 	case c.KVEventsBlockSize < 1:
 		bad("kv_events_block_size", "want a positive number of tokens, got %d", c.KVEventsBlockSize)
 	case c.KVEventsEndpoint != "" && c.ChunkSize%c.KVEventsBlockSize != 0:

@@ -44,6 +44,7 @@ func TestEveryValidationErrorNamesItsKey(t *testing.T) {
 		{"write_wait", func(c *Config) { c.WriteWait = -time.Millisecond }, "want 0 or more"},
 		{"lease_ttl", func(c *Config) { c.LeaseTTL = 0 }, "want more than 0"},
 		{"log_level", func(c *Config) { c.LogLevel = "trace" }, "want one of debug, info, warn, error"},
+		{"kv_events_encoding", func(c *Config) { c.KVEventsEncoding = "json" }, "want map or array"},
 	}
 	for _, tc := range cases {
 		c := Default()

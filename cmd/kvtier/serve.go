@@ -22,6 +22,7 @@ import (
 
 	"kvtier/config"
 	"kvtier/engine"
+	"kvtier/kvevents"
 	"kvtier/server"
 	"kvtier/tier"
 )
@@ -136,9 +137,13 @@ func startEvents(cfg config.Config, eng *engine.Engine, log *slog.Logger) (*serv
 	if cfg.KVEventsEndpoint == "" {
 		return nil, nil
 	}
+	encoding, err := kvevents.ParseEncoding(cfg.KVEventsEncoding)
+	if err != nil {
+		return nil, fmt.Errorf("kv_events_encoding: %w", err)
+	}
 	pub, err := server.NewPublisher(server.EventOptions{Endpoint: cfg.KVEventsEndpoint, Pod: cfg.KVEventsPod,
 		Model: cfg.KVEventsModel, HashSeed: cfg.KVEventsHashSeed, BlockSize: cfg.KVEventsBlockSize,
-		ChunkTokens: eng.ChunkSize(), Logger: log})
+		ChunkTokens: eng.ChunkSize(), Encoding: encoding, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("kv_events_endpoint: %w", err)
 	}
