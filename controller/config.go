@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -96,17 +97,16 @@ func (c *Config) LoadFile(path string) error {
 	return c.Decode(data, path)
 }
 
-// Decode applies a YAML document of keys to c; keys it does not set keep
-// their values, and an empty document changes nothing. It is strict, since
-// a misspelt key would otherwise quietly leave a default in place: unknown
-// keys, values of the wrong type and a second document are errors. It
-// does not validate, so that flags may still complete the configuration.
-// name labels errors, usually the file's path.
+// Decode applies a YAML document of keys to c; keys it does not set, or
+// sets to null, keep their values, as in the daemon's configuration. It is
+// strict, since a misspelt key would otherwise quietly leave a default in
+// place: unknown keys, values of the wrong type and a second document are
+// errors. It does not validate, so that flags may still complete the
+// configuration. name labels errors, usually the file's path.
 func (c *Config) Decode(data []byte, name string) error {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	next := *c
-	if err := dec.Decode(&next); err != nil {
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
@@ -116,8 +116,42 @@ func (c *Config) Decode(data []byte, name string) error {
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		return fmt.Errorf("%s: want a single YAML document, found a second one", name)
 	}
+	root := doc.Content[0]
+	if root.Kind == yaml.ScalarNode && root.ShortTag() == "!!null" {
+		return nil // only comments
+	}
+	if root.Kind != yaml.MappingNode {
+		return fmt.Errorf("%s:%d: want a mapping of keys to values", name, root.Line)
+	}
+	if err := dropNulls(root, name); err != nil {
+		return err
+	}
+	next := *c
+	if err := root.Decode(&next); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
 	*c = next
 	return nil
+}
+
+// dropNulls removes the keys set to null from a mapping, after checking
+// every key is one of Keys.
+func dropNulls(m *yaml.Node, name string) error {
+	var errs []error
+	kept := m.Content[:0:0]
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		k, v := m.Content[i], m.Content[i+1]
+		if !slices.Contains(Keys(), k.Value) {
+			errs = append(errs, fmt.Errorf("%s:%d: unknown key %q", name, k.Line, k.Value))
+			continue
+		}
+		if v.Kind == yaml.ScalarNode && v.ShortTag() == "!!null" {
+			continue
+		}
+		kept = append(kept, k, v)
+	}
+	m.Content = kept
+	return errors.Join(errs...)
 }
 
 // Validate reports every problem with c that can be found without opening

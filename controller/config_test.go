@@ -15,8 +15,10 @@ func TestDecodeKeepsWhatTheFileLeavesOut(t *testing.T) {
 	if err := c.Decode([]byte("# only comments\n"), "c.yaml"); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Decode(nil, "c.yaml"); err != nil {
-		t.Fatal(err)
+	for _, empty := range []string{"", "---\n", "~\n"} {
+		if err := c.Decode([]byte(empty), "c.yaml"); err != nil {
+			t.Fatalf("Decode(%q): %v", empty, err)
+		}
 	}
 	if err := c.Decode([]byte("scorer: tier-weighted\nhash_seed: \"\"\n"), "c.yaml"); err != nil {
 		t.Fatal(err)
@@ -25,6 +27,20 @@ func TestDecodeKeepsWhatTheFileLeavesOut(t *testing.T) {
 	if c.Scorer != "tier-weighted" || c.HashSeed == nil || *c.HashSeed != "" ||
 		c.Listen != want.Listen || c.BlockSize != want.BlockSize || c.MaxBlocks != want.MaxBlocks || c.LogLevel != want.LogLevel {
 		t.Errorf("decoded %+v", c)
+	}
+}
+
+// TestDecodeNullKeepsTheValue: a key written without a value keeps the
+// value it had, as in the daemon's configuration.
+func TestDecodeNullKeepsTheValue(t *testing.T) {
+	c := validConfig()
+	if err := c.Decode([]byte("scorer:\nhash_seed: ~\npods: null\nlisten: 127.0.0.1:1\n"), "c.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	want := validConfig()
+	want.Listen = "127.0.0.1:1"
+	if c.Scorer != want.Scorer || *c.HashSeed != *want.HashSeed || !slices.Equal(c.Pods, want.Pods) || c.Listen != want.Listen {
+		t.Errorf("decoded %+v, want %+v", c, want)
 	}
 }
 
@@ -50,6 +66,8 @@ func TestDecodeIsStrict(t *testing.T) {
 		"listen: a\n---\nlisten: b\n", // two documents
 		"- listen\n",                  // not a mapping
 		"listen: [\n",                 // not YAML
+		"listen: a\nlisten: b\n",      // a key twice
+		"3: x\n",                      // not a key
 	} {
 		c := Default()
 		err := c.Decode([]byte(doc), "c.yaml")
@@ -124,6 +142,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte("hash_seed: 0\npods: [a=m=tcp://h:1]\nscorer: coverage\n"))
 	f.Add([]byte("block_size: -1\nmax_blocks: 99999999999999999999\n"))
 	f.Add([]byte("a: &x [*x]\n"))
+	f.Add([]byte("---\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c := Default()
 		if err := c.Decode(data, "fuzz"); err == nil {
