@@ -1,152 +1,114 @@
 package main
 
 import (
-	"bytes"
-	"context"
-	"encoding/binary"
-	"encoding/json"
-	"fmt"
-	"io"
-	"kvtier/internal/redistest"
-	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
-	goredis "github.com/redis/go-redis/v9"
-
-	"kvtier/chunk"
-	"kvtier/internal/msgpacktest"
-	"kvtier/router/api"
-	"kvtier/router/index"
-	"kvtier/router/ingest"
+	"kvtier/controller"
 )
 
-func TestParsePods(t *testing.T) {
-	eps, err := parsePods([]string{
-		"pod-a=meta-llama/Llama-3.1-8B=tcp://10.0.0.7:5557",
-		"pod-b=org/m@v=2=tcp://10.0.0.8:5557=tcp://10.0.0.8:5558",
-	})
-	if err != nil {
+// controllerFile sets every key of the controller's configuration.
+const controllerFile = `
+listen: 127.0.0.1:9001
+grpc_listen: 127.0.0.1:9002
+pods: [a=m=tcp://127.0.0.1:1, b=m=tcp://127.0.0.1:2]
+pods_file: /file/pods
+hash_seed: 42
+block_size: 32
+max_blocks: 1000
+index_redis: redis://127.0.0.1:6379/1
+scorer: coverage
+tokenizers: [tiktoken:cl100k_base]
+log_level: debug
+`
+
+// TestControllerFlags checks that `kvtier controller` reads every key from
+// --config, and that every key's flag, when given, replaces the file's value.
+func TestControllerFlags(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "controller.yaml")
+	if err := os.WriteFile(path, []byte(controllerFile), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	got := fmt.Sprintf("%+v", eps)
-	want := "[{Pod:pod-a Model:meta-llama/Llama-3.1-8B Address:tcp://10.0.0.7:5557 Replay: Topic:} " +
-		"{Pod:pod-b Model:org/m@v=2 Address:tcp://10.0.0.8:5557 Replay:tcp://10.0.0.8:5558 Topic:}]"
-	if got != want {
-		t.Errorf("parsePods =\n%s, want\n%s", got, want)
+	fromFile := controllerConfig(t, "--config", path)
+	fileSeed := "42"
+	want := controller.Config{Listen: "127.0.0.1:9001", GRPCListen: "127.0.0.1:9002",
+		Pods: []string{"a=m=tcp://127.0.0.1:1", "b=m=tcp://127.0.0.1:2"}, PodsFile: "/file/pods",
+		HashSeed: &fileSeed, BlockSize: 32, MaxBlocks: 1000, IndexRedis: "redis://127.0.0.1:6379/1",
+		Scorer: "coverage", Tokenizers: []string{"tiktoken:cl100k_base"}, LogLevel: "debug"}
+	if !reflect.DeepEqual(fromFile, want) {
+		t.Errorf("from the file:\n%+v, want\n%+v", fromFile, want)
 	}
-	for _, bad := range [][]string{
-		nil,
-		{"pod-a"},
-		{"pod-a=m"},
-		{"pod-a=tcp://h:1"},
-		{"=m=tcp://h:1"},
-		{"pod-a==tcp://h:1"},
-		{"pod-a=m=http://h:1"},
-		{"pod-a=m=tcp://h:1=replay"},
-		{"pod-a=m=tcp://h:1", "pod-a=m=tcp://h:2"},
-	} {
-		if eps, err := parsePods(bad); err == nil {
-			t.Errorf("parsePods(%q) = %+v, want an error", bad, eps)
-		}
+
+	fromFlags := controllerConfig(t, "--config", path, "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0",
+		"--pod", "c=m=tcp://127.0.0.1:3", "--pods-file", "/flag/pods", "--hash-seed", "", "--block-size", "16",
+		"--max-blocks", "2000", "--index-redis", "redis://127.0.0.1:6380", "--scorer", "block-hits",
+		"--tokenizer", "m=tiktoken:o200k_base", "--tokenizer", "tiktoken:cl100k_base", "--log-level", "warn")
+	emptySeed := ""
+	want = controller.Config{Listen: "127.0.0.1:0", GRPCListen: "127.0.0.1:0",
+		Pods: []string{"c=m=tcp://127.0.0.1:3"}, PodsFile: "/flag/pods", HashSeed: &emptySeed, BlockSize: 16,
+		MaxBlocks: 2000, IndexRedis: "redis://127.0.0.1:6380", Scorer: "block-hits",
+		Tokenizers: []string{"m=tiktoken:o200k_base", "tiktoken:cl100k_base"}, LogLevel: "warn"}
+	if !reflect.DeepEqual(fromFlags, want) {
+		t.Errorf("with every flag:\n%+v, want\n%+v", fromFlags, want)
+	}
+
+	// Without --config, the defaults and the flags: the old command lines.
+	got := controllerConfig(t, "--hash-seed", "0", "--pod", "a=m=tcp://127.0.0.1:1")
+	if got.Listen != "127.0.0.1:7481" || got.Scorer != "longest-prefix" || *got.HashSeed != "0" || len(got.Pods) != 1 {
+		t.Errorf("flags only: %+v", got)
+	}
+	if got := controllerConfig(t); got.HashSeed != nil {
+		t.Errorf("no --hash-seed gave the seed %q, want none", *got.HashSeed)
 	}
 }
 
-func TestControllerRejectsBadFlags(t *testing.T) {
-	good := controllerFlags{listen: "127.0.0.1:0", pods: []string{"p=m=tcp://127.0.0.1:1"}, seedSet: true,
-		blockSize: 16, maxBlocks: 1000, scorer: "longest-prefix", logLevel: "info"}
-	for name, mutate := range map[string]func(*controllerFlags){
-		"hash-seed":  func(f *controllerFlags) { f.seedSet = false },
-		"pod":        func(f *controllerFlags) { f.pods = nil },
-		"scorer":     func(f *controllerFlags) { f.scorer = "random" },
-		"block-size": func(f *controllerFlags) { f.blockSize = 0 },
-		"max-blocks": func(f *controllerFlags) { f.maxBlocks = 0 },
-		"log-level":  func(f *controllerFlags) { f.logLevel = "loud" },
-		"listen":     func(f *controllerFlags) { f.listen = "127.0.0.1:-1" },
-	} {
-		f := good
-		mutate(&f)
-		err := runController(context.Background(), func() {}, f, io.Discard)
-		if err == nil || !strings.Contains(err.Error(), name) {
-			t.Errorf("%s: runController = %v, want an error naming it", name, err)
-		}
-	}
-}
-
-// vllmBlockStored encodes an EventBatch holding one BlockStored event as
-// vLLM's msgspec publisher does with array_like structs (the tagged-array
-// encoding): [ts, [["BlockStored", hashes, parent, tokens, block_size,
-// lora_id, medium]], dp_rank].
-func vllmBlockStored(t *testing.T, hashes []uint64, tokens []uint32, blockSize int) []byte {
+// controllerConfig parses `kvtier controller` arguments into its
+// configuration, without running it.
+func controllerConfig(t *testing.T, args ...string) controller.Config {
 	t.Helper()
-	event := []any{"BlockStored", hashes, nil, tokens, blockSize, nil, nil}
-	b, err := msgpacktest.Encode([]any{1700000000.25, []any{event}, 0}, true)
+	cmd, f := newControllerCmd()
+	if err := cmd.ParseFlags(args); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := f.load(cmd.Flags().Changed)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return b
+	return cfg
+}
+
+func TestControllerScorerHelpListsEveryScorer(t *testing.T) {
+	cmd, _ := newControllerCmd()
+	usage := cmd.Flags().Lookup("scorer").Usage
+	for _, name := range []string{"longest-prefix", "tier-weighted", "block-hits", "coverage"} {
+		if !strings.Contains(usage, name) {
+			t.Errorf("--scorer help %q does not name %s", usage, name)
+		}
+	}
 }
 
 var controllerListening = regexp.MustCompile(`msg="controller listening" addr=(\S+)`)
 
-// TestControllerServesScoresFromEvents runs `kvtier controller` against a
-// real ZMQ publisher emitting vLLM's BlockStored frames for a prompt, and
-// checks that /v1/score then gives the publishing pod the whole prompt.
-func TestControllerServesScoresFromEvents(t *testing.T) {
-	t.Run("memory", func(t *testing.T) { controllerServesScores(t) })
-	t.Run("redis", func(t *testing.T) {
-		srv := redistest.Start(t)
-		url := srv.URL()
-		controllerServesScores(t, "--index-redis", url)
-		// The blocks are in Redis, where another controller would see them.
-		opts, _ := goredis.ParseURL(url)
-		rdb := goredis.NewClient(opts)
-		defer rdb.Close()
-		keys, err := rdb.Keys(context.Background(), "kvtier:b:*").Result()
-		if err != nil || len(keys) != 10 {
-			t.Errorf("Redis holds %d block keys (%v), want the prompt's 10", len(keys), err)
-		}
-	})
-}
-
-// controllerServesScores runs a controller with extra flags against a
-// publisher and checks the pod scores the whole prompt.
-func controllerServesScores(t *testing.T, extra ...string) {
-	const blockSize = 16
-	prompt := make([]uint32, 10*blockSize+3)
-	for i := range prompt {
-		prompt[i] = uint32(50000 + 13*i)
-	}
-	hasher, err := chunk.NewVLLMHasher("0", blockSize)
-	if err != nil {
+// TestControllerCommandRuns runs the binary with a configuration file,
+// checks it serves, and that SIGTERM stops it cleanly.
+func TestControllerCommandRuns(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "controller.yaml")
+	if err := os.WriteFile(path, []byte("hash_seed: 0\npods: [a=m=tcp://127.0.0.1:1]\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var hashes []uint64
-	for _, b := range hasher.BlockHashes(nil, prompt, chunk.VLLMRequest{}) {
-		hashes = append(hashes, chunk.EventHash(b))
-	}
-	payload := vllmBlockStored(t, hashes, prompt[:len(hashes)*blockSize], blockSize)
-
-	pub := zmq4.NewPub(context.Background())
-	defer pub.Close()
-	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
-
 	bin, err := buildKvtier()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, append([]string{"controller", "--listen", "127.0.0.1:0", "--hash-seed", "0",
-		"--pod", "pod-a=m=tcp://" + pub.Addr().String()}, extra...)...)
+	cmd := exec.Command(bin, "controller", "--config", path, "--listen", "127.0.0.1:0")
 	stderr := &syncBuffer{}
 	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
@@ -156,13 +118,9 @@ func controllerServesScores(t *testing.T, extra ...string) {
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() { cmd.Process.Kill() })
 
-	var url string
 	deadline := time.Now().Add(hang)
-	for url == "" {
-		if m := controllerListening.FindStringSubmatch(stderr.String()); m != nil {
-			url = "http://" + m[1]
-			break
-		}
+	var m []string
+	for m == nil {
 		select {
 		case err := <-exited:
 			t.Fatalf("controller exited before listening: %v\n%s", err, stderr)
@@ -171,33 +129,13 @@ func controllerServesScores(t *testing.T, extra ...string) {
 		if time.Now().After(deadline) {
 			t.Fatalf("controller did not log its address within %v:\n%s", hang, stderr)
 		}
+		m = controllerListening.FindStringSubmatch(stderr.String())
 	}
-
-	// A SUB socket misses what is published before it has connected, so
-	// keep publishing (with increasing sequence numbers, as vLLM does)
-	// until the score shows the blocks.
-	body, err := json.Marshal(map[string]any{"model": "m", "tokens": prompt, "pods": []string{"pod-a", "pod-z"}})
-	if err != nil {
-		t.Fatal(err)
+	resp, err := http.Get("http://" + m[1] + "/healthz")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /healthz: %v %v", resp, err)
 	}
-	var got api.ScoreResponse
-	for seq := uint64(0); ; seq++ {
-		msg := zmq4.NewMsgFrom([]byte("kv@pod-a@m"), binary.BigEndian.AppendUint64(nil, seq), payload)
-		if err := pub.Send(msg); err != nil {
-			t.Fatal(err)
-		}
-		got = scoreOnce(t, url, body)
-		if got.Scores["pod-a"] == float64(len(hashes)) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pod-a never scored the prompt within %v; last answer %+v\n%s", hang, got, stderr)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if got.Blocks != 10 || got.Scores["pod-z"] != 0 || len(got.Scores) != 2 {
-		t.Errorf("score = %+v, want 10 blocks, pod-a 10, pod-z 0", got)
-	}
+	resp.Body.Close()
 
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -210,96 +148,7 @@ func controllerServesScores(t *testing.T, extra ...string) {
 	case <-time.After(hang):
 		t.Fatalf("controller still running %v after SIGTERM:\n%s", hang, stderr)
 	}
-	log := stderr.String()
-	if !strings.Contains(log, `msg="shutting down"`) || !strings.Contains(log, "msg=stopped") {
+	if log := stderr.String(); !strings.Contains(log, `msg="shutting down"`) || !strings.Contains(log, "msg=stopped") {
 		t.Errorf("shutdown was not logged:\n%s", log)
 	}
-}
-
-func scoreOnce(t *testing.T, url string, body []byte) api.ScoreResponse {
-	t.Helper()
-	resp, err := http.Post(url+"/v1/score", "application/json", bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	out, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("POST /v1/score: %d %v: %s", resp.StatusCode, err, out)
-	}
-	var r api.ScoreResponse
-	if err := json.Unmarshal(out, &r); err != nil {
-		t.Fatalf("decoding %s: %v", out, err)
-	}
-	return r
-}
-
-func TestParseTokenizers(t *testing.T) {
-	pick, err := parseTokenizers([]string{"tiktoken:cl100k_base", "gpt-x=tiktoken:o200k_base"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if pick("gpt-x").Tokenizer().Name() == pick("anything").Tokenizer().Name() {
-		t.Error("the model's own tokenizer is not used")
-	}
-	for _, bad := range [][]string{{"nosuch:x"}, {"m=tiktoken:cl100k_base", "m=tiktoken:o200k_base"}, {"hf:/does/not/exist.json"}} {
-		if _, err := parseTokenizers(bad); err == nil {
-			t.Errorf("%q accepted", bad)
-		}
-	}
-	if pick, err := parseTokenizers(nil); err != nil || pick != nil {
-		t.Errorf("no --tokenizer: %v %v", pick != nil, err)
-	}
-}
-
-func TestPodsFileIsWatched(t *testing.T) {
-	podsFilePoll = 20 * time.Millisecond
-	dir := t.TempDir()
-	file := filepath.Join(dir, "pods")
-	write := func(s string) {
-		if err := os.WriteFile(file+".tmp", []byte(s), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(file+".tmp", file); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("# fleet\npod-a=m=tcp://127.0.0.1:1\n\n")
-	eps, loaded, err := loadPods(nil, file)
-	if err != nil || len(eps) != 1 || eps[0].Pod != "pod-a" || eps[0].Model != "m" {
-		t.Fatalf("loadPods: %+v %v", eps, err)
-	}
-	ix, _ := index.New(index.Config{MaxBlocks: 1024})
-	pods := index.NewPods()
-	sub, err := ingest.New(ingest.Config{Endpoints: eps}, ix, pods)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer func() { cancel(); sub.Close() }()
-	if err := sub.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.DiscardHandler)
-	go watchPods(ctx, nil, file, loaded, sub, log)
-
-	wait := func(what string, cond func([]ingest.Endpoint) bool) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !cond(sub.Endpoints()) {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s: %+v", what, sub.Endpoints())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-	write("pod-a=m=tcp://127.0.0.1:1\npod-b=m=tcp://127.0.0.1:2\n")
-	wait("pod-b", func(e []ingest.Endpoint) bool { return len(e) == 2 })
-	write("not a pod line\n") // rejected: the pods stay
-	time.Sleep(100 * time.Millisecond)
-	if len(sub.Endpoints()) != 2 {
-		t.Fatalf("a bad file changed the pods: %+v", sub.Endpoints())
-	}
-	write("pod-b=m=tcp://127.0.0.1:2\n")
-	wait("pod-a's removal", func(e []ingest.Endpoint) bool { return len(e) == 1 && e[0].Pod == "pod-b" })
 }

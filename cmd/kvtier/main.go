@@ -1,9 +1,12 @@
 // Command kvtier is kvtier's single binary: `serve` runs the node daemon
-// (the engine behind an HTTP admin API with Prometheus metrics; the
-// connector protocols come next), `controller` runs the KV-aware router's
-// scoring service over vLLM's KV events, `bench` measures the tiers against
-// raw baselines in one run, and `replay` drives a request trace through
-// the real engine.
+// (the engine behind the cache protocols and an HTTP admin API),
+// `controller` runs the KV-aware router over vLLM's KV events, `bench`
+// measures the tiers against raw baselines in one run, and `replay` drives
+// a request trace through the real engine.
+//
+// This package parses commands and flags and wires packages together; the
+// work lives in those packages (engine and server, controller, bench,
+// replay), where it can be tested without the binary.
 package main
 
 import (

@@ -12,42 +12,6 @@ import (
 	"kvtier/internal/citest"
 )
 
-// TestBenchSmallShape runs the whole bench on a small chunk shape and checks
-// that every figure was measured and the data round-tripped (runBench
-// compares the bytes it reads back with the bytes it stored).
-func TestBenchSmallShape(t *testing.T) {
-	f := benchFlags{layers: 2, heads: 2, headDim: 64, tokens: 256, dtype: "bf16", chunks: 4, rounds: 1, dir: t.TempDir()}
-	r, err := runBench(context.Background(), f, &bytes.Buffer{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.ChunkBytes != 2*2*2*64*2*256 {
-		t.Fatalf("chunk bytes = %d", r.ChunkBytes)
-	}
-	for name, v := range map[string]float64{"memcpy": r.MemcpyGBps, "ram store": r.RAMStoreGBps, "ram retrieve": r.RAMRetrieveGBps,
-		"raw write": r.RawWriteGBps, "raw read": r.RawReadGBps, "disk write": r.DiskWriteGBps, "disk read": r.DiskReadGBps,
-		"lookup": r.LookupMeanMicros, "hash": r.HashNsPerChunk, "vllm": r.VLLMNsPerBlock, "sglang": r.SGLangNsPerPage} {
-		if !(v > 0) {
-			t.Errorf("%s figure = %v, want a positive measurement", name, v)
-		}
-	}
-	if r.LookupP99Micros < r.LookupMeanMicros/10 {
-		t.Errorf("p99 %.1f µs implausibly below mean %.1f µs", r.LookupP99Micros, r.LookupMeanMicros)
-	}
-}
-
-func TestBenchRejectsBadFlags(t *testing.T) {
-	for _, f := range []benchFlags{
-		{layers: 1, heads: 1, headDim: 1, tokens: 1, dtype: "bf17", chunks: 1, rounds: 1},
-		{layers: 1, heads: 1, headDim: 1, tokens: 1, dtype: "bf16", chunks: 0, rounds: 1},
-		{layers: 0, heads: 1, headDim: 1, tokens: 1, dtype: "bf16", chunks: 1, rounds: 1},
-	} {
-		if _, err := runBench(context.Background(), f, &bytes.Buffer{}); err == nil {
-			t.Errorf("runBench(%+v) accepted bad flags", f)
-		}
-	}
-}
-
 // TestReplayRealTracePrefix replays the first requests of the bundled trace
 // through the engine (RAM and disk tiers) and checks the report against
 // the simulation: no policy beats OPT, OPT does not beat the infinite

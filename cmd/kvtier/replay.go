@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -164,9 +163,7 @@ func runReplay(ctx context.Context, f replayFlags, out, progress io.Writer) erro
 		fmt.Fprintf(progress, "chart written to %s\n", f.plot)
 	}
 	if f.json {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		return enc.Encode(r)
+		return printJSON(out, r)
 	}
 	printReplay(out, r)
 	return nil

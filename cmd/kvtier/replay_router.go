@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 
@@ -51,9 +50,7 @@ func runRouterReplay(ctx context.Context, f replayFlags, out, progress io.Writer
 		r.Results = append(r.Results, res)
 	}
 	if f.json {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		return enc.Encode(r)
+		return printJSON(out, r)
 	}
 	fmt.Fprintf(out, "%d requests, %d pods with %d GPU blocks each\n\n", r.Requests, r.Pods, r.GPUBlocks)
 	fmt.Fprintf(out, "%-14s %9s %11s %11s %10s %10s\n", "policy", "hit rate", "req imbal.", "comp imbal.", "in flight", "agreement")

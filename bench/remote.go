@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bytes"
@@ -21,9 +21,9 @@ import (
 	"kvtier/tier/s3"
 )
 
-// remoteReport compares one remote tier with the plain client library
+// RemoteReport compares one remote tier with the plain client library
 // doing the same transfers against the same server in the same run.
-type remoteReport struct {
+type RemoteReport struct {
 	URL          string  `json:"url"`
 	ChunkBytes   int     `json:"chunk_bytes"`
 	N            int     `json:"chunks"`
@@ -38,12 +38,12 @@ type remoteReport struct {
 
 // benchRemote times n Puts and Gets of one chunk through the tier (no
 // breaker, no codec: the backend alone), then the raw baseline.
-func benchRemote(ctx context.Context, rawURL string, data []byte, n int) (*remoteReport, error) {
+func benchRemote(ctx context.Context, rawURL string, data []byte, n int) (*RemoteReport, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		return nil, fmt.Errorf("--remote: %s", remote.Redact(rawURL))
 	}
-	r := &remoteReport{URL: remote.Redact(rawURL), ChunkBytes: len(data), N: n}
+	r := &RemoteReport{URL: remote.Redact(rawURL), ChunkBytes: len(data), N: n}
 	t, err := remote.Open(ctx, rawURL, remote.Options{Timeout: time.Minute})
 	if err != nil {
 		return nil, err
@@ -92,7 +92,7 @@ func benchRemote(ctx context.Context, rawURL string, data []byte, n int) (*remot
 }
 
 // rawRemote measures the baseline: the backend's own client library.
-func rawRemote(ctx context.Context, u *url.URL, data []byte, n int, r *remoteReport) error {
+func rawRemote(ctx context.Context, u *url.URL, data []byte, n int, r *RemoteReport) error {
 	switch scheme := strings.ToLower(u.Scheme); {
 	case strings.HasPrefix(scheme, "redis") || strings.HasPrefix(scheme, "rediss") || strings.HasPrefix(scheme, "valkey"):
 		b, err := redis.RawBaseline(ctx, u, data, n)
@@ -111,7 +111,7 @@ func rawRemote(ctx context.Context, u *url.URL, data []byte, n int, r *remoteRep
 
 // rawS3 times minio-go PutObject and GetObject+ReadFull of the same bytes,
 // with the options a plain user would pass for a known-size object.
-func rawS3(ctx context.Context, u *url.URL, data []byte, n int, r *remoteReport) error {
+func rawS3(ctx context.Context, u *url.URL, data []byte, n int, r *RemoteReport) error {
 	cfg, err := s3.ParseURL(u)
 	if err != nil {
 		return err
@@ -161,10 +161,10 @@ func rawS3(ctx context.Context, u *url.URL, data []byte, n int, r *remoteReport)
 // benchCodecs measures every codec on synthetic KV of the bench's chunk
 // shape (see codec.SyntheticKV: per-channel Gaussian values with outlier
 // channels, rounded to the dtype — not real model KV).
-func benchCodecs(f benchFlags, dt kvformat.DType) ([]codec.Report, error) {
-	spec := kvformat.Spec{Layers: f.layers, KVHeads: f.heads, HeadDim: f.headDim, DType: dt,
-		Layout: kvformat.Layout2LTD, ChunkTokens: f.tokens}
-	data := codec.SyntheticKV(spec, f.tokens, 1)
+func benchCodecs(f Options, dt kvformat.DType) ([]codec.Report, error) {
+	spec := kvformat.Spec{Layers: f.Layers, KVHeads: f.Heads, HeadDim: f.HeadDim, DType: dt,
+		Layout: kvformat.Layout2LTD, ChunkTokens: f.Tokens}
+	data := codec.SyntheticKV(spec, f.Tokens, 1)
 	var out []codec.Report
 	for _, name := range codec.Names() {
 		c, err := codec.Lookup(name)
@@ -183,7 +183,7 @@ func benchCodecs(f benchFlags, dt kvformat.DType) ([]codec.Report, error) {
 	return out, nil
 }
 
-func printRemoteAndCodecs(w io.Writer, r *benchReport) {
+func printRemoteAndCodecs(w io.Writer, r *Report) {
 	for _, x := range r.Remote {
 		fmt.Fprintf(w, "\nremote tier %s, %d × %d-byte chunks (baseline: %s):\n", x.URL, x.N, x.ChunkBytes, x.BaselineNote)
 		fmt.Fprintf(w, "%-28s %10.2f %10.2f %8.2f\n", "put", x.TierPutGBps, x.RawPutGBps, x.PutRatio)

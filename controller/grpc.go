@@ -1,4 +1,4 @@
-package main
+package controller
 
 import (
 	"context"
@@ -7,8 +7,6 @@ import (
 	"net"
 	"slices"
 	"strings"
-
-	"google.golang.org/grpc"
 
 	"kvtier/router/api"
 	"kvtier/router/grpcapi"
@@ -48,11 +46,9 @@ func (s grpcScorer) ScorePrompt(ctx context.Context, model, prompt string, pods 
 func startGRPC(addr string, h *api.Handler) (net.Addr, func(), error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--grpc-listen: %w", err)
+		return nil, nil, fmt.Errorf("%s: %w", which("grpc_listen"), err)
 	}
 	srv := grpcapi.NewServer(grpcScorer{h})
 	go srv.Serve(ln)
 	return ln.Addr(), srv.GracefulStop, nil
 }
-
-var _ grpc.ServiceRegistrar = (*grpc.Server)(nil)

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -22,7 +22,7 @@ const (
 // RAM: chunking, hashing and the index probe, which is what a scheduler
 // pays per request. Chunk payloads are small because Lookup never touches
 // them.
-func benchLookup(ctx context.Context, r *benchReport) error {
+func benchLookup(ctx context.Context, r *Report) error {
 	e, err := engine.Open(engine.Options{ChunkSize: chunk.DefaultSize, RAMBytes: 64 << 20, Policy: "LRU"})
 	if err != nil {
 		return err
@@ -62,7 +62,7 @@ func benchLookup(ctx context.Context, r *benchReport) error {
 
 // benchHashes reports nanoseconds per unit for each key scheme over the
 // same 32,768-token prompt.
-func benchHashes(r *benchReport) {
+func benchHashes(r *Report) {
 	tokens := benchTokens(lookupTokens, 11)
 	c, _ := chunk.NewChunker(chunk.Scope{Model: "bench", WorldSize: 1}, chunk.DefaultSize, false)
 	keys := make([]chunk.Key, 0, lookupTokens/chunk.DefaultSize)
@@ -91,7 +91,8 @@ func nsPerUnit(units int, fn func()) float64 {
 	return float64(time.Since(start).Nanoseconds()) / float64(iters*units)
 }
 
-func printBench(w io.Writer, r *benchReport) {
+// Print writes r as a table, each figure beside its baseline.
+func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "chunk: %d bytes (%.1f MiB), %d chunks per round\n\n", r.ChunkBytes, float64(r.ChunkBytes)/(1<<20), r.Chunks)
 	fmt.Fprintf(w, "%-28s %10s %10s %8s\n", "measurement", "GB/s", "baseline", "ratio")
 	fmt.Fprintf(w, "%-28s %10.2f %10s %8s\n", "memcpy (baseline)", r.MemcpyGBps, "", "")

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -19,9 +19,9 @@ import (
 	"kvtier/wire"
 )
 
-// daemonReport holds the measurements through a daemon: the local protocol
+// DaemonReport holds the measurements through a daemon: the local protocol
 // (shared arena) and the TCP protocol, each against a same-run baseline.
-type daemonReport struct {
+type DaemonReport struct {
 	LocalStoreGBps     float64 `json:"local_store_gbps"`
 	LocalRetrieveGBps  float64 `json:"local_retrieve_gbps"`
 	LocalStoreRatio    float64 `json:"local_store_ratio"`
@@ -45,15 +45,15 @@ const benchToken = "bench-token"
 
 // benchDaemon serves an engine in this process on a Unix socket and a
 // loopback TCP port, and measures it through the Go client.
-func benchDaemon(ctx context.Context, f benchFlags, r *benchReport, src, dst [][]byte, progress io.Writer) error {
-	if f.socket != "" {
-		d := &daemonReport{External: true}
+func benchDaemon(ctx context.Context, f Options, r *Report, src, dst [][]byte, progress io.Writer) error {
+	if f.Socket != "" {
+		d := &DaemonReport{External: true}
 		r.Daemon = d
-		fmt.Fprintf(progress, "daemon at %s: lookups from concurrent clients ...\n", f.socket)
-		return benchLookups(ctx, f, d, f.socket)
+		fmt.Fprintf(progress, "daemon at %s: lookups from concurrent clients ...\n", f.Socket)
+		return benchLookups(ctx, f, d, f.Socket)
 	}
-	total := int64(f.chunks * r.ChunkBytes)
-	eng, err := engine.Open(engine.Options{ChunkSize: f.tokens, RAMBytes: 2*total + int64(r.ChunkBytes), Policy: "LRU", Prefault: true})
+	total := int64(f.Chunks * r.ChunkBytes)
+	eng, err := engine.Open(engine.Options{ChunkSize: f.Tokens, RAMBytes: 2*total + int64(r.ChunkBytes), Policy: "LRU", Prefault: true})
 	if err != nil {
 		return err
 	}
@@ -77,7 +77,7 @@ func benchDaemon(ctx context.Context, f benchFlags, r *benchReport, src, dst [][
 	go svc.Serve(tln)
 	defer svc.Shutdown(context.Background())
 
-	d := &daemonReport{}
+	d := &DaemonReport{}
 	r.Daemon = d
 	fmt.Fprintln(progress, "daemon: local protocol ...")
 	if err := benchLocal(ctx, f, r, d, sock, src, dst); err != nil {
@@ -99,7 +99,7 @@ var benchScope = chunk.Scope{Model: "bench", WorldSize: 1, Format: "bench"}
 // benchLocal times store (PREPARE_STORE, one copy into the shared arena,
 // COMMIT_STORE) and retrieve (PREPARE_RETRIEVE, one copy out, RELEASE)
 // next to a memcpy of the same buffers in each round.
-func benchLocal(ctx context.Context, f benchFlags, r *benchReport, d *daemonReport, sock string, src, dst [][]byte) error {
+func benchLocal(ctx context.Context, f Options, r *Report, d *DaemonReport, sock string, src, dst [][]byte) error {
 	// Populate: a connector maps the arena once for its lifetime, so the
 	// page faults of a fresh mapping are not part of a store.
 	c, err := client.DialUnix(ctx, sock, client.Options{Name: "bench", Populate: true})
@@ -111,20 +111,20 @@ func benchLocal(ctx context.Context, f benchFlags, r *benchReport, d *daemonRepo
 	if err != nil {
 		return err
 	}
-	total := int64(f.chunks * r.ChunkBytes)
-	sizes := make([]uint32, f.chunks)
+	total := int64(f.Chunks * r.ChunkBytes)
+	sizes := make([]uint32, f.Chunks)
 	for i := range sizes {
 		sizes[i] = uint32(r.ChunkBytes)
 	}
 	var memcpyBest float64
-	for round := range f.rounds + 1 {
+	for round := range f.Rounds + 1 {
 		memcpy := bestOf(1, total, func() error {
 			for i := range src {
 				copy(dst[i], src[i])
 			}
 			return nil
 		})
-		keys := client.Tokens(h, benchTokens(f.chunks*f.tokens, uint32(1000+round)), 0)
+		keys := client.Tokens(h, benchTokens(f.Chunks*f.Tokens, uint32(1000+round)), 0)
 		var opErr error
 		store := bestOf(1, total, func() error {
 			opErr = localStore(ctx, c, keys, sizes, src)
@@ -199,7 +199,7 @@ func localRetrieve(ctx context.Context, c *client.Client, keys wire.Keys, dst []
 
 // benchLookups runs LOOKUPs of a cached 4,096-token prompt from several
 // clients at once for a fixed time and reports the rate and latencies.
-func benchLookups(ctx context.Context, f benchFlags, d *daemonReport, sock string) error {
+func benchLookups(ctx context.Context, f Options, d *DaemonReport, sock string) error {
 	const clients, promptTokens, duration = 4, 4096, time.Second
 	d.LookupClients, d.LookupPrompt = clients, promptTokens
 	tokens := benchTokens(promptTokens, 77)
@@ -213,7 +213,7 @@ func benchLookups(ctx context.Context, f benchFlags, d *daemonReport, sock strin
 		setup.Close()
 		return err
 	}
-	n := (promptTokens + f.tokens - 1) / f.tokens
+	n := (promptTokens + f.Tokens - 1) / f.Tokens
 	small := make([][]byte, n)
 	for i := range small {
 		small[i] = make([]byte, 4096)
@@ -278,7 +278,7 @@ func lookupLoop(ctx context.Context, sock string, tokens []uint32, wantChunks in
 
 // benchTCP times STORE and RETRIEVE over loopback TCP next to a plain TCP
 // stream of the same bytes, measured in the same round.
-func benchTCP(ctx context.Context, f benchFlags, r *benchReport, d *daemonReport, addr string, src, dst [][]byte) error {
+func benchTCP(ctx context.Context, f Options, r *Report, d *DaemonReport, addr string, src, dst [][]byte) error {
 	c, err := client.DialTCP(ctx, addr, client.Options{Token: benchToken, Name: "bench"})
 	if err != nil {
 		return err
@@ -288,13 +288,13 @@ func benchTCP(ctx context.Context, f benchFlags, r *benchReport, d *daemonReport
 	if err != nil {
 		return err
 	}
-	total := int64(f.chunks * r.ChunkBytes)
-	for round := range f.rounds + 1 {
+	total := int64(f.Chunks * r.ChunkBytes)
+	for round := range f.Rounds + 1 {
 		stream, err := plainTCPStream(src, dst)
 		if err != nil {
 			return err
 		}
-		keys := client.Tokens(h, benchTokens(f.chunks*f.tokens, uint32(2000+round)), 0)
+		keys := client.Tokens(h, benchTokens(f.Chunks*f.Tokens, uint32(2000+round)), 0)
 		var opErr error
 		store := bestOf(1, total, func() error {
 			var n int
@@ -384,7 +384,7 @@ func plainTCPStream(src, dst [][]byte) (float64, error) {
 	return gbps, nil
 }
 
-func printDaemon(w io.Writer, d *daemonReport) {
+func printDaemon(w io.Writer, d *DaemonReport) {
 	if d.External {
 		fmt.Fprintf(w, "\nLOOKUP of a %d-token prompt against the daemon at --socket, %d clients: %.0f/s, p50 %.1f µs, p99 %.1f µs\n",
 			d.LookupPrompt, d.LookupClients, d.LookupsPerSec, d.LookupP50Micros, d.LookupP99Micros)

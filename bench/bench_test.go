@@ -1,0 +1,51 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+)
+
+// TestRunSmallShape runs the whole bench on a small chunk shape and checks
+// that every figure was measured and the data round-tripped (Run
+// compares the bytes it reads back with the bytes it stored).
+func TestRunSmallShape(t *testing.T) {
+	f := Options{Layers: 2, Heads: 2, HeadDim: 64, Tokens: 256, DType: "bf16", Chunks: 4, Rounds: 1, Dir: t.TempDir()}
+	r, err := Run(context.Background(), f, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.ChunkBytes != 2*2*2*64*2*256 {
+		t.Fatalf("chunk bytes = %d", r.ChunkBytes)
+	}
+	for name, v := range map[string]float64{"memcpy": r.MemcpyGBps, "ram store": r.RAMStoreGBps, "ram retrieve": r.RAMRetrieveGBps,
+		"raw write": r.RawWriteGBps, "raw read": r.RawReadGBps, "disk write": r.DiskWriteGBps, "disk read": r.DiskReadGBps,
+		"lookup": r.LookupMeanMicros, "hash": r.HashNsPerChunk, "vllm": r.VLLMNsPerBlock, "sglang": r.SGLangNsPerPage} {
+		if !(v > 0) {
+			t.Errorf("%s figure = %v, want a positive measurement", name, v)
+		}
+	}
+	if r.LookupP99Micros < r.LookupMeanMicros/10 {
+		t.Errorf("p99 %.1f µs implausibly below mean %.1f µs", r.LookupP99Micros, r.LookupMeanMicros)
+	}
+	var table bytes.Buffer
+	r.Print(&table)
+	for _, row := range []string{"RAM tier store", "disk tier read", "local protocol", "TCP protocol"} {
+		if !strings.Contains(table.String(), row) {
+			t.Errorf("printed report has no %q row:\n%s", row, table.String())
+		}
+	}
+}
+
+func TestRunRejectsBadOptions(t *testing.T) {
+	for _, f := range []Options{
+		{Layers: 1, Heads: 1, HeadDim: 1, Tokens: 1, DType: "bf17", Chunks: 1, Rounds: 1},
+		{Layers: 1, Heads: 1, HeadDim: 1, Tokens: 1, DType: "bf16", Chunks: 0, Rounds: 1},
+		{Layers: 0, Heads: 1, HeadDim: 1, Tokens: 1, DType: "bf16", Chunks: 1, Rounds: 1},
+	} {
+		if _, err := Run(context.Background(), f, &bytes.Buffer{}); err == nil {
+			t.Errorf("Run(%+v) accepted bad options", f)
+		}
+	}
+}
