@@ -27,6 +27,11 @@ type Config struct {
 	// GRPCListen, when set, also serves llm-d's GetPodScores
 	// (indexer.v1.IndexerService) on this address.
 	GRPCListen string `yaml:"grpc_listen"`
+	// GRPCSpecialTokens makes GetPodScores tokenize a prompt with the
+	// special tokens the model's tokenizer adds (BOS for Llama 3 style
+	// models), as llm-d and vLLM's completion API do, so block keys match
+	// the engine's. Off, the prompt is tokenized as is.
+	GRPCSpecialTokens bool `yaml:"grpc_special_tokens"`
 
 	// Pods are the pods to subscribe to, NAME=MODEL=ADDRESS[=REPLAY] each.
 	Pods []string `yaml:"pods"`
@@ -62,17 +67,18 @@ type Config struct {
 // they describe the fleet, and guessing them would route nothing.
 func Default() Config {
 	return Config{
-		Listen:    "127.0.0.1:7481",
-		BlockSize: 16,
-		MaxBlocks: 4_000_000,
-		Scorer:    index.ScorerLongestPrefix,
-		LogLevel:  "info",
+		Listen:            "127.0.0.1:7481",
+		GRPCSpecialTokens: true,
+		BlockSize:         16,
+		MaxBlocks:         4_000_000,
+		Scorer:            index.ScorerLongestPrefix,
+		LogLevel:          "info",
 	}
 }
 
 // Keys lists the configuration keys in the order Config declares them.
 func Keys() []string {
-	return []string{"listen", "grpc_listen", "pods", "pods_file", "hash_seed", "block_size",
+	return []string{"listen", "grpc_listen", "grpc_special_tokens", "pods", "pods_file", "hash_seed", "block_size",
 		"max_blocks", "index_redis", "scorer", "tokenizers", "log_level"}
 }
 

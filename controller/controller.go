@@ -28,6 +28,7 @@ import (
 
 	"kvtier/chunk"
 	"kvtier/router/api"
+	"kvtier/router/grpcapi"
 	"kvtier/router/index"
 	"kvtier/router/ingest"
 	"kvtier/router/redisindex"
@@ -164,7 +165,8 @@ func (c *controller) startGRPC() (func(), error) {
 	if c.cfg.GRPCListen == "" {
 		return func() {}, nil
 	}
-	addr, stop, err := startGRPC(c.cfg.GRPCListen, c.handler)
+	addr, stop, err := startGRPC(c.cfg.GRPCListen, c.handler,
+		grpcapi.ScorerOptions{NoSpecialTokens: !c.cfg.GRPCSpecialTokens})
 	if err != nil {
 		return nil, err
 	}

@@ -65,6 +65,7 @@ signal kills it. See docs/router.md.`,
 	fl.StringVar(&v.LogLevel, "log-level", v.LogLevel, "log level: debug, info, warn or error")
 	fl.StringVar(&v.IndexRedis, "index-redis", "", "keep the block index in Redis (redis://[user:pass@]host:port[/db]), shared by every controller pointed at it, instead of in memory")
 	fl.StringVar(&v.GRPCListen, "grpc-listen", "", "also serve llm-d's gRPC GetPodScores (indexer.v1.IndexerService) on this address")
+	fl.BoolVar(&v.GRPCSpecialTokens, "grpc-special-tokens", v.GRPCSpecialTokens, "gRPC GetPodScores tokenizes with the tokenizer's special tokens (BOS), as llm-d and vLLM do")
 	fl.StringVar(&v.PodsFile, "pods-file", "", "a file of pods, one NAME=MODEL=ADDRESS[=REPLAY] per line (# comments), watched: pods added, removed or changed there are followed, dropped or restarted within seconds")
 	fl.StringArrayVar(&v.Tokenizers, "tokenizer", nil, "tokenizer for prompt strings: [MODEL=]tiktoken:ENCODING or [MODEL=]hf:/path/tokenizer.json (repeatable; without MODEL= it serves every model without its own)")
 	return cmd, f
@@ -95,6 +96,8 @@ func setKey(dst *controller.Config, src controller.Config, key string) {
 		dst.Listen = src.Listen
 	case "grpc_listen":
 		dst.GRPCListen = src.GRPCListen
+	case "grpc_special_tokens":
+		dst.GRPCSpecialTokens = src.GRPCSpecialTokens
 	case "pods":
 		dst.Pods = src.Pods
 	case "pods_file":

@@ -19,6 +19,7 @@ import (
 const controllerFile = `
 listen: 127.0.0.1:9001
 grpc_listen: 127.0.0.1:9002
+grpc_special_tokens: false
 pods: [a=m=tcp://127.0.0.1:1, b=m=tcp://127.0.0.1:2]
 pods_file: /file/pods
 hash_seed: 42
@@ -39,7 +40,7 @@ func TestControllerFlags(t *testing.T) {
 	}
 	fromFile := controllerConfig(t, "--config", path)
 	fileSeed := "42"
-	want := controller.Config{Listen: "127.0.0.1:9001", GRPCListen: "127.0.0.1:9002",
+	want := controller.Config{Listen: "127.0.0.1:9001", GRPCListen: "127.0.0.1:9002", GRPCSpecialTokens: false,
 		Pods: []string{"a=m=tcp://127.0.0.1:1", "b=m=tcp://127.0.0.1:2"}, PodsFile: "/file/pods",
 		HashSeed: &fileSeed, BlockSize: 32, MaxBlocks: 1000, IndexRedis: "redis://127.0.0.1:6379/1",
 		Scorer: "coverage", Tokenizers: []string{"tiktoken:cl100k_base"}, LogLevel: "debug"}
@@ -48,11 +49,11 @@ func TestControllerFlags(t *testing.T) {
 	}
 
 	fromFlags := controllerConfig(t, "--config", path, "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0",
-		"--pod", "c=m=tcp://127.0.0.1:3", "--pods-file", "/flag/pods", "--hash-seed", "", "--block-size", "16",
+		"--grpc-special-tokens=true", "--pod", "c=m=tcp://127.0.0.1:3", "--pods-file", "/flag/pods", "--hash-seed", "", "--block-size", "16",
 		"--max-blocks", "2000", "--index-redis", "redis://127.0.0.1:6380", "--scorer", "block-hits",
 		"--tokenizer", "m=tiktoken:o200k_base", "--tokenizer", "tiktoken:cl100k_base", "--log-level", "warn")
 	emptySeed := ""
-	want = controller.Config{Listen: "127.0.0.1:0", GRPCListen: "127.0.0.1:0",
+	want = controller.Config{Listen: "127.0.0.1:0", GRPCListen: "127.0.0.1:0", GRPCSpecialTokens: true,
 		Pods: []string{"c=m=tcp://127.0.0.1:3"}, PodsFile: "/flag/pods", HashSeed: &emptySeed, BlockSize: 16,
 		MaxBlocks: 2000, IndexRedis: "redis://127.0.0.1:6380", Scorer: "block-hits",
 		Tokenizers: []string{"m=tiktoken:o200k_base", "tiktoken:cl100k_base"}, LogLevel: "warn"}
