@@ -29,10 +29,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"kvtier/codec"
+	"kvtier/tier/policy"
 )
 
 // Config is the effective configuration. Field order is the order of
@@ -134,10 +138,13 @@ type Config struct {
 	ExtraConfig map[string]any `yaml:"extra_config,omitempty"`
 }
 
-// Enumerated values, in the order error messages list them.
+// Enumerated values, in the order error messages list them. Policies and
+// encodings are asked of the packages that build them, so a new one is
+// accepted here without a second list to keep in step; "naive" is
+// LMCache's name for raw.
 var (
-	cachePolicies = []string{"LRU", "LFU", "FIFO", "MRU", "S3FIFO", "ARC"}
-	remoteSerdes  = []string{"raw", "naive", "zstd", "lz4", "fp8", "int8"}
+	cachePolicies = policy.Names()
+	remoteSerdes  = slices.Insert(codec.Names(), 1, "naive")
 	directIOModes = []string{"auto", "on", "off"}
 	logLevels     = []string{"debug", "info", "warn", "error"}
 )
