@@ -30,7 +30,12 @@ type session struct {
 	svc   *Service
 	conn  net.Conn
 	local bool // Unix socket: the arena is shared
+	br    *bufio.Reader
 	rd    *wire.Reader
+	// charge is the body budget's handle, with the current frame's
+	// deadline; armed says a frame deadline is set on conn (see armFrame).
+	charge frameCharge
+	armed  bool
 	out   []byte
 	busy  atomic.Bool
 
@@ -64,10 +69,10 @@ type scopeEntry struct {
 	id    uint64
 }
 
+// newSession returns a session of c; its buffers are made by serve, so a
+// connection refused for being over the cap costs nothing.
 func newSession(svc *Service, c net.Conn, local bool) *session {
-	return &session{svc: svc, conn: c, local: local,
-		rd:     wire.NewReader(bufio.NewReaderSize(c, 64<<10)),
-		leases: leaseTable{byID: make(map[uint64]*lease)}}
+	return &session{svc: svc, conn: c, local: local, leases: leaseTable{byID: make(map[uint64]*lease), held: &svc.leases}}
 }
 
 // requestError is a failed request: the status and message to reply with,
@@ -106,12 +111,20 @@ func (s *session) serve() {
 	defer s.svc.remove(s)
 	defer s.conn.Close()
 	defer s.releaseAll()
+	s.br = bufio.NewReaderSize(s.conn, 64<<10)
+	s.rd = wire.NewReader(s.br)
+	s.charge.budget = s.svc.budget
+	s.rd.Budget = &s.charge
+	defer s.rd.Shrink()
 	log := s.svc.log.With("peer", s.conn.RemoteAddr().String(), "local", s.local)
 	if err := s.handshake(); err != nil {
 		log.Info("handshake refused", "err", err)
 		return
 	}
 	for {
+		// Lifting the frame deadline must come before going idle, or it
+		// could undo the deadline Shutdown sets to wake an idle session.
+		s.settle()
 		s.busy.Store(false)
 		if s.svc.isClosing() {
 			return
@@ -126,6 +139,7 @@ func (s *session) serve() {
 			return
 		}
 		start := time.Now()
+		s.armFrame(h.Len)
 		rerr := s.handle(h)
 		s.svc.metrics.observe(h.Op, start, rerr)
 		if rerr != nil {
@@ -273,7 +287,7 @@ func (s *session) handle(h wire.Header) *requestError {
 	}
 	body, err := s.rd.Body(h)
 	if err != nil {
-		return fatal(wire.StatusTooLarge, "%v", err)
+		return bodyError(err)
 	}
 	switch h.Op {
 	case wire.OpPing:
@@ -303,6 +317,16 @@ func (s *session) handle(h wire.Header) *requestError {
 		return s.handleSizes(h, body)
 	}
 	return fail(wire.StatusUnknownOp, "%s is not a request", h.Op)
+}
+
+// bodyError is the reply to a metadata body that could not be read: too
+// large, cut short, or not complete by its deadline. Either way the
+// stream is no longer at a frame boundary.
+func bodyError(err error) *requestError {
+	if errors.Is(err, wire.ErrTooBig) {
+		return fatal(wire.StatusTooLarge, "%v", err)
+	}
+	return fatal(wire.StatusBadRequest, "%v", frameErr(err))
 }
 
 func (s *session) handleScope(h wire.Header, body []byte) *requestError {
@@ -394,7 +418,7 @@ func (s *session) addLease(l *lease, ttl time.Duration) (uint64, *requestError) 
 	}
 	l.deadline = time.Now().Add(ttl)
 	id := s.svc.leaseSeq.Add(1)
-	s.leases.byID[id] = l
+	s.leases.add(id, l)
 	return id, nil
 }
 
@@ -411,11 +435,7 @@ func (s *session) newLease(kind leaseKind) *lease {
 func (s *session) takeLease(id uint64) (*lease, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	l, ok := s.leases.byID[id]
-	if ok {
-		delete(s.leases.byID, id)
-	}
-	return l, ok
+	return s.leases.remove(id)
 }
 
 func (s *session) dropLease(l *lease) {
@@ -430,7 +450,7 @@ func (s *session) expire(now time.Time) {
 	defer s.mu.Unlock()
 	for id, l := range s.leases.byID {
 		if now.After(l.deadline) {
-			delete(s.leases.byID, id)
+			s.leases.remove(id)
 			s.leases.drop(s.svc.eng.Arena(), l)
 			s.svc.metrics.expired.Add(1)
 		}
@@ -441,7 +461,7 @@ func (s *session) releaseAll() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for id, l := range s.leases.byID {
-		delete(s.leases.byID, id)
+		s.leases.remove(id)
 		s.leases.drop(s.svc.eng.Arena(), l)
 	}
 }
@@ -640,7 +660,7 @@ func (s *session) handleLease(h wire.Header, body []byte) *requestError {
 	if ok && renew {
 		l.deadline = time.Now().Add(s.leaseTTL(m.MS))
 	} else if ok {
-		delete(s.leases.byID, m.ID)
+		s.leases.remove(m.ID)
 		s.leases.drop(s.svc.eng.Arena(), l)
 	}
 	s.mu.Unlock()
@@ -689,6 +709,7 @@ func (s *session) handleClear(h wire.Header, body []byte) *requestError {
 
 func (s *session) handleStats(h wire.Header) *requestError {
 	st := ReadStats(s.svc.eng.Manager())
+	st.Arena.Leases += int(s.svc.leases.Load())
 	body, err := json.Marshal(st)
 	if err != nil {
 		return fail(wire.StatusInternal, "%v", err)
