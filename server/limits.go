@@ -5,7 +5,10 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
+	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"kvtier/wire"
@@ -13,78 +16,138 @@ import (
 
 // The limits that bound what connections can make the daemon hold: how
 // many may be open, how long a frame may take once its header arrived,
-// and how many bytes of large metadata bodies all connections together
-// may buffer. Chunk bytes never count here: they are read straight into
-// arena objects, which the arena bounds.
+// and how many large metadata bodies may be buffered at once. Chunk bytes
+// never count here: they are read straight into arena objects, which the
+// arena bounds.
 
-// bodyBudget is a counting semaphore of bytes shared by every connection's
-// frame reader. A reader waits for room until its frame's deadline: a
-// stalled peer holds what it sent only until its frame times out.
-type bodyBudget struct {
-	mu   sync.Mutex
-	free int
-	size int
-	wake chan struct{} // closed and replaced whenever bytes are given back
+// bodyPool lends connections the buffers of metadata bodies larger than
+// wire.SmallBody. A connection takes one of a fixed number of slots for
+// the first such buffer of a request and keeps it until the request ends;
+// the slots bound the memory all large bodies hold together (each is at
+// most wire.MaxMetaBody). A slot is the only thing a reader ever waits
+// for, and it waits holding nothing: growing a buffer it already has a
+// slot for never waits, so readers cannot deadlock each other. A reader
+// that finds no slot free waits until its frame's deadline: a peer that
+// stalls with a half-sent large body holds its slot only until then.
+//
+// Buffers are power-of-two sizes from just above wire.SmallBody to
+// wire.MaxMetaBody, recycled through sync.Pools, which the garbage
+// collector empties when they sit unused.
+type bodyPool struct {
+	slots   chan struct{}
+	classes [poolClasses]sync.Pool // class i holds *[]byte of minPooled<<i bytes
+	lent    atomic.Int64           // bytes lent since returnMemory last acted
 }
 
-func newBodyBudget(size int) *bodyBudget {
-	return &bodyBudget{free: size, size: size, wake: make(chan struct{})}
+const (
+	minPooled   = wire.SmallBody * 2
+	poolClasses = 7 // 128 KiB … 8 MiB
+)
+
+// newBodyPool returns a pool whose slots hold budget bytes in all.
+func newBodyPool(budget int) *bodyPool {
+	return &bodyPool{slots: make(chan struct{}, max(1, budget/wire.MaxMetaBody))}
 }
 
-var errBudget = fmt.Errorf("%w: the daemon's memory for request bodies stayed in use until the frame's deadline", wire.ErrTooBig)
+var errNoSlot = fmt.Errorf("%w: every buffer for large request bodies stayed in use until the frame's deadline", wire.ErrTooBig)
 
-// take reserves n bytes, waiting until deadline at the latest.
-func (b *bodyBudget) take(n int, deadline time.Time) error {
-	if n > b.size {
-		return fmt.Errorf("%w: a body needing %d bytes, more than the budget of %d", wire.ErrTooBig, n, b.size)
+// acquire takes a slot, waiting until deadline at the latest.
+func (p *bodyPool) acquire(deadline time.Time) error {
+	select {
+	case p.slots <- struct{}{}:
+		return nil
+	default:
 	}
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	for {
-		b.mu.Lock()
-		if b.free >= n {
-			b.free -= n
-			b.mu.Unlock()
-			return nil
-		}
-		wake := b.wake
-		b.mu.Unlock()
-		left := time.Until(deadline)
-		if deadline.IsZero() || left <= 0 {
-			return errBudget
-		}
-		if timer == nil {
-			timer = time.NewTimer(left)
-		}
-		select {
-		case <-wake:
-		case <-timer.C:
-			return errBudget
-		}
+	left := time.Until(deadline)
+	if deadline.IsZero() || left <= 0 {
+		return errNoSlot
+	}
+	t := time.NewTimer(left)
+	defer t.Stop()
+	select {
+	case p.slots <- struct{}{}:
+		return nil
+	case <-t.C:
+		return errNoSlot
 	}
 }
 
-func (b *bodyBudget) give(n int) {
-	b.mu.Lock()
-	b.free += n
-	close(b.wake)
-	b.wake = make(chan struct{})
-	b.mu.Unlock()
+func (p *bodyPool) release() { <-p.slots }
+
+// poolClass returns the size class of an n-byte buffer and its size.
+func poolClass(n int) (int, int) {
+	c, size := 0, minPooled
+	for size < n {
+		c, size = c+1, size*2
+	}
+	return c, size
 }
 
-// frameCharge is one connection's handle on the body budget: it carries
-// the deadline of the frame being read (wire.Budget has no place for one).
+func (p *bodyPool) get(n int) ([]byte, error) {
+	c, size := poolClass(n)
+	if c >= poolClasses {
+		return nil, fmt.Errorf("%w: a body of %d bytes", wire.ErrTooBig, n)
+	}
+	p.lent.Add(int64(size))
+	if b, ok := p.classes[c].Get().(*[]byte); ok {
+		return (*b)[:0], nil
+	}
+	return make([]byte, 0, size), nil
+}
+
+func (p *bodyPool) put(b []byte) {
+	if c, size := poolClass(cap(b)); size == cap(b) && c < poolClasses {
+		p.classes[c].Put(&b)
+	}
+}
+
+// returnMemory hands the heap that large bodies used back to the operating
+// system once none is in use. The Go runtime would return it too, but over
+// minutes; a burst of large bodies (or of clients stalling with half-sent
+// ones) should not leave the daemon's RSS high that long.
+func (p *bodyPool) returnMemory() {
+	if len(p.slots) > 0 || p.lent.Load() < returnAfter {
+		return
+	}
+	p.lent.Store(0)
+	// The first collection moves pooled buffers to the pools' victim
+	// caches; the one FreeOSMemory runs frees them and returns the pages.
+	runtime.GC()
+	debug.FreeOSMemory()
+}
+
+// returnAfter is how many bytes lent make returnMemory act: below it the
+// runtime's own pace is fine.
+const returnAfter = 16 << 20
+
+// frameCharge is one connection's handle on the body pool, a wire.Pool.
+// It takes a slot on the first large buffer of a request, waiting no
+// longer than the deadline of the frame being read, and done gives the
+// slot back when the request ends.
 type frameCharge struct {
-	budget   *bodyBudget
+	pool     *bodyPool
 	deadline time.Time
+	holding  bool
 }
 
-func (c *frameCharge) Take(n int) error { return c.budget.take(n, c.deadline) }
-func (c *frameCharge) Give(n int)       { c.budget.give(n) }
+func (c *frameCharge) Get(n int) ([]byte, error) {
+	if !c.holding {
+		if err := c.pool.acquire(c.deadline); err != nil {
+			return nil, err
+		}
+		c.holding = true
+	}
+	return c.pool.get(n)
+}
+
+func (c *frameCharge) Put(b []byte) { c.pool.put(b) }
+
+func (c *frameCharge) done() {
+	if c.holding {
+		c.pool.release()
+		c.holding = false
+	}
+}
 
 // armFrame starts the deadline of a frame whose header just arrived and
 // whose n body bytes are due: unless they are already buffered (the common
@@ -104,6 +167,7 @@ func (s *session) armFrame(n uint32) {
 // connection may wait for its next request as long as it likes.
 func (s *session) settle() {
 	s.rd.Shrink()
+	s.charge.done()
 	if s.armed {
 		s.conn.SetReadDeadline(time.Time{})
 		s.charge.deadline = time.Time{}

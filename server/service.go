@@ -44,7 +44,7 @@ type ServiceOptions struct {
 	FrameTimeout time.Duration
 	// BodyBudget bounds the bytes of metadata bodies larger than
 	// wire.SmallBody that all connections together may buffer (default
-	// 64 MiB, at least wire.MaxMetaBody).
+	// 64 MiB: that many bodies of wire.MaxMetaBody may be read at once).
 	BodyBudget int
 	// Events, when set, is told the vLLM block hashes of chunks stored by
 	// token ids, so it can announce them (see Publisher).
@@ -108,7 +108,7 @@ type Service struct {
 	leases   atomic.Int64 // leases held by all connections
 	refused  atomic.Uint64
 	refusing chan struct{} // connections being refused now
-	budget   *bodyBudget
+	bodies   *bodyPool
 	stop     chan struct{} // closes the lease reaper
 	reaped   sync.WaitGroup
 }
@@ -126,7 +126,7 @@ func NewService(eng *engine.Engine, opts ServiceOptions) *Service {
 		sessions:  make(map[*session]struct{}),
 		stop:      make(chan struct{}),
 		refusing:  make(chan struct{}, maxRefusing),
-		budget:    newBodyBudget(opts.BodyBudget),
+		bodies:    newBodyPool(opts.BodyBudget),
 	}
 	s.reaped.Add(1)
 	go s.reapLeases()
@@ -343,6 +343,7 @@ func (s *Service) reapLeases() {
 			for _, sess := range batch {
 				sess.expire(now)
 			}
+			s.bodies.returnMemory()
 		}
 	}
 }

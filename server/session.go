@@ -32,7 +32,7 @@ type session struct {
 	local bool // Unix socket: the arena is shared
 	br    *bufio.Reader
 	rd    *wire.Reader
-	// charge is the body budget's handle, with the current frame's
+	// charge is the body pool's handle, with the current frame's
 	// deadline; armed says a frame deadline is set on conn (see armFrame).
 	charge frameCharge
 	armed  bool
@@ -111,11 +111,14 @@ func (s *session) serve() {
 	defer s.svc.remove(s)
 	defer s.conn.Close()
 	defer s.releaseAll()
-	s.br = bufio.NewReaderSize(s.conn, 64<<10)
+	// 16 KiB holds hundreds of small requests a client pipelines; larger
+	// reads (chunk bytes) bypass it, so a bigger one would only cost every
+	// idle connection memory.
+	s.br = bufio.NewReaderSize(s.conn, 16<<10)
 	s.rd = wire.NewReader(s.br)
-	s.charge.budget = s.svc.budget
-	s.rd.Budget = &s.charge
-	defer s.rd.Shrink()
+	s.charge.pool = s.svc.bodies
+	s.rd.Pool = &s.charge
+	defer s.settle()
 	log := s.svc.log.With("peer", s.conn.RemoteAddr().String(), "local", s.local)
 	if err := s.handshake(); err != nil {
 		log.Info("handshake refused", "err", err)

@@ -12,28 +12,29 @@ import (
 // The body buffer grows with the bytes that actually arrive, never to a
 // length a peer merely announced: a peer that sends a header promising
 // 8 MiB and then stalls makes the reader hold nothing more than what it
-// sent. Growth past SmallBody is charged to Budget when one is set, and
-// Shrink gives a large buffer (and its charge) back between requests.
+// sent. Buffers larger than SmallBody come from Pool when one is set, and
+// Shrink hands them back between requests.
 type Reader struct {
 	r   io.Reader
 	hdr [HeaderSize]byte
 	buf []byte
-	// Budget, when set, is asked for every byte of body buffer beyond
-	// SmallBody before it is allocated and told when it is released; an
-	// error from Take ends the read with that error.
-	Budget  Budget
-	charged int // bytes of buf's capacity charged to Budget
+	// Pool, when set, lends every body buffer larger than SmallBody; an
+	// error from its Get ends the read with that error.
+	Pool   Pool
+	pooled bool // buf came from Pool
 }
 
-// Budget bounds the memory that large metadata bodies hold across many
-// readers (the daemon's connections).
-type Budget interface {
-	Take(n int) error
-	Give(n int)
+// Pool lends the large body buffers of many readers (the daemon's
+// connections), so that together they stay within a bound and reuse one
+// another's memory. Get returns a buffer with a capacity of at least n, or
+// an error; Put takes back a buffer Get returned.
+type Pool interface {
+	Get(n int) ([]byte, error)
+	Put(b []byte)
 }
 
-// SmallBody is the body buffer a Reader keeps between frames without
-// charging it to a Budget; most requests fit in it.
+// SmallBody is the largest body buffer a Reader allocates for itself and
+// keeps between frames; most requests fit in it.
 const SmallBody = 64 << 10
 
 // NewReader returns a Reader of r. Wrap r in a bufio.Reader if frames are
@@ -65,8 +66,12 @@ func (r *Reader) Body(h Header) ([]byte, error) {
 	// Read in steps that double, so the buffer is at most twice what
 	// arrived and each byte is copied at most once more on average.
 	r.buf = r.buf[:0]
+	first := SmallBody
+	if r.Pool != nil {
+		first = 2 * SmallBody // a body that large is lent from the start
+	}
 	for len(r.buf) < n {
-		step := min(n-len(r.buf), max(SmallBody, len(r.buf)))
+		step := min(n-len(r.buf), max(first, len(r.buf)))
 		if err := r.grow(len(r.buf) + step); err != nil {
 			return nil, err
 		}
@@ -80,36 +85,43 @@ func (r *Reader) Body(h Header) ([]byte, error) {
 	return r.buf, nil
 }
 
-// grow makes buf's capacity at least n, charging the Budget for the part
-// beyond SmallBody.
+// grow makes buf's capacity at least n, keeping its contents.
 func (r *Reader) grow(n int) error {
 	if cap(r.buf) >= n {
 		return nil
 	}
-	// The charge is always the capacity beyond SmallBody.
-	if need := n - SmallBody - r.charged; r.Budget != nil && need > 0 {
-		if err := r.Budget.Take(need); err != nil {
+	var nb []byte
+	fromPool := r.Pool != nil && n > SmallBody
+	if fromPool {
+		b, err := r.Pool.Get(n)
+		if err != nil {
 			return err
 		}
-		r.charged += need
+		nb = b[:len(r.buf)]
+	} else {
+		nb = make([]byte, len(r.buf), max(n, 4096))
 	}
-	nb := make([]byte, len(r.buf), max(n, 4096))
 	copy(nb, r.buf)
-	r.buf = nb
+	r.release()
+	r.buf, r.pooled = nb, fromPool
 	return nil
 }
 
-// Shrink drops a body buffer grown past SmallBody, returning its charge to
-// the Budget: a connection that once sent a large body does not keep
+// release hands buf back to the Pool it came from.
+func (r *Reader) release() {
+	if r.pooled {
+		r.Pool.Put(r.buf[:0])
+		r.pooled = false
+	}
+}
+
+// Shrink gives up a body buffer larger than SmallBody (to its Pool, if it
+// came from one): a connection that once sent a large body does not keep
 // holding its memory while idle.
 func (r *Reader) Shrink() {
-	if cap(r.buf) <= SmallBody {
-		return
-	}
-	r.buf = nil
-	if r.charged > 0 {
-		r.Budget.Give(r.charged)
-		r.charged = 0
+	if cap(r.buf) > SmallBody {
+		r.release()
+		r.buf = nil
 	}
 }
 
