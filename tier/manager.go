@@ -88,6 +88,7 @@ type Manager struct {
 	lower []*lowerTier
 	opts  Options
 
+	syncMu   sync.Mutex   // one Sync at a time: it flips write generations
 	mu       sync.RWMutex // guards closed against queue sends
 	closed   bool
 	stopping atomic.Bool // set by Close so prefetchers stop reading
@@ -107,6 +108,14 @@ type lowerTier struct {
 	pending atomic.Int64  // writes queued or being written
 	dropped atomic.Uint64 // writes dropped because the queue stayed full
 	failed  atomic.Uint64 // writes the tier refused
+
+	// Sync's bookkeeping: writes are counted in one of two generations,
+	// so Sync can wait for those queued before it without waiting for
+	// those queued after (see Sync). missed holds the writes dropped or
+	// refused since, for Sync to redo.
+	gen      atomic.Uint32
+	inflight [2]atomic.Int64
+	missed   missedSet
 }
 
 // writeJob asks a writer to copy one RAM object to a lower tier. It holds
@@ -114,6 +123,7 @@ type lowerTier struct {
 type writeJob struct {
 	key chunk.Key
 	id  arena.ID
+	gen uint32 // the lower tier's generation it is counted in
 }
 
 // NewManager builds a manager over ram and the lower tiers, fastest first,
@@ -306,8 +316,9 @@ func (m *Manager) enqueueWrites(k chunk.Key, id arena.ID, upTo int, budget *writ
 		if !m.arena.Ref(id) {
 			return
 		}
-		job := writeJob{key: k, id: id}
+		job := writeJob{key: k, id: id, gen: lt.gen.Load() & 1}
 		lt.pending.Add(1)
+		lt.inflight[job.gen].Add(1)
 		select {
 		case lt.queue <- job:
 			continue
@@ -320,8 +331,10 @@ func (m *Manager) enqueueWrites(k chunk.Key, id arena.ID, upTo int, budget *writ
 			case <-expired:
 			}
 		}
+		lt.inflight[job.gen].Add(-1)
 		lt.pending.Add(-1)
 		lt.dropped.Add(1)
+		lt.missed.add(k)
 		m.arena.Unref(id)
 	}
 }
@@ -333,6 +346,7 @@ func (m *Manager) writer(lt *lowerTier) {
 		if !lt.Contains(job.key) {
 			if err := lt.Put(context.Background(), job.key, m.arena.Bytes(job.id)); err != nil {
 				lt.failed.Add(1)
+				lt.missed.add(job.key)
 				m.opts.Logger.Warn("lower tier write failed", "tier", lt.Name(), "key", job.key, "err", err)
 			} else if !m.ram.Contains(job.key) {
 				// Removed (or cleared) while queued: eviction cannot be why,
@@ -342,6 +356,7 @@ func (m *Manager) writer(lt *lowerTier) {
 			}
 		}
 		m.arena.Unref(job.id)
+		lt.inflight[job.gen].Add(-1)
 		lt.pending.Add(-1)
 	}
 }
