@@ -1,6 +1,7 @@
 // Package server is the node daemon's outside surface. This part is the
 // HTTP admin server: liveness and readiness probes, Prometheus metrics and
-// a small JSON API (stats, effective configuration, scopes and keys, clear)
+// a small JSON API (stats, effective configuration, scopes and keys, clear,
+// flush)
 // and an embedded live dashboard.
 //
 // Nothing here sits on the cache's hot paths. Metrics are not counted by
@@ -71,6 +72,7 @@ func NewAdmin(eng *engine.Engine, cfg config.Config, log *slog.Logger) (*Admin, 
 	mux.HandleFunc("GET /api/v1/stats", a.stats)
 	mux.HandleFunc("GET /api/v1/config", a.config)
 	mux.HandleFunc("POST /api/v1/clear", a.clear)
+	mux.HandleFunc("POST /api/v1/flush", a.flush)
 	mux.HandleFunc("GET /api/v1/scopes", a.scopes)
 	mux.HandleFunc("GET /api/v1/keys", a.keys)
 	// The dashboard at the root (and /dashboard/): exactly "/" so that
@@ -124,8 +126,7 @@ func (a *Admin) stats(w http.ResponseWriter, _ *http.Request) {
 }
 
 // UseService connects the admin API to the cache protocol serving the same
-// engine: its scopes name keys, its leases count in the arena's, and
-// POST /api/v1/flush waits for what it stored.
+// engine: its scopes name keys, and its leases count in the arena's.
 func (a *Admin) UseService(s *Service) {
 	a.book = s.Scopes()
 	a.svc.Store(s)

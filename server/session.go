@@ -318,6 +318,8 @@ func (s *session) handle(h wire.Header) *requestError {
 		return s.handleRetrieve(h, body)
 	case wire.OpSizes:
 		return s.handleSizes(h, body)
+	case wire.OpFlush:
+		return s.handleFlush(h, body)
 	}
 	return fail(wire.StatusUnknownOp, "%s is not a request", h.Op)
 }
