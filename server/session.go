@@ -36,8 +36,8 @@ type session struct {
 	// deadline; armed says a frame deadline is set on conn (see armFrame).
 	charge frameCharge
 	armed  bool
-	out   []byte
-	busy  atomic.Bool
+	out    []byte
+	busy   atomic.Bool
 
 	writeDeadline time.Time // the deadline set on conn, see extendWriteDeadline
 
