@@ -163,7 +163,7 @@ func (s *session) armFrame(n uint32) {
 }
 
 // settle ends a request's hold on memory and time: a large body buffer
-// goes back to the budget, and a frame deadline is lifted so an idle
+// and its slot go back to the pool, and a frame deadline is lifted so an idle
 // connection may wait for its next request as long as it likes.
 func (s *session) settle() {
 	s.rd.Shrink()

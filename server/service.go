@@ -44,7 +44,7 @@ type ServiceOptions struct {
 	FrameTimeout time.Duration
 	// BodyBudget bounds the bytes of metadata bodies larger than
 	// wire.SmallBody that all connections together may buffer (default
-	// 64 MiB: that many bodies of wire.MaxMetaBody may be read at once).
+	// 64 MiB: eight bodies of wire.MaxMetaBody may be read at once).
 	BodyBudget int
 	// Events, when set, is told the vLLM block hashes of chunks stored by
 	// token ids, so it can announce them (see Publisher).
