@@ -500,6 +500,42 @@ func (c *Client) Clear(ctx context.Context, scope uint32) (uint64, error) {
 	return binary.LittleEndian.Uint64(body), nil
 }
 
+// defaultFlushWait is how long the daemon waits on a FLUSH that names no
+// bound (server.defaultFlushWait).
+const defaultFlushWait = time.Minute
+
+// Flush returns once every chunk stored before it, by any client, is in
+// each of the daemon's tiers below RAM — the disk tier, whose writes are
+// durable when they complete, and remote tiers — or reports per tier what
+// is not; reply.Durable says whether everything is. The daemon waits
+// until shortly before ctx's deadline, or without one up to its default
+// of a minute.
+func (c *Client) Flush(ctx context.Context) (wire.FlushReply, error) {
+	var m wire.Flush
+	if d, ok := ctx.Deadline(); ok {
+		// Leave a tenth of the time for the reply to come back.
+		m.TimeoutMS = uint32(max(1, min(time.Until(d)*9/10, time.Hour).Milliseconds()))
+	}
+	b, err := c.begin(ctx)
+	if err != nil {
+		return wire.FlushReply{}, err
+	}
+	defer c.end()
+	if m.TimeoutMS == 0 {
+		c.conn.SetDeadline(time.Now().Add(defaultFlushWait + c.opts.Timeout))
+		c.setDeadline = time.Time{} // the next request sets its own
+	}
+	_, body, err := c.roundTrip(m.Append(b), wire.OpFlush, 0)
+	if err != nil {
+		return wire.FlushReply{}, err
+	}
+	var reply wire.FlushReply
+	if err := reply.Decode(body); err != nil {
+		return wire.FlushReply{}, c.breakConn(err)
+	}
+	return reply, nil
+}
+
 // Stats returns the daemon's statistics as JSON (the shape of GET
 // /api/v1/stats on the admin server).
 func (c *Client) Stats(ctx context.Context) (json.RawMessage, error) {

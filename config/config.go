@@ -95,6 +95,12 @@ type Config struct {
 	TCPToken   string `yaml:"tcp_token"`
 	TCPTLSCert string `yaml:"tcp_tls_cert"`
 	TCPTLSKey  string `yaml:"tcp_tls_key"`
+	// MaxConnections caps the cache protocol's open connections, local and
+	// TCP together; FrameTimeout is how long a frame may take to arrive
+	// once its header has. Together they bound what clients that connect
+	// and stall can make the daemon hold.
+	MaxConnections int           `yaml:"max_connections"`
+	FrameTimeout   time.Duration `yaml:"frame_timeout"`
 
 	// KVEventsEndpoint, when set, is the ZMQ address where the daemon
 	// publishes vLLM-format KV events for the chunks its RAM and disk
@@ -166,6 +172,8 @@ func defaults(getenv func(string) string, euid int) Config {
 		AdminAddr:         "127.0.0.1:7480",
 		SocketPath:        defaultSocketPath(getenv, euid),
 		SocketMode:        "0600",
+		MaxConnections:    1024,
+		FrameTimeout:      30 * time.Second,
 		KVEventsBlockSize: 16,
 		KVEventsEncoding:  "map",
 		DiskDirectIO:      "auto",

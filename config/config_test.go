@@ -45,6 +45,8 @@ func TestDefaults(t *testing.T) {
 		AdminAddr:         "127.0.0.1:7480",
 		SocketPath:        "/run/kvtier/kvtier.sock",
 		SocketMode:        "0600",
+		MaxConnections:    1024,
+		FrameTimeout:      30 * time.Second,
 		KVEventsBlockSize: 16,
 		KVEventsEncoding:  "map",
 		DiskDirectIO:      "auto",

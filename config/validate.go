@@ -19,6 +19,7 @@ const (
 	maxChunkSize       = 1 << 20
 	maxGiB             = 1 << 20 // 1 PiB of RAM or disk
 	maxWriteQueueDepth = 1 << 20
+	maxConnections     = 1 << 20
 	minSegmentSize     = MiB
 	segmentAlign       = 4 * KiB // O_DIRECT needs block-aligned segments
 )
@@ -77,6 +78,12 @@ func (c Config) Validate() error {
 		if err := checkHostPort(c.TCPAddr); err != nil {
 			bad("tcp_addr", "%w", err)
 		}
+	}
+	if c.MaxConnections < 1 || c.MaxConnections > maxConnections {
+		bad("max_connections", "want 1 to %d, got %d", maxConnections, c.MaxConnections)
+	}
+	if c.FrameTimeout <= 0 {
+		bad("frame_timeout", "want more than 0, got %v", c.FrameTimeout)
 	}
 	if c.KVEventsEndpoint != "" {
 		switch {

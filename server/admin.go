@@ -1,6 +1,7 @@
 // Package server is the node daemon's outside surface. This part is the
 // HTTP admin server: liveness and readiness probes, Prometheus metrics and
-// a small JSON API (stats, effective configuration, scopes and keys, clear)
+// a small JSON API (stats, effective configuration, scopes and keys, clear,
+// flush)
 // and an embedded live dashboard.
 //
 // Nothing here sits on the cache's hot paths. Metrics are not counted by
@@ -35,6 +36,7 @@ type Admin struct {
 	registry *prometheus.Registry
 	mux      *http.ServeMux
 	book     *ScopeBook // scopes clients registered; nil without a Service
+	svc      atomic.Pointer[Service]
 }
 
 // NewAdmin returns the admin API of eng, which was opened from cfg. The
@@ -45,8 +47,10 @@ func NewAdmin(eng *engine.Engine, cfg config.Config, log *slog.Logger) (*Admin, 
 	}
 	reg := prometheus.NewRegistry()
 	a := &Admin{eng: eng, cfg: cfg, log: log, registry: reg}
+	col := newCollector(eng.Manager())
+	col.leases = a.clientLeases
 	for _, c := range []prometheus.Collector{
-		newCollector(eng.Manager()),
+		col,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	} {
@@ -68,6 +72,7 @@ func NewAdmin(eng *engine.Engine, cfg config.Config, log *slog.Logger) (*Admin, 
 	mux.HandleFunc("GET /api/v1/stats", a.stats)
 	mux.HandleFunc("GET /api/v1/config", a.config)
 	mux.HandleFunc("POST /api/v1/clear", a.clear)
+	mux.HandleFunc("POST /api/v1/flush", a.flush)
 	mux.HandleFunc("GET /api/v1/scopes", a.scopes)
 	mux.HandleFunc("GET /api/v1/keys", a.keys)
 	// The dashboard at the root (and /dashboard/): exactly "/" so that
@@ -115,7 +120,24 @@ func (a *Admin) readyz(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (a *Admin) stats(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, ReadStats(a.eng.Manager()))
+	st := ReadStats(a.eng.Manager())
+	st.Arena.Leases += int(a.clientLeases())
+	writeJSON(w, http.StatusOK, st)
+}
+
+// UseService connects the admin API to the cache protocol serving the same
+// engine: its scopes name keys, and its leases count in the arena's.
+func (a *Admin) UseService(s *Service) {
+	a.book = s.Scopes()
+	a.svc.Store(s)
+}
+
+// clientLeases is how many leases the cache protocol's clients hold.
+func (a *Admin) clientLeases() int64 {
+	if s := a.svc.Load(); s != nil {
+		return s.leases.Load()
+	}
+	return 0
 }
 
 func (a *Admin) config(w http.ResponseWriter, _ *http.Request) {

@@ -17,7 +17,7 @@ import (
 func (s *session) handleStore(h wire.Header) *requestError {
 	body, err := s.rd.Body(h)
 	if err != nil {
-		return fatal(wire.StatusTooLarge, "%v", err)
+		return bodyError(err)
 	}
 	m := &s.store
 	if err := m.Decode(body); err != nil {
@@ -52,6 +52,7 @@ func (s *session) handleStore(h wire.Header) *requestError {
 			s.unrefAll(s.ids)
 			return fatal(wire.StatusBadRequest, "data frame %d of %d bytes, announced %d", j, dh.Len, size)
 		}
+		s.armFrame(dh.Len)
 		var id arena.ID
 		if !full && !mgr.RAM().Contains(keys[j]) {
 			id, _, err = mgr.Reserve(int(size))
@@ -60,7 +61,7 @@ func (s *session) handleStore(h wire.Header) *requestError {
 		if id == 0 {
 			if err := s.rd.Discard(dh.Len); err != nil {
 				s.unrefAll(s.ids)
-				return fatal(wire.StatusBadRequest, "%v", err)
+				return fatal(wire.StatusBadRequest, "%v", frameErr(err))
 			}
 			if !full {
 				stored++ // already cached
@@ -70,7 +71,7 @@ func (s *session) handleStore(h wire.Header) *requestError {
 		if err := s.rd.ReadData(dh, a.Bytes(id)); err != nil {
 			a.Unref(id)
 			s.unrefAll(s.ids)
-			return fatal(wire.StatusBadRequest, "%v", err)
+			return fatal(wire.StatusBadRequest, "%v", frameErr(err))
 		}
 		s.ids = append(s.ids, id)
 		s.keys2 = append(s.keys2[:len(s.ids)-1], keys[j])
@@ -85,9 +86,10 @@ func (s *session) handleStore(h wire.Header) *requestError {
 
 // dataHeader reads the header of the next data frame of request h.
 func (s *session) dataHeader(h wire.Header, last bool) (wire.Header, error) {
+	s.armFrame(wire.HeaderSize) // the request's frames are due: no idle wait between them
 	dh, err := s.rd.Header()
 	if err != nil {
-		return dh, err
+		return dh, frameErr(err)
 	}
 	if dh.Op != h.Op || dh.ID != h.ID || (dh.Flags&wire.FlagMore == 0) != last || dh.Flags&wire.FlagReply != 0 {
 		return dh, errOutOfOrder
@@ -104,8 +106,9 @@ func (s *session) skipData(h wire.Header, n int) error {
 		if err != nil {
 			return err
 		}
+		s.armFrame(dh.Len)
 		if err := s.rd.Discard(dh.Len); err != nil {
-			return err
+			return frameErr(err)
 		}
 	}
 	return nil

@@ -25,7 +25,11 @@ func TestMain(m *testing.M) {
 	if mode := os.Getenv(childEnv); mode != "" {
 		os.Exit(runChild(mode, os.Getenv("KVTIER_TEST_SOCK")))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
 }
 
 // runChild stores or retrieves half-way, prints "ready", and waits to be

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"sync/atomic"
 	"time"
 
 	"kvtier/arena"
@@ -30,6 +31,24 @@ type lease struct {
 type leaseTable struct {
 	byID map[uint64]*lease
 	free []*lease // released leases, kept to reuse their slices
+	// held counts the leases of every connection, for the leases metric;
+	// add and remove keep it in step with byID.
+	held *atomic.Int64
+}
+
+func (t *leaseTable) add(id uint64, l *lease) {
+	t.byID[id] = l
+	t.held.Add(1)
+}
+
+// remove takes lease id out of the table; the caller drops it.
+func (t *leaseTable) remove(id uint64) (*lease, bool) {
+	l, ok := t.byID[id]
+	if ok {
+		delete(t.byID, id)
+		t.held.Add(-1)
+	}
+	return l, ok
 }
 
 func (t *leaseTable) get() *lease {

@@ -54,7 +54,7 @@ var (
 		newMetric("arena_used_bytes", "Arena bytes allocated, in whole pages.", gauge, func(a arena.Stats) float64 { return float64(a.Used) }),
 		newMetric("arena_pinned_bytes", "Arena bytes of leased or multiply referenced objects.", gauge, func(a arena.Stats) float64 { return float64(a.Pinned) }),
 		newMetric("arena_objects", "Live arena objects, including ones not yet committed.", gauge, func(a arena.Stats) float64 { return float64(a.Objects) }),
-		newMetric("arena_leases", "Active arena leases.", gauge, func(a arena.Stats) float64 { return float64(a.Leases) }),
+		newMetric("arena_leases", "Leases holding arena memory: cache protocol clients' and the RAM tier's pins.", gauge, func(a arena.Stats) float64 { return float64(a.Leases) }),
 		newMetric("arena_free_runs", "Runs the arena's free space is split into (fragmentation).", gauge, func(a arena.Stats) float64 { return float64(a.FreeRuns) }),
 		newMetric("arena_largest_free_bytes", "Longest free run of the arena.", gauge, func(a arena.Stats) float64 { return float64(a.LargestFree) }),
 	}
@@ -75,8 +75,13 @@ var (
 )
 
 // collector reads the manager's counters when Prometheus scrapes, so the
-// cache's own paths do no metric work at all.
-type collector struct{ mgr *tier.Manager }
+// cache's own paths do no metric work at all. leases, when set, counts the
+// leases the cache protocol holds: they pin arena objects by reference,
+// not by the arena's own leases, so the arena alone would report none.
+type collector struct {
+	mgr    *tier.Manager
+	leases func() int64
+}
 
 func newCollector(m *tier.Manager) collector { return collector{mgr: m} }
 
@@ -100,7 +105,11 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	for _, q := range queues {
 		collect(ch, queueMetrics, q, q.Tier)
 	}
-	collect(ch, arenaMetrics, c.mgr.RAM().Arena().Stats())
+	as := c.mgr.RAM().Arena().Stats()
+	if c.leases != nil {
+		as.Leases += int(c.leases())
+	}
+	collect(ch, arenaMetrics, as)
 	for _, t := range c.mgr.Tiers() {
 		if g := remote.GuardOf(t); g != nil {
 			collect(ch, remoteMetrics, g.Health(), t.Name())

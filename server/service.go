@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"kvtier/engine"
+	"kvtier/wire"
 )
 
 // ServiceOptions configure the daemon's cache protocols.
@@ -34,6 +35,17 @@ type ServiceOptions struct {
 	// hold arena references forever.
 	HandshakeTimeout time.Duration
 	WriteTimeout     time.Duration
+	// MaxConns bounds the open connections, local and TCP together
+	// (default 1024); one more is answered NO_SPACE and closed.
+	MaxConns int
+	// FrameTimeout is how long a frame may take to arrive in full once
+	// its header has (default 30 s): a peer that stalls mid-frame is cut
+	// off instead of holding the daemon's memory.
+	FrameTimeout time.Duration
+	// BodyBudget bounds the bytes of metadata bodies larger than
+	// wire.SmallBody that all connections together may buffer (default
+	// 64 MiB: eight bodies of wire.MaxMetaBody may be read at once).
+	BodyBudget int
 	// Events, when set, is told the vLLM block hashes of chunks stored by
 	// token ids, so it can announce them (see Publisher).
 	Events *Publisher
@@ -59,6 +71,16 @@ func (o *ServiceOptions) setDefaults() {
 	if o.WriteTimeout <= 0 {
 		o.WriteTimeout = 60 * time.Second
 	}
+	if o.MaxConns <= 0 {
+		o.MaxConns = 1024
+	}
+	if o.FrameTimeout <= 0 {
+		o.FrameTimeout = 30 * time.Second
+	}
+	if o.BodyBudget <= 0 {
+		o.BodyBudget = 64 << 20
+	}
+	o.BodyBudget = max(o.BodyBudget, wire.MaxMetaBody)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -83,6 +105,10 @@ type Service struct {
 
 	leaseSeq atomic.Uint64
 	conns    atomic.Int64
+	leases   atomic.Int64 // leases held by all connections
+	refused  atomic.Uint64
+	refusing chan struct{} // connections being refused now
+	bodies   *bodyPool
 	stop     chan struct{} // closes the lease reaper
 	reaped   sync.WaitGroup
 }
@@ -99,6 +125,8 @@ func NewService(eng *engine.Engine, opts ServiceOptions) *Service {
 		listeners: make(map[net.Listener]struct{}),
 		sessions:  make(map[*session]struct{}),
 		stop:      make(chan struct{}),
+		refusing:  make(chan struct{}, maxRefusing),
+		bodies:    newBodyPool(opts.BodyBudget),
 	}
 	s.reaped.Add(1)
 	go s.reapLeases()
@@ -185,11 +213,15 @@ func (s *Service) Serve(ln net.Listener) error {
 			return fmt.Errorf("accept on %s: %w", ln.Addr(), err)
 		}
 		sess := newSession(s, c, local)
-		if !s.add(sess) {
+		switch s.add(sess) {
+		case added:
+			go sess.serve()
+		case full:
+			s.refuse(c)
+		case closing:
 			c.Close()
 			return nil
 		}
-		go sess.serve()
 	}
 }
 
@@ -211,16 +243,27 @@ func (s *Service) untrack(ln net.Listener) {
 	s.wg.Done()
 }
 
-func (s *Service) add(sess *session) bool {
+type addResult uint8
+
+const (
+	added   addResult = iota
+	full              // MaxConns are open
+	closing           // the service is shutting down
+)
+
+func (s *Service) add(sess *session) addResult {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closing {
-		return false
+		return closing
+	}
+	if len(s.sessions) >= s.opts.MaxConns {
+		return full
 	}
 	s.sessions[sess] = struct{}{}
 	s.wg.Add(1)
 	s.conns.Add(1)
-	return true
+	return added
 }
 
 func (s *Service) remove(sess *session) {
@@ -300,6 +343,7 @@ func (s *Service) reapLeases() {
 			for _, sess := range batch {
 				sess.expire(now)
 			}
+			s.bodies.returnMemory()
 		}
 	}
 }

@@ -30,9 +30,14 @@ type session struct {
 	svc   *Service
 	conn  net.Conn
 	local bool // Unix socket: the arena is shared
+	br    *bufio.Reader
 	rd    *wire.Reader
-	out   []byte
-	busy  atomic.Bool
+	// charge is the body pool's handle, with the current frame's
+	// deadline; armed says a frame deadline is set on conn (see armFrame).
+	charge frameCharge
+	armed  bool
+	out    []byte
+	busy   atomic.Bool
 
 	writeDeadline time.Time // the deadline set on conn, see extendWriteDeadline
 
@@ -64,10 +69,10 @@ type scopeEntry struct {
 	id    uint64
 }
 
+// newSession returns a session of c; its buffers are made by serve, so a
+// connection refused for being over the cap costs nothing.
 func newSession(svc *Service, c net.Conn, local bool) *session {
-	return &session{svc: svc, conn: c, local: local,
-		rd:     wire.NewReader(bufio.NewReaderSize(c, 64<<10)),
-		leases: leaseTable{byID: make(map[uint64]*lease)}}
+	return &session{svc: svc, conn: c, local: local, leases: leaseTable{byID: make(map[uint64]*lease), held: &svc.leases}}
 }
 
 // requestError is a failed request: the status and message to reply with,
@@ -106,12 +111,23 @@ func (s *session) serve() {
 	defer s.svc.remove(s)
 	defer s.conn.Close()
 	defer s.releaseAll()
+	// 16 KiB holds hundreds of small requests a client pipelines; larger
+	// reads (chunk bytes) bypass it, so a bigger one would only cost every
+	// idle connection memory.
+	s.br = bufio.NewReaderSize(s.conn, 16<<10)
+	s.rd = wire.NewReader(s.br)
+	s.charge.pool = s.svc.bodies
+	s.rd.Pool = &s.charge
+	defer s.settle()
 	log := s.svc.log.With("peer", s.conn.RemoteAddr().String(), "local", s.local)
 	if err := s.handshake(); err != nil {
 		log.Info("handshake refused", "err", err)
 		return
 	}
 	for {
+		// Lifting the frame deadline must come before going idle, or it
+		// could undo the deadline Shutdown sets to wake an idle session.
+		s.settle()
 		s.busy.Store(false)
 		if s.svc.isClosing() {
 			return
@@ -126,6 +142,7 @@ func (s *session) serve() {
 			return
 		}
 		start := time.Now()
+		s.armFrame(h.Len)
 		rerr := s.handle(h)
 		s.svc.metrics.observe(h.Op, start, rerr)
 		if rerr != nil {
@@ -273,7 +290,7 @@ func (s *session) handle(h wire.Header) *requestError {
 	}
 	body, err := s.rd.Body(h)
 	if err != nil {
-		return fatal(wire.StatusTooLarge, "%v", err)
+		return bodyError(err)
 	}
 	switch h.Op {
 	case wire.OpPing:
@@ -301,8 +318,20 @@ func (s *session) handle(h wire.Header) *requestError {
 		return s.handleRetrieve(h, body)
 	case wire.OpSizes:
 		return s.handleSizes(h, body)
+	case wire.OpFlush:
+		return s.handleFlush(h, body)
 	}
 	return fail(wire.StatusUnknownOp, "%s is not a request", h.Op)
+}
+
+// bodyError is the reply to a metadata body that could not be read: too
+// large, cut short, or not complete by its deadline. Either way the
+// stream is no longer at a frame boundary.
+func bodyError(err error) *requestError {
+	if errors.Is(err, wire.ErrTooBig) {
+		return fatal(wire.StatusTooLarge, "%v", err)
+	}
+	return fatal(wire.StatusBadRequest, "%v", frameErr(err))
 }
 
 func (s *session) handleScope(h wire.Header, body []byte) *requestError {
@@ -394,7 +423,7 @@ func (s *session) addLease(l *lease, ttl time.Duration) (uint64, *requestError) 
 	}
 	l.deadline = time.Now().Add(ttl)
 	id := s.svc.leaseSeq.Add(1)
-	s.leases.byID[id] = l
+	s.leases.add(id, l)
 	return id, nil
 }
 
@@ -411,11 +440,7 @@ func (s *session) newLease(kind leaseKind) *lease {
 func (s *session) takeLease(id uint64) (*lease, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	l, ok := s.leases.byID[id]
-	if ok {
-		delete(s.leases.byID, id)
-	}
-	return l, ok
+	return s.leases.remove(id)
 }
 
 func (s *session) dropLease(l *lease) {
@@ -430,7 +455,7 @@ func (s *session) expire(now time.Time) {
 	defer s.mu.Unlock()
 	for id, l := range s.leases.byID {
 		if now.After(l.deadline) {
-			delete(s.leases.byID, id)
+			s.leases.remove(id)
 			s.leases.drop(s.svc.eng.Arena(), l)
 			s.svc.metrics.expired.Add(1)
 		}
@@ -441,7 +466,7 @@ func (s *session) releaseAll() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for id, l := range s.leases.byID {
-		delete(s.leases.byID, id)
+		s.leases.remove(id)
 		s.leases.drop(s.svc.eng.Arena(), l)
 	}
 }
@@ -640,7 +665,7 @@ func (s *session) handleLease(h wire.Header, body []byte) *requestError {
 	if ok && renew {
 		l.deadline = time.Now().Add(s.leaseTTL(m.MS))
 	} else if ok {
-		delete(s.leases.byID, m.ID)
+		s.leases.remove(m.ID)
 		s.leases.drop(s.svc.eng.Arena(), l)
 	}
 	s.mu.Unlock()
@@ -689,6 +714,7 @@ func (s *session) handleClear(h wire.Header, body []byte) *requestError {
 
 func (s *session) handleStats(h wire.Header) *requestError {
 	st := ReadStats(s.svc.eng.Manager())
+	st.Arena.Leases += int(s.svc.leases.Load())
 	body, err := json.Marshal(st)
 	if err != nil {
 		return fail(wire.StatusInternal, "%v", err)

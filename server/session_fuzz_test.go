@@ -35,6 +35,7 @@ func FuzzSession(f *testing.F) {
 	f.Add(append(scope, frame(wire.OpRetrieve, 0, 3, (&wire.KeysOnly{Keys: keys}).Append(nil))...))
 	f.Add(frame(wire.OpCommitStore, 0, 3, (&wire.Commit{Lease: 1, Count: 1}).Append(nil)))
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
+	f.Add(frame(wire.OpFlush, 0, 3, (&wire.Flush{TimeoutMS: 10}).Append(nil)))
 	f.Fuzz(func(t *testing.T, input []byte) {
 		fuzzOnce.Do(func() { fuzzDaemon = startPersistent(t) })
 		d := fuzzDaemon

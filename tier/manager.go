@@ -89,6 +89,7 @@ type Manager struct {
 	lower []*lowerTier
 	opts  Options
 
+	syncMu   sync.Mutex   // one Sync at a time: it flips write generations
 	mu       sync.RWMutex // guards closed against queue sends
 	closed   bool
 	stopping atomic.Bool // set by Close so prefetchers stop reading
@@ -114,6 +115,14 @@ type lowerTier struct {
 	// failLogEvery: a tier that refuses everything (a full disk, a store
 	// that is down) would otherwise log once per write.
 	failLog *ratelog.Limiter
+
+	// Sync's bookkeeping: writes are counted in one of two generations,
+	// so Sync can wait for those queued before it without waiting for
+	// those queued after (see Sync). missed holds the writes dropped or
+	// refused since, for Sync to redo.
+	gen      atomic.Uint32
+	inflight [2]atomic.Int64
+	missed   missedSet
 }
 
 // failLogEvery is the least time between two log lines about one tier's
@@ -125,6 +134,7 @@ const failLogEvery = 10 * time.Second
 type writeJob struct {
 	key chunk.Key
 	id  arena.ID
+	gen uint32 // the lower tier's generation it is counted in
 }
 
 // NewManager builds a manager over ram and the lower tiers, fastest first,
@@ -318,8 +328,9 @@ func (m *Manager) enqueueWrites(k chunk.Key, id arena.ID, upTo int, budget *writ
 		if !m.arena.Ref(id) {
 			return
 		}
-		job := writeJob{key: k, id: id}
+		job := writeJob{key: k, id: id, gen: lt.gen.Load() & 1}
 		lt.pending.Add(1)
+		lt.inflight[job.gen].Add(1)
 		select {
 		case lt.queue <- job:
 			continue
@@ -332,8 +343,10 @@ func (m *Manager) enqueueWrites(k chunk.Key, id arena.ID, upTo int, budget *writ
 			case <-expired:
 			}
 		}
+		lt.inflight[job.gen].Add(-1)
 		lt.pending.Add(-1)
 		lt.dropped.Add(1)
+		lt.missed.add(k)
 		m.arena.Unref(id)
 	}
 }
@@ -344,6 +357,7 @@ func (m *Manager) writer(lt *lowerTier) {
 	for job := range lt.queue {
 		if !lt.Contains(job.key) {
 			if err := lt.Put(context.Background(), job.key, m.arena.Bytes(job.id)); err != nil {
+				lt.missed.add(job.key)
 				m.writeFailed(lt, job.key, err)
 			} else {
 				m.writeSucceeded(lt)
@@ -357,6 +371,7 @@ func (m *Manager) writer(lt *lowerTier) {
 			}
 		}
 		m.arena.Unref(job.id)
+		lt.inflight[job.gen].Add(-1)
 		lt.pending.Add(-1)
 	}
 }

@@ -55,7 +55,8 @@ const (
 	OpStore           Op = 13
 	OpRetrieve        Op = 14
 	OpSizes           Op = 15
-	opLimit           Op = 16
+	OpFlush           Op = 16
+	opLimit           Op = 17
 
 	// MaxOp is the highest operation of this version.
 	MaxOp = opLimit - 1
@@ -63,7 +64,7 @@ const (
 
 var opNames = [...]string{"", "HELLO", "PING", "SCOPE", "LOOKUP", "PREPARE_STORE",
 	"COMMIT_STORE", "PREPARE_RETRIEVE", "RELEASE", "RENEW", "PREFETCH", "CLEAR",
-	"STATS", "STORE", "RETRIEVE", "SIZES"}
+	"STATS", "STORE", "RETRIEVE", "SIZES", "FLUSH"}
 
 func (o Op) String() string {
 	if o > 0 && o < opLimit {

@@ -28,6 +28,8 @@ func messages() []func() message {
 		func() message { return new(KeysOnly) },
 		func() message { return new(Store) },
 		func() message { return new(DataHeader) },
+		func() message { return new(Flush) },
+		func() message { return new(FlushReply) },
 	}
 }
 
@@ -43,6 +45,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add((&Slots{Lease: 9, Slots: []Slot{{Offset: 4096, Len: 10}}}).Append(nil))
 	f.Add((&Hello{Version: 1, Token: "t", Name: "n"}).Append(nil))
 	f.Add((&LookupReply{Tokens: 1, ByTier: []uint32{1, 2}}).Append(nil))
+	f.Add((&FlushReply{Tiers: []FlushTier{{Name: "disk", Pending: 1, Redone: 2, Missing: 3}}}).Append(nil))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, body []byte) {
 		ParseHeader(body)
@@ -79,6 +82,8 @@ func TestRoundTrips(t *testing.T) {
 		&KeysOnly{Keys: Keys{Kind: KindRaw, Raw: []chunk.Key{{Scope: 1 << 60, Hash: chunk.Hash{9}}}}},
 		&Store{Keys: keys, Sizes: []uint32{1}},
 		&DataHeader{Tokens: 7, Sizes: []uint32{1, 2, 3}},
+		&Flush{TimeoutMS: 60_000},
+		&FlushReply{Tiers: []FlushTier{{Name: "disk"}, {Name: "redis", Pending: 4, Redone: 2, Missing: 1}}},
 	}
 	for _, m := range cases {
 		b := m.Append(nil)
@@ -131,6 +136,10 @@ func typeName(m message) string {
 		return "store"
 	case *DataHeader:
 		return "dataheader"
+	case *Flush:
+		return "flush"
+	case *FlushReply:
+		return "flushreply"
 	}
 	return ""
 }

@@ -537,3 +537,75 @@ func decodeU32s(d *decoder, dst []uint32, what string) []uint32 {
 	}
 	return dst
 }
+
+// Flush asks the daemon to make everything stored before it durable in the
+// tiers below RAM; the reply is a FlushReply.
+//
+//	0 4 longest wait in milliseconds; 0 means the daemon's default
+type Flush struct {
+	TimeoutMS uint32
+}
+
+func (m *Flush) Append(b []byte) []byte { return appendU32(b, m.TimeoutMS) }
+
+func (m *Flush) Decode(body []byte) error {
+	d := decoder{b: body}
+	m.TimeoutMS = d.u32("flush timeout")
+	return d.end("flush")
+}
+
+// FlushReply reports, for each tier below RAM, fastest first, what of the
+// chunks stored before the FLUSH it does not hold yet. Every such chunk is
+// in every listed tier when all counts are 0.
+//
+//	0 1 tier count n, at most MaxTiers
+//	1 . n times: name (string), u32 pending, u32 redone, u32 missing
+type FlushReply struct {
+	Tiers []FlushTier
+}
+
+// FlushTier is one tier's part of a FlushReply (tier.TierSync).
+type FlushTier struct {
+	Name    string
+	Pending uint32 // writes still queued when the wait ended
+	Redone  uint32 // dropped or refused writes written again
+	Missing uint32 // chunks the tier lacks for good
+}
+
+// Durable reports whether every tier holds everything stored before the
+// FLUSH: no write pending, none missing.
+func (m *FlushReply) Durable() bool {
+	for _, t := range m.Tiers {
+		if t.Pending != 0 || t.Missing != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (m *FlushReply) Append(b []byte) []byte {
+	n := min(len(m.Tiers), MaxTiers)
+	b = append(b, byte(n))
+	for _, t := range m.Tiers[:n] {
+		b = appendStr(b, t.Name)
+		b = appendU32(b, t.Pending)
+		b = appendU32(b, t.Redone)
+		b = appendU32(b, t.Missing)
+	}
+	return b
+}
+
+func (m *FlushReply) Decode(body []byte) error {
+	d := decoder{b: body}
+	n := int(d.u8("flush reply tiers"))
+	if n > MaxTiers {
+		d.fail("flush reply: %d tiers, limit %d", n, MaxTiers)
+	}
+	m.Tiers = m.Tiers[:0]
+	for i := 0; i < n && d.err == nil; i++ {
+		m.Tiers = append(m.Tiers, FlushTier{Name: d.str("flush reply tier name"),
+			Pending: d.u32("flush reply pending"), Redone: d.u32("flush reply redone"),
+			Missing: d.u32("flush reply missing")})
+	}
+	return d.end("flush reply")
+}

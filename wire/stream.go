@@ -8,11 +8,34 @@ import (
 // Reader reads frames from a byte stream. Metadata bodies land in one
 // buffer that is reused (valid until the next call); chunk bytes are read
 // by the caller straight into their destination with ReadData.
+//
+// The body buffer grows with the bytes that actually arrive, never to a
+// length a peer merely announced: a peer that sends a header promising
+// 8 MiB and then stalls makes the reader hold nothing more than what it
+// sent. Buffers larger than SmallBody come from Pool when one is set, and
+// Shrink hands them back between requests.
 type Reader struct {
 	r   io.Reader
 	hdr [HeaderSize]byte
 	buf []byte
+	// Pool, when set, lends every body buffer larger than SmallBody; an
+	// error from its Get ends the read with that error.
+	Pool   Pool
+	pooled bool // buf came from Pool
 }
+
+// Pool lends the large body buffers of many readers (the daemon's
+// connections), so that together they stay within a bound and reuse one
+// another's memory. Get returns a buffer with a capacity of at least n, or
+// an error; Put takes back a buffer Get returned.
+type Pool interface {
+	Get(n int) ([]byte, error)
+	Put(b []byte)
+}
+
+// SmallBody is the largest body buffer a Reader allocates for itself and
+// keeps between frames; most requests fit in it.
+const SmallBody = 64 << 10
 
 // NewReader returns a Reader of r. Wrap r in a bufio.Reader if frames are
 // small and frequent; chunk bytes bypass such a buffer anyway once they are
@@ -32,14 +55,74 @@ func (r *Reader) Body(h Header) ([]byte, error) {
 	if h.Len > MaxMetaBody {
 		return nil, fmt.Errorf("%w: %s body of %d bytes, limit %d", ErrTooBig, h.Op, h.Len, MaxMetaBody)
 	}
-	if cap(r.buf) < int(h.Len) {
-		r.buf = make([]byte, h.Len, max(int(h.Len), 4096))
+	n := int(h.Len)
+	if cap(r.buf) >= n {
+		r.buf = r.buf[:n]
+		if _, err := io.ReadFull(r.r, r.buf); err != nil {
+			return nil, unexpected(err)
+		}
+		return r.buf, nil
 	}
-	r.buf = r.buf[:h.Len]
-	if _, err := io.ReadFull(r.r, r.buf); err != nil {
-		return nil, unexpected(err)
+	// Read in steps that double, so the buffer is at most twice what
+	// arrived and each byte is copied at most once more on average.
+	r.buf = r.buf[:0]
+	first := SmallBody
+	if r.Pool != nil {
+		first = 2 * SmallBody // a body that large is lent from the start
+	}
+	for len(r.buf) < n {
+		step := min(n-len(r.buf), max(first, len(r.buf)))
+		if err := r.grow(len(r.buf) + step); err != nil {
+			return nil, err
+		}
+		got := len(r.buf)
+		r.buf = r.buf[:got+step]
+		if _, err := io.ReadFull(r.r, r.buf[got:]); err != nil {
+			r.buf = r.buf[:got]
+			return nil, unexpected(err)
+		}
 	}
 	return r.buf, nil
+}
+
+// grow makes buf's capacity at least n, keeping its contents.
+func (r *Reader) grow(n int) error {
+	if cap(r.buf) >= n {
+		return nil
+	}
+	var nb []byte
+	fromPool := r.Pool != nil && n > SmallBody
+	if fromPool {
+		b, err := r.Pool.Get(n)
+		if err != nil {
+			return err
+		}
+		nb = b[:len(r.buf)]
+	} else {
+		nb = make([]byte, len(r.buf), max(n, 4096))
+	}
+	copy(nb, r.buf)
+	r.release()
+	r.buf, r.pooled = nb, fromPool
+	return nil
+}
+
+// release hands buf back to the Pool it came from.
+func (r *Reader) release() {
+	if r.pooled {
+		r.Pool.Put(r.buf[:0])
+		r.pooled = false
+	}
+}
+
+// Shrink gives up a body buffer larger than SmallBody (to its Pool, if it
+// came from one): a connection that once sent a large body does not keep
+// holding its memory while idle.
+func (r *Reader) Shrink() {
+	if cap(r.buf) > SmallBody {
+		r.release()
+		r.buf = nil
+	}
 }
 
 // Next reads a whole metadata frame.

@@ -90,8 +90,9 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 	if err != nil {
 		return errors.Join(err, eng.Close())
 	}
-	svc := server.NewService(eng, server.ServiceOptions{Token: cfg.TCPToken, LeaseTTL: cfg.LeaseTTL, Events: events, Logger: log})
-	admin.UseScopes(svc.Scopes())
+	svc := server.NewService(eng, server.ServiceOptions{Token: cfg.TCPToken, LeaseTTL: cfg.LeaseTTL, Events: events, Logger: log,
+		MaxConns: cfg.MaxConnections, FrameTimeout: cfg.FrameTimeout})
+	admin.UseService(svc)
 	if err := admin.Register(svc.Collectors()...); err != nil {
 		return errors.Join(err, eng.Close())
 	}

@@ -192,19 +192,24 @@ class Client:
             got += k
         return bytes(buf)
 
-    def _call(self, op: int, body: bytes = b"") -> bytes:
-        """Sends one request and returns the body of its OK reply."""
+    def _call(self, op: int, body: bytes = b"", timeout: Optional[float] = None) -> bytes:
+        """Sends one request and returns the body of its OK reply; timeout,
+        when given, replaces the client's for this request alone."""
         with self._lock:
             if self._sock is None:
                 raise ConnectionLost("kvtier: client is closed")
             rid = self._next_id
             self._next_id = (self._next_id + 1) & 0xFFFFFFFF or 1
             try:
+                if timeout is not None:
+                    self._sock.settimeout(timeout)
                 self._sock.sendall(p.frame(op, rid, body))
                 header = p.unpack_header(self._recv_exact(p.HEADER_SIZE))
                 if header.length > p.MAX_META_BODY:
                     raise p.ProtocolError(f"reply body of {header.length} bytes")
                 reply = self._recv_exact(header.length)
+                if timeout is not None:
+                    self._sock.settimeout(self.timeout)
             except (OSError, p.ProtocolError) as e:
                 self._break()
                 if isinstance(e, ConnectionLost):
@@ -273,6 +278,15 @@ class Client:
 
     def stats(self) -> dict:
         return json.loads(self._call(p.OP_STATS).decode("utf-8"))
+
+    def flush(self, timeout_ms: int = 0) -> p.FlushReply:
+        """Waits until every chunk stored before it, by any client, is in the
+        daemon's tiers below RAM (durable on disk), or the daemon's wait ends:
+        ``timeout_ms``, or with 0 its default of one minute. Returns what each
+        tier still lacks; ``reply.durable`` says whether that is nothing."""
+        wait = (timeout_ms or 60_000) / 1000.0
+        body = self._call(p.OP_FLUSH, p.pack_flush(timeout_ms), timeout=wait + self.timeout)
+        return p.unpack_flush_reply(body)
 
     # ----- conveniences -----------------------------------------------------
 

@@ -41,6 +41,7 @@ OP_RENEW = 9
 OP_PREFETCH = 10
 OP_CLEAR = 11
 OP_STATS = 12
+OP_FLUSH = 16
 
 # Key kinds.
 KIND_TOKENS = 0
@@ -178,6 +179,10 @@ def pack_clear(scope: int) -> bytes:
     return struct.pack("<I", scope)
 
 
+def pack_flush(timeout_ms: int) -> bytes:
+    return struct.pack("<I", timeout_ms)
+
+
 class _Reader:
     """Reads fixed fields off a body, failing loudly on short or long bodies."""
 
@@ -194,6 +199,15 @@ class _Reader:
     def unpack(self, fmt: str):
         s = struct.Struct("<" + fmt)
         return s.unpack(self.take(s.size))
+
+    def string(self) -> str:
+        (n,) = self.unpack("H")
+        if n > MAX_STRING:
+            raise ProtocolError(f"{self.what}: string of {n} bytes, limit {MAX_STRING}")
+        try:
+            return bytes(self.take(n)).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ProtocolError(f"{self.what}: string is not UTF-8: {e}") from None
 
     def end(self) -> None:
         if self.pos != len(self.body):
@@ -280,3 +294,37 @@ def unpack_u64(body: bytes, what: str) -> int:
     (v,) = r.unpack("Q")
     r.end()
     return v
+
+
+@dataclass
+class FlushTier:
+    """One tier below RAM in a FLUSH reply: what of the chunks stored before
+    the FLUSH it does not hold yet."""
+    name: str
+    pending: int  # writes still queued when the daemon's wait ended
+    redone: int   # dropped or refused writes the daemon wrote again
+    missing: int  # chunks the tier lacks for good
+
+
+@dataclass
+class FlushReply:
+    tiers: List[FlushTier]
+
+    @property
+    def durable(self) -> bool:
+        """Every chunk stored before the FLUSH is in every tier below RAM."""
+        return all(t.pending == 0 and t.missing == 0 for t in self.tiers)
+
+
+def unpack_flush_reply(body: bytes) -> FlushReply:
+    r = _Reader(body, "flush reply")
+    (n,) = r.unpack("B")
+    if n > 8:
+        raise ProtocolError(f"flush reply: {n} tiers, limit 8")
+    tiers = []
+    for _ in range(n):
+        name = r.string()
+        pending, redone, missing = r.unpack("III")
+        tiers.append(FlushTier(name, pending, redone, missing))
+    r.end()
+    return FlushReply(tiers)

@@ -133,3 +133,36 @@ def test_decoders_reject_malformed_bodies():
         p.unpack_u32(b"\0" * 5, "x")
     with pytest.raises(p.ProtocolError):
         p.unpack_header(p.pack_header(0, 1, 1, status=77))
+
+
+def test_flush_makes_stores_survive_a_kill(own_daemon):
+    """Chunks stored before a FLUSH are on disk: a SIGKILL right after loses none."""
+    tokens = list(range(7000, 7000 + 8 * CHUNK))
+    chunks = [_chunk(100 + i, 4096) for i in range(8)]
+    with Client(own_daemon.socket_path) as c:
+        s = c.scope("flush", "uint8/KV_2LTD")
+        assert c.store(c.tokens(s, tokens), chunks) == 8
+        reply = c.flush(timeout_ms=30_000)
+        assert [t.name for t in reply.tiers] == ["disk"]
+        assert reply.durable, reply
+    own_daemon.restart()  # SIGKILL, then start again on the same disk
+    with Client(own_daemon.socket_path) as c:
+        s = c.scope("flush", "uint8/KV_2LTD")
+        got = c.prepare_retrieve(c.tokens(s, tokens))
+        assert len(got.slots) == 8
+        for slot, want in zip(got.slots, chunks):
+            assert torch.equal(c.slot_tensor(slot), want)
+        c.release(got.lease)
+
+
+def test_flush_reply_decoder():
+    body = struct.pack("<B", 1) + p.pack_str("disk") + struct.pack("<III", 2, 3, 0)
+    reply = p.unpack_flush_reply(body)
+    assert reply.tiers == [p.FlushTier("disk", 2, 3, 0)] and not reply.durable
+    assert p.unpack_flush_reply(b"\0").durable
+    with pytest.raises(p.ProtocolError):
+        p.unpack_flush_reply(body[:-1])  # cut short
+    with pytest.raises(p.ProtocolError):
+        p.unpack_flush_reply(struct.pack("<B", 9))  # more tiers than a daemon has
+    with pytest.raises(p.ProtocolError):
+        p.unpack_flush_reply(struct.pack("<BH", 1, 2) + b"\xff\xfe" + struct.pack("<III", 0, 0, 0))

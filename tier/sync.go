@@ -1,0 +1,145 @@
+package tier
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"kvtier/arena"
+	"kvtier/chunk"
+)
+
+// TierSync is what Manager.Sync found for one lower tier. The chunks
+// stored before Sync are all in the tier when Pending and Missing are both
+// 0: as durably as the tier's Put promises (the disk tier's Put returns
+// once its record is fdatasync'ed, unless it was opened with SyncNone).
+type TierSync struct {
+	Tier string
+	// Pending is how many writes queued before Sync were still unfinished
+	// when its context ended.
+	Pending int
+	// Redone is how many writes that had been dropped (a full queue) or
+	// refused (an error) Sync wrote again, successfully.
+	Redone int
+	// Missing is how many chunks the tier lacks for good: their write was
+	// dropped or refused, and writing them again failed, or they had left
+	// RAM by then (evicted or removed), or there were too many to
+	// remember.
+	Missing int
+}
+
+// missedSet remembers the keys whose write to one lower tier was dropped or
+// refused, up to maxMissed of them; beyond that it only counts.
+type missedSet struct {
+	mu   sync.Mutex
+	keys map[chunk.Key]struct{}
+	lost int
+}
+
+// maxMissed bounds a missedSet: 64k keys, about 4 MiB at most.
+const maxMissed = 1 << 16
+
+func (s *missedSet) add(k chunk.Key) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.keys == nil {
+		s.keys = make(map[chunk.Key]struct{})
+	}
+	if len(s.keys) >= maxMissed {
+		s.lost++
+		return
+	}
+	s.keys[k] = struct{}{}
+}
+
+// take empties the set and returns what it held.
+func (s *missedSet) take() (map[chunk.Key]struct{}, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keys, lost := s.keys, s.lost
+	s.keys, s.lost = nil, 0
+	return keys, lost
+}
+
+// Sync returns once every chunk stored before it was called is in every
+// lower tier, or reports per tier what is not: it waits for the writes
+// queued before it (not for those queued after, so a busy daemon cannot
+// keep it waiting), writes again the chunks whose write was dropped on a
+// full queue or refused. When ctx ends first, the writes still queued
+// count as Pending and ctx's error is returned with the report.
+func (m *Manager) Sync(ctx context.Context) ([]TierSync, error) {
+	m.syncMu.Lock()
+	defer m.syncMu.Unlock()
+	out := make([]TierSync, len(m.lower))
+	for i, lt := range m.lower {
+		out[i].Tier = lt.Name()
+	}
+	// Writes are counted in one of two generations. A write still counted
+	// in the generation Sync is about to start was queued before some
+	// earlier Sync whose context ended: wait for it too.
+	old := make([]uint32, len(m.lower))
+	for i, lt := range m.lower {
+		next := (lt.gen.Load() + 1) & 1
+		if n := waitZero(ctx, &lt.inflight[next]); n > 0 {
+			out[i].Pending = n + int(lt.inflight[1-next].Load())
+			continue
+		}
+		old[i] = lt.gen.Add(1) - 1
+	}
+	for i, lt := range m.lower {
+		if out[i].Pending == 0 {
+			out[i].Pending = waitZero(ctx, &lt.inflight[old[i]&1])
+		}
+	}
+	for i, lt := range m.lower {
+		m.redo(ctx, lt, &out[i])
+	}
+	return out, ctx.Err()
+}
+
+// waitZero waits until n is 0 or ctx ends, and returns n then.
+func waitZero(ctx context.Context, n interface{ Load() int64 }) int {
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		v := n.Load()
+		if v <= 0 {
+			return 0
+		}
+		select {
+		case <-ctx.Done():
+			return int(v)
+		case <-tick.C:
+		}
+	}
+}
+
+// redo writes again, synchronously, the chunks whose write to lt was
+// dropped or refused, if they are still in RAM and lt still lacks them.
+func (m *Manager) redo(ctx context.Context, lt *lowerTier, r *TierSync) {
+	keys, lost := lt.missed.take()
+	r.Missing += lost
+	var id [1]arena.ID
+	for k := range keys {
+		if lt.Contains(k) {
+			continue // written since, by a later store of the same chunk
+		}
+		if ctx.Err() != nil || m.ram.Acquire([]chunk.Key{k}, id[:]) != 1 {
+			if ctx.Err() != nil {
+				lt.missed.add(k) // for the next Sync
+			}
+			r.Missing++
+			continue
+		}
+		err := lt.Put(ctx, k, m.arena.Bytes(id[0]))
+		m.arena.Unref(id[0])
+		if err != nil {
+			lt.failed.Add(1)
+			lt.missed.add(k)
+			r.Missing++
+			m.opts.Logger.Warn("lower tier write failed again", "tier", lt.Name(), "key", k, "err", err)
+			continue
+		}
+		r.Redone++
+	}
+}
