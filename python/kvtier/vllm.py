@@ -750,14 +750,19 @@ class KVTierConnector(KVConnectorBase_V1):
     def _async_load(self, req: ReqMeta) -> None:
         """Promotes the request's chunks (PREPARE_RETRIEVE waits for disk or remote), copies them in."""
         link = self._async_link
-        load = self._prepare_load(req, link)
-        if load is not None:
-            if self._async_copier is None:
-                self._async_copier = kvl.copier_for(self._device)
-            with self._async_copy_lock:  # one asynchronous load copies at a time through its copier
-                self._copy_layers([load], link, self._async_copier, [])
-        with self._lock:
-            self._done_recving.add(req.req_id)
+        try:
+            load = self._prepare_load(req, link)
+            if load is not None:
+                if self._async_copier is None:
+                    self._async_copier = kvl.copier_for(self._device)
+                with self._async_copy_lock:  # one asynchronous load copies at a time through its copier
+                    self._copy_layers([load], link, self._async_copier, [])
+        except Exception as e:  # noqa: BLE001 - vLLM must hear back, or the request waits forever
+            log.error("kvtier: asynchronous load of %s: %s", req.req_id, e)
+            self._fail_blocks(req, req.load_start, req.load_end)
+        finally:
+            with self._lock:
+                self._done_recving.add(req.req_id)
 
     def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
         with self._lock:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import enum
 import importlib
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
@@ -424,13 +425,16 @@ class Engine:
         self.waiting.append(req)
         return req
 
-    def run(self, max_steps: int = 10000) -> Dict[str, Request]:
-        """Steps until every request has finished."""
-        for _ in range(max_steps):
-            if not self.waiting and not self.running:
-                return self.requests
-            self.step()
-        raise RuntimeError("harness: requests did not finish")
+    def run(self, timeout: float = 60.0) -> Dict[str, Request]:
+        """Steps until every request has finished; like vLLM's engine loop, it keeps
+        stepping while requests wait for asynchronous loads."""
+        deadline = time.monotonic() + timeout
+        while self.waiting or self.running:
+            if time.monotonic() > deadline:
+                raise RuntimeError("harness: requests did not finish")
+            if not self.step():
+                time.sleep(0.001)  # nothing scheduled: requests wait for their KV
+        return self.requests
 
     def prefill(self, prompt: List[int], req_id: Optional[str] = None, **kw) -> torch.Tensor:
         """Runs one request to its first token and returns that token's logits."""
@@ -442,7 +446,8 @@ class Engine:
 
     # -- scheduler
 
-    def step(self) -> None:
+    def step(self) -> bool:
+        """One engine step; False when nothing was scheduled."""
         out, scheduled, external, resumed = self._schedule()
         meta = None
         if self.scheduler_connector is not None:
@@ -455,6 +460,7 @@ class Engine:
         self._finished_recving |= done_recving
         self._update_from_output(scheduled, out, logits, errors)
         del meta
+        return bool(scheduled)
 
     def _schedule(self):
         budget = self.token_budget
@@ -680,13 +686,6 @@ class Engine:
         if r.prompt_token_ids is None:  # embeddings: the harness model maps them back to ids
             return [int(i) for i in r.prompt_embeds.tolist()] + r.output_token_ids
         return r.all_token_ids
-
-    def wait_async_loads(self, timeout_steps: int = 200) -> None:
-        """Steps (with nothing scheduled) until asynchronous loads have been reported."""
-        for _ in range(timeout_steps):
-            if not any(r.status == Status.WAITING_FOR_REMOTE_KVS for r in self.waiting):
-                return
-            self.step()
 
 
 def reference_logits(model_cfg: LlamaConfig, prompt: List[int], block_size: int = 16) -> torch.Tensor:
