@@ -27,10 +27,11 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from . import defaults
 from . import protocol as p
 from .protocol import Keys, LookupReply, Slot, Slots
 
-DEFAULT_TIMEOUT = 5.0
+DEFAULT_TIMEOUT = defaults.TIMEOUT
 
 
 class KVTierError(Exception):
@@ -86,15 +87,7 @@ def status_error(op: int, status: int, body: bytes) -> StatusError:
 
 def default_socket_path() -> str:
     """The socket path the daemon uses when none is configured (docs/configuration.md)."""
-    env = os.environ.get("KVTIER_SOCKET_PATH")
-    if env:
-        return env
-    if os.geteuid() == 0:
-        return "/run/kvtier/kvtier.sock"
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        return os.path.join(runtime, "kvtier.sock")
-    return f"/tmp/kvtier-{os.getuid()}.sock"
+    return defaults.socket_path()
 
 
 class Client:

@@ -26,6 +26,7 @@ import time
 
 import torch
 
+from . import defaults
 from .client import Client
 from .harness.engine import Engine, KVTransferConfig
 from .harness.model import LlamaConfig
@@ -59,7 +60,7 @@ def _wait_for_disk(socket_path: str, chunks: int, limit: float = 120.0) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=8192)
-    ap.add_argument("--chunk-size", type=int, default=256)
+    ap.add_argument("--chunk-size", type=int, default=defaults.CHUNK_TOKENS)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3, help="timed runs of the RAM load (median shown)")
     args = ap.parse_args(argv)

@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Optional, Tuple
 
+from . import defaults
 from .client import Client, KVTierError
 
 log = logging.getLogger("kvtier")
@@ -26,8 +27,8 @@ class Link:
     request.
     """
 
-    def __init__(self, socket_path: str, scope: Tuple[str, str, int, int], timeout: float = 5.0,
-                 reconnect_interval: float = 1.0, namespace: str = "", name: str = "kvtier-python"):
+    def __init__(self, socket_path: str, scope: Tuple[str, str, int, int], timeout: float = defaults.TIMEOUT,
+                 reconnect_interval: float = defaults.RECONNECT_INTERVAL, namespace: str = "", name: str = "kvtier-python"):
         self.socket_path, self.timeout, self.name = socket_path, timeout, name
         self.reconnect_interval, self.namespace = reconnect_interval, namespace
         self.scope_args = scope  # (model, format, world size, rank)

@@ -46,6 +46,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from . import defaults
 from . import protocol as p
 from ._sglang_compat import (
     HiCacheStorage,
@@ -235,9 +236,9 @@ class KVTierStorage(HiCacheStorage):
         self.model = getattr(cfg, "model_name", None) or "unknown-model"
         self.socket_path = str(extra.get("socket_path") or default_socket_path())
         self.timeout = float(extra.get("timeout", DEFAULT_TIMEOUT))
-        self.reconnect_interval = float(extra.get("reconnect_interval", 1.0))
+        self.reconnect_interval = float(extra.get("reconnect_interval", defaults.RECONNECT_INTERVAL))
         self.namespace = str(extra.get("namespace", ""))
-        self.lease_ms = int(extra.get("lease_ms", 30000))
+        self.lease_ms = int(extra.get("lease_ms", defaults.LEASE_MS))
         self._format_override = str(extra.get("format", ""))
         if getattr(cfg, "should_split_heads", False):
             log.warning("kvtier: tp_lcm_size head splitting is not supported; pages are stored per TP rank, "

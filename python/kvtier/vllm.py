@@ -45,6 +45,7 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 import torch
 
+from . import defaults
 from . import protocol as p
 from . import vllm_kv as kvl
 from ._vllm_compat import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorStats
@@ -86,8 +87,8 @@ class Settings:
     """``kv_connector_extra_config`` keys understood by the connector (docs/vllm.md)."""
 
     socket_path: str = ""
-    timeout: float = 5.0          # seconds any one daemon call may take
-    lease_ms: int = 30000         # how long a lookup keeps hit chunks resident
+    timeout: float = defaults.TIMEOUT  # seconds any one daemon call may take
+    lease_ms: int = defaults.LEASE_MS  # how long a lookup keeps hit chunks resident
     # How long reserved store slots wait for their commit: a whole forward
     # pass runs between PREPARE_STORE (layer 0) and COMMIT_STORE. The daemon
     # caps leases at 10 minutes; a dead worker's connection frees them anyway.
@@ -96,7 +97,7 @@ class Settings:
     load_async: bool = True       # load hits that are not in RAM in the background
     cross_layer: bool = False     # ask vLLM for cross-layer blocks (one copy per block run)
     kv_layout: str = ""           # force the per-layer form: packed, block_first, kv_first, mla
-    reconnect_interval: float = 1.0  # least seconds between reconnection attempts
+    reconnect_interval: float = defaults.RECONNECT_INTERVAL  # least seconds between reconnection attempts
     namespace: str = ""
     # "tokens": keys from token ids (reproducible everywhere); "block_hashes":
     # vLLM's own block hashes (cheaper for long prompts; needs PYTHONHASHSEED).
