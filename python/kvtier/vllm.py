@@ -460,6 +460,8 @@ class KVTierConnector(KVConnectorBase_V1):
             # Loaded in the background: vLLM now counts those tokens as computed.
             self._async_loaded.discard(new.req_id)
             state.block_ids, state.computed = block_ids, new.num_computed_tokens + scheduled
+            # Chunks whose load failed are recomputed now: let them be saved again.
+            state.saved_upto = min(state.saved_upto, chunk_floor(new.num_computed_tokens, self._chunk or 1))
             self._lookups.pop(new.req_id, None)
         else:
             request = self._request_of(new)
