@@ -121,7 +121,7 @@ func (e *Engine) closeAll() error {
 
 func closeTiers(ts []tier.Tier) {
 	for _, t := range ts {
-		t.Close()
+		tier.Close(t)
 	}
 }
 

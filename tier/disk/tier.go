@@ -130,7 +130,9 @@ func (o Options) withDefaults() (Options, error) {
 	return o, nil
 }
 
-// Tier is the disk tier. It implements tier.Tier.
+// Tier is the disk tier. Besides tier.Tier it implements every optional
+// interface of a tier: Container, PrefixContainer, Remover, Pinner,
+// Lister, Observable, StatsReporter and io.Closer.
 type Tier struct {
 	dir    string
 	opts   Options
@@ -165,7 +167,17 @@ type Tier struct {
 	logs      spaceLogs
 }
 
-var _ tier.Tier = (*Tier)(nil)
+var (
+	_ tier.Tier            = (*Tier)(nil)
+	_ tier.Container       = (*Tier)(nil)
+	_ tier.PrefixContainer = (*Tier)(nil)
+	_ tier.Remover         = (*Tier)(nil)
+	_ tier.Pinner          = (*Tier)(nil)
+	_ tier.Lister          = (*Tier)(nil)
+	_ tier.Observable      = (*Tier)(nil)
+	_ tier.StatsReporter   = (*Tier)(nil)
+	_ io.Closer            = (*Tier)(nil)
+)
 
 // Open opens (creating if needed) the tier in dir, rebuilding its index from
 // the segment files and repairing whatever a crash left behind.
@@ -228,7 +240,7 @@ func (t *Tier) DirectIO() bool { return t.direct }
 // Name implements tier.Tier.
 func (t *Tier) Name() string { return "disk" }
 
-// Contains implements tier.Tier.
+// Contains implements tier.Container.
 func (t *Tier) Contains(key chunk.Key) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -236,7 +248,7 @@ func (t *Tier) Contains(key chunk.Key) bool {
 	return ok
 }
 
-// PrefixContains implements tier.Tier.
+// PrefixContains implements tier.PrefixContainer.
 func (t *Tier) PrefixContains(keys []chunk.Key) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -259,7 +271,7 @@ func (t *Tier) Size(key chunk.Key) (int, bool) {
 	return int(t.idx.slots[i].size), true
 }
 
-// Pin implements tier.Tier. A pin only extends an existing lease.
+// Pin implements tier.Pinner. A pin only extends an existing lease.
 func (t *Tier) Pin(keys []chunk.Key, ttl time.Duration) int {
 	now := t.now()
 	until := now + int64(ttl)
@@ -279,7 +291,7 @@ func (t *Tier) Pin(keys []chunk.Key, ttl time.Duration) int {
 	return len(keys)
 }
 
-// Stats implements tier.Tier. It walks the index to sum pinned bytes, so it
+// Stats implements tier.StatsReporter. It walks the index to sum pinned bytes, so it
 // is meant for periodic scraping, not for hot paths.
 func (t *Tier) Stats() tier.Stats {
 	now := t.now()
@@ -680,7 +692,7 @@ func (t *Tier) finishGet(key chunk.Key, loc slot, seg *segment, err, bad error) 
 	return 0, fmt.Errorf("disk: get %v at segment %d offset %d: %w: %w", key, loc.seg, loc.off, bad, tier.ErrCorrupt)
 }
 
-// Remove implements tier.Tier. It returns once every copy of key known to
+// Remove implements tier.Remover. It returns once every copy of key known to
 // be on disk — this one, and any older copy still being evicted — has been
 // punched out and the punch fsync'ed, so removed data stays gone after a
 // crash. A Put still in flight for key is not affected.
@@ -704,7 +716,7 @@ func (t *Tier) Remove(key chunk.Key) bool {
 	return true
 }
 
-// Close implements tier.Tier: it waits for calls in flight, runs queued
+// Close implements io.Closer: it waits for calls in flight, runs queued
 // punches, makes everything durable and releases the directory.
 func (t *Tier) Close() error {
 	t.mu.Lock()

@@ -8,6 +8,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"kvtier/chunk"
+	"kvtier/tier"
 )
 
 // The benchmarks pair each tier operation with the same operation done by
@@ -133,7 +134,7 @@ func BenchmarkContainsCached(b *testing.B) {
 		b.Fatal(err)
 	}
 	for b.Loop() {
-		if !tr.Contains(k) {
+		if !tier.Contains(tr, k) {
 			b.Fatal("lost")
 		}
 		if _, ok := tr.Size(k); !ok {
