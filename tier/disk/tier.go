@@ -19,7 +19,8 @@
 // become visible.
 //
 // Space is freed one record at a time by punching holes into the segment
-// files, so eviction can follow a true LRU order without compaction, and the
+// files, so eviction can follow any policy's order (package policy; LRU
+// unless Options.Policy names another) without compaction, and the
 // bytes the files occupy never exceed the capacity: a Put reserves its
 // record's padded size first and waits for evictions' punches to finish
 // before writing; Puts also evict a little ahead (Options.Headroom) so that
@@ -54,6 +55,7 @@ import (
 
 	"kvtier/chunk"
 	"kvtier/tier"
+	"kvtier/tier/policy"
 )
 
 // DirectMode says whether segment files use O_DIRECT.
@@ -97,7 +99,11 @@ type Options struct {
 	Headroom   int64
 	QueueDepth int // I/O goroutines, i.e. I/Os in flight; default 2
 	BounceSize int // per-goroutine staging for unaligned buffers; default 1 MiB
-	Logger     *slog.Logger
+	// Policy names the eviction policy (policy.Names); default LRU. The
+	// order does not persist: after a restart records enter the policy
+	// in log order, oldest first.
+	Policy string
+	Logger *slog.Logger
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -149,7 +155,7 @@ type Tier struct {
 	ghosts   map[chunk.Key]int32 // copies of a key whose punch has not yet been made durable
 	obs      atomic.Pointer[observerBox]
 	closed   bool
-	idx      index
+	idx      *index
 	segs     map[uint64]*segment
 	active   *segment // segment new records go to; nil until the first Put
 	nextSeg  uint64
@@ -186,6 +192,10 @@ func Open(dir string, opts Options) (*Tier, error) {
 	if err != nil {
 		return nil, err
 	}
+	order, err := policy.New[chunk.Key](opts.Policy)
+	if err != nil {
+		return nil, fmt.Errorf("disk: %w", err)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("disk: create %s: %w", dir, err)
 	}
@@ -212,7 +222,7 @@ func Open(dir string, opts Options) (*Tier, error) {
 		lockFD: lockFD,
 		direct: direct,
 		start:  time.Now(),
-		idx:    newIndex(),
+		idx:    newIndex(order),
 		segs:   make(map[uint64]*segment),
 		ghosts: make(map[chunk.Key]int32),
 	}
@@ -426,8 +436,8 @@ func (t *Tier) enter(key chunk.Key) (stored bool, err error) {
 	return false, nil
 }
 
-// reserveLocked makes room for a need-byte record, evicting least recently
-// used records as needed, and places it. The reservation is empty if key
+// reserveLocked makes room for a need-byte record, evicting the policy's
+// victims as needed, and places it. The reservation is empty if key
 // was stored meanwhile. If another Put of key is writing it, this one waits
 // for the outcome rather than report as stored a record that may yet fail.
 func (t *Tier) reserveLocked(key chunk.Key, size, need int64) (reservation, error) {
