@@ -21,6 +21,9 @@ func TestEveryPolicyEvicts(t *testing.T) {
 			dir := t.TempDir()
 			opts := Options{Capacity: fits * rec, Headroom: -1, Policy: name}
 			d := openTier(t, dir, opts)
+			if d.Policy() != name {
+				t.Fatalf("Policy() = %s, want %s", d.Policy(), name)
+			}
 			model, err := policy.New[chunk.Key](name)
 			if err != nil {
 				t.Fatal(err)

@@ -244,6 +244,9 @@ func Open(dir string, opts Options) (*Tier, error) {
 	return t, nil
 }
 
+// Policy returns the canonical name of the eviction policy (policy.Names).
+func (t *Tier) Policy() string { return t.idx.order.Name() }
+
 // DirectIO reports whether the segment files use O_DIRECT.
 func (t *Tier) DirectIO() bool { return t.direct }
 
