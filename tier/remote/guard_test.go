@@ -371,3 +371,32 @@ func BenchmarkGuard(b *testing.B) {
 		}
 	})
 }
+
+// TestGuardWithoutOptionalInterfaces guards a tier that has only the four
+// methods of tier.Tier: Remove answers false without calling the store,
+// PrefixContains asks Size key by key, and Stats carries the name alone.
+func TestGuardWithoutOptionalInterfaces(t *testing.T) {
+	noLeak(t)
+	f := newFake()
+	g := guard(t, struct{ tier.Tier }{f}, GuardOptions{})
+	ctx := context.Background()
+	for i := range 2 {
+		if err := g.Put(ctx, key(i), []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := f.calls.Load()
+	if g.Remove(key(0)) || f.calls.Load() != calls {
+		t.Fatal("Remove of a tier that cannot remove reached the store or reported success")
+	}
+	if n := g.PrefixContains([]chunk.Key{key(0), key(1), key(5)}); n != 2 || f.calls.Load() != calls+3 {
+		t.Fatalf("PrefixContains = %d after %d calls; want 2 after 3 Size calls", n, f.calls.Load()-calls)
+	}
+	if st := g.Stats(); st != (tier.Stats{Name: "fake"}) {
+		t.Fatalf("Stats = %+v, want the name alone", st)
+	}
+	enc := Encode(g, "enc", nil, nil)
+	if enc.Remove(key(0)) || !enc.Contains(key(0)) {
+		t.Fatal("Encoded over a tier that cannot remove removed")
+	}
+}

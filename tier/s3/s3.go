@@ -23,9 +23,9 @@
 // lexical order says nothing about their order in a prompt, and a LIST of
 // the scope would page through every chunk of the model.
 //
-// Keys seen present (by Put, Get, Contains, Size or PrefixContains) are
-// remembered with their sizes in a small bounded cache, so Contains, Size
-// and Get of one chunk cost one HEAD and one GET. A remembered key that was
+// Keys seen present (by Put, Get, Size or PrefixContains) are remembered
+// with their sizes in a small bounded cache, so a presence check, Size and
+// Get of one chunk cost one HEAD and one GET. A remembered key that was
 // deleted behind the tier's back is reported present (and not uploaded
 // again by Put) until a Get finds it missing (ErrNotFound, a miss to the
 // manager) and forgets it.
