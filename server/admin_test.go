@@ -295,8 +295,7 @@ func TestClearEmptiesRAMOfTheScope(t *testing.T) {
 		t.Errorf("the disk tier should be cleared: %+v", res)
 	}
 	if st, _ := f.eng.Manager().Stats(); st[1].Objects != 0 {
-		d := st[1].Objects
-		t.Errorf("disk holds %d chunks after the clear, want 0", d)
+		t.Errorf("disk holds %d chunks after the clear, want 0", st[1].Objects)
 	}
 }
 

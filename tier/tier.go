@@ -92,9 +92,6 @@ type StatsReporter interface {
 	Stats() Stats
 }
 
-// A tier that holds resources (files, connections, goroutines) implements
-// io.Closer; Close flushes pending work and releases them.
-
 // Remove deletes key from t if t can delete (Remover) and reports whether
 // it was there.
 func Remove(t Tier, key chunk.Key) bool {
@@ -145,7 +142,9 @@ func StatsOf(t Tier) Stats {
 	return Stats{Name: t.Name()}
 }
 
-// Close closes t if it holds anything to release (io.Closer).
+// Close closes t if it holds anything to release. A tier with files,
+// connections or goroutines implements io.Closer, whose Close flushes
+// pending work and releases them.
 func Close(t Tier) error {
 	if c, ok := t.(io.Closer); ok {
 		return c.Close()
