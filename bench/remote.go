@@ -48,7 +48,7 @@ func benchRemote(ctx context.Context, rawURL string, data []byte, n int) (*Remot
 	if err != nil {
 		return nil, err
 	}
-	defer t.Close()
+	defer tier.Close(t)
 	keys := make([]chunk.Key, n)
 	stamp := uint64(time.Now().UnixNano())
 	for i := range keys {
@@ -81,7 +81,7 @@ func benchRemote(ctx context.Context, rawURL string, data []byte, n int) (*Remot
 		return nil, fmt.Errorf("remote bench: the tier returned different bytes")
 	}
 	for _, k := range keys {
-		t.Remove(k)
+		tier.Remove(t, k)
 	}
 	if err := rawRemote(ctx, u, data, n, r); err != nil {
 		return nil, err

@@ -122,6 +122,9 @@ type Config struct {
 	DiskDirectIO string `yaml:"disk_direct_io"`
 	// DiskSegmentSize is the size of one log segment of the disk tier.
 	DiskSegmentSize Size `yaml:"disk_segment_size"`
+	// DiskCachePolicy names the disk tier's eviction policy, in upper case
+	// after loading; cache_policy is the RAM tier's.
+	DiskCachePolicy string `yaml:"disk_cache_policy"`
 
 	// WriteQueueDepth bounds the writes queued for each tier below RAM.
 	WriteQueueDepth int `yaml:"write_queue_depth"`
@@ -178,6 +181,7 @@ func defaults(getenv func(string) string, euid int) Config {
 		KVEventsEncoding:  "map",
 		DiskDirectIO:      "auto",
 		DiskSegmentSize:   256 * MiB,
+		DiskCachePolicy:   "LRU",
 		WriteQueueDepth:   64,
 		WriteWait:         5 * time.Millisecond,
 		LeaseTTL:          10 * time.Second,

@@ -51,6 +51,7 @@ func TestDefaults(t *testing.T) {
 		KVEventsEncoding:  "map",
 		DiskDirectIO:      "auto",
 		DiskSegmentSize:   256 * MiB,
+		DiskCachePolicy:   "LRU",
 		WriteQueueDepth:   64,
 		WriteWait:         5 * time.Millisecond,
 		LeaseTTL:          10 * time.Second,

@@ -33,6 +33,35 @@ func TestDocsCoverEveryKey(t *testing.T) {
 	}
 }
 
+// TestDocsListEveryPolicy keeps the documented values of the policy keys
+// equal to what package policy builds: the enum of cache_policy and of
+// disk_cache_policy is policy.Names(), in its order.
+func TestDocsListEveryPolicy(t *testing.T) {
+	data, err := os.ReadFile(docsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	quoted := make([]string, len(cachePolicies))
+	for i, name := range cachePolicies {
+		quoted[i] = "`" + name + "`"
+	}
+	want := "| enum: " + strings.Join(quoted, ", ") + " |"
+	for _, key := range []string{"cache_policy", "disk_cache_policy"} {
+		found := false
+		for line := range strings.Lines(string(data)) {
+			if rest, ok := strings.CutPrefix(line, "| `"+key+"` "); ok && strings.HasPrefix(rest, "| enum:") {
+				found = true
+				if !strings.HasPrefix(rest, want) {
+					t.Errorf("%s lists the %s values as %q; the registered policies are %s", docsPath, key, rest, want)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s has no enum row for %s", docsPath, key)
+		}
+	}
+}
+
 // TestDocsExamplesLoad parses every YAML example in the documentation.
 func TestDocsExamplesLoad(t *testing.T) {
 	data, err := os.ReadFile(docsPath)

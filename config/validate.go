@@ -113,6 +113,9 @@ func (c Config) Validate() error {
 		bad("disk_segment_size", "want at least %v and a multiple of %v, got %v",
 			minSegmentSize, segmentAlign, c.DiskSegmentSize)
 	}
+	if !slices.Contains(cachePolicies, c.DiskCachePolicy) {
+		bad("disk_cache_policy", "%w", oneOf(c.DiskCachePolicy, cachePolicies))
+	}
 	if c.WriteQueueDepth < 1 || c.WriteQueueDepth > maxWriteQueueDepth {
 		bad("write_queue_depth", "want 1 to %d, got %d", maxWriteQueueDepth, c.WriteQueueDepth)
 	}
@@ -137,6 +140,7 @@ func (c *Config) normalize() error {
 		c.RemoteSerde = "raw"
 	}
 	c.DiskDirectIO = strings.ToLower(strings.TrimSpace(c.DiskDirectIO))
+	c.DiskCachePolicy = strings.ToUpper(strings.TrimSpace(c.DiskCachePolicy))
 	c.LogLevel = strings.ToLower(strings.TrimSpace(c.LogLevel))
 	if c.LogLevel == "warning" { // Python's name, for LMCache users
 		c.LogLevel = "warn"

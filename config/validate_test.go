@@ -40,6 +40,7 @@ func TestEveryValidationErrorNamesItsKey(t *testing.T) {
 		{"disk_direct_io", func(c *Config) { c.DiskDirectIO = "true" }, "want one of auto, on, off"},
 		{"disk_segment_size", func(c *Config) { c.DiskSegmentSize = 512 * KiB }, "at least 1MiB"},
 		{"disk_segment_size", func(c *Config) { c.DiskSegmentSize = MiB + 512 }, "multiple of 4KiB"},
+		{"disk_cache_policy", func(c *Config) { c.DiskCachePolicy = "random" }, "want one of LRU, LFU, FIFO, MRU, S3FIFO, ARC"},
 		{"write_queue_depth", func(c *Config) { c.WriteQueueDepth = 0 }, "want 1 to"},
 		{"write_wait", func(c *Config) { c.WriteWait = -time.Millisecond }, "want 0 or more"},
 		{"lease_ttl", func(c *Config) { c.LeaseTTL = 0 }, "want more than 0"},

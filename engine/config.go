@@ -35,6 +35,7 @@ func OptionsFromConfig(c config.Config, log *slog.Logger) (Options, error) {
 		DiskBytes:       int64(c.LocalDiskBytes()),
 		DiskDirectIO:    mode,
 		DiskSegmentSize: int64(c.DiskSegmentSize),
+		DiskPolicy:      c.DiskCachePolicy,
 		RemoteURLs:      c.RemoteURLs(),
 		RemoteCodec:     remoteCodec(c.RemoteSerde),
 		RemoteTimeout:   c.RemoteTimeout,

@@ -13,7 +13,8 @@ import (
 func TestOptionsFromConfig(t *testing.T) {
 	dir := t.TempDir()
 	c, err := config.Parse([]byte("chunk_size: 16\nmax_local_cpu_size: 0.001\nlocal_disk: file://"+dir+
-		"\nmax_local_disk_size: 0.01\ncache_policy: arc\nsave_unfull_chunk: true\nnamespace: tenant-a\nwrite_wait: 0\ndisk_direct_io: off\n"), "test.yaml")
+		"\nmax_local_disk_size: 0.01\ncache_policy: arc\nsave_unfull_chunk: true\nnamespace: tenant-a\nwrite_wait: 0\ndisk_direct_io: off\n"+
+		"disk_cache_policy: s3fifo\n"), "test.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -22,7 +23,7 @@ func TestOptionsFromConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	if o.ChunkSize != 16 || !o.SaveUnfull || o.Policy != "ARC" || o.Namespace != "tenant-a" || o.DiskDir != dir ||
-		o.DiskDirectIO != disk.DirectOff || o.Tier.WriteWait >= 0 {
+		o.DiskDirectIO != disk.DirectOff || o.DiskPolicy != "S3FIFO" || o.Tier.WriteWait >= 0 {
 		t.Fatalf("options = %+v", o)
 	}
 	gib := float64(1 << 30)
@@ -36,6 +37,8 @@ func TestOptionsFromConfig(t *testing.T) {
 	defer e.Close()
 	if tiers := e.Manager().Tiers(); len(tiers) != 2 || tiers[1].Name() != "disk" {
 		t.Fatalf("tiers = %v", tiers)
+	} else if p := tiers[1].(*disk.Tier).Policy(); p != "S3FIFO" {
+		t.Fatalf("disk tier evicts by %s, want the configured S3FIFO", p)
 	}
 
 	for yaml, want := range map[string]string{

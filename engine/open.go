@@ -37,6 +37,7 @@ type Options struct {
 	DiskDirectIO    disk.DirectMode
 	DiskSegmentSize int64
 	DiskSync        disk.SyncMode
+	DiskPolicy      string // eviction policy of the disk tier; "" is LRU
 
 	// RemoteURLs are remote tiers below the disk tier, in order (see
 	// package remote for the schemes). Each is guarded by a circuit
@@ -74,7 +75,7 @@ func Open(o Options) (*Engine, error) {
 	var lower []tier.Tier
 	if o.DiskDir != "" {
 		d, err := disk.Open(o.DiskDir, disk.Options{Capacity: o.DiskBytes, DirectIO: o.DiskDirectIO,
-			SegmentSize: o.DiskSegmentSize, Sync: o.DiskSync, Logger: o.Logger})
+			SegmentSize: o.DiskSegmentSize, Sync: o.DiskSync, Policy: o.DiskPolicy, Logger: o.Logger})
 		if err != nil {
 			a.Close()
 			return nil, fmt.Errorf("engine: %w", err)
@@ -121,7 +122,7 @@ func (e *Engine) closeAll() error {
 
 func closeTiers(ts []tier.Tier) {
 	for _, t := range ts {
-		t.Close()
+		tier.Close(t)
 	}
 }
 

@@ -515,7 +515,7 @@ func (s *session) pinHit(keys []chunk.Key, ttl time.Duration) (uint64, *requestE
 			continue
 		}
 		for _, t := range mgr.Tiers()[1:] {
-			if t.Pin(keys[i:i+1], ttl) == 1 {
+			if tier.Pin(t, keys[i:i+1], ttl) == 1 {
 				break
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -18,11 +19,17 @@ import (
 // breakdowns fit in fixed arrays on the hot path.
 const MaxTiers = 8
 
-// RAM is what the manager needs from the top tier beyond Tier: objects in a
-// shared arena that it can hand out, fill and index without extra copies.
-// tier/mem implements it.
+// RAM is what the manager needs from the top tier beyond Tier: the
+// optional interfaces every RAM tier has, and objects in a shared arena
+// that it can hand out, fill and index without extra copies. tier/mem
+// implements it.
 type RAM interface {
 	Tier
+	Container
+	PrefixContainer
+	Remover
+	StatsReporter
+	io.Closer
 	Arena() *arena.Arena
 	// Acquire refs the objects of the leading stored keys into ids and
 	// returns how many; the caller Unrefs each on the arena.
@@ -186,7 +193,7 @@ func (m *Manager) Lookup(keys []chunk.Key) (n int, byTier [MaxTiers]int, last in
 	for n < len(keys) {
 		c, t := m.ram.PrefixContains(keys[n:]), 0
 		for i := 0; c == 0 && i < len(m.lower); i++ {
-			c, t = m.lower[i].PrefixContains(keys[n:]), i+1
+			c, t = PrefixContains(m.lower[i].Tier, keys[n:]), i+1
 			for j := 1; j < c; j++ { // end the run where RAM takes over
 				if m.ram.Contains(keys[n+j]) {
 					c = j
@@ -355,7 +362,7 @@ func (m *Manager) enqueueWrites(k chunk.Key, id arena.ID, upTo int, budget *writ
 func (m *Manager) writer(lt *lowerTier) {
 	defer m.wg.Done()
 	for job := range lt.queue {
-		if !lt.Contains(job.key) {
+		if !Contains(lt.Tier, job.key) {
 			if err := lt.Put(context.Background(), job.key, m.arena.Bytes(job.id)); err != nil {
 				lt.missed.add(job.key)
 				m.writeFailed(lt, job.key, err)
@@ -366,7 +373,7 @@ func (m *Manager) writer(lt *lowerTier) {
 					// why, since this job's reference keeps the object busy.
 					// Undo the write so a queued copy never resurrects a
 					// removal.
-					lt.Remove(job.key)
+					Remove(lt.Tier, job.key)
 				}
 			}
 		}
@@ -531,7 +538,7 @@ func (m *Manager) readFailure(ctx context.Context, err error) error {
 // lowerMissing reports whether some lower tier lacks k.
 func (m *Manager) lowerMissing(k chunk.Key) bool {
 	for _, lt := range m.lower {
-		if !lt.Contains(k) {
+		if !Contains(lt.Tier, k) {
 			return true
 		}
 	}
@@ -542,7 +549,7 @@ func (m *Manager) lowerMissing(k chunk.Key) bool {
 // or -1.
 func (m *Manager) holder(k chunk.Key) int {
 	for i, lt := range m.lower {
-		if lt.Contains(k) {
+		if Contains(lt.Tier, k) {
 			return i
 		}
 	}
@@ -610,29 +617,30 @@ func (m *Manager) prefetcher() {
 func (m *Manager) Remove(key chunk.Key) bool {
 	found := m.ram.Remove(key)
 	for _, lt := range m.lower {
-		found = lt.Remove(key) || found
+		found = Remove(lt.Tier, key) || found
 	}
 	return found
 }
 
 // Clear removes every chunk of scope (all chunks when scope is 0) from RAM
-// and from each lower tier that can enumerate its keys (tier.Lister), and
-// returns how many each tier removed, in tier order. Tiers that cannot
-// enumerate (shared remote stores) keep theirs; notCleared names them.
+// and from each lower tier that can enumerate and delete its keys (Lister
+// and Remover), and returns how many each tier removed, in tier order.
+// Tiers that cannot (shared remote stores) keep theirs; notCleared names
+// them.
 func (m *Manager) Clear(scope uint64) (removed []int, notCleared []string) {
 	removed = make([]int, 1+len(m.lower))
 	removed[0] = m.ram.Clear(scope)
 	var keys []chunk.Key
 	for i, lt := range m.lower {
 		l, ok := lt.Tier.(Lister)
-		if !ok {
+		if _, canRemove := lt.Tier.(Remover); !ok || !canRemove {
 			notCleared = append(notCleared, lt.Name())
 			continue
 		}
 		keys = keys[:0]
 		l.List(scope, func(k chunk.Key, _ int) bool { keys = append(keys, k); return true })
 		for _, k := range keys {
-			if lt.Remove(k) {
+			if Remove(lt.Tier, k) {
 				removed[i+1]++
 			}
 		}
@@ -667,7 +675,7 @@ func (m *Manager) Stats() ([]Stats, []QueueStats) {
 	st := []Stats{m.ram.Stats()}
 	var qs []QueueStats
 	for _, lt := range m.lower {
-		st = append(st, lt.Stats())
+		st = append(st, StatsOf(lt.Tier))
 		qs = append(qs, QueueStats{Tier: lt.Name(), Depth: len(lt.queue), Capacity: cap(lt.queue), Dropped: lt.dropped.Load(), Failed: lt.failed.Load()})
 	}
 	return st, qs
@@ -718,7 +726,7 @@ func (m *Manager) Close() error {
 	m.wg.Wait()
 	err := m.ram.Close()
 	for _, lt := range m.lower {
-		err = errors.Join(err, lt.Close())
+		err = errors.Join(err, Close(lt.Tier))
 	}
 	return err
 }

@@ -200,7 +200,7 @@ func TestCloseFlushesWrites(t *testing.T) {
 // stallTier is a lower tier whose Put blocks until released: it stands in
 // for a slow device so the test can fill the manager's queue.
 type stallTier struct {
-	tier.Tier
+	*mem.Tier
 	release chan struct{}
 }
 
@@ -512,7 +512,7 @@ func TestStoreRefillsALowerTier(t *testing.T) {
 
 // brokenTier is a lower tier that holds its keys but fails every read, as
 // a remote store does when its connection resets.
-type brokenTier struct{ tier.Tier }
+type brokenTier struct{ *mem.Tier }
 
 var errReset = errors.New("read: connection reset by peer")
 
@@ -553,7 +553,7 @@ func TestLowerTierReadFailureIsAMiss(t *testing.T) {
 }
 
 // refuseTier is a lower tier that refuses every write, as a full disk does.
-type refuseTier struct{ tier.Tier }
+type refuseTier struct{ *mem.Tier }
 
 var errRefused = errors.New("no space left on device")
 

@@ -121,7 +121,7 @@ func (m *Manager) redo(ctx context.Context, lt *lowerTier, r *TierSync) {
 	r.Missing += lost
 	var id [1]arena.ID
 	for k := range keys {
-		if lt.Contains(k) {
+		if Contains(lt.Tier, k) {
 			continue // written since, by a later store of the same chunk
 		}
 		if ctx.Err() != nil || m.ram.Acquire([]chunk.Key{k}, id[:]) != 1 {

@@ -10,11 +10,12 @@ import (
 
 	"kvtier/chunk"
 	"kvtier/tier"
+	"kvtier/tier/mem"
 )
 
 // failTier refuses its first fails Puts, as a full or failing device would.
 type failTier struct {
-	tier.Tier
+	*mem.Tier
 	fails atomic.Int32
 }
 
@@ -23,6 +24,17 @@ func (f *failTier) Put(ctx context.Context, k chunk.Key, b []byte) error {
 		return errors.New("device says no")
 	}
 	return f.Tier.Put(ctx, k, b)
+}
+
+// refusingStall holds every Put until release, then lets failTier answer.
+type refusingStall struct {
+	*failTier
+	release chan struct{}
+}
+
+func (s *refusingStall) Put(ctx context.Context, k chunk.Key, b []byte) error {
+	<-s.release
+	return s.failTier.Put(ctx, k, b)
 }
 
 // TestSyncWritesWhatWasDroppedOrRefused stores chunks while the lower tier
@@ -34,7 +46,7 @@ func TestSyncWritesWhatWasDroppedOrRefused(t *testing.T) {
 	lowerRAM := newRAM(t, 16<<20)
 	failing := &failTier{Tier: lowerRAM}
 	failing.fails.Store(3)
-	slow := &stallTier{Tier: failing, release: make(chan struct{})}
+	slow := &refusingStall{failTier: failing, release: make(chan struct{})}
 	m, _ := tier.NewManager(ram, []tier.Tier{slow}, tier.Options{QueueDepth: 2, Writers: 1, WriteWait: -1})
 	defer m.Close()
 	ctx := context.Background()

@@ -7,6 +7,7 @@ package tier
 import (
 	"context"
 	"errors"
+	"io"
 	"time"
 
 	"kvtier/chunk"
@@ -21,18 +22,25 @@ var (
 	ErrCorrupt  = errors.New("tier: corrupt object")
 )
 
-// Tier is one level of the hierarchy. All methods are safe for concurrent
-// use. Put is synchronous at this level: the Manager makes writes to lower
-// tiers asynchronous, with one bounded queue per tier, so every tier gets
-// the same backpressure rules without reimplementing them.
+// Tier is one level of the hierarchy: what every store can honestly do,
+// from the RAM arena to a bucket shared by a fleet. All methods are safe
+// for concurrent use. Put is synchronous at this level: the Manager makes
+// writes to lower tiers asynchronous, with one bounded queue per tier, so
+// every tier gets the same backpressure rules without reimplementing them.
+//
+// Everything else a tier may be able to do is an optional interface that
+// callers discover with a type assertion, as io.Copy discovers
+// io.WriterTo: Remover, PrefixContainer, Container, Pinner, Lister,
+// Observable, StatsReporter and io.Closer. A tier that cannot do something
+// does not implement it; the helpers below (Remove, PrefixContains,
+// Contains, Pin, StatsOf, Close) give the answer that is right for such a
+// tier. A type that wraps a tier hides the optional interfaces of what it
+// wraps unless it forwards them itself.
 type Tier interface {
 	// Name is a short stable name ("mem", "disk", "redis", ...).
 	Name() string
-	// Contains reports whether key is stored and readable.
-	Contains(key chunk.Key) bool
-	// PrefixContains returns how many leading keys are all stored.
-	PrefixContains(keys []chunk.Key) int
-	// Size returns the stored object's length in bytes.
+	// Size reports whether key is stored and readable, and the object's
+	// length in bytes.
 	Size(key chunk.Key) (int, bool)
 	// Get copies the object into dst, which must be at least Size bytes,
 	// and returns the number of bytes written. A missing key gives
@@ -42,16 +50,106 @@ type Tier interface {
 	// Put stores data under key. data is only read during the call. Putting
 	// a key that is already stored is a no-op success.
 	Put(ctx context.Context, key chunk.Key, data []byte) error
+}
+
+// Remover is implemented by tiers that can delete one object. A store
+// without per-key deletion (another daemon's protocol) leaves objects to
+// its own eviction.
+type Remover interface {
 	// Remove deletes key and reports whether it was there.
 	Remove(key chunk.Key) bool
+}
+
+// PrefixContainer is implemented by tiers that check a run of keys at once
+// (one lock, one pipeline, one request, parallel stats) instead of one
+// Size per key.
+type PrefixContainer interface {
+	// PrefixContains returns how many leading keys are all stored.
+	PrefixContains(keys []chunk.Key) int
+}
+
+// Container is implemented by tiers that can tell that a key is stored
+// more cheaply than Size can measure it: a tier whose objects are encoded
+// must read one to learn its decoded size, but not to know it is there.
+type Container interface {
+	// Contains reports whether key is stored and readable.
+	Contains(key chunk.Key) bool
+}
+
+// Pinner is implemented by tiers that can keep objects from eviction for
+// a while. Stores that evict on their own terms (Redis, object stores,
+// shared directories) cannot.
+type Pinner interface {
 	// Pin protects the leading stored keys from eviction until ttl passes
 	// and returns how many leading keys it pinned. Pins are leases: they
 	// lapse on their own, so a caller that dies cannot leak space.
 	Pin(keys []chunk.Key, ttl time.Duration) int
+}
+
+// StatsReporter is implemented by tiers that keep counters.
+type StatsReporter interface {
 	// Stats returns a snapshot of the tier's counters.
 	Stats() Stats
-	// Close flushes pending work and releases resources.
-	Close() error
+}
+
+// Remove deletes key from t if t can delete (Remover) and reports whether
+// it was there.
+func Remove(t Tier, key chunk.Key) bool {
+	if r, ok := t.(Remover); ok {
+		return r.Remove(key)
+	}
+	return false
+}
+
+// PrefixContains returns how many leading keys t holds: in one call when t
+// is a PrefixContainer, else by asking for each key until one is missing.
+func PrefixContains(t Tier, keys []chunk.Key) int {
+	if p, ok := t.(PrefixContainer); ok {
+		return p.PrefixContains(keys)
+	}
+	for i, k := range keys {
+		if !Contains(t, k) {
+			return i
+		}
+	}
+	return len(keys)
+}
+
+// Contains reports whether t holds key, by Container when t has it and by
+// Size otherwise.
+func Contains(t Tier, key chunk.Key) bool {
+	if c, ok := t.(Container); ok {
+		return c.Contains(key)
+	}
+	_, ok := t.Size(key)
+	return ok
+}
+
+// Pin pins the leading stored keys in t for ttl and returns how many it
+// pinned: none when t cannot pin.
+func Pin(t Tier, keys []chunk.Key, ttl time.Duration) int {
+	if p, ok := t.(Pinner); ok {
+		return p.Pin(keys, ttl)
+	}
+	return 0
+}
+
+// StatsOf returns t's counters, or only its name when it keeps none.
+func StatsOf(t Tier) Stats {
+	if r, ok := t.(StatsReporter); ok {
+		return r.Stats()
+	}
+	return Stats{Name: t.Name()}
+}
+
+// Close closes t if it holds anything to release. A tier with files,
+// connections or goroutines implements io.Closer, whose Close flushes
+// pending work and releases them.
+func Close(t Tier) error {
+	if c, ok := t.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
 }
 
 // Observer learns which chunks a local tier admits and drops, so that the

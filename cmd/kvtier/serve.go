@@ -80,7 +80,8 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 		return err
 	}
 	log.Info("engine open", "ram_bytes", opts.RAMBytes, "ram_sized_from_machine", ramDefaulted,
-		"policy", cfg.CachePolicy, "chunk_size", cfg.ChunkSize, "disk_dir", cfg.LocalDisk, "disk_bytes", opts.DiskBytes)
+		"policy", cfg.CachePolicy, "chunk_size", cfg.ChunkSize, "disk_dir", cfg.LocalDisk, "disk_bytes", opts.DiskBytes,
+		"disk_policy", opts.DiskPolicy)
 
 	admin, err := server.NewAdmin(eng, cfg, log)
 	if err != nil {

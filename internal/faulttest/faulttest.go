@@ -108,7 +108,7 @@ func (d *Drill) store(t *testing.T, remoteTier tier.Tier, i int) {
 		if err != nil {
 			t.Fatalf("writing chunk %d to %s: %v", i, remoteTier.Name(), err)
 		}
-		if remoteTier.Contains(d.Key(i)) {
+		if tier.Contains(remoteTier, d.Key(i)) {
 			return
 		}
 		if time.Now().After(deadline) {

@@ -9,6 +9,7 @@ import (
 
 	"kvtier/chunk"
 	"kvtier/engine"
+	"kvtier/tier"
 	"kvtier/tier/remote"
 )
 
@@ -51,7 +52,7 @@ func TestRemoteStoreRestartMidRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	remoteTier := e.Manager().Tiers()[1]
-	if remoteTier.Name() != "redis" || remoteTier.PrefixContains(keysOf(t, e, scope, prompt(1))) != 4 {
+	if remoteTier.Name() != "redis" || tier.PrefixContains(remoteTier, keysOf(t, e, scope, prompt(1))) != 4 {
 		t.Fatal("the chunks did not reach Redis")
 	}
 
@@ -74,7 +75,7 @@ func TestRemoteStoreRestartMidRun(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	start := time.Now()
-	if n := remoteTier.PrefixContains(keysOf(t, e, scope, prompt(1))); n != 0 {
+	if n := tier.PrefixContains(remoteTier, keysOf(t, e, scope, prompt(1))); n != 0 {
 		t.Errorf("an open circuit reported %d chunks", n)
 	}
 	if took := time.Since(start); took > 100*time.Millisecond {
@@ -94,7 +95,7 @@ func TestRemoteStoreRestartMidRun(t *testing.T) {
 	if err := e.Manager().Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := remoteTier.PrefixContains(keysOf(t, e, scope, prompt(2))); n != 4 {
+	if n := tier.PrefixContains(remoteTier, keysOf(t, e, scope, prompt(2))); n != 4 {
 		t.Errorf("after the restart the remote tier holds %d of 4 new chunks", n)
 	}
 }

@@ -1,6 +1,9 @@
 package disk
 
-import "kvtier/chunk"
+import (
+	"kvtier/chunk"
+	"kvtier/tier/policy"
+)
 
 // slotState says where a record is in its life.
 type slotState uint8
@@ -8,34 +11,41 @@ type slotState uint8
 const (
 	slotFree    slotState = iota
 	slotWriting           // space reserved, bytes in flight: invisible to readers
-	slotLive              // written (and synced): readable and on the LRU list
+	slotLive              // written (and synced): readable and ordered by the policy
+	slotEvicted           // chosen by the policy, about to be dropped
 )
 
 // slot is one index entry. It holds no pointers, so an index of millions of
-// records is invisible to the garbage collector; the LRU list is threaded
-// through the slots by position.
+// records is invisible to the garbage collector.
 type slot struct {
 	key      chunk.Key
 	seg      uint64 // segment number
 	off      int64  // offset of the record's header block in the segment
 	size     int64  // payload length
 	pinUntil int64  // tier clock (ns) until which eviction must skip the record
-	prev     int32  // LRU neighbours; slot 0 is the list's sentinel
-	next     int32
 	state    slotState
 }
 
-// index maps keys to record locations and keeps live records in LRU order
-// (most recent next to the sentinel, least recent at its prev).
+// index maps keys to record locations and orders live records for
+// eviction by a policy (package policy), keyed by chunk key rather than
+// by slot: slots are reused, and the adaptive policies remember evicted
+// keys.
 type index struct {
 	byKey map[chunk.Key]int32
 	slots []slot
 	free  []int32
 	live  int // slots in slotLive
+
+	order  policy.Policy[chunk.Key]
+	pinned func(chunk.Key) bool // order's busy callback, allocated once
+	now    int64                // the clock victim is asked about, for pinned
+	met    []chunk.Key          // pinned keys the last victim search passed
 }
 
-func newIndex() index {
-	return index{byKey: make(map[chunk.Key]int32), slots: make([]slot, 1, 64)}
+func newIndex(order policy.Policy[chunk.Key]) *index {
+	x := &index{byKey: make(map[chunk.Key]int32), slots: make([]slot, 1, 64), order: order}
+	x.pinned = x.isPinned
+	return x
 }
 
 func (x *index) get(key chunk.Key) (int32, bool) {
@@ -68,18 +78,19 @@ func (x *index) add(s slot) int32 {
 	return i
 }
 
-// publish makes a written slot live and most recently used.
+// publish makes a written slot live and admits it to the policy.
 func (x *index) publish(i int32) {
 	x.slots[i].state = slotLive
 	x.live++
-	x.pushFront(i)
+	x.order.Admit(x.slots[i].key)
 }
 
-// drop forgets slot i entirely.
+// drop forgets slot i entirely. A live record leaves the policy as removed
+// (no history kept); an evicted one already left it as evicted.
 func (x *index) drop(i int32) {
 	s := &x.slots[i]
 	if s.state == slotLive {
-		x.unlink(i)
+		x.order.Remove(s.key)
 		x.live--
 	}
 	delete(x.byKey, s.key)
@@ -87,38 +98,38 @@ func (x *index) drop(i int32) {
 	x.free = append(x.free, i)
 }
 
-// touch marks slot i as most recently used.
+// touch records a hit on slot i.
 func (x *index) touch(i int32) {
-	x.unlink(i)
-	x.pushFront(i)
+	x.order.Access(x.slots[i].key)
 }
 
-// victim returns the least recently used slot not pinned at time now, or -1.
-// Pinned slots met on the way are moved to the front: they are in use, and
-// moving them keeps the next search from walking over them again.
+// victim asks the policy for a record not pinned at time now, takes it out
+// of the live set and returns its slot, which the caller must drop; -1
+// when every record is pinned. Pinned records met on the way count as
+// accessed afterwards: they are in use, and under LRU that moves them out
+// of the next search's way.
 func (x *index) victim(now int64) int32 {
-	for n := x.live; n > 0; n-- {
-		i := x.slots[0].prev
-		if x.slots[i].pinUntil <= now {
-			return i
-		}
-		x.touch(i)
+	x.now = now
+	k, ok := x.order.Evict(x.pinned)
+	for _, m := range x.met {
+		x.order.Access(m)
 	}
-	return -1
+	x.met = x.met[:0]
+	if !ok {
+		return -1
+	}
+	i := x.byKey[k]
+	x.slots[i].state = slotEvicted
+	x.live--
+	return i
 }
 
-func (x *index) pushFront(i int32) {
-	head := &x.slots[0]
-	first := head.next
-	x.slots[i].prev = 0
-	x.slots[i].next = first
-	x.slots[first].prev = i
-	x.slots[0].next = i
-}
-
-func (x *index) unlink(i int32) {
-	s := &x.slots[i]
-	x.slots[s.prev].next = s.next
-	x.slots[s.next].prev = s.prev
-	s.prev, s.next = 0, 0
+// isPinned is the policy's busy callback: whether k's record is leased at
+// the time victim was asked about.
+func (x *index) isPinned(k chunk.Key) bool {
+	if x.slots[x.byKey[k]].pinUntil <= x.now {
+		return false
+	}
+	x.met = append(x.met, k)
+	return true
 }

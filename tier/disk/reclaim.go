@@ -26,7 +26,7 @@ func (t *Tier) keepHeadroomLocked() {
 	}
 }
 
-// evictOneLocked evicts the least recently used unpinned record.
+// evictOneLocked evicts the policy's next unpinned victim.
 func (t *Tier) evictOneLocked() bool {
 	i := t.idx.victim(t.now())
 	if i < 0 {

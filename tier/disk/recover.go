@@ -9,10 +9,11 @@ import (
 )
 
 // recover rebuilds the index from the segment files at Open. Records enter
-// the LRU list in log order, so after a restart the oldest go first. Torn
-// tails are cut off, garbage between records is punched out, segments left
-// without records are deleted, and if the files hold more than the capacity
-// (it may have been lowered) the oldest records are evicted.
+// the eviction policy in log order, so after a restart the oldest go first
+// (under LRU and FIFO). Torn tails are cut off, garbage between records is
+// punched out, segments left without records are deleted, and if the files
+// hold more than the capacity (it may have been lowered) the policy's
+// victims are evicted.
 func (t *Tier) recover() error {
 	ids, err := listSegments(t.dir)
 	if err != nil {

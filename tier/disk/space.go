@@ -22,7 +22,7 @@ import (
 //   - When the tier's own bytes are at least as many as everything else's,
 //     the tier filled it: its budget was larger than the disk. It lowers
 //     the capacity in force to what fits (its bytes plus the free ones,
-//     less a margin) and evicts down to it, least recently used first,
+//     less a margin) and evicts down to it, in the policy's order,
 //     then retries the write once. It owns that space, so making room in
 //     it is its own business.
 //   - Otherwise the disk filled for other reasons, and evicting would only

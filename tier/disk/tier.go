@@ -19,7 +19,8 @@
 // become visible.
 //
 // Space is freed one record at a time by punching holes into the segment
-// files, so eviction can follow a true LRU order without compaction, and the
+// files, so eviction can follow any policy's order (package policy; LRU
+// unless Options.Policy names another) without compaction, and the
 // bytes the files occupy never exceed the capacity: a Put reserves its
 // record's padded size first and waits for evictions' punches to finish
 // before writing; Puts also evict a little ahead (Options.Headroom) so that
@@ -54,6 +55,7 @@ import (
 
 	"kvtier/chunk"
 	"kvtier/tier"
+	"kvtier/tier/policy"
 )
 
 // DirectMode says whether segment files use O_DIRECT.
@@ -97,7 +99,11 @@ type Options struct {
 	Headroom   int64
 	QueueDepth int // I/O goroutines, i.e. I/Os in flight; default 2
 	BounceSize int // per-goroutine staging for unaligned buffers; default 1 MiB
-	Logger     *slog.Logger
+	// Policy names the eviction policy (policy.Names); default LRU. The
+	// order does not persist: after a restart records enter the policy
+	// in log order, oldest first.
+	Policy string
+	Logger *slog.Logger
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -130,7 +136,9 @@ func (o Options) withDefaults() (Options, error) {
 	return o, nil
 }
 
-// Tier is the disk tier. It implements tier.Tier.
+// Tier is the disk tier. Besides tier.Tier it implements every optional
+// interface of a tier: Container, PrefixContainer, Remover, Pinner,
+// Lister, Observable, StatsReporter and io.Closer.
 type Tier struct {
 	dir    string
 	opts   Options
@@ -147,7 +155,7 @@ type Tier struct {
 	ghosts   map[chunk.Key]int32 // copies of a key whose punch has not yet been made durable
 	obs      atomic.Pointer[observerBox]
 	closed   bool
-	idx      index
+	idx      *index
 	segs     map[uint64]*segment
 	active   *segment // segment new records go to; nil until the first Put
 	nextSeg  uint64
@@ -165,7 +173,17 @@ type Tier struct {
 	logs      spaceLogs
 }
 
-var _ tier.Tier = (*Tier)(nil)
+var (
+	_ tier.Tier            = (*Tier)(nil)
+	_ tier.Container       = (*Tier)(nil)
+	_ tier.PrefixContainer = (*Tier)(nil)
+	_ tier.Remover         = (*Tier)(nil)
+	_ tier.Pinner          = (*Tier)(nil)
+	_ tier.Lister          = (*Tier)(nil)
+	_ tier.Observable      = (*Tier)(nil)
+	_ tier.StatsReporter   = (*Tier)(nil)
+	_ io.Closer            = (*Tier)(nil)
+)
 
 // Open opens (creating if needed) the tier in dir, rebuilding its index from
 // the segment files and repairing whatever a crash left behind.
@@ -173,6 +191,10 @@ func Open(dir string, opts Options) (*Tier, error) {
 	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
+	}
+	order, err := policy.New[chunk.Key](opts.Policy)
+	if err != nil {
+		return nil, fmt.Errorf("disk: %w", err)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("disk: create %s: %w", dir, err)
@@ -200,7 +222,7 @@ func Open(dir string, opts Options) (*Tier, error) {
 		lockFD: lockFD,
 		direct: direct,
 		start:  time.Now(),
-		idx:    newIndex(),
+		idx:    newIndex(order),
 		segs:   make(map[uint64]*segment),
 		ghosts: make(map[chunk.Key]int32),
 	}
@@ -222,13 +244,16 @@ func Open(dir string, opts Options) (*Tier, error) {
 	return t, nil
 }
 
+// Policy returns the canonical name of the eviction policy (policy.Names).
+func (t *Tier) Policy() string { return t.idx.order.Name() }
+
 // DirectIO reports whether the segment files use O_DIRECT.
 func (t *Tier) DirectIO() bool { return t.direct }
 
 // Name implements tier.Tier.
 func (t *Tier) Name() string { return "disk" }
 
-// Contains implements tier.Tier.
+// Contains implements tier.Container.
 func (t *Tier) Contains(key chunk.Key) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -236,7 +261,7 @@ func (t *Tier) Contains(key chunk.Key) bool {
 	return ok
 }
 
-// PrefixContains implements tier.Tier.
+// PrefixContains implements tier.PrefixContainer.
 func (t *Tier) PrefixContains(keys []chunk.Key) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -259,7 +284,7 @@ func (t *Tier) Size(key chunk.Key) (int, bool) {
 	return int(t.idx.slots[i].size), true
 }
 
-// Pin implements tier.Tier. A pin only extends an existing lease.
+// Pin implements tier.Pinner. A pin only extends an existing lease.
 func (t *Tier) Pin(keys []chunk.Key, ttl time.Duration) int {
 	now := t.now()
 	until := now + int64(ttl)
@@ -279,7 +304,7 @@ func (t *Tier) Pin(keys []chunk.Key, ttl time.Duration) int {
 	return len(keys)
 }
 
-// Stats implements tier.Tier. It walks the index to sum pinned bytes, so it
+// Stats implements tier.StatsReporter. It walks the index to sum pinned bytes, so it
 // is meant for periodic scraping, not for hot paths.
 func (t *Tier) Stats() tier.Stats {
 	now := t.now()
@@ -414,8 +439,8 @@ func (t *Tier) enter(key chunk.Key) (stored bool, err error) {
 	return false, nil
 }
 
-// reserveLocked makes room for a need-byte record, evicting least recently
-// used records as needed, and places it. The reservation is empty if key
+// reserveLocked makes room for a need-byte record, evicting the policy's
+// victims as needed, and places it. The reservation is empty if key
 // was stored meanwhile. If another Put of key is writing it, this one waits
 // for the outcome rather than report as stored a record that may yet fail.
 func (t *Tier) reserveLocked(key chunk.Key, size, need int64) (reservation, error) {
@@ -680,7 +705,7 @@ func (t *Tier) finishGet(key chunk.Key, loc slot, seg *segment, err, bad error) 
 	return 0, fmt.Errorf("disk: get %v at segment %d offset %d: %w: %w", key, loc.seg, loc.off, bad, tier.ErrCorrupt)
 }
 
-// Remove implements tier.Tier. It returns once every copy of key known to
+// Remove implements tier.Remover. It returns once every copy of key known to
 // be on disk — this one, and any older copy still being evicted — has been
 // punched out and the punch fsync'ed, so removed data stays gone after a
 // crash. A Put still in flight for key is not affected.
@@ -704,7 +729,7 @@ func (t *Tier) Remove(key chunk.Key) bool {
 	return true
 }
 
-// Close implements tier.Tier: it waits for calls in flight, runs queued
+// Close implements io.Closer: it waits for calls in flight, runs queued
 // punches, makes everything durable and releases the directory.
 func (t *Tier) Close() error {
 	t.mu.Lock()

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"kvtier/chunk"
+	"kvtier/tier"
 )
 
 const benchSize = 4 << 20 // a typical chunk: 256 tokens of a 7B-class model's KV
@@ -124,7 +125,7 @@ func BenchmarkLookup(b *testing.B) {
 	b.Run("contains", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			tr.Contains(keys[0])
+			tier.Contains(tr, keys[0])
 		}
 	})
 	b.Run("prefix64/parallel8", func(b *testing.B) {

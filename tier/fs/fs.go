@@ -45,7 +45,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 
 	"kvtier/chunk"
 	"kvtier/tier"
@@ -69,7 +68,17 @@ type Tier struct {
 	bytesRead, bytesWritten, tempsRemoved  atomic.Uint64
 }
 
-var _ tier.Tier = (*Tier)(nil)
+// Besides tier.Tier, a Tier is a tier.PrefixContainer, tier.Remover,
+// tier.StatsReporter, io.Closer and remote.Pinger. A shared directory does
+// not pin.
+var (
+	_ tier.Tier            = (*Tier)(nil)
+	_ tier.PrefixContainer = (*Tier)(nil)
+	_ tier.Remover         = (*Tier)(nil)
+	_ tier.StatsReporter   = (*Tier)(nil)
+	_ io.Closer            = (*Tier)(nil)
+	_ remote.Pinger        = (*Tier)(nil)
+)
 
 // Open is the remote.OpenFunc for the "fs" scheme.
 func Open(ctx context.Context, u *url.URL, o remote.Options) (tier.Tier, error) {
@@ -121,12 +130,6 @@ func (t *Tier) Dir() string { return t.dir }
 // Name implements tier.Tier.
 func (t *Tier) Name() string { return "fs" }
 
-// Contains implements tier.Tier with one stat.
-func (t *Tier) Contains(key chunk.Key) bool {
-	_, ok := t.Size(key)
-	return ok
-}
-
 // Size implements tier.Tier with one stat.
 func (t *Tier) Size(key chunk.Key) (int, bool) {
 	if t.closed.Load() {
@@ -139,14 +142,14 @@ func (t *Tier) Size(key chunk.Key) (int, bool) {
 	return int(fi.Size()), true
 }
 
-// PrefixContains implements tier.Tier. It stats up to Config.Parallel keys
+// PrefixContains implements tier.PrefixContainer. It stats up to Config.Parallel keys
 // at once, so on a network filesystem a whole prefix costs about one round
 // trip per Parallel keys rather than one per key.
 func (t *Tier) PrefixContains(keys []chunk.Key) int {
 	workers := min(t.cfg.Parallel, len(keys))
 	if workers <= 1 {
 		for i, k := range keys {
-			if !t.Contains(k) {
+			if _, ok := t.Size(k); !ok {
 				return i
 			}
 		}
@@ -163,7 +166,7 @@ func (t *Tier) PrefixContains(keys []chunk.Key) int {
 				if i >= firstMiss.Load() {
 					return // every later key is past a known miss
 				}
-				if t.Contains(keys[i]) {
+				if _, ok := t.Size(keys[i]); ok {
 					continue
 				}
 				for m := firstMiss.Load(); i < m && !firstMiss.CompareAndSwap(m, i); m = firstMiss.Load() {
@@ -334,7 +337,7 @@ func syncDir(dir string) error {
 	return err
 }
 
-// Remove implements tier.Tier.
+// Remove implements tier.Remover.
 func (t *Tier) Remove(key chunk.Key) bool {
 	if t.closed.Load() {
 		return false
@@ -349,9 +352,6 @@ func (t *Tier) Remove(key chunk.Key) bool {
 	t.objects.Add(-1)
 	return true
 }
-
-// Pin implements tier.Tier: a shared directory does not pin.
-func (t *Tier) Pin([]chunk.Key, time.Duration) int { return 0 }
 
 // Ping checks that the directory is writable by creating, syncing and
 // removing a temporary file. It implements the probe remote.Guard uses.
@@ -375,7 +375,7 @@ func (t *Tier) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Stats implements tier.Tier. Used and Objects are as of the last sweep
+// Stats implements tier.StatsReporter. Used and Objects are as of the last sweep
 // plus this process's writes and removes since; other nodes' writes show up
 // at the next sweep.
 func (t *Tier) Stats() tier.Stats {

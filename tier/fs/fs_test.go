@@ -95,10 +95,10 @@ func TestRoundTrip(t *testing.T) {
 	if _, err := tr.Get(ctx, key(999), make([]byte, 1)); !errors.Is(err, tier.ErrNotFound) {
 		t.Fatalf("Get of a missing key = %v, want ErrNotFound", err)
 	}
-	if tr.Contains(key(999)) || !tr.Contains(key(1)) {
+	if tier.Contains(tr, key(999)) || !tier.Contains(tr, key(1)) {
 		t.Fatal("Contains is wrong")
 	}
-	if !tr.Remove(key(1)) || tr.Remove(key(1)) || tr.Contains(key(1)) {
+	if !tr.Remove(key(1)) || tr.Remove(key(1)) || tier.Contains(tr, key(1)) {
 		t.Fatal("Remove is wrong")
 	}
 	s := tr.Stats()
@@ -106,8 +106,8 @@ func TestRoundTrip(t *testing.T) {
 		s.Used != int64(sizes[0]+sizes[2]+sizes[3]+1) {
 		t.Fatalf("Stats = %+v", s)
 	}
-	if tr.Pin([]chunk.Key{key(2)}, time.Minute) != 0 {
-		t.Fatal("Pin must be 0")
+	if _, ok := tier.Tier(tr).(tier.Pinner); ok {
+		t.Fatal("a shared directory cannot pin, so the fs tier must not be a tier.Pinner")
 	}
 }
 
@@ -270,7 +270,7 @@ func TestCrashLeftovers(t *testing.T) {
 		}
 		temps = append(temps, whole, torn)
 	}
-	if tr.Contains(k) || tr.PrefixContains([]chunk.Key{k}) != 0 {
+	if tier.Contains(tr, k) || tr.PrefixContains([]chunk.Key{k}) != 0 {
 		t.Fatal("a temporary file made its key visible")
 	}
 	if _, ok := tr.Size(k); ok {
@@ -328,7 +328,7 @@ func TestCapacityEvictsOldest(t *testing.T) {
 	tr.sweep(ctx)
 	// 12 MiB down to 90% of 8 MiB (7.2 MiB) takes the 5 oldest.
 	for i := range n {
-		if got, want := tr.Contains(key(i)), i >= 5; got != want {
+		if got, want := tier.Contains(tr, key(i)), i >= 5; got != want {
 			t.Errorf("key %d present = %v, want %v", i, got, want)
 		}
 	}
@@ -399,7 +399,7 @@ func TestOpenByURL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tr.Close()
+	defer tier.Close(tr)
 	ft := tr.(*Tier)
 	if ft.cfg.Capacity != 1<<30 || ft.cfg.Parallel != 4 || ft.cfg.SweepInterval != time.Hour ||
 		ft.Dir() != filepath.Join(root, "team-a")+"/" {

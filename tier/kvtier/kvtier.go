@@ -14,6 +14,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"strconv"
@@ -113,11 +114,17 @@ func tlsConfig(host, serverName, caFile string) (*tls.Config, error) {
 
 var (
 	_ tier.Tier               = (*Tier)(nil)
+	_ tier.PrefixContainer    = (*Tier)(nil)
+	_ tier.StatsReporter      = (*Tier)(nil)
+	_ io.Closer               = (*Tier)(nil)
+	_ remote.Pinger           = (*Tier)(nil)
 	_ remote.PresenceReporter = (*Tier)(nil)
 )
 
 // Tier is a remote tier on another daemon. Safe for concurrent use: it
 // keeps a small pool of connections, each serving one call at a time.
+// It is no tier.Remover: the protocol has no per-key delete, and chunks on
+// the remote daemon age out under its own eviction policy. Nor does it pin.
 type Tier struct {
 	cfg  Config
 	pool chan *client.Client
@@ -216,10 +223,7 @@ func (t *Tier) ctx() (context.Context, context.CancelFunc) {
 // Name implements tier.Tier.
 func (t *Tier) Name() string { return "kvtier" }
 
-// Contains implements tier.Tier.
-func (t *Tier) Contains(key chunk.Key) bool { return t.PrefixContains([]chunk.Key{key}) == 1 }
-
-// PrefixContains implements tier.Tier with one LOOKUP.
+// PrefixContains implements tier.PrefixContainer with one LOOKUP.
 func (t *Tier) PrefixContains(keys []chunk.Key) int {
 	n, _ := t.PrefixContainsErr(keys)
 	return n
@@ -314,26 +318,19 @@ func (t *Tier) Put(ctx context.Context, key chunk.Key, data []byte) error {
 	return nil
 }
 
-// Remove implements tier.Tier. The protocol has no per-key delete: chunks
-// on the remote daemon age out under its own eviction policy.
-func (t *Tier) Remove(chunk.Key) bool { return false }
-
-// Pin implements tier.Tier: remote chunks are not pinned.
-func (t *Tier) Pin([]chunk.Key, time.Duration) int { return 0 }
-
 // Ping implements remote.Pinger for the circuit breaker's health probe.
 func (t *Tier) Ping(ctx context.Context) error {
 	return t.call(ctx, func(c *client.Client) error { return c.Ping(ctx) })
 }
 
-// Stats implements tier.Tier: this side's counters (the remote daemon's
+// Stats implements tier.StatsReporter: this side's counters (the remote daemon's
 // capacity and usage are on its own admin API).
 func (t *Tier) Stats() tier.Stats {
 	return tier.Stats{Name: t.Name(), Hits: t.hits.Load(), Misses: t.misses.Load(), Puts: t.puts.Load(),
 		BytesRead: t.bytesRead.Load(), BytesWritten: t.bytesWritten.Load()}
 }
 
-// Close implements tier.Tier.
+// Close implements io.Closer.
 func (t *Tier) Close() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -67,7 +67,7 @@ func open(t *testing.T, rawURL string) tier.Tier {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { tr.Close() })
+	t.Cleanup(func() { tier.Close(tr) })
 	return tr
 }
 
@@ -80,7 +80,7 @@ func TestRoundTripThroughAnotherDaemon(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := tr.PrefixContains([]chunk.Key{key(0), key(1), key(2), key(9), key(3)}); n != 3 {
+	if n := tier.PrefixContains(tr, []chunk.Key{key(0), key(1), key(2), key(9), key(3)}); n != 3 {
 		t.Errorf("PrefixContains = %d, want 3", n)
 	}
 	if size, ok := tr.Size(key(4)); !ok || size != 100_004 {
@@ -100,7 +100,7 @@ func TestRoundTripThroughAnotherDaemon(t *testing.T) {
 	if err := tr.(remote.Pinger).Ping(ctx); err != nil {
 		t.Error(err)
 	}
-	st := tr.Stats()
+	st := tier.StatsOf(tr)
 	if st.Puts != 5 || st.Hits != 1 || st.Misses != 1 {
 		t.Errorf("stats %+v", st)
 	}

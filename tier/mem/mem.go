@@ -35,7 +35,13 @@ type Tier struct {
 	obs atomic.Pointer[observerBox] // nil: nobody observes
 }
 
-var _ tier.Tier = (*Tier)(nil)
+// The RAM tier has every optional interface of a tier.
+var (
+	_ tier.RAM        = (*Tier)(nil)
+	_ tier.Pinner     = (*Tier)(nil)
+	_ tier.Lister     = (*Tier)(nil)
+	_ tier.Observable = (*Tier)(nil)
+)
 
 // New returns a RAM tier over a, evicting by the named policy.
 func New(a *arena.Arena, policyName string) (*Tier, error) {
@@ -61,7 +67,7 @@ func (t *Tier) isBusy(k chunk.Key) bool {
 	return ok && t.arena.Refs(id) > 1
 }
 
-// Contains implements tier.Tier.
+// Contains implements tier.Container.
 func (t *Tier) Contains(key chunk.Key) bool {
 	t.mu.Lock()
 	_, ok := t.index[key]
@@ -69,7 +75,7 @@ func (t *Tier) Contains(key chunk.Key) bool {
 	return ok
 }
 
-// PrefixContains implements tier.Tier.
+// PrefixContains implements tier.PrefixContainer.
 func (t *Tier) PrefixContains(keys []chunk.Key) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -212,7 +218,7 @@ func (t *Tier) Commit(key chunk.Key, id arena.ID) {
 	}
 }
 
-// Remove implements tier.Tier.
+// Remove implements tier.Remover.
 func (t *Tier) Remove(key chunk.Key) bool {
 	t.mu.Lock()
 	id, ok := t.index[key]
@@ -264,7 +270,7 @@ func (t *Tier) List(scope uint64, fn func(chunk.Key, int) bool) {
 	}
 }
 
-// Pin implements tier.Tier with arena leases that lapse after ttl.
+// Pin implements tier.Pinner with arena leases that lapse after ttl.
 func (t *Tier) Pin(keys []chunk.Key, ttl time.Duration) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -280,7 +286,7 @@ func (t *Tier) Pin(keys []chunk.Key, ttl time.Duration) int {
 	return len(keys)
 }
 
-// Stats implements tier.Tier.
+// Stats implements tier.StatsReporter.
 func (t *Tier) Stats() tier.Stats {
 	t.mu.Lock()
 	objects := len(t.index)
@@ -301,7 +307,7 @@ func (t *Tier) Stats() tier.Stats {
 	}
 }
 
-// Close drops every object. The arena belongs to the caller.
+// Close implements io.Closer: it drops every object. The arena belongs to the caller.
 func (t *Tier) Close() error {
 	t.Clear(0)
 	return nil

@@ -8,6 +8,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"kvtier/chunk"
+	"kvtier/tier"
 )
 
 // The benchmarks pair each tier operation with the same operation done by
@@ -124,16 +125,25 @@ func BenchmarkPrefixContains64(b *testing.B) {
 	}
 }
 
-// BenchmarkContainsCached is the manager's Contains+Size before a Get,
-// answered from the presence cache.
+// BenchmarkContainsCached is the manager's presence check and Size before
+// a Get, answered from the presence cache; BenchmarkContainsUncached is the
+// same without the cache (cache=0), which is what the cache saves.
 func BenchmarkContainsCached(b *testing.B) {
 	tr, _ := benchClients(b)
+	benchPresence(b, tr)
+}
+
+func BenchmarkContainsUncached(b *testing.B) {
+	benchPresence(b, openTier(b, sharedServer(b).url("cache=0")))
+}
+
+func benchPresence(b *testing.B, tr *Tier) {
 	k := testKey(uniqueScope(), 0)
 	if err := tr.Put(context.Background(), k, []byte("x")); err != nil {
 		b.Fatal(err)
 	}
 	for b.Loop() {
-		if !tr.Contains(k) {
+		if !tier.Contains(tr, k) {
 			b.Fatal("lost")
 		}
 		if _, ok := tr.Size(k); !ok {

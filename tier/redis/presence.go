@@ -9,7 +9,8 @@ import (
 )
 
 // presence remembers keys recently seen stored, with their sizes, so that
-// the manager's Contains and Size calls before each Get cost no round trip.
+// the Size calls the manager makes before each Get (to find which tier
+// holds a chunk, then to size the buffer) cost no round trip.
 // It is direct-mapped: a key has one slot, chosen by its hash, and a newer
 // key simply overwrites an older one there. That bounds memory with no
 // eviction bookkeeping and no allocation. An entry can go stale when Redis

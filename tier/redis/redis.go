@@ -44,8 +44,7 @@
 // go-redis splits it by node and sends the parts concurrently) and takes the
 // leading run of non-zero lengths. STRLEN rather than EXISTS because it also
 // gives the size, which the manager asks for next: found keys and their sizes
-// go into a small bounded cache that answers Contains and Size without a
-// round trip. A cached key that Redis has since expired or evicted turns
+// go into a small bounded cache that answers Size without a round trip. A cached key that Redis has since expired or evicted turns
 // into ErrNotFound on Get, which the manager counts as a miss.
 package redis
 
@@ -69,7 +68,11 @@ import (
 	"kvtier/tier/remote"
 )
 
-// Tier is a tier.Tier on one Redis deployment. It is safe for concurrent use.
+// Tier is a tier.Tier on one Redis deployment; it also implements
+// tier.PrefixContainer, tier.Remover, tier.StatsReporter and io.Closer, and
+// remote.Pinger and remote.PresenceReporter for the circuit breaker. It
+// does not pin: Redis evicts on its own terms. It is safe for concurrent
+// use.
 type Tier struct {
 	client    goredis.UniversalClient
 	topology  Topology
@@ -91,6 +94,11 @@ type counters struct {
 
 var (
 	_ tier.Tier               = (*Tier)(nil)
+	_ tier.PrefixContainer    = (*Tier)(nil)
+	_ tier.Remover            = (*Tier)(nil)
+	_ tier.StatsReporter      = (*Tier)(nil)
+	_ io.Closer               = (*Tier)(nil)
+	_ remote.Pinger           = (*Tier)(nil)
 	_ remote.PresenceReporter = (*Tier)(nil)
 )
 
@@ -189,13 +197,6 @@ func (t *Tier) keyName(k chunk.Key) string {
 	b = hex.AppendEncode(b, scope[:])
 	b = hex.AppendEncode(b, k.Hash[:])
 	return string(b)
-}
-
-// Contains reports whether key is stored, from the presence cache when it
-// knows the key and with one STRLEN otherwise.
-func (t *Tier) Contains(key chunk.Key) bool {
-	_, ok := t.Size(key)
-	return ok
 }
 
 // Size returns the stored object's length, from the presence cache when it
@@ -352,9 +353,6 @@ func (t *Tier) Remove(key chunk.Key) bool {
 	}
 	return n > 0
 }
-
-// Pin returns 0: Redis evicts on its own terms and has no leases.
-func (t *Tier) Pin([]chunk.Key, time.Duration) int { return 0 }
 
 // Stats returns this process's counters. Capacity, Used and Objects stay
 // 0: they belong to a store shared with other nodes, and asking for them

@@ -59,7 +59,7 @@ func TestOpenTakesTimeoutAndBandwidth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr.Close()
+	tier.Close(tr)
 	// The backend sees its own parameters, untouched, and none of ours.
 	if got.RawQuery != "prefix=a%2Fb&x=1" {
 		t.Errorf("backend query %q", got.RawQuery)
@@ -110,7 +110,7 @@ func TestGuardCachedAnswersDoNotHideFailures(t *testing.T) {
 	f.mode.Store(failing)
 	ctx := context.Background()
 	for range 3 {
-		if !g.Contains(key(1)) {
+		if !tier.Contains(g, key(1)) {
 			t.Fatal("cached Contains answered false")
 		}
 		g.Size(key(1))
@@ -149,14 +149,14 @@ func TestGuardCountsReportedPresenceErrors(t *testing.T) {
 	f := newFake()
 	g := guard(t, reportingFake{f}, GuardOptions{Threshold: 3})
 	for range 5 {
-		g.Contains(key(1))
+		tier.Contains(g, key(1))
 		g.PrefixContains([]chunk.Key{key(1)})
 	}
 	if h := g.Health(); h.State != StateClosed || h.Failures != 0 {
 		t.Fatalf("misses counted as failures: %+v", h)
 	}
 	f.mode.Store(failing)
-	g.Contains(key(1))
+	tier.Contains(g, key(1))
 	g.Size(key(1))
 	g.PrefixContains([]chunk.Key{key(1)})
 	if h := g.Health(); h.State != StateOpen || h.Failures != 3 {

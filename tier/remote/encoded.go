@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"kvtier/chunk"
 	"kvtier/codec"
@@ -28,7 +28,13 @@ type SpecFunc func(scope uint64) kvformat.Spec
 // The manager asks a tier for an object's size before reading it. With the
 // raw codec the decoded size is the stored size minus the header, so Size
 // is the store's own; with any other codec the header must be read, so
-// Size fetches the object and keeps it for the Get that follows.
+// Size fetches the object and keeps it for the Get that follows. Contains
+// (tier.Container) answers presence without that fetch.
+//
+// Besides tier.Tier and tier.Container, Encoded implements
+// tier.PrefixContainer, tier.Remover, tier.StatsReporter and io.Closer by
+// forwarding to the inner tier (with the default answer when it lacks
+// one), and Pinger when the inner tier has it.
 type Encoded struct {
 	inner    tier.Tier
 	name     string
@@ -43,6 +49,15 @@ type Encoded struct {
 
 	corrupt atomic.Uint64
 }
+
+var (
+	_ tier.Tier            = (*Encoded)(nil)
+	_ tier.Container       = (*Encoded)(nil)
+	_ tier.PrefixContainer = (*Encoded)(nil)
+	_ tier.Remover         = (*Encoded)(nil)
+	_ tier.StatsReporter   = (*Encoded)(nil)
+	_ io.Closer            = (*Encoded)(nil)
+)
 
 type fetchedObject struct {
 	key chunk.Key
@@ -73,11 +88,12 @@ func (e *Encoded) Inner() tier.Tier { return e.inner }
 // Name implements tier.Tier.
 func (e *Encoded) Name() string { return e.name }
 
-// Contains implements tier.Tier.
-func (e *Encoded) Contains(k chunk.Key) bool { return e.inner.Contains(k) }
+// Contains implements tier.Container: the inner tier's presence, without
+// reading the object.
+func (e *Encoded) Contains(k chunk.Key) bool { return tier.Contains(e.inner, k) }
 
-// PrefixContains implements tier.Tier.
-func (e *Encoded) PrefixContains(keys []chunk.Key) int { return e.inner.PrefixContains(keys) }
+// PrefixContains implements tier.PrefixContainer.
+func (e *Encoded) PrefixContains(keys []chunk.Key) int { return tier.PrefixContains(e.inner, keys) }
 
 // Put implements tier.Tier: it seals data and stores the envelope.
 func (e *Encoded) Put(ctx context.Context, k chunk.Key, data []byte) error {
@@ -213,19 +229,17 @@ func (e *Encoded) Get(ctx context.Context, k chunk.Key, dst []byte) (int, error)
 	return info.RawLen, nil
 }
 
-// Remove implements tier.Tier.
+// Remove implements tier.Remover; it removes nothing when the inner tier
+// cannot.
 func (e *Encoded) Remove(k chunk.Key) bool {
 	e.takeFetched(k)
-	return e.inner.Remove(k)
+	return tier.Remove(e.inner, k)
 }
 
-// Pin implements tier.Tier.
-func (e *Encoded) Pin(keys []chunk.Key, ttl time.Duration) int { return e.inner.Pin(keys, ttl) }
-
-// Stats implements tier.Tier: the inner tier's, under this tier's name,
-// with the objects this layer rejected added to Corrupt.
+// Stats implements tier.StatsReporter: the inner tier's, under this tier's
+// name, with the objects this layer rejected added to Corrupt.
 func (e *Encoded) Stats() tier.Stats {
-	st := e.inner.Stats()
+	st := tier.StatsOf(e.inner)
 	st.Name = e.name
 	st.Corrupt += e.corrupt.Load()
 	return st
@@ -239,8 +253,8 @@ func (e *Encoded) Ping(ctx context.Context) error {
 	return errors.New("remote: tier has no health probe")
 }
 
-// Close implements tier.Tier.
-func (e *Encoded) Close() error { return e.inner.Close() }
+// Close implements io.Closer.
+func (e *Encoded) Close() error { return tier.Close(e.inner) }
 
 // GuardOf returns the circuit breaker inside a remote tier as the engine
 // stacks it (Encoded over Guarded), or nil when t has none.

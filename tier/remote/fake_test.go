@@ -159,8 +159,6 @@ func (f *fake) Remove(k chunk.Key) bool {
 	return ok
 }
 
-func (f *fake) Pin([]chunk.Key, time.Duration) int { f.enter(nil); return 0 }
-
 func (f *fake) Stats() tier.Stats { return tier.Stats{Name: "fake", Objects: 42} }
 
 func (f *fake) Close() error { f.closed.Store(true); return nil }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -27,8 +28,8 @@ type Pinger interface {
 }
 
 // PresenceReporter is implemented by tiers that can tell a presence check
-// that failed from one that found nothing. Contains, PrefixContains and
-// Size can only answer "not stored", so without it a store that refuses
+// that failed from one that found nothing. Size and PrefixContains can
+// only answer "not stored", so without it a store that refuses
 // connections looks empty to Guard, which then never cuts it off.
 type PresenceReporter interface {
 	// PrefixContainsErr is PrefixContains with the error, if any, that
@@ -132,13 +133,18 @@ type Health struct {
 // store hangs; Get and Put hand the inner tier private copies of their buffers,
 // because an abandoned call may still write or read them after the caller
 // has reused them. ErrNotFound (and ErrCorrupt, ErrTooLarge) are answers,
-// not failures. Contains, PrefixContains, Size and Remove report no errors,
+// not failures. PrefixContains, Size and Remove report no errors,
 // so for them only a missed deadline, or an error the tier reports as a
 // PresenceReporter, counts as a failure; their answers count as neither
 // success nor failure, because a backend may give them from a local
 // presence cache without asking the store at all (a hung Redis still
 // "has" every key it held). Only a Get, a Put or a probe that the store
 // answered proves it healthy.
+//
+// Besides tier.Tier, Guarded implements tier.PrefixContainer (the inner
+// tier's, or one Size per key), tier.Remover (removing nothing when the
+// inner tier cannot), tier.StatsReporter and io.Closer. It does not pin:
+// the stores it guards evict on their own terms.
 type Guarded struct {
 	inner    tier.Tier
 	ping     Pinger           // nil when inner has no Ping
@@ -163,7 +169,13 @@ type Guarded struct {
 	probeDone   chan struct{}
 }
 
-var _ tier.Tier = (*Guarded)(nil)
+var (
+	_ tier.Tier            = (*Guarded)(nil)
+	_ tier.PrefixContainer = (*Guarded)(nil)
+	_ tier.Remover         = (*Guarded)(nil)
+	_ tier.StatsReporter   = (*Guarded)(nil)
+	_ io.Closer            = (*Guarded)(nil)
+)
 
 // Guard wraps t in a circuit breaker and starts its health probe. Close
 // stops the probe and closes t.
@@ -208,25 +220,12 @@ func (g *Guarded) Health() Health {
 // Name implements tier.Tier.
 func (g *Guarded) Name() string { return g.inner.Name() }
 
-// Stats implements tier.Tier by passing the inner tier's stats through.
-func (g *Guarded) Stats() tier.Stats { return g.inner.Stats() }
+// Stats implements tier.StatsReporter by passing the inner tier's stats
+// through.
+func (g *Guarded) Stats() tier.Stats { return tier.StatsOf(g.inner) }
 
-// Contains implements tier.Tier; it is false while the store is cut off.
-func (g *Guarded) Contains(key chunk.Key) bool {
-	c, err := g.begin(opContains)
-	if err != nil {
-		return false
-	}
-	c.key = key
-	if g.run(nil, c, g.o.Timeout) != nil {
-		return false
-	}
-	ok := c.ok
-	g.finish(c, presenceOutcome(c.err))
-	return ok
-}
-
-// PrefixContains implements tier.Tier; it is 0 while the store is cut off.
+// PrefixContains implements tier.PrefixContainer; it is 0 while the store
+// is cut off.
 func (g *Guarded) PrefixContains(keys []chunk.Key) int {
 	if len(keys) == 0 {
 		return 0
@@ -300,8 +299,12 @@ func (g *Guarded) Put(ctx context.Context, key chunk.Key, data []byte) error {
 	return err
 }
 
-// Remove implements tier.Tier; it is false while the store is cut off.
+// Remove implements tier.Remover; it is false while the store is cut off,
+// and without a call when the inner tier cannot remove.
 func (g *Guarded) Remove(key chunk.Key) bool {
+	if _, ok := g.inner.(tier.Remover); !ok {
+		return false
+	}
 	c, err := g.begin(opRemove)
 	if err != nil {
 		return false
@@ -315,25 +318,6 @@ func (g *Guarded) Remove(key chunk.Key) bool {
 	return ok
 }
 
-// Pin implements tier.Tier; it is 0 while the store is cut off.
-func (g *Guarded) Pin(keys []chunk.Key, ttl time.Duration) int {
-	if len(keys) == 0 {
-		return 0
-	}
-	c, err := g.begin(opPin)
-	if err != nil {
-		return 0
-	}
-	c.keys = append(c.keys[:0], keys...)
-	c.ttl = ttl
-	if g.run(nil, c, g.o.Timeout) != nil {
-		return 0
-	}
-	n := c.n
-	g.finish(c, outcomeNeutral)
-	return n
-}
-
 // Close stops the health probe and closes the inner tier. Calls after Close
 // fail with tier.ErrClosed.
 func (g *Guarded) Close() error {
@@ -343,23 +327,21 @@ func (g *Guarded) Close() error {
 	g.probeCancel()
 	<-g.probeDone
 	close(g.quit)
-	return g.inner.Close()
+	return tier.Close(g.inner)
 }
 
 type op uint8
 
 const (
-	opContains op = iota
-	opPrefix
+	opPrefix op = iota
 	opSize
 	opGet
 	opPut
 	opRemove
-	opPin
 	opPing
 )
 
-var opNames = [...]string{"contains", "prefix-contains", "size", "get", "put", "remove", "pin", "ping"}
+var opNames = [...]string{"prefix-contains", "size", "get", "put", "remove", "ping"}
 
 func (o op) String() string { return opNames[o] }
 
@@ -376,7 +358,7 @@ const (
 
 // call is one inner operation with its arguments, private buffers and
 // results. Calls are pooled, so the hot path allocates nothing for
-// Contains and Size.
+// Size.
 type call struct {
 	op     op
 	trial  bool // holds the half-open trial slot
@@ -384,7 +366,6 @@ type call struct {
 	cancel context.CancelFunc
 	key    chunk.Key
 	keys   []chunk.Key
-	ttl    time.Duration
 	buf    []byte
 
 	n   int
@@ -537,7 +518,7 @@ func (g *Guarded) worker(c *call) {
 // exec runs on a worker.
 func (g *Guarded) exec(c *call) {
 	switch {
-	case g.presence != nil && (c.op == opContains || c.op == opSize):
+	case g.presence != nil && c.op == opSize:
 		c.n, c.ok, c.err = g.presence.SizeErr(c.key)
 	case g.presence != nil && c.op == opPrefix:
 		c.n, c.err = g.presence.PrefixContainsErr(c.keys)
@@ -552,13 +533,11 @@ func (g *Guarded) exec(c *call) {
 	g.recycle(c)
 }
 
-// execPlain runs c's operation through the tier.Tier methods.
+// execPlain runs c's operation through the inner tier's methods.
 func (g *Guarded) execPlain(c *call) {
 	switch c.op {
-	case opContains:
-		c.ok = g.inner.Contains(c.key)
 	case opPrefix:
-		c.n = g.inner.PrefixContains(c.keys)
+		c.n = tier.PrefixContains(g.inner, c.keys)
 	case opSize:
 		c.n, c.ok = g.inner.Size(c.key)
 	case opGet:
@@ -566,9 +545,7 @@ func (g *Guarded) execPlain(c *call) {
 	case opPut:
 		c.err = g.inner.Put(c.ctx, c.key, c.buf)
 	case opRemove:
-		c.ok = g.inner.Remove(c.key)
-	case opPin:
-		c.n = g.inner.Pin(c.keys, c.ttl)
+		c.ok = tier.Remove(g.inner, c.key)
 	case opPing:
 		c.err = g.ping.Ping(c.ctx)
 	}
@@ -656,7 +633,7 @@ func (g *Guarded) probeLoop() {
 }
 
 // probe asks the store whether it is back: Ping if the tier has one, else a
-// Contains of a random key, which only has to answer within the deadline.
+// Size of a random key, which only has to answer within the deadline.
 // A success half-opens an open circuit and closes a half-open one.
 func (g *Guarded) probe() {
 	if g.abandoned.Load() >= int64(g.o.MaxAbandoned) {
@@ -668,7 +645,7 @@ func (g *Guarded) probe() {
 	if g.ping != nil {
 		c.op, parent = opPing, g.probeCtx
 	} else {
-		c.op = opContains
+		c.op = opSize
 		c.key = chunk.Key{Scope: rand.Uint64()}
 		binary.LittleEndian.PutUint64(c.key.Hash[:8], rand.Uint64())
 		binary.LittleEndian.PutUint64(c.key.Hash[8:], rand.Uint64())

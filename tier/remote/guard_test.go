@@ -39,7 +39,7 @@ func TestGuardPassesThrough(t *testing.T) {
 	if err := g.Put(ctx, key(1), []byte("hello")); err != nil {
 		t.Fatal(err)
 	}
-	if !g.Contains(key(1)) || g.Contains(key(2)) {
+	if !tier.Contains(g, key(1)) || tier.Contains(g, key(2)) {
 		t.Fatal("Contains disagrees with the inner tier")
 	}
 	if n, ok := g.Size(key(1)); !ok || n != 5 {
@@ -53,10 +53,10 @@ func TestGuardPassesThrough(t *testing.T) {
 	if err != nil || string(dst[:n]) != "hello" {
 		t.Fatalf("Get = %q, %v", dst[:n], err)
 	}
-	if g.Pin([]chunk.Key{key(1)}, time.Second) != 0 {
-		t.Fatal("Pin of a fake remote tier must be 0")
+	if _, ok := tier.Tier(g).(tier.Pinner); ok {
+		t.Fatal("a guarded remote tier cannot pin, so it must not be a tier.Pinner")
 	}
-	if !g.Remove(key(1)) || g.Contains(key(1)) {
+	if !g.Remove(key(1)) || tier.Contains(g, key(1)) {
 		t.Fatal("Remove did not reach the inner tier")
 	}
 	if g.Name() != "fake" || g.Stats().Objects != 42 {
@@ -75,7 +75,7 @@ func TestGuardNotFoundIsNotAFailure(t *testing.T) {
 		if !errors.Is(err, tier.ErrNotFound) {
 			t.Fatalf("Get of a missing key = %v, want ErrNotFound", err)
 		}
-		if g.Contains(key(i)) || g.PrefixContains([]chunk.Key{key(i)}) != 0 {
+		if tier.Contains(g, key(i)) || g.PrefixContains([]chunk.Key{key(i)}) != 0 {
 			t.Fatal("missing key reported present")
 		}
 	}
@@ -109,7 +109,7 @@ func TestGuardOpensAfterThresholdAndFailsFast(t *testing.T) {
 	if err := g.Put(ctx, key(1), []byte("x")); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("Put while open = %v, want ErrUnavailable", err)
 	}
-	if g.Contains(key(1)) || g.PrefixContains([]chunk.Key{key(1)}) != 0 || g.Remove(key(1)) {
+	if tier.Contains(g, key(1)) || g.PrefixContains([]chunk.Key{key(1)}) != 0 || g.Remove(key(1)) {
 		t.Fatal("open circuit answered present")
 	}
 	if _, ok := g.Size(key(1)); ok {
@@ -148,7 +148,7 @@ func TestGuardTimeoutsDoNotBlockAndOpen(t *testing.T) {
 	defer f.unhang() // before Close, which runs at cleanup
 	f.mode.Store(hanging)
 
-	if g.Contains(key(1)) {
+	if tier.Contains(g, key(1)) {
 		t.Fatal("hung Contains answered true")
 	}
 	_, err := g.Get(context.Background(), key(1), make([]byte, 4))
@@ -167,7 +167,7 @@ func TestGuardBoundsAbandonedCalls(t *testing.T) {
 	g := guard(t, f, GuardOptions{Threshold: 1000, Timeout: 5 * time.Millisecond, MaxAbandoned: 3})
 	f.mode.Store(hanging)
 	for range 10 {
-		g.Contains(key(1))
+		tier.Contains(g, key(1))
 		g.Size(key(1))
 	}
 	h := g.Health()
@@ -263,10 +263,10 @@ func TestGuardHalfOpenAdmitsOneTrial(t *testing.T) {
 	g.state.Store(int32(StateHalfOpen))
 	f.mode.Store(hanging)
 	done := make(chan bool)
-	go func() { done <- g.Contains(key(1)) }()
+	go func() { done <- tier.Contains(g, key(1)) }()
 	eventually(t, "trial call to reach the store", func() bool { return f.inflight.Load() == 1 })
 	calls := f.calls.Load()
-	if g.Contains(key(2)) || f.calls.Load() != calls {
+	if tier.Contains(g, key(2)) || f.calls.Load() != calls {
 		t.Fatal("a second call got through while the trial was in flight")
 	}
 	if g.Health().FastFails != 1 {
@@ -284,7 +284,7 @@ func TestGuardRecoversByItself(t *testing.T) {
 		inner func(*fake) tier.Tier
 	}{
 		{"ping", func(f *fake) tier.Tier { return pingFake{f} }},
-		{"contains", func(f *fake) tier.Tier { return f }},
+		{"size", func(f *fake) tier.Tier { return f }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			noLeak(t)
@@ -293,8 +293,8 @@ func TestGuardRecoversByItself(t *testing.T) {
 				Threshold: 2, Timeout: 10 * time.Millisecond, ProbeInterval: time.Millisecond,
 			})
 			f.mode.Store(hanging)
-			g.Contains(key(1))
-			g.Contains(key(1))
+			tier.Contains(g, key(1))
+			tier.Contains(g, key(1))
 			if g.Health().State == StateClosed {
 				t.Fatal("timeouts did not open the circuit")
 			}
@@ -338,13 +338,13 @@ func BenchmarkGuard(b *testing.B) {
 	b.Run("contains/direct", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			f.Contains(key(1))
+			tier.Contains(f, key(1))
 		}
 	})
 	b.Run("contains/guarded", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			g.Contains(key(1))
+			tier.Contains(g, key(1))
 		}
 	})
 	b.Run("get1MiB/direct", func(b *testing.B) {
@@ -370,4 +370,33 @@ func BenchmarkGuard(b *testing.B) {
 			g.Get(context.Background(), key(1), dst)
 		}
 	})
+}
+
+// TestGuardWithoutOptionalInterfaces guards a tier that has only the four
+// methods of tier.Tier: Remove answers false without calling the store,
+// PrefixContains asks Size key by key, and Stats carries the name alone.
+func TestGuardWithoutOptionalInterfaces(t *testing.T) {
+	noLeak(t)
+	f := newFake()
+	g := guard(t, struct{ tier.Tier }{f}, GuardOptions{})
+	ctx := context.Background()
+	for i := range 2 {
+		if err := g.Put(ctx, key(i), []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := f.calls.Load()
+	if g.Remove(key(0)) || f.calls.Load() != calls {
+		t.Fatal("Remove of a tier that cannot remove reached the store or reported success")
+	}
+	if n := g.PrefixContains([]chunk.Key{key(0), key(1), key(5)}); n != 2 || f.calls.Load() != calls+3 {
+		t.Fatalf("PrefixContains = %d after %d calls; want 2 after 3 Size calls", n, f.calls.Load()-calls)
+	}
+	if st := g.Stats(); st != (tier.Stats{Name: "fake"}) {
+		t.Fatalf("Stats = %+v, want the name alone", st)
+	}
+	enc := Encode(g, "enc", nil, nil)
+	if enc.Remove(key(0)) || !enc.Contains(key(0)) {
+		t.Fatal("Encoded over a tier that cannot remove removed")
+	}
 }

@@ -189,8 +189,9 @@ func Register(scheme string, open OpenFunc) {
 	registry.open[scheme] = open
 }
 
-// Schemes returns the registered schemes, sorted.
-func Schemes() []string {
+// Names returns the registered schemes, sorted: the remote tiers Open can
+// build, as policy.Names and codec.Names list theirs.
+func Names() []string {
 	registry.RLock()
 	defer registry.RUnlock()
 	s := make([]string, 0, len(registry.open))
@@ -249,7 +250,7 @@ func parseURL(rawURL string) (*url.URL, error) {
 }
 
 func schemeList() string {
-	s := Schemes()
+	s := Names()
 	if len(s) == 0 {
 		return "none"
 	}

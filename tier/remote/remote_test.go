@@ -40,8 +40,8 @@ func TestOpenPicksBackendByScheme(t *testing.T) {
 	if gotOpts.Timeout != DefaultTimeout || gotOpts.Logger == nil {
 		t.Fatalf("defaults not applied: %+v", gotOpts)
 	}
-	if s := Schemes(); !contains(s, "test-pick") {
-		t.Fatalf("Schemes() = %v", s)
+	if s := Names(); !contains(s, "test-pick") {
+		t.Fatalf("Names() = %v", s)
 	}
 }
 

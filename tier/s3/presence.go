@@ -7,8 +7,8 @@ import (
 )
 
 // presence remembers keys recently seen stored, with their sizes, so that
-// the manager's Contains-then-Size-then-Get sequence costs one HEAD rather
-// than two, and a Put of a key already written skips the upload.
+// the manager's presence-then-Size-then-Get sequence costs one HEAD
+// rather than two, and a Put of a key already written skips the upload.
 //
 // It only ever holds positives, and they may go stale when another node
 // deletes an object; a stale entry turns into ErrNotFound on Get, which is

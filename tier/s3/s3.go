@@ -23,9 +23,9 @@
 // lexical order says nothing about their order in a prompt, and a LIST of
 // the scope would page through every chunk of the model.
 //
-// Keys seen present (by Put, Get, Contains, Size or PrefixContains) are
-// remembered with their sizes in a small bounded cache, so Contains, Size
-// and Get of one chunk cost one HEAD and one GET. A remembered key that was
+// Keys seen present (by Put, Get, Size or PrefixContains) are remembered
+// with their sizes in a small bounded cache, so a presence check, Size and
+// Get of one chunk cost one HEAD and one GET. A remembered key that was
 // deleted behind the tier's back is reported present (and not uploaded
 // again by Put) until a Get finds it missing (ErrNotFound, a miss to the
 // manager) and forgets it.
@@ -65,7 +65,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
@@ -86,8 +85,10 @@ const MaxSinglePut = 1 << 30
 // handles an outage, so retrying hard here would only hold up the caller.
 const maxRetries = 2
 
-// Tier stores chunks as objects in one bucket. It implements tier.Tier and
-// the Ping health probe of package remote.
+// Tier stores chunks as objects in one bucket. Besides tier.Tier it
+// implements tier.PrefixContainer, tier.Remover, tier.StatsReporter,
+// io.Closer, and remote.Pinger and remote.PresenceReporter for the circuit
+// breaker. Object stores do not pin.
 type Tier struct {
 	cfg       Config
 	client    *minio.Client
@@ -103,6 +104,11 @@ type Tier struct {
 
 var (
 	_ tier.Tier               = (*Tier)(nil)
+	_ tier.PrefixContainer    = (*Tier)(nil)
+	_ tier.Remover            = (*Tier)(nil)
+	_ tier.StatsReporter      = (*Tier)(nil)
+	_ io.Closer               = (*Tier)(nil)
+	_ remote.Pinger           = (*Tier)(nil)
 	_ remote.PresenceReporter = (*Tier)(nil)
 )
 
@@ -202,12 +208,6 @@ func (t *Tier) Ping(ctx context.Context) error {
 // Name implements tier.Tier.
 func (t *Tier) Name() string { return "s3" }
 
-// Contains implements tier.Tier.
-func (t *Tier) Contains(key chunk.Key) bool {
-	_, ok := t.Size(key)
-	return ok
-}
-
 // Size implements tier.Tier. Network errors count as absent.
 func (t *Tier) Size(key chunk.Key) (int, bool) {
 	n, ok, _ := t.SizeErr(key)
@@ -252,7 +252,7 @@ func (t *Tier) stat(ctx context.Context, key chunk.Key) (int64, bool, error) {
 	return info.Size, true, nil
 }
 
-// PrefixContains implements tier.Tier: keys already known cost nothing,
+// PrefixContains implements tier.PrefixContainer: keys already known cost nothing,
 // the rest are checked with concurrent HEADs and no HEAD is started for a
 // key past the first one found missing.
 func (t *Tier) PrefixContains(keys []chunk.Key) int {
@@ -396,7 +396,7 @@ var putOptions = minio.PutObjectOptions{
 	ContentType:          "application/octet-stream",
 }
 
-// Remove implements tier.Tier. S3 deletes succeed whether or not the object
+// Remove implements tier.Remover. S3 deletes succeed whether or not the object
 // existed, so a HEAD first tells which it was.
 func (t *Tier) Remove(key chunk.Key) bool {
 	if t.closed.Load() {
@@ -417,10 +417,7 @@ func (t *Tier) Remove(key chunk.Key) bool {
 	return true
 }
 
-// Pin implements tier.Tier: object stores do not pin.
-func (t *Tier) Pin([]chunk.Key, time.Duration) int { return 0 }
-
-// Stats implements tier.Tier. Capacity, Used and Objects are unknown to a
+// Stats implements tier.StatsReporter. Capacity, Used and Objects are unknown to a
 // client of a shared bucket and stay zero.
 func (t *Tier) Stats() tier.Stats {
 	return tier.Stats{
@@ -434,7 +431,7 @@ func (t *Tier) Stats() tier.Stats {
 	}
 }
 
-// Close implements tier.Tier. Later calls fail with tier.ErrClosed; idle
+// Close implements io.Closer. Later calls fail with tier.ErrClosed; idle
 // connections are closed, requests in flight finish on their own.
 func (t *Tier) Close() error {
 	if t.closed.Swap(true) {

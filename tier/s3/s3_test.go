@@ -74,7 +74,7 @@ func TestRoundTrip(t *testing.T) {
 			if got, ok := reader.Size(k); !ok || got != n {
 				t.Fatalf("Size(%d) = %d, %v; want %d, true", i, got, ok, n)
 			}
-			if !reader.Contains(k) {
+			if !tier.Contains(reader, k) {
 				t.Fatalf("Contains(%d) = false", i)
 			}
 			dst := make([]byte, n+100)
@@ -101,7 +101,7 @@ func TestMissingKey(t *testing.T) {
 	srv := sharedServer(t)
 	tr := srv.open(t, bucketName(t))
 	k := testKey(1)
-	if tr.Contains(k) {
+	if tier.Contains(tr, k) {
 		t.Fatal("Contains of a missing key = true")
 	}
 	if n, ok := tr.Size(k); ok {
@@ -213,7 +213,7 @@ func TestRemove(t *testing.T) {
 	if !tr.Remove(k) {
 		t.Fatal("Remove of a stored key = false")
 	}
-	if tr.Contains(k) {
+	if tier.Contains(tr, k) {
 		t.Fatal("Contains after Remove = true")
 	}
 	// A put after a remove must upload again, not trust a stale memory.
@@ -242,7 +242,7 @@ func TestStaleKnownKey(t *testing.T) {
 	if _, err := tr.Get(context.Background(), k, make([]byte, 64)); !errors.Is(err, tier.ErrNotFound) {
 		t.Fatalf("Get of a deleted object: %v, want ErrNotFound", err)
 	}
-	if tr.Contains(k) {
+	if tier.Contains(tr, k) {
 		t.Fatal("Contains after a failed Get = true; the stale entry was kept")
 	}
 }
@@ -387,7 +387,7 @@ func TestServerRestart(t *testing.T) {
 	if _, err := tr.Get(ctx, testKey(1), dst); err == nil || errors.Is(err, tier.ErrNotFound) {
 		t.Fatalf("Get with the server down: %v, want a transport error", err)
 	}
-	if tr.Contains(testKey(3)) || tr.PrefixContains([]chunk.Key{testKey(3)}) != 0 {
+	if tier.Contains(tr, testKey(3)) || tr.PrefixContains([]chunk.Key{testKey(3)}) != 0 {
 		t.Fatal("an unknown key reads as present with the server down")
 	}
 
@@ -428,7 +428,7 @@ func TestClosed(t *testing.T) {
 	if err := tr.Ping(context.Background()); !errors.Is(err, tier.ErrClosed) {
 		t.Fatalf("Ping after Close: %v", err)
 	}
-	if tr.Contains(k) || tr.PrefixContains([]chunk.Key{k}) != 0 || tr.Remove(k) {
+	if tier.Contains(tr, k) || tr.PrefixContains([]chunk.Key{k}) != 0 || tr.Remove(k) {
 		t.Fatal("a closed tier still answers")
 	}
 }
@@ -440,7 +440,7 @@ func TestOpenThroughRegistry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tr.Close()
+	defer tier.Close(tr)
 	s3t, ok := tr.(*Tier)
 	if !ok {
 		t.Fatalf("remote.Open returned %T", tr)
