@@ -2,7 +2,9 @@ package tokenize
 
 import (
 	"encoding/json"
+	"os"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 
@@ -166,4 +168,21 @@ func scaled(n int) int {
 		return max(n/8, 1)
 	}
 	return n
+}
+
+// TestEveryKindIsDocumented: docs/router.md names each tokenizer kind a
+// spec may use, as "<kind>:", so the list cannot drift from Names.
+func TestEveryKindIsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/router.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range Names() {
+		if !strings.Contains(string(doc), "`"+k+":") {
+			t.Errorf("docs/router.md does not name tokenizer kind %q", k)
+		}
+	}
+	if _, err := Open("sentencepiece:/x"); err == nil || !strings.Contains(err.Error(), "hf:") {
+		t.Errorf("unknown kind: %v, want an error listing the kinds", err)
+	}
 }

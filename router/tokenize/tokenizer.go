@@ -2,6 +2,7 @@ package tokenize
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -24,18 +25,32 @@ type cutter interface {
 	canCut(text string, c int) bool
 }
 
+// kinds are the tokenizer families a spec can name, "kind:argument" each:
+// the one list Open, Names and the docs check read.
+var kinds = map[string]func(arg string) (Tokenizer, error){
+	"tiktoken": func(enc string) (Tokenizer, error) { return NewTiktoken(enc) }, // an embedded encoding, e.g. cl100k_base
+	"hf":       func(path string) (Tokenizer, error) { return LoadHF(path) },    // a Hugging Face tokenizer.json
+}
+
+// Names lists the tokenizer kinds a spec may start with, sorted.
+func Names() []string {
+	names := make([]string, 0, len(kinds))
+	for k := range kinds {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	return names
+}
+
 // Open returns the tokenizer a spec names: "tiktoken:<encoding>" (an
 // embedded tiktoken encoding such as cl100k_base or o200k_base) or
 // "hf:<path to tokenizer.json>".
 func Open(spec string) (Tokenizer, error) {
 	kind, arg, _ := strings.Cut(spec, ":")
-	switch kind {
-	case "tiktoken":
-		return NewTiktoken(arg)
-	case "hf":
-		return LoadHF(arg)
+	if open, ok := kinds[kind]; ok {
+		return open(arg)
 	}
-	return nil, fmt.Errorf("tokenize: unknown tokenizer %q (want tiktoken:<encoding> or hf:<path>)", spec)
+	return nil, fmt.Errorf("tokenize: unknown tokenizer %q (want %s)", spec, strings.Join(Names(), ":… or ")+":…")
 }
 
 // newlineCut says where a tokenizer's text can be cut: right after a line
