@@ -151,3 +151,20 @@ func docDisposition(k lmcacheKey) string {
 	}
 	return strings.ReplaceAll(s, "|", `\|`)
 }
+
+// TestDocsListEveryEncoding: the remote_serde row names exactly the
+// encodings the codec package registers (plus LMCache's "naive"), in order.
+func TestDocsListEveryEncoding(t *testing.T) {
+	data, err := os.ReadFile(docsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	quoted := make([]string, len(remoteSerdes))
+	for i, name := range remoteSerdes {
+		quoted[i] = "`" + name + "`"
+	}
+	want := "| `remote_serde` | enum: " + strings.Join(quoted, ", ") + " |"
+	if !strings.Contains(string(data), want) {
+		t.Errorf("%s has no row starting %q: the remote_serde values drifted from codec.Names", docsPath, want)
+	}
+}
