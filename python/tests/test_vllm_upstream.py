@@ -478,3 +478,34 @@ def test_sglang_backend_matches_upstream_interface():
         want = [p.split("=")[0] for p in m["params"]]
         assert _params(getattr(KVTierStorage, name)) == want, name
     assert _params(KVTierStorage.__init__) == ["storage_config", "kwargs"]
+
+
+@pytest.mark.parametrize("form", [vllm_kv.BLOCK_FIRST, vllm_kv.KV_FIRST])
+def test_legacy_hnd_strides_round_trip(form):
+    """Pre-0.26 5-D caches in HND order (heads before tokens in memory) are read through strides."""
+    g = torch.Generator().manual_seed(3)
+    B, N, H, D, L = 6, 4, 2, 3, 2
+    if form == vllm_kv.BLOCK_FIRST:
+        kvs = [torch.randn(B, 2, H, N, D, generator=g).permute(0, 1, 3, 2, 4) for _ in range(L)]
+    else:
+        kvs = [torch.randn(2, B, H, N, D, generator=g).permute(0, 1, 3, 2, 4) for _ in range(L)]
+    assert not kvs[0].is_contiguous()
+    lay = vllm_kv.Layout.detect(kvs[0], form=form)
+    copier = vllm_kv.HostCopier()
+    blocks, T = [5, 2], 7
+    index = vllm_kv.token_index(blocks, N, 1, 1 + T, torch.device("cpu"))
+    chunk = vllm_kv.chunk_view(torch.zeros(lay.chunk_bytes(L, T), dtype=torch.uint8), lay, L)
+    for layer, kv in enumerate(kvs):
+        vllm_kv.gather_layer(copier, chunk, layer, lay, kv, index)
+    for layer, kv in enumerate(kvs):
+        for t in range(T):
+            tok = 1 + t
+            b, o = blocks[tok // N], tok % N
+            k, v = (kv[b, 0, o], kv[b, 1, o]) if form == vllm_kv.BLOCK_FIRST else (kv[0, b, o], kv[1, b, o])
+            assert torch.equal(chunk[0, layer, t], k.reshape(-1)) and torch.equal(chunk[1, layer, t], v.reshape(-1))
+    dst = [torch.zeros_like(kv) for kv in kvs]
+    for layer, kv in enumerate(dst):
+        vllm_kv.scatter_layer(copier, chunk, layer, lay, kv, index)
+    for a, b in zip(kvs, dst):
+        got = lay.canonical(b)[index[0], :, index[1]]
+        assert torch.equal(got, lay.canonical(a)[index[0], :, index[1]])
