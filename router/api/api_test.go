@@ -195,6 +195,8 @@ func TestBadRequests(t *testing.T) {
 		{"group too large", `{"model":"m","tokens":[1],"group_idx":65536}`, 400, "out of range"},
 		{"special tokens without prompt", `{"model":"m","tokens":[1],"add_special_tokens":true}`, 400, "add_special_tokens applies to a prompt"},
 		{"body too large", `{"model":"m","tokens":[` + strings.Repeat("1,", 40<<10) + `1]}`, 413, "too large"},
+		{"prompt too large", `{"model":"m","prompt":"` + strings.Repeat("a", 100<<10) + `"}`, 413, "too large"},
+		{"too large after the object", `{"model":"m","tokens":[1]}` + strings.Repeat(" ", 100<<10) + `x`, 413, "too large"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, out := f.post(t, tc.body)

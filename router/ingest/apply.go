@@ -1,6 +1,9 @@
 package ingest
 
 import (
+	"math"
+	"sync/atomic"
+
 	"kvtier/kvevents"
 	"kvtier/router/index"
 )
@@ -119,6 +122,13 @@ func (s *stream) handle(frames [][]byte) {
 		return
 	}
 	p.counters.messages.Add(1)
+	if msg.Seq > maxSeq {
+		// vLLM numbers messages with a non-negative int64; a larger value
+		// (-1 is the replay's end marker) is no live sequence number, and
+		// following it would wrap the sequencer around.
+		p.counters.malformed.Add(1)
+		return
+	}
 	if err := s.dec.Decode(msg.Payload, &s.live); err != nil {
 		// The sequence number is not observed: without a decodable
 		// payload the DP rank, and so the stream, is unknown.
@@ -155,7 +165,9 @@ func (s *stream) countMalformedFallback() {
 // they were missing from.
 func (s *stream) recover(p podRef, from, to uint64) {
 	want := to - from + 1
-	if s.replay == nil {
+	if s.replay == nil || want > maxReplay {
+		// No replay, or more missing than any publisher buffers (vLLM
+		// keeps 10,000 messages): asking would only stall this stream.
 		s.forget(p, want)
 		return
 	}
@@ -188,8 +200,31 @@ func (s *stream) recover(p podRef, from, to uint64) {
 // Its entries are dropped rather than left to route requests to KV it may
 // no longer have; its next events rebuild them.
 func (s *stream) forget(p podRef, lost uint64) {
-	p.counters.lost.Add(lost)
+	addSaturating(&p.counters.lost, lost)
 	s.clearOwn(p)
+}
+
+// maxSeq is the largest sequence number a vLLM publisher sends (int64).
+const maxSeq = 1<<63 - 1
+
+// maxReplay bounds the gap a replay is asked for; vLLM's replay buffer
+// holds 10,000 messages by default, so a wider gap cannot be filled.
+const maxReplay = 1 << 20
+
+// addSaturating adds n to c, stopping at the largest uint64 instead of
+// wrapping: a stream that jumps near 2^63 twice must not read as having
+// lost almost nothing.
+func addSaturating(c *atomic.Uint64, n uint64) {
+	for {
+		old := c.Load()
+		sum := old + n
+		if sum < old {
+			sum = math.MaxUint64
+		}
+		if c.CompareAndSwap(old, sum) {
+			return
+		}
+	}
 }
 
 // clearOwn drops the entries this stream wrote for pod p: the tiers its

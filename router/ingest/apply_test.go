@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"errors"
+	"math"
 	"slices"
 	"testing"
 
@@ -201,5 +202,38 @@ func TestStreamRestartClearsPod(t *testing.T) {
 	wantHoldings(t, f, 3, "p/gpu")
 	if got := f.stats("p"); got.Restarts != 1 || got.Gaps != 0 {
 		t.Errorf("stats %+v, want 1 restart and no gap", got)
+	}
+}
+
+// TestStreamSequenceNumbersNearTheTop: a sequence number beyond int64 is
+// malformed (never observed), a gap wider than any replay buffer is not
+// asked for, and repeated huge gaps saturate the lost counter instead of
+// wrapping it.
+func TestStreamSequenceNumbersNearTheTop(t *testing.T) {
+	f := newFixture(t)
+	asked := 0
+	replay := func(start uint64, visit func(uint64, []byte)) error {
+		asked++
+		return nil
+	}
+	s := newStream(f.ix, f.pods, f.cs, "p", replay)
+	s.handle(frames("", 0, batch(t, tagged, stored(tagged, nil, 1))))
+	s.handle(frames("", 1<<63, batch(t, tagged, stored(tagged, nil, 2)))) // not an int64
+	wantHoldings(t, f, 1, "p/gpu")
+	wantHoldings(t, f, 2)
+	if got := f.stats("p"); got.Malformed != 1 || got.Gaps != 0 {
+		t.Errorf("stats %+v, want 1 malformed and no gap", got)
+	}
+	s.handle(frames("", 1<<63-2, batch(t, tagged, stored(tagged, nil, 3))))
+	s.handle(frames("", 0, batch(t, tagged)))                               // a restart
+	s.handle(frames("", 1<<63-1, batch(t, tagged, stored(tagged, nil, 4)))) // another huge gap
+	s.handle(frames("", 0, batch(t, tagged)))
+	s.handle(frames("", 1<<62, batch(t, tagged, stored(tagged, nil, 4)))) // the sum passes 2^64
+	if asked != 0 {
+		t.Errorf("replay asked %d times for gaps no publisher buffers", asked)
+	}
+	wantHoldings(t, f, 4, "p/gpu")
+	if got := f.stats("p"); got.Lost != math.MaxUint64 || got.Gaps != 3 {
+		t.Errorf("stats %+v, want 3 gaps and the lost counter saturated", got)
 	}
 }
