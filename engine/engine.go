@@ -51,6 +51,9 @@ type Engine struct {
 	keyPool sync.Pool // *[]chunk.Key
 
 	specs *scopeSpecs // chunk formats by scope, for remote codecs; nil without Open
+
+	leases *leaseTable // every lease clients hold, and their reaper
+	book   *scopeBook  // scopes clients registered, by id
 }
 
 // New returns an engine over mgr that cuts prompts into chunks of
@@ -63,16 +66,19 @@ func New(mgr *tier.Manager, chunkSize int, saveUnfull bool, log *slog.Logger) (*
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Engine{chunkSize: chunkSize, saveUnfull: saveUnfull, mgr: mgr, log: log,
-		chunkers: make(map[chunk.Scope]*chunk.Chunker)}, nil
+		chunkers: make(map[chunk.Scope]*chunk.Chunker),
+		leases:   newLeaseTable(mgr.RAM().Arena(), 0, 0), book: newScopeBook()}, nil
 }
 
 // ChunkSize returns the number of tokens per chunk.
 func (e *Engine) ChunkSize() int { return e.chunkSize }
 
-// Manager returns the tier manager behind the engine.
+// Manager returns the tier manager behind the engine, for tests and tools
+// that inspect the tiers; the daemon goes through the engine's methods.
 func (e *Engine) Manager() *tier.Manager { return e.mgr }
 
-// Arena returns the RAM tier's arena.
+// Arena returns the RAM tier's arena, for tests and tools; the daemon
+// goes through the engine's methods.
 func (e *Engine) Arena() *arena.Arena { return e.mgr.RAM().Arena() }
 
 // maxCachedScopes bounds the chunker cache. Namespaces (tenants, cache
@@ -207,11 +213,13 @@ func (e *Engine) Prefetch(r Request) (bool, error) {
 	return e.mgr.Prefetch((*kp)[first:]), nil
 }
 
-// Close closes the manager and its tiers, and the arena if Open made it.
+// Close ends every lease, then closes the manager and its tiers, and the
+// arena if Open made it.
 func (e *Engine) Close() error {
 	if e.mgr == nil {
 		return errors.New("engine: not open")
 	}
+	e.leases.close()
 	return e.closeAll()
 }
 

@@ -49,6 +49,12 @@ type Options struct {
 	RemoteCodec   string
 	RemoteTimeout time.Duration
 
+	// LeaseTTL is the lease a client gets when it asks for none (default
+	// DefaultLeaseTTL); MaxLeaseTTL caps what it may ask (default
+	// MaxLeaseTTL).
+	LeaseTTL    time.Duration
+	MaxLeaseTTL time.Duration
+
 	Tier   tier.Options
 	Logger *slog.Logger
 }
@@ -100,6 +106,7 @@ func Open(o Options) (*Engine, error) {
 	if err == nil {
 		e.namespace = o.Namespace
 		e.specs = specs
+		e.leases = newLeaseTable(a, o.LeaseTTL, o.MaxLeaseTTL)
 	}
 	if err != nil {
 		mgr.Close()

@@ -35,8 +35,6 @@ type Admin struct {
 	handler  http.Handler
 	registry *prometheus.Registry
 	mux      *http.ServeMux
-	book     *ScopeBook // scopes clients registered; nil without a Service
-	svc      atomic.Pointer[Service]
 }
 
 // NewAdmin returns the admin API of eng, which was opened from cfg. The
@@ -47,10 +45,8 @@ func NewAdmin(eng *engine.Engine, cfg config.Config, log *slog.Logger) (*Admin, 
 	}
 	reg := prometheus.NewRegistry()
 	a := &Admin{eng: eng, cfg: cfg, log: log, registry: reg}
-	col := newCollector(eng.Manager())
-	col.leases = a.clientLeases
 	for _, c := range []prometheus.Collector{
-		col,
+		newCollector(eng),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	} {
@@ -120,24 +116,7 @@ func (a *Admin) readyz(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (a *Admin) stats(w http.ResponseWriter, _ *http.Request) {
-	st := ReadStats(a.eng.Manager())
-	st.Arena.Leases += int(a.clientLeases())
-	writeJSON(w, http.StatusOK, st)
-}
-
-// UseService connects the admin API to the cache protocol serving the same
-// engine: its scopes name keys, and its leases count in the arena's.
-func (a *Admin) UseService(s *Service) {
-	a.book = s.Scopes()
-	a.svc.Store(s)
-}
-
-// clientLeases is how many leases the cache protocol's clients hold.
-func (a *Admin) clientLeases() int64 {
-	if s := a.svc.Load(); s != nil {
-		return s.leases.Load()
-	}
-	return 0
+	writeJSON(w, http.StatusOK, a.eng.Stats())
 }
 
 func (a *Admin) config(w http.ResponseWriter, _ *http.Request) {

@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"time"
 
-	"kvtier/tier"
+	"kvtier/engine"
 	"kvtier/wire"
 )
 
@@ -38,7 +38,7 @@ func (s *session) handleFlush(h wire.Header, body []byte) *requestError {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), flushWait(time.Duration(m.TimeoutMS)*time.Millisecond))
 	defer cancel()
-	rep, _ := s.svc.eng.Manager().Sync(ctx) // running out of time shows as pending writes
+	rep := s.svc.eng.Sync(ctx) // running out of time shows as pending writes
 	reply := wire.FlushReply{Tiers: make([]wire.FlushTier, 0, len(rep))}
 	for _, t := range rep {
 		reply.Tiers = append(reply.Tiers, wire.FlushTier{Name: t.Tier,
@@ -58,7 +58,7 @@ type FlushResult struct {
 	Tiers   []FlushTier `json:"tiers"`
 }
 
-// FlushTier is tier.TierSync with JSON names.
+// FlushTier is engine.TierSync with JSON names.
 type FlushTier struct {
 	Tier    string `json:"tier"`
 	Pending int    `json:"pending"`
@@ -66,7 +66,7 @@ type FlushTier struct {
 	Missing int    `json:"missing"`
 }
 
-func flushResult(rep []tier.TierSync) FlushResult {
+func flushResult(rep []engine.TierSync) FlushResult {
 	r := FlushResult{Durable: true, Tiers: make([]FlushTier, 0, len(rep))}
 	for _, t := range rep {
 		r.Tiers = append(r.Tiers, FlushTier{Tier: t.Tier, Pending: t.Pending, Redone: t.Redone, Missing: t.Missing})
@@ -91,7 +91,7 @@ func (a *Admin) flush(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), flushWait(asked))
 	defer cancel()
-	rep, _ := a.eng.Manager().Sync(ctx)
+	rep := a.eng.Sync(ctx)
 	res := flushResult(rep)
 	status := http.StatusOK
 	if !res.Durable {

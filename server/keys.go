@@ -7,70 +7,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"time"
 
 	"kvtier/chunk"
-	"kvtier/tier"
 )
-
-// ScopeBook remembers the scopes clients registered, so the admin API can
-// name a scope id's model and list keys by model. It is bounded: past
-// maxBookScopes the least recently registered scope is forgotten (its
-// chunks stay cached; only the name is lost).
-type ScopeBook struct {
-	mu     sync.Mutex
-	scopes map[uint64]bookEntry
-}
-
-type bookEntry struct {
-	scope chunk.Scope
-	seen  time.Time
-}
-
-const maxBookScopes = 4096
-
-// NewScopeBook returns an empty book.
-func NewScopeBook() *ScopeBook { return &ScopeBook{scopes: make(map[uint64]bookEntry)} }
-
-// Note records that scope (whose id is id) was used.
-func (b *ScopeBook) Note(id uint64, scope chunk.Scope) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if _, ok := b.scopes[id]; !ok && len(b.scopes) >= maxBookScopes {
-		var oldest uint64
-		var when time.Time
-		for k, e := range b.scopes {
-			if when.IsZero() || e.seen.Before(when) {
-				oldest, when = k, e.seen
-			}
-		}
-		delete(b.scopes, oldest)
-	}
-	b.scopes[id] = bookEntry{scope: scope, seen: time.Now()}
-}
-
-// Lookup returns the scope with id.
-func (b *ScopeBook) Lookup(id uint64) (chunk.Scope, bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	e, ok := b.scopes[id]
-	return e.scope, ok
-}
-
-// ByModel returns the ids of the scopes of model.
-func (b *ScopeBook) ByModel(model string) []uint64 {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var ids []uint64
-	for id, e := range b.scopes {
-		if e.scope.Model == model {
-			ids = append(ids, id)
-		}
-	}
-	slices.Sort(ids)
-	return ids
-}
 
 // ScopeInfo is one entry of GET /api/v1/scopes.
 type ScopeInfo struct {
@@ -98,47 +37,29 @@ type KeyList struct {
 	Truncated bool      `json:"truncated"`
 }
 
-// UseScopes lets the admin API name scopes by what clients registered.
-func (a *Admin) UseScopes(b *ScopeBook) { a.book = b }
-
 // scopes lists every scope with chunks in a local tier, with what the
-// book knows of it.
+// engine knows of it from the scopes clients registered.
 func (a *Admin) scopes(w http.ResponseWriter, _ *http.Request) {
 	byID := map[uint64]*ScopeInfo{}
-	for _, t := range a.listers() {
-		name := t.(tier.Tier).Name()
-		t.List(0, func(k chunk.Key, size int) bool {
-			si := byID[k.Scope]
-			if si == nil {
-				si = &ScopeInfo{ID: fmt.Sprintf("%016x", k.Scope), Chunks: map[string]int{}, Bytes: map[string]int{}}
-				byID[k.Scope] = si
-			}
-			si.Chunks[name]++
-			si.Bytes[name] += size
-			return true
-		})
-	}
+	a.eng.ListChunks([]uint64{0}, func(name string, k chunk.Key, size int) bool {
+		si := byID[k.Scope]
+		if si == nil {
+			si = &ScopeInfo{ID: fmt.Sprintf("%016x", k.Scope), Chunks: map[string]int{}, Bytes: map[string]int{}}
+			byID[k.Scope] = si
+		}
+		si.Chunks[name]++
+		si.Bytes[name] += size
+		return true
+	})
 	out := make([]ScopeInfo, 0, len(byID))
 	for id, si := range byID {
-		if a.book != nil {
-			if s, ok := a.book.Lookup(id); ok {
-				si.Model, si.WorldSize, si.Rank, si.Format, si.Namespace = s.Model, s.WorldSize, s.Rank, s.Format, s.Namespace
-			}
+		if s, ok := a.eng.Scope(id); ok {
+			si.Model, si.WorldSize, si.Rank, si.Format, si.Namespace = s.Model, s.WorldSize, s.Rank, s.Format, s.Namespace
 		}
 		out = append(out, *si)
 	}
 	slices.SortFunc(out, func(x, y ScopeInfo) int { return strings.Compare(x.ID, y.ID) })
 	writeJSON(w, http.StatusOK, out)
-}
-
-func (a *Admin) listers() []tier.Lister {
-	var ls []tier.Lister
-	for _, t := range a.eng.Manager().Tiers() {
-		if l, ok := t.(tier.Lister); ok {
-			ls = append(ls, l)
-		}
-	}
-	return ls
 }
 
 const (
@@ -169,23 +90,18 @@ func (a *Admin) keys(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	out := KeyList{Keys: []KeyInfo{}}
-	for _, t := range a.listers() {
-		name := t.(tier.Tier).Name()
-		for _, sc := range scopes {
-			t.List(sc, func(k chunk.Key, size int) bool {
-				h := hex.EncodeToString(k.Hash[:])
-				if !strings.HasPrefix(h, prefix) {
-					return true
-				}
-				if len(out.Keys) == limit {
-					out.Truncated = true
-					return false
-				}
-				out.Keys = append(out.Keys, KeyInfo{Scope: fmt.Sprintf("%016x", k.Scope), Hash: h, Tier: name, Bytes: size})
-				return true
-			})
+	a.eng.ListChunks(scopes, func(name string, k chunk.Key, size int) bool {
+		h := hex.EncodeToString(k.Hash[:])
+		if !strings.HasPrefix(h, prefix) {
+			return true
 		}
-	}
+		if len(out.Keys) == limit {
+			out.Truncated = true
+			return false
+		}
+		out.Keys = append(out.Keys, KeyInfo{Scope: fmt.Sprintf("%016x", k.Scope), Hash: h, Tier: name, Bytes: size})
+		return true
+	})
 	writeJSON(w, http.StatusOK, out)
 }
 
@@ -202,10 +118,7 @@ func (a *Admin) keyScopes(scope, model string) ([]uint64, error) {
 		}
 		return []uint64{id}, nil
 	case model != "":
-		if a.book == nil {
-			return nil, fmt.Errorf("model: no client has registered scopes with this daemon")
-		}
-		ids := a.book.ByModel(model)
+		ids := a.eng.ScopesOf(model)
 		if len(ids) == 0 {
 			return nil, fmt.Errorf("model: no scope of model %.100q was registered", model)
 		}

@@ -29,7 +29,6 @@ func TestKeysAndScopesAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin.UseScopes(d.svc.Scopes())
 	h := admin.Handler()
 	c := d.local(t)
 	handle, _ := c.Scope(context.Background(), pScope)

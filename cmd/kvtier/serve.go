@@ -24,7 +24,6 @@ import (
 	"kvtier/engine"
 	"kvtier/kvevents"
 	"kvtier/server"
-	"kvtier/tier"
 )
 
 // Shutdown bounds. Together they stay under Kubernetes' default 30 s grace
@@ -90,9 +89,8 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 	if err != nil {
 		return errors.Join(err, eng.Close())
 	}
-	svc := server.NewService(eng, server.ServiceOptions{Token: cfg.TCPToken, LeaseTTL: cfg.LeaseTTL, Events: events, Logger: log,
+	svc := server.NewService(eng, server.ServiceOptions{Token: cfg.TCPToken, Events: events, Logger: log,
 		MaxConns: cfg.MaxConnections, FrameTimeout: cfg.FrameTimeout})
-	admin.UseService(svc)
 	if err := admin.Register(svc.Collectors()...); err != nil {
 		return errors.Join(err, eng.Close())
 	}
@@ -148,11 +146,7 @@ func startEvents(cfg config.Config, eng *engine.Engine, log *slog.Logger) (*serv
 	if err != nil {
 		return nil, fmt.Errorf("kv_events_endpoint: %w", err)
 	}
-	for _, t := range eng.Manager().Tiers() {
-		if o, ok := t.(tier.Observable); ok {
-			o.SetObserver(pub)
-		}
-	}
+	eng.SetObserver(pub)
 	log.Info("kv events publishing", "endpoint", pub.Addr(), "pod", cfg.KVEventsPod, "model", cfg.KVEventsModel)
 	return pub, nil
 }
@@ -222,7 +216,7 @@ func shutdown(admin *server.Admin, srv *http.Server, svc *server.Service, eng *e
 	cancel()
 
 	ctx, cancel = context.WithTimeout(context.Background(), flushTimeout)
-	if err := eng.Manager().Flush(ctx); err != nil {
+	if err := eng.Flush(ctx); err != nil {
 		// Close still writes what is queued; this only says it is slow.
 		log.Warn("disk writes still queued at the flush deadline", "err", err)
 	}
