@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"time"
 
 	"kvtier/arena"
 	"kvtier/chunk"
@@ -67,6 +68,23 @@ type TierSync struct {
 	Pending int // writes still unfinished when the flush's context ended
 	Redone  int // dropped or refused writes the flush wrote again
 	Missing int // chunks the tier lacks for good (gone from RAM as well)
+}
+
+// How long a flush may wait: a default for requests that name no bound,
+// and a cap on those that do. The protocol's FLUSH and the admin API's
+// flush both apply FlushWait.
+const (
+	DefaultFlushWait = time.Minute
+	MaxFlushWait     = 10 * time.Minute
+)
+
+// FlushWait turns a requested bound on a flush (0: none) into the wait to
+// use.
+func FlushWait(asked time.Duration) time.Duration {
+	if asked <= 0 {
+		return DefaultFlushWait
+	}
+	return min(asked, MaxFlushWait)
 }
 
 // Sync waits until every chunk stored before the call is in the tiers

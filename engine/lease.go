@@ -27,9 +27,9 @@ import (
 // reused while it lasts, and nothing else: once it ends, the references
 // are dropped and the memory is the arena's again.
 
-// LeaseID names a lease: its slot in the low 32 bits and the slot's
-// generation in the high 32, so an id whose lease ended is recognised even
-// after its slot was reused. The zero LeaseID is never valid.
+// LeaseID names a lease. Ids count up from 1 and are never reused while
+// the engine is open, so an id whose lease ended stays unknown. The zero
+// LeaseID is never valid.
 type LeaseID uint64
 
 // Lease errors, reported by CommitStore.
@@ -58,11 +58,11 @@ const (
 // lease is one slot of the table. For a store lease ids[j] is the
 // reservation for keys[j], or 0 where the chunk was already cached.
 type lease struct {
+	id       LeaseID // 0 until activated
 	kind     leaseKind
 	deadline int64 // nanoseconds since the table's epoch
 	keys     []chunk.Key
 	ids      []arena.ID
-	gen      uint32
 	pos      int32 // index in byDeadline; notActive while free or being built
 	nextFree int32
 }
@@ -72,9 +72,9 @@ const (
 	noSlot    int32 = -1
 )
 
-// leaseTable is every lease of one engine and the binary min-heap of their
-// slots by deadline, so the reaper finds overdue leases without scanning
-// and Release takes one out in O(log n). Slots are pointers so that a
+// leaseTable is every lease of one engine, by id, and the binary min-heap
+// of their slots by deadline, so the reaper finds overdue leases without
+// scanning and Release takes one out in O(log n). Slots are pointers so that a
 // lease being built outside the lock stays where it is while other slots
 // are added; their slices are kept for reuse, so a steady flow of leases
 // allocates nothing.
@@ -85,6 +85,8 @@ type leaseTable struct {
 	epoch  time.Time
 
 	mu         sync.Mutex
+	seq        LeaseID // the last id handed out
+	byID       map[LeaseID]int32
 	slots      []*lease
 	free       int32
 	byDeadline []int32
@@ -104,7 +106,7 @@ func newLeaseTable(a *arena.Arena, defTTL, maxTTL time.Duration) *leaseTable {
 		maxTTL = MaxLeaseTTL
 	}
 	return &leaseTable{arena: a, defTTL: defTTL, maxTTL: maxTTL, epoch: time.Now(), free: noSlot,
-		stop: make(chan struct{}), done: make(chan struct{})}
+		byID: make(map[LeaseID]int32), stop: make(chan struct{}), done: make(chan struct{})}
 }
 
 // ttl is the lease rule: asked, or the default when asked is 0, capped.
@@ -124,7 +126,7 @@ func (t *leaseTable) build(kind leaseKind) (int32, *lease) {
 	i := t.free
 	if i == noSlot {
 		i = int32(len(t.slots))
-		t.slots = append(t.slots, &lease{gen: 1, pos: notActive})
+		t.slots = append(t.slots, &lease{pos: notActive})
 	} else {
 		t.free = t.slots[i].nextFree
 	}
@@ -145,11 +147,13 @@ func (t *leaseTable) activate(i int32, ttl time.Duration) LeaseID {
 		t.freeLocked(i)
 		return 0
 	}
-	l.deadline = deadline
+	t.seq++
+	l.id, l.deadline = t.seq, deadline
+	t.byID[l.id] = i
 	l.pos = int32(len(t.byDeadline))
 	t.byDeadline = append(t.byDeadline, i)
 	t.up(int(l.pos))
-	return LeaseID(uint64(l.gen)<<32 | uint64(i))
+	return l.id
 }
 
 // discard drops a lease that was built but not activated.
@@ -278,21 +282,18 @@ func (t *leaseTable) deadline(ttl time.Duration) int64 {
 	return since + int64(ttl)
 }
 
-// lookup returns the slot of an active lease.
+// lookup returns the slot of an active lease; one taken by CommitStore is
+// no longer active, though its id is forgotten only when it is freed.
 func (t *leaseTable) lookup(id LeaseID) (int32, bool) {
-	i := uint64(id) & math.MaxUint32
-	if i >= uint64(len(t.slots)) {
+	i, ok := t.byID[id]
+	if !ok || t.slots[i].pos == notActive {
 		return 0, false
 	}
-	l := t.slots[i]
-	if l.pos == notActive || l.gen != uint32(id>>32) {
-		return 0, false
-	}
-	return int32(i), true
+	return i, true
 }
 
-// freeLocked drops slot i's references and puts it on the free list under
-// a new generation, so its old id is stale from now on.
+// freeLocked drops slot i's references, forgets its id and puts it on the
+// free list.
 func (t *leaseTable) freeLocked(i int32) {
 	l := t.slots[i]
 	for _, id := range l.ids {
@@ -300,11 +301,11 @@ func (t *leaseTable) freeLocked(i int32) {
 			t.arena.Unref(id)
 		}
 	}
-	l.keys, l.ids = l.keys[:0], l.ids[:0]
-	l.pos = notActive
-	if l.gen++; l.gen == 0 {
-		l.gen = 1
+	if l.id != 0 {
+		delete(t.byID, l.id)
 	}
+	l.id, l.keys, l.ids = 0, l.keys[:0], l.ids[:0]
+	l.pos = notActive
 	l.nextFree = t.free
 	t.free = i
 }

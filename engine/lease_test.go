@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -157,5 +158,43 @@ func TestLeaseCycleDoesNotAllocate(t *testing.T) {
 	cycle() // the first lease grows the table
 	if a := testing.AllocsPerRun(100, cycle); a != 0 {
 		t.Errorf("a lease cycle: %.1f allocations, want 0", a)
+	}
+}
+
+// TestLeasesUnderConcurrency races building, committing, releasing,
+// renewing and expiring leases (run it with -race); every reference must
+// be returned at the end.
+func TestLeasesUnderConcurrency(t *testing.T) {
+	e := open(t, 8<<20, "", false)
+	keys := storedKeys(t, e, 8, 5)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var slots []engine.Slot
+			for i := range 200 {
+				var id engine.LeaseID
+				slots, id, _ = e.PrepareRetrieve(ctx, keys, time.Duration(i%3)*time.Millisecond, slots[:0])
+				switch (g + i) % 4 {
+				case 0:
+					e.Release(id)
+				case 1:
+					e.Renew(id, time.Millisecond)
+				case 2:
+					e.CommitStore(id, 1) // not a store lease: ends it
+				}
+				e.Release(e.PinHit(keys[:2], time.Millisecond))
+				if i%50 == 0 {
+					e.ExpireLeases(time.Now().Add(time.Second))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	e.ExpireLeases(time.Now().Add(time.Hour))
+	if st := e.Stats(); st.Arena.Leases != 0 || st.Arena.PinnedBytes != 0 {
+		t.Fatalf("after every lease ended: %d leases, %d bytes pinned", st.Arena.Leases, st.Arena.PinnedBytes)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"kvtier/engine"
+	"kvtier/kvevents/announce"
 	"kvtier/wire"
 )
 
@@ -43,8 +44,8 @@ type ServiceOptions struct {
 	// 64 MiB: eight bodies of wire.MaxMetaBody may be read at once).
 	BodyBudget int
 	// Events, when set, is told the vLLM block hashes of chunks stored by
-	// token ids, so it can announce them (see Publisher).
-	Events *Publisher
+	// token ids, so it can announce them (see package announce).
+	Events *announce.Publisher
 	Logger *slog.Logger
 }
 

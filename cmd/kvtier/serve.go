@@ -20,9 +20,11 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"kvtier/admin"
 	"kvtier/config"
 	"kvtier/engine"
 	"kvtier/kvevents"
+	"kvtier/kvevents/announce"
 	"kvtier/server"
 )
 
@@ -81,7 +83,7 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 	log.Info("engine open", "ram_bytes", opts.RAMBytes, "ram_sized_from_machine", ramDefaulted,
 		"policy", cfg.CachePolicy, "chunk_size", cfg.ChunkSize, "disk_dir", cfg.LocalDisk, "disk_bytes", opts.DiskBytes)
 
-	admin, err := server.NewAdmin(eng, cfg, log)
+	adm, err := admin.New(eng, cfg, log)
 	if err != nil {
 		return errors.Join(err, eng.Close())
 	}
@@ -91,7 +93,7 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 	}
 	svc := server.NewService(eng, server.ServiceOptions{Token: cfg.TCPToken, Events: events, Logger: log,
 		MaxConns: cfg.MaxConnections, FrameTimeout: cfg.FrameTimeout})
-	if err := admin.Register(svc.Collectors()...); err != nil {
+	if err := adm.Register(svc.Collectors()...); err != nil {
 		return errors.Join(err, eng.Close())
 	}
 	protoErr := make(chan error, 2)
@@ -103,7 +105,7 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 		return errors.Join(fmt.Errorf("admin_addr: %w", err), svc.Shutdown(context.Background()), eng.Close())
 	}
 	srv := &http.Server{
-		Handler:           admin.Handler(),
+		Handler:           adm.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
@@ -123,7 +125,7 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 		log.Error("cache protocol listener failed", "err", serveErr)
 	}
 	unsignal()
-	err = shutdown(admin, srv, svc, eng, log)
+	err = shutdown(adm, srv, svc, eng, log)
 	if events != nil {
 		err = errors.Join(err, events.Close())
 	}
@@ -132,7 +134,7 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 
 // startEvents starts the KV-event publisher when kv_events_endpoint is set
 // and makes the local tiers report to it.
-func startEvents(cfg config.Config, eng *engine.Engine, log *slog.Logger) (*server.Publisher, error) {
+func startEvents(cfg config.Config, eng *engine.Engine, log *slog.Logger) (*announce.Publisher, error) {
 	if cfg.KVEventsEndpoint == "" {
 		return nil, nil
 	}
@@ -140,7 +142,7 @@ func startEvents(cfg config.Config, eng *engine.Engine, log *slog.Logger) (*serv
 	if err != nil {
 		return nil, fmt.Errorf("kv_events_encoding: %w", err)
 	}
-	pub, err := server.NewPublisher(server.EventOptions{Endpoint: cfg.KVEventsEndpoint, Pod: cfg.KVEventsPod,
+	pub, err := announce.New(announce.Options{Endpoint: cfg.KVEventsEndpoint, Pod: cfg.KVEventsPod,
 		Model: cfg.KVEventsModel, HashSeed: cfg.KVEventsHashSeed, BlockSize: cfg.KVEventsBlockSize,
 		ChunkTokens: eng.ChunkSize(), Encoding: encoding, Logger: log})
 	if err != nil {
@@ -198,8 +200,8 @@ func startProtocols(cfg config.Config, svc *server.Service, log *slog.Logger, er
 
 // shutdown stops the daemon in order: refuse readiness, stop accepting and
 // finish in-flight requests, flush queued disk writes, close the engine.
-func shutdown(admin *server.Admin, srv *http.Server, svc *server.Service, eng *engine.Engine, log *slog.Logger) error {
-	admin.Drain()
+func shutdown(adm *admin.API, srv *http.Server, svc *server.Service, eng *engine.Engine, log *slog.Logger) error {
+	adm.Drain()
 	var errs []error
 
 	ctx, cancel := context.WithTimeout(context.Background(), httpDrainTimeout)

@@ -1,4 +1,4 @@
-package server
+package admin
 
 import (
 	"encoding/hex"
@@ -39,7 +39,7 @@ type KeyList struct {
 
 // scopes lists every scope with chunks in a local tier, with what the
 // engine knows of it from the scopes clients registered.
-func (a *Admin) scopes(w http.ResponseWriter, _ *http.Request) {
+func (a *API) scopes(w http.ResponseWriter, _ *http.Request) {
 	byID := map[uint64]*ScopeInfo{}
 	a.eng.ListChunks([]uint64{0}, func(name string, k chunk.Key, size int) bool {
 		si := byID[k.Scope]
@@ -70,7 +70,7 @@ const (
 // keys lists stored keys, filtered by scope (?scope=hex id, or ?model=name
 // for every scope registered under that model) and by a hex prefix of the
 // hash (?prefix=), at most ?limit= of them.
-func (a *Admin) keys(w http.ResponseWriter, r *http.Request) {
+func (a *API) keys(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	scopes, err := a.keyScopes(q.Get("scope"), q.Get("model"))
 	if err != nil {
@@ -107,7 +107,7 @@ func (a *Admin) keys(w http.ResponseWriter, r *http.Request) {
 
 // keyScopes turns the scope and model filters into scope ids; [0] means
 // every scope.
-func (a *Admin) keyScopes(scope, model string) ([]uint64, error) {
+func (a *API) keyScopes(scope, model string) ([]uint64, error) {
 	switch {
 	case scope != "" && model != "":
 		return nil, fmt.Errorf("give scope or model, not both")

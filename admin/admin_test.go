@@ -1,4 +1,4 @@
-package server
+package admin
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 	"kvtier/chunk"
 	"kvtier/config"
 	"kvtier/engine"
+	"kvtier/server"
 )
 
 const (
@@ -35,7 +36,7 @@ var scope = chunk.Scope{Model: "m", WorldSize: 1, Format: "bfloat16/KV_2LTD"}
 // in both, and its admin API served on a loopback port.
 type fixture struct {
 	eng   *engine.Engine
-	admin *Admin
+	admin *API
 	url   string
 }
 
@@ -71,7 +72,7 @@ func newFixture(t testing.TB, cfg config.Config) *fixture {
 	if _, err := eng.Lookup(engine.Request{Scope: chunk.Scope{Model: "other", WorldSize: 1}, Tokens: tokens}); err != nil {
 		t.Fatal(err)
 	}
-	admin, err := NewAdmin(eng, cfg, nil)
+	admin, err := New(eng, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,7 +346,9 @@ func TestDocsListEveryMetric(t *testing.T) {
 	doc := string(data)
 	ch := make(chan *prometheus.Desc, 64)
 	newCollector(nil).Describe(ch)
-	for _, c := range (&Service{metrics: newOpMetrics()}).Collectors() {
+	svc := server.NewService(nil, server.ServiceOptions{})
+	defer svc.Shutdown(context.Background())
+	for _, c := range svc.Collectors() {
 		c.Describe(ch)
 	}
 	close(ch)

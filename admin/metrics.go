@@ -1,4 +1,4 @@
-package server
+package admin
 
 import (
 	"github.com/prometheus/client_golang/prometheus"

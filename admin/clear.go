@@ -1,4 +1,4 @@
-package server
+package admin
 
 import (
 	"bytes"
@@ -81,7 +81,7 @@ func decodeClear(body []byte) (ClearRequest, error) {
 	return req, nil
 }
 
-func (a *Admin) clear(w http.ResponseWriter, r *http.Request) {
+func (a *API) clear(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxClearBody))
 	if err != nil {
 		writeError(w, http.StatusRequestEntityTooLarge, fmt.Errorf("clear request: %w", err))

@@ -20,11 +20,11 @@ import (
 	"testing"
 	"time"
 
+	"kvtier/admin"
+	"kvtier/admin/dashboard"
 	"kvtier/chunk"
 	"kvtier/config"
 	"kvtier/engine"
-	"kvtier/server"
-	"kvtier/server/dashboard"
 )
 
 // The browser test runs the real page in headless Chromium against a real
@@ -71,12 +71,12 @@ func newDaemon(t *testing.T) string {
 	})
 	exercise(t, eng)
 
-	admin, err := server.NewAdmin(eng, config.Config{}, nil)
+	adm, err := admin.New(eng, config.Config{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/api/", admin.Handler())
+	mux.Handle("/api/", adm.Handler())
 	mux.Handle("/", dashboard.Handler())
 	mux.Handle("/dashboard/", dashboard.Handler())
 	srv := httptest.NewServer(mux)
