@@ -67,7 +67,7 @@ func New(mgr *tier.Manager, chunkSize int, saveUnfull bool, log *slog.Logger) (*
 	}
 	return &Engine{chunkSize: chunkSize, saveUnfull: saveUnfull, mgr: mgr, log: log,
 		chunkers: make(map[chunk.Scope]*chunk.Chunker),
-		leases:   newLeaseTable(mgr.RAM().Arena(), 0, 0), book: newScopeBook()}, nil
+		leases:   newLeaseTable(mgr.RAM().Arena()), book: newScopeBook()}, nil
 }
 
 // ChunkSize returns the number of tokens per chunk.

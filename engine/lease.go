@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"errors"
 	"math"
 	"sync"
@@ -98,15 +99,15 @@ type leaseTable struct {
 	done    chan struct{}
 }
 
-func newLeaseTable(a *arena.Arena, defTTL, maxTTL time.Duration) *leaseTable {
-	if defTTL <= 0 {
-		defTTL = DefaultLeaseTTL
-	}
-	if maxTTL <= 0 {
-		maxTTL = MaxLeaseTTL
-	}
-	return &leaseTable{arena: a, defTTL: defTTL, maxTTL: maxTTL, epoch: time.Now(), free: noSlot,
+func newLeaseTable(a *arena.Arena) *leaseTable {
+	return &leaseTable{arena: a, defTTL: DefaultLeaseTTL, maxTTL: MaxLeaseTTL, epoch: time.Now(), free: noSlot,
 		byID: make(map[LeaseID]int32), stop: make(chan struct{}), done: make(chan struct{})}
+}
+
+// setRule replaces the default and maximum durations (0 keeps the
+// package defaults); Open calls it before any lease exists.
+func (t *leaseTable) setRule(defTTL, maxTTL time.Duration) {
+	t.defTTL, t.maxTTL = cmp.Or(max(defTTL, 0), DefaultLeaseTTL), cmp.Or(max(maxTTL, 0), MaxLeaseTTL)
 }
 
 // ttl is the lease rule: asked, or the default when asked is 0, capped.
