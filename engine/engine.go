@@ -1,8 +1,15 @@
-// Package engine is the API the daemon, the bench and the tests use to
-// cache KV by tokens: Lookup says how much of a prompt's prefix is cached
-// (and in which tier), Store saves chunk bytes, Retrieve returns them, and
-// Prefetch pulls a prefix up into RAM ahead of use. It turns tokens into
-// chunk keys (package chunk) and delegates storage to a tier.Manager.
+// Package engine is the one door to kvtier's storage: the daemon's
+// protocol server and admin API, the bench and the tests reach the tiers
+// and the arena only through it. On tokens, Lookup says how much of a
+// prompt's prefix is cached (and in which tier), Store saves chunk bytes,
+// Retrieve returns them, and Prefetch pulls a prefix up into RAM ahead of
+// use; it turns tokens into chunk keys (package chunk) and delegates
+// storage to a tier.Manager. On chunk keys it serves the daemon's
+// protocols: the zero-copy PrepareStore/CommitStore and PrepareRetrieve,
+// and clear, flush, stats and listing.
+//
+// The engine owns the leases clients hold on RAM between two requests
+// (lease.go): one table, one expiry rule, one reaper.
 package engine
 
 import (
