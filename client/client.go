@@ -501,7 +501,7 @@ func (c *Client) Clear(ctx context.Context, scope uint32) (uint64, error) {
 }
 
 // defaultFlushWait is how long the daemon waits on a FLUSH that names no
-// bound (server.defaultFlushWait).
+// bound (engine.DefaultFlushWait).
 const defaultFlushWait = time.Minute
 
 // Flush returns once every chunk stored before it, by any client, is in

@@ -39,6 +39,7 @@ func OptionsFromConfig(c config.Config, log *slog.Logger) (Options, error) {
 		RemoteURLs:      c.RemoteURLs(),
 		RemoteCodec:     remoteCodec(c.RemoteSerde),
 		RemoteTimeout:   c.RemoteTimeout,
+		LeaseTTL:        c.LeaseTTL,
 		Tier:            tier.Options{QueueDepth: c.WriteQueueDepth, WriteWait: wait},
 		Logger:          log,
 	}, nil

@@ -1,8 +1,15 @@
-// Package engine is the API the daemon, the bench and the tests use to
-// cache KV by tokens: Lookup says how much of a prompt's prefix is cached
-// (and in which tier), Store saves chunk bytes, Retrieve returns them, and
-// Prefetch pulls a prefix up into RAM ahead of use. It turns tokens into
-// chunk keys (package chunk) and delegates storage to a tier.Manager.
+// Package engine is the one door to kvtier's storage: the daemon's
+// protocol server and admin API, the bench and the tests reach the tiers
+// and the arena only through it. On tokens, Lookup says how much of a
+// prompt's prefix is cached (and in which tier), Store saves chunk bytes,
+// Retrieve returns them, and Prefetch pulls a prefix up into RAM ahead of
+// use; it turns tokens into chunk keys (package chunk) and delegates
+// storage to a tier.Manager. On chunk keys it serves the daemon's
+// protocols: the zero-copy PrepareStore/CommitStore and PrepareRetrieve,
+// and clear, flush, stats and listing.
+//
+// The engine owns the leases clients hold on RAM between two requests
+// (lease.go): one table, one expiry rule, one reaper.
 package engine
 
 import (
@@ -51,6 +58,9 @@ type Engine struct {
 	keyPool sync.Pool // *[]chunk.Key
 
 	specs *scopeSpecs // chunk formats by scope, for remote codecs; nil without Open
+
+	leases *leaseTable // every lease clients hold, and their reaper
+	book   *scopeBook  // scopes clients registered, by id
 }
 
 // New returns an engine over mgr that cuts prompts into chunks of
@@ -63,16 +73,19 @@ func New(mgr *tier.Manager, chunkSize int, saveUnfull bool, log *slog.Logger) (*
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Engine{chunkSize: chunkSize, saveUnfull: saveUnfull, mgr: mgr, log: log,
-		chunkers: make(map[chunk.Scope]*chunk.Chunker)}, nil
+		chunkers: make(map[chunk.Scope]*chunk.Chunker),
+		leases:   newLeaseTable(mgr.RAM().Arena()), book: newScopeBook()}, nil
 }
 
 // ChunkSize returns the number of tokens per chunk.
 func (e *Engine) ChunkSize() int { return e.chunkSize }
 
-// Manager returns the tier manager behind the engine.
+// Manager returns the tier manager behind the engine, for tests and tools
+// that inspect the tiers; the daemon goes through the engine's methods.
 func (e *Engine) Manager() *tier.Manager { return e.mgr }
 
-// Arena returns the RAM tier's arena.
+// Arena returns the RAM tier's arena, for tests and tools; the daemon
+// goes through the engine's methods.
 func (e *Engine) Arena() *arena.Arena { return e.mgr.RAM().Arena() }
 
 // maxCachedScopes bounds the chunker cache. Namespaces (tenants, cache
@@ -207,11 +220,13 @@ func (e *Engine) Prefetch(r Request) (bool, error) {
 	return e.mgr.Prefetch((*kp)[first:]), nil
 }
 
-// Close closes the manager and its tiers, and the arena if Open made it.
+// Close ends every lease, then closes the manager and its tiers, and the
+// arena if Open made it.
 func (e *Engine) Close() error {
 	if e.mgr == nil {
 		return errors.New("engine: not open")
 	}
+	e.leases.close()
 	return e.closeAll()
 }
 

@@ -50,6 +50,12 @@ type Options struct {
 	RemoteCodec   string
 	RemoteTimeout time.Duration
 
+	// LeaseTTL is the lease a client gets when it asks for none (default
+	// DefaultLeaseTTL); MaxLeaseTTL caps what it may ask (default
+	// MaxLeaseTTL).
+	LeaseTTL    time.Duration
+	MaxLeaseTTL time.Duration
+
 	Tier   tier.Options
 	Logger *slog.Logger
 }
@@ -63,7 +69,11 @@ func Open(o Options) (*Engine, error) {
 	if o.RAMBytes <= 0 {
 		return nil, fmt.Errorf("engine: RAM capacity %d must be positive", o.RAMBytes)
 	}
-	a, err := arena.New(arena.Options{Capacity: o.RAMBytes, Name: "kvtier", HugePages: o.HugePages, Prefault: o.Prefault})
+	// The engine's lease table has the one reaper the daemon needs: the
+	// arena's own leases serve only the RAM tier's Pin, which the engine
+	// never calls (it holds RAM chunks by reference under its leases).
+	a, err := arena.New(arena.Options{Capacity: o.RAMBytes, Name: "kvtier", HugePages: o.HugePages, Prefault: o.Prefault,
+		ReapInterval: -1})
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
@@ -101,6 +111,7 @@ func Open(o Options) (*Engine, error) {
 	if err == nil {
 		e.namespace = o.Namespace
 		e.specs = specs
+		e.leases.setRule(o.LeaseTTL, o.MaxLeaseTTL)
 	}
 	if err != nil {
 		mgr.Close()

@@ -6,12 +6,11 @@ import (
 	"errors"
 	"net"
 
-	"kvtier/arena"
 	"kvtier/wire"
 )
 
 // handleStore serves STORE: a metadata frame, then one data frame per
-// chunk whose body is read straight into a reserved arena object. Chunks
+// chunk whose body is read straight into RAM the engine reserved. Chunks
 // the arena cannot take are read and discarded so the stream stays in
 // step; only the leading chunks that were fully received are committed.
 func (s *session) handleStore(h wire.Header) *requestError {
@@ -38,29 +37,30 @@ func (s *session) handleStore(h wire.Header) *requestError {
 		return fatal(wire.StatusBadRequest, "%d sizes for %d chunks", len(m.Sizes), len(keys))
 	}
 	s.noteBlocks(&r, m.Keys.Tokens, len(m.Sizes))
-	mgr := s.svc.eng.Manager()
-	a := s.svc.eng.Arena()
-	s.ids = s.ids[:0]
+	eng := s.svc.eng
+	w := &s.writes
+	w.Begin(eng)
 	stored, full := 0, false
 	for j, size := range m.Sizes {
 		dh, err := s.dataHeader(h, j == len(m.Sizes)-1)
 		if err != nil {
-			s.unrefAll(s.ids)
+			w.Abort()
 			return fatal(wire.StatusBadRequest, "%v", err)
 		}
 		if dh.Len != size {
-			s.unrefAll(s.ids)
+			w.Abort()
 			return fatal(wire.StatusBadRequest, "data frame %d of %d bytes, announced %d", j, dh.Len, size)
 		}
 		s.armFrame(dh.Len)
-		var id arena.ID
-		if !full && !mgr.RAM().Contains(keys[j]) {
-			id, _, err = mgr.Reserve(int(size))
-			full = err != nil
+		var dst []byte
+		reserved := false
+		if !full && !eng.InRAM(keys[j]) {
+			dst, err = w.Reserve(keys[j], int(size))
+			reserved, full = err == nil, err != nil
 		}
-		if id == 0 {
+		if !reserved {
 			if err := s.rd.Discard(dh.Len); err != nil {
-				s.unrefAll(s.ids)
+				w.Abort()
 				return fatal(wire.StatusBadRequest, "%v", frameErr(err))
 			}
 			if !full {
@@ -68,16 +68,13 @@ func (s *session) handleStore(h wire.Header) *requestError {
 			}
 			continue
 		}
-		if err := s.rd.ReadData(dh, a.Bytes(id)); err != nil {
-			a.Unref(id)
-			s.unrefAll(s.ids)
+		if err := s.rd.ReadData(dh, dst); err != nil {
+			w.Abort()
 			return fatal(wire.StatusBadRequest, "%v", frameErr(err))
 		}
-		s.ids = append(s.ids, id)
-		s.keys2 = append(s.keys2[:len(s.ids)-1], keys[j])
 		stored++
 	}
-	if err := mgr.Commit(s.keys2[:len(s.ids)], s.ids); err != nil {
+	if err := w.Commit(); err != nil {
 		return statusOf(err)
 	}
 	s.out = binary.LittleEndian.AppendUint32(wire.Begin(s.out), uint32(stored))
@@ -114,16 +111,9 @@ func (s *session) skipData(h wire.Header, n int) error {
 	return nil
 }
 
-func (s *session) unrefAll(ids []arena.ID) {
-	a := s.svc.eng.Arena()
-	for _, id := range ids {
-		a.Unref(id)
-	}
-}
-
 // handleRetrieve serves RETRIEVE: a DataHeader with the sizes of the
 // leading cached chunks, then each chunk's bytes written straight from the
-// arena. The chunks are referenced only while they are being written.
+// arena. The chunks are held only while they are being written.
 func (s *session) handleRetrieve(h wire.Header, body []byte) *requestError {
 	if err := s.keysOnly.Decode(body); err != nil {
 		return fail(wire.StatusBadRequest, "%v", err)
@@ -132,18 +122,15 @@ func (s *session) handleRetrieve(h wire.Header, body []byte) *requestError {
 	if rerr != nil {
 		return rerr
 	}
-	keys := r.keys[r.first:]
-	s.ids = growIDs(s.ids, len(keys))
-	n, err := s.svc.eng.Manager().Acquire(context.Background(), keys, s.ids)
-	ids := s.ids[:n]
-	defer s.unrefAll(ids)
+	rd := &s.reads
+	n, err := s.svc.eng.Acquire(context.Background(), r.keys[r.first:], rd)
+	defer rd.Release()
 	if err != nil && n == 0 {
 		return statusOf(err)
 	}
-	a := s.svc.eng.Arena()
 	dh := wire.DataHeader{Tokens: r.tokensAfter(n), Sizes: s.sizes[:0]}
-	for _, id := range ids {
-		dh.Sizes = append(dh.Sizes, uint32(a.Size(id)))
+	for j := range n {
+		dh.Sizes = append(dh.Sizes, uint32(rd.Size(j)))
 	}
 	s.sizes = dh.Sizes
 	s.out = dh.Append(wire.Begin(s.out))
@@ -154,12 +141,12 @@ func (s *session) handleRetrieve(h wire.Header, body []byte) *requestError {
 	if rerr := s.reply(h, flags); rerr != nil {
 		return rerr
 	}
-	for j, id := range ids {
+	for j := range n {
 		flags := wire.FlagReply | wire.FlagMore
 		if j == n-1 {
 			flags = wire.FlagReply
 		}
-		data := a.Bytes(id)
+		data := rd.Bytes(j)
 		wire.Header{Len: uint32(len(data)), Op: h.Op, Flags: flags, ID: h.ID}.Put(s.hdr[:])
 		s.vec[0], s.vec[1] = s.hdr[:], data
 		bufs := net.Buffers(s.vec[:])
@@ -182,10 +169,9 @@ func (s *session) handleSizes(h wire.Header, body []byte) *requestError {
 	if rerr != nil {
 		return rerr
 	}
-	mgr := s.svc.eng.Manager()
 	dh := wire.DataHeader{Sizes: s.sizes[:0]}
 	for _, k := range r.keys[r.first:] {
-		n, ok := mgr.Size(k)
+		n, ok := s.svc.eng.Size(k)
 		if !ok {
 			break
 		}

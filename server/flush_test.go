@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"kvtier/admin"
 	"kvtier/client"
-	"kvtier/server"
 )
 
 // TestFlushThenKill stores chunks on a daemon with a disk tier whose write
@@ -82,14 +82,14 @@ func TestFlushThenKill(t *testing.T) {
 	}
 }
 
-func adminFlush(t *testing.T, p *proc) server.FlushResult {
+func adminFlush(t *testing.T, p *proc) admin.FlushResult {
 	t.Helper()
 	resp, err := http.Post(p.admin+"/api/v1/flush?timeout=30s", "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var res server.FlushResult
+	var res admin.FlushResult
 	if err := json.NewDecoder(resp.Body).Decode(&res); err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"kvtier/admin"
 	"kvtier/config"
 	"kvtier/server"
 )
@@ -25,24 +26,23 @@ func getJSON(t *testing.T, h http.Handler, url string, v any) int {
 
 func TestKeysAndScopesAPI(t *testing.T) {
 	d := startService(t, 16<<20, server.ServiceOptions{})
-	admin, err := server.NewAdmin(d.eng, config.Default(), nil)
+	adm, err := admin.New(d.eng, config.Default(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin.UseScopes(d.svc.Scopes())
-	h := admin.Handler()
+	h := adm.Handler()
 	c := d.local(t)
 	handle, _ := c.Scope(context.Background(), pScope)
 	storeLocal(t, c, handle, prompt(3*pChunkTokens, 21), 21)
 
-	var scopes []server.ScopeInfo
+	var scopes []admin.ScopeInfo
 	if code := getJSON(t, h, "/api/v1/scopes", &scopes); code != 200 || len(scopes) != 1 {
 		t.Fatalf("scopes: %d %+v", code, scopes)
 	}
 	if s := scopes[0]; s.Model != pScope.Model || s.Format != pScope.Format || s.Chunks["mem"] != 3 || s.Bytes["mem"] != 3*pChunkBytes {
 		t.Errorf("scope entry %+v", s)
 	}
-	var keys server.KeyList
+	var keys admin.KeyList
 	if code := getJSON(t, h, "/api/v1/keys?model="+pScope.Model, &keys); code != 200 || len(keys.Keys) != 3 || keys.Truncated {
 		t.Fatalf("keys by model: %d %+v", code, keys)
 	}
@@ -50,12 +50,12 @@ func TestKeysAndScopesAPI(t *testing.T) {
 	if first.Scope != scopes[0].ID || first.Tier != "mem" || first.Bytes != pChunkBytes || len(first.Hash) != 32 {
 		t.Errorf("key entry %+v", first)
 	}
-	var one server.KeyList
+	var one admin.KeyList
 	getJSON(t, h, "/api/v1/keys?scope="+first.Scope+"&prefix="+first.Hash[:6], &one)
 	if len(one.Keys) != 1 || one.Keys[0].Hash != first.Hash {
 		t.Errorf("prefix filter: %+v", one)
 	}
-	var limited server.KeyList
+	var limited admin.KeyList
 	getJSON(t, h, "/api/v1/keys?limit=2", &limited)
 	if len(limited.Keys) != 2 || !limited.Truncated {
 		t.Errorf("limit: %+v", limited)

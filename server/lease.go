@@ -1,74 +1,61 @@
 package server
 
 import (
-	"sync/atomic"
 	"time"
 
-	"kvtier/arena"
-	"kvtier/chunk"
+	"kvtier/engine"
+	"kvtier/wire"
 )
 
-type leaseKind uint8
+// Leases are the engine's (engine.LeaseID: one table, one expiry rule,
+// one reaper). A connection only remembers which of them it holds, so that
+// it may release, renew or commit only its own, is bounded to MaxLeases,
+// and ends them all when it closes.
 
-const (
-	leaseLookup   leaseKind = iota // arena refs on hit chunks in RAM
-	leaseStore                     // reservations awaiting COMMIT_STORE
-	leaseRetrieve                  // arena refs on chunks being read in place
-)
+// leaseAsked is the lease a request asks for, in the engine's terms: 0
+// asks for the engine's default.
+func leaseAsked(ms uint32) time.Duration { return time.Duration(ms) * time.Millisecond }
 
-// lease holds arena references on a client's behalf until it is released,
-// committed, expires, or the connection closes. For a store, ids[j] is the
-// reservation for keys[j], or 0 where the chunk was already cached.
-type lease struct {
-	kind     leaseKind
-	deadline time.Time
-	keys     []chunk.Key
-	ids      []arena.ID
-}
-
-// leaseTable is one connection's leases. The connection's goroutine and
-// the service's reaper both use it, under the session's mutex.
-type leaseTable struct {
-	byID map[uint64]*lease
-	free []*lease // released leases, kept to reuse their slices
-	// held counts the leases of every connection, for the leases metric;
-	// add and remove keep it in step with byID.
-	held *atomic.Int64
-}
-
-func (t *leaseTable) add(id uint64, l *lease) {
-	t.byID[id] = l
-	t.held.Add(1)
-}
-
-// remove takes lease id out of the table; the caller drops it.
-func (t *leaseTable) remove(id uint64) (*lease, bool) {
-	l, ok := t.byID[id]
-	if ok {
-		delete(t.byID, id)
-		t.held.Add(-1)
+// hold records lease id (nothing for 0) as this connection's, or ends it
+// and fails when the connection already holds MaxLeases.
+func (s *session) hold(id engine.LeaseID) *requestError {
+	if id == 0 {
+		return nil
 	}
-	return l, ok
-}
-
-func (t *leaseTable) get() *lease {
-	if n := len(t.free); n > 0 {
-		l := t.free[n-1]
-		t.free = t.free[:n-1]
-		return l
+	if s.leases == nil {
+		s.leases = make(map[engine.LeaseID]struct{})
 	}
-	return new(lease)
+	if len(s.leases) >= s.svc.opts.MaxLeases {
+		s.forgetEnded()
+	}
+	if len(s.leases) >= s.svc.opts.MaxLeases {
+		s.svc.eng.Release(id)
+		return fail(wire.StatusNoSpace, "this connection holds %d leases, the limit", len(s.leases))
+	}
+	s.leases[id] = struct{}{}
+	return nil
 }
 
-// drop releases l's references and recycles it.
-func (t *leaseTable) drop(a *arena.Arena, l *lease) {
-	for _, id := range l.ids {
-		if id != 0 {
-			a.Unref(id)
+// owns reports whether this connection holds lease id.
+func (s *session) owns(id engine.LeaseID) bool {
+	_, ok := s.leases[id]
+	return ok
+}
+
+// forgetEnded drops the leases that expired from the connection's set, so
+// only live ones count against MaxLeases.
+func (s *session) forgetEnded() {
+	for id := range s.leases {
+		if !s.svc.eng.LeaseActive(id) {
+			delete(s.leases, id)
 		}
 	}
-	l.keys, l.ids = l.keys[:0], l.ids[:0]
-	if len(t.free) < 64 {
-		t.free = append(t.free, l)
+}
+
+// releaseAll ends every lease of the connection, which is closing.
+func (s *session) releaseAll() {
+	for id := range s.leases {
+		s.svc.eng.Release(id)
 	}
+	clear(s.leases)
 }

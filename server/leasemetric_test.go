@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"kvtier/client"
-	"kvtier/server"
+	"kvtier/engine"
 )
 
 // TestLeasesMetricCountsClientLeases holds leases from two clients of a
@@ -77,7 +77,7 @@ func statsLeases(t *testing.T, p *proc) int {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var st server.Stats
+	var st engine.Stats
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
 		t.Fatal(err)
 	}

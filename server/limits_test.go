@@ -14,7 +14,7 @@ import (
 
 	"kvtier/chunk"
 	"kvtier/client"
-	"kvtier/server"
+	"kvtier/engine"
 	"kvtier/wire"
 )
 
@@ -231,7 +231,7 @@ func arenaUsed(t *testing.T, p *proc) int64 {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var st server.Stats
+	var st engine.Stats
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,7 +15,6 @@ type opMetrics struct {
 	requests *prometheus.CounterVec
 	errors   *prometheus.CounterVec
 	seconds  *prometheus.HistogramVec
-	expired  atomic.Uint64
 
 	byOp [wire.MaxOp + 1]opObservers
 }
@@ -69,6 +67,6 @@ func (s *Service) Collectors() []prometheus.Collector {
 			func() float64 { return float64(s.refused.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtier_leases_expired_total",
 			Help: "Client leases that expired before being released (their memory was reclaimed)."},
-			func() float64 { return float64(s.metrics.expired.Load()) }),
+			func() float64 { return float64(s.eng.LeasesExpired()) }),
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"kvtier/engine"
+	"kvtier/kvevents/announce"
 	"kvtier/wire"
 )
 
@@ -22,10 +23,6 @@ type ServiceOptions struct {
 	// unless every TCP listener is on loopback. The local socket relies on
 	// its file mode instead.
 	Token string
-	// LeaseTTL is the lease a request gets when it asks for none
-	// (default 30 s); MaxLeaseTTL caps what a client may ask (default 10 min).
-	LeaseTTL    time.Duration
-	MaxLeaseTTL time.Duration
 	// MaxLeases bounds the leases one connection may hold (default 4096).
 	MaxLeases int
 	// MaxScopes bounds the scopes one connection may register (default 256).
@@ -47,18 +44,12 @@ type ServiceOptions struct {
 	// 64 MiB: eight bodies of wire.MaxMetaBody may be read at once).
 	BodyBudget int
 	// Events, when set, is told the vLLM block hashes of chunks stored by
-	// token ids, so it can announce them (see Publisher).
-	Events *Publisher
+	// token ids, so it can announce them (see package announce).
+	Events *announce.Publisher
 	Logger *slog.Logger
 }
 
 func (o *ServiceOptions) setDefaults() {
-	if o.LeaseTTL <= 0 {
-		o.LeaseTTL = 30 * time.Second
-	}
-	if o.MaxLeaseTTL <= 0 {
-		o.MaxLeaseTTL = 10 * time.Minute
-	}
 	if o.MaxLeases <= 0 {
 		o.MaxLeases = 4096
 	}
@@ -95,7 +86,6 @@ type Service struct {
 	opts    ServiceOptions
 	log     *slog.Logger
 	metrics *opMetrics
-	book    *ScopeBook
 
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
@@ -103,14 +93,12 @@ type Service struct {
 	closing   bool
 	wg        sync.WaitGroup // sessions and accept loops
 
-	leaseSeq atomic.Uint64
 	conns    atomic.Int64
-	leases   atomic.Int64 // leases held by all connections
 	refused  atomic.Uint64
 	refusing chan struct{} // connections being refused now
 	bodies   *bodyPool
-	stop     chan struct{} // closes the lease reaper
-	reaped   sync.WaitGroup
+	stop     chan struct{} // stops the janitor
+	swept    sync.WaitGroup
 }
 
 // NewService returns a service over eng. Call Shutdown to stop it.
@@ -121,20 +109,16 @@ func NewService(eng *engine.Engine, opts ServiceOptions) *Service {
 		opts:      opts,
 		log:       opts.Logger,
 		metrics:   newOpMetrics(),
-		book:      NewScopeBook(),
 		listeners: make(map[net.Listener]struct{}),
 		sessions:  make(map[*session]struct{}),
 		stop:      make(chan struct{}),
 		refusing:  make(chan struct{}, maxRefusing),
 		bodies:    newBodyPool(opts.BodyBudget),
 	}
-	s.reaped.Add(1)
-	go s.reapLeases()
+	s.swept.Add(1)
+	go s.sweep()
 	return s
 }
-
-// Scopes returns the book of scopes clients registered, for the admin API.
-func (s *Service) Scopes() *ScopeBook { return s.book }
 
 // ListenUnix creates the local socket at path with the given mode (0600
 // when zero). A stale socket file left by a dead daemon is replaced; a
@@ -317,32 +301,21 @@ func (s *Service) Shutdown(ctx context.Context) error {
 		err = ctx.Err()
 	}
 	close(s.stop)
-	s.reaped.Wait()
+	s.swept.Wait()
 	return err
 }
 
-// reapLeases expires overdue leases of every connection, so a client that
-// is alive but forgot a lease cannot pin memory forever (a client that
-// dies loses its connection, and with it every lease, at once).
-func (s *Service) reapLeases() {
-	defer s.reaped.Done()
+// sweep hands the memory of idle large-body buffers back now and then.
+// (Leases expire in the engine, which has the one reaper of them.)
+func (s *Service) sweep() {
+	defer s.swept.Done()
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
-	var batch []*session
 	for {
 		select {
 		case <-s.stop:
 			return
-		case now := <-tick.C:
-			s.mu.Lock()
-			batch = batch[:0]
-			for sess := range s.sessions {
-				batch = append(batch, sess)
-			}
-			s.mu.Unlock()
-			for _, sess := range batch {
-				sess.expire(now)
-			}
+		case <-tick.C:
 			s.bodies.returnMemory()
 		}
 	}

@@ -11,21 +11,17 @@ import (
 	"io"
 	"net"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
 
-	"kvtier/arena"
 	"kvtier/chunk"
 	"kvtier/engine"
-	"kvtier/tier"
 	"kvtier/wire"
 )
 
-// session serves one connection. Its goroutine owns everything but the
-// lease table, which the service's reaper also touches under mu.
+// session serves one connection. Its goroutine owns all of it.
 type session struct {
 	svc   *Service
 	conn  net.Conn
@@ -43,13 +39,15 @@ type session struct {
 
 	scopes []scopeEntry // handle h is scopes[h-1]
 
-	mu     sync.Mutex
-	leases leaseTable
+	// leases are the engine leases this connection holds: only it may
+	// release, renew or commit them, and they end when it closes.
+	leases map[engine.LeaseID]struct{}
 
 	// Scratch reused by every request.
 	keys     []chunk.Key
-	keys2    []chunk.Key
-	ids      []arena.ID
+	writes   engine.Writes
+	reads    engine.Reads
+	eslots   []engine.Slot
 	sizes    []uint32
 	byTier   []uint32
 	slots    wire.Slots
@@ -72,7 +70,7 @@ type scopeEntry struct {
 // newSession returns a session of c; its buffers are made by serve, so a
 // connection refused for being over the cap costs nothing.
 func newSession(svc *Service, c net.Conn, local bool) *session {
-	return &session{svc: svc, conn: c, local: local, leases: leaseTable{byID: make(map[uint64]*lease), held: &svc.leases}}
+	return &session{svc: svc, conn: c, local: local}
 }
 
 // requestError is a failed request: the status and message to reply with,
@@ -97,11 +95,11 @@ func fatal(status wire.Status, format string, args ...any) *requestError {
 // statusOf maps an engine or tier error to the status a client sees.
 func statusOf(err error) *requestError {
 	switch {
-	case errors.Is(err, arena.ErrNoSpace), errors.Is(err, tier.ErrTooLarge):
+	case errors.Is(err, engine.ErrNoSpace), errors.Is(err, engine.ErrTooLarge):
 		return fail(wire.StatusNoSpace, "%v", err)
 	case errors.Is(err, chunk.ErrSkip):
 		return fail(wire.StatusBadRequest, "%v", err)
-	case errors.Is(err, tier.ErrClosed):
+	case errors.Is(err, engine.ErrClosed):
 		return fail(wire.StatusShuttingDown, "%v", err)
 	}
 	return fail(wire.StatusInternal, "%v", err)
@@ -214,10 +212,10 @@ func (s *session) handshake() error {
 		s.replyError(h.Op, h.ID, rerr)
 		return rerr
 	}
-	a := s.svc.eng.Arena()
+	eng := s.svc.eng
 	reply := wire.HelloReply{Version: wire.Version, HasArena: s.local,
-		ChunkTokens: uint32(s.svc.eng.ChunkSize()), ArenaBytes: uint64(a.Capacity()),
-		LeaseMS: uint32(s.svc.opts.LeaseTTL / time.Millisecond), MaxChunk: wire.MaxChunkBody}
+		ChunkTokens: uint32(eng.ChunkSize()), ArenaBytes: uint64(eng.ArenaBytes()),
+		LeaseMS: uint32(eng.LeaseTTL(0) / time.Millisecond), MaxChunk: wire.MaxChunkBody}
 	s.out = wire.Finish(reply.Append(wire.Begin(s.out)), wire.OpHello, wire.FlagReply, h.ID, wire.StatusOK)
 	if !s.local {
 		return s.send(s.out)
@@ -227,7 +225,7 @@ func (s *session) handshake() error {
 		return errors.New("local session without a Unix connection")
 	}
 	s.extendWriteDeadline()
-	_, _, err = uc.WriteMsgUnix(s.out, unix.UnixRights(a.Fd()), nil)
+	_, _, err = uc.WriteMsgUnix(s.out, unix.UnixRights(eng.ArenaFd()), nil)
 	return err
 }
 
@@ -350,12 +348,11 @@ func (s *session) handleScope(h wire.Header, body []byte) *requestError {
 		if len(s.scopes) >= s.svc.opts.MaxScopes {
 			return fail(wire.StatusTooLarge, "a connection may register %d scopes", s.svc.opts.MaxScopes)
 		}
-		id, err := s.svc.eng.ScopeID(sc)
+		id, err := s.svc.eng.RegisterScope(sc)
 		if err != nil {
 			return fail(wire.StatusBadRequest, "%v", err)
 		}
 		s.scopes = append(s.scopes, scopeEntry{scope: sc, id: id})
-		s.svc.book.Note(id, sc)
 		handle = len(s.scopes)
 	}
 	s.out = binary.LittleEndian.AppendUint32(wire.Begin(s.out), uint32(handle))
@@ -404,73 +401,6 @@ func (s *session) resolve(k *wire.Keys) (resolved, *requestError) {
 	return resolved{keys: keys, first: first, chunker: c, tokens: len(k.Tokens), skip: int(k.Skip)}, nil
 }
 
-// leaseTTL turns a requested lease into a duration within bounds.
-func (s *session) leaseTTL(ms uint32) time.Duration {
-	if ms == 0 {
-		return s.svc.opts.LeaseTTL
-	}
-	return min(time.Duration(ms)*time.Millisecond, s.svc.opts.MaxLeaseTTL)
-}
-
-// addLease registers l and returns its id, or fails when the connection
-// holds too many.
-func (s *session) addLease(l *lease, ttl time.Duration) (uint64, *requestError) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.leases.byID) >= s.svc.opts.MaxLeases {
-		s.leases.drop(s.svc.eng.Arena(), l)
-		return 0, fail(wire.StatusNoSpace, "this connection holds %d leases, the limit", len(s.leases.byID))
-	}
-	l.deadline = time.Now().Add(ttl)
-	id := s.svc.leaseSeq.Add(1)
-	s.leases.add(id, l)
-	return id, nil
-}
-
-// newLease returns a recycled lease.
-func (s *session) newLease(kind leaseKind) *lease {
-	s.mu.Lock()
-	l := s.leases.get()
-	s.mu.Unlock()
-	l.kind = kind
-	return l
-}
-
-// takeLease removes and returns lease id.
-func (s *session) takeLease(id uint64) (*lease, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.leases.remove(id)
-}
-
-func (s *session) dropLease(l *lease) {
-	s.mu.Lock()
-	s.leases.drop(s.svc.eng.Arena(), l)
-	s.mu.Unlock()
-}
-
-// expire drops the leases past their deadline.
-func (s *session) expire(now time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for id, l := range s.leases.byID {
-		if now.After(l.deadline) {
-			s.leases.remove(id)
-			s.leases.drop(s.svc.eng.Arena(), l)
-			s.svc.metrics.expired.Add(1)
-		}
-	}
-}
-
-func (s *session) releaseAll() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for id, l := range s.leases.byID {
-		s.leases.remove(id)
-		s.leases.drop(s.svc.eng.Arena(), l)
-	}
-}
-
 func (s *session) handleLookup(h wire.Header, body []byte) *requestError {
 	m := &s.lookup
 	if err := m.Decode(body); err != nil {
@@ -480,47 +410,26 @@ func (s *session) handleLookup(h wire.Header, body []byte) *requestError {
 	if rerr != nil {
 		return rerr
 	}
-	mgr := s.svc.eng.Manager()
-	n, byTier, _ := mgr.Lookup(r.keys)
+	eng := s.svc.eng
+	n, byTier := eng.LookupKeys(r.keys)
 	reply := wire.LookupReply{Chunks: uint32(n)}
 	if r.chunker != nil {
 		reply.Tokens = uint32(engine.TokensThrough(r.chunker, n, r.tokens))
 	}
 	s.byTier = s.byTier[:0]
-	for i := range mgr.Tiers() {
+	for i := range eng.TierCount() {
 		s.byTier = append(s.byTier, uint32(byTier[i]))
 	}
 	reply.ByTier = s.byTier
 	if m.LeaseMS > 0 && n > r.first {
-		id, rerr := s.pinHit(r.keys[r.first:n], s.leaseTTL(m.LeaseMS))
-		if rerr != nil {
+		id := eng.PinHit(r.keys[r.first:n], leaseAsked(m.LeaseMS))
+		if rerr := s.hold(id); rerr != nil {
 			return rerr
 		}
-		reply.Lease = id
+		reply.Lease = uint64(id)
 	}
 	s.out = reply.Append(wire.Begin(s.out))
 	return s.reply(h, 0)
-}
-
-// pinHit keeps a lookup's hit resident: RAM chunks by arena references
-// under a lease, lower-tier chunks by the tiers' own pins, which lapse
-// after ttl by themselves.
-func (s *session) pinHit(keys []chunk.Key, ttl time.Duration) (uint64, *requestError) {
-	mgr := s.svc.eng.Manager()
-	l := s.newLease(leaseLookup)
-	var id [1]arena.ID
-	for i := range keys {
-		if mgr.RAM().Acquire(keys[i:i+1], id[:]) == 1 {
-			l.ids = append(l.ids, id[0])
-			continue
-		}
-		for _, t := range mgr.Tiers()[1:] {
-			if tier.Pin(t, keys[i:i+1], ttl) == 1 {
-				break
-			}
-		}
-	}
-	return s.addLease(l, ttl)
 }
 
 func (s *session) requireArena(op wire.Op) *requestError {
@@ -547,41 +456,27 @@ func (s *session) handlePrepareStore(h wire.Header, body []byte) *requestError {
 		return fail(wire.StatusBadRequest, "%d sizes for %d chunks", len(m.Sizes), len(keys))
 	}
 	s.noteBlocks(&r, m.Keys.Tokens, len(m.Sizes))
-	mgr := s.svc.eng.Manager()
-	a := s.svc.eng.Arena()
-	l := s.newLease(leaseStore)
-	s.slots.Slots = s.slots.Slots[:0]
-	for j, size := range m.Sizes {
-		if mgr.RAM().Contains(keys[j]) {
-			l.keys, l.ids = append(l.keys, keys[j]), append(l.ids, 0)
-			s.slots.Slots = append(s.slots.Slots, wire.Slot{State: wire.SlotStored, Len: size})
-			continue
-		}
-		id, _, err := mgr.Reserve(int(size))
-		if err != nil {
-			if errors.Is(err, arena.ErrNoSpace) || errors.Is(err, tier.ErrTooLarge) {
-				break // a shorter store, not an error: the prefix ends here
-			}
-			s.dropLease(l)
-			return statusOf(err)
-		}
-		l.keys, l.ids = append(l.keys, keys[j]), append(l.ids, id)
-		s.slots.Slots = append(s.slots.Slots, wire.Slot{Offset: uint64(a.Offset(id)), Len: size})
+	slots, id, err := s.svc.eng.PrepareStore(keys, m.Sizes, leaseAsked(m.LeaseMS), s.eslots[:0])
+	s.eslots = slots
+	if err != nil {
+		return statusOf(err)
 	}
-	return s.replySlots(h, l, m.LeaseMS, 0)
+	return s.replySlots(h, id, 0)
 }
 
-// replySlots registers l (unless it is empty) and replies with s.slots.
-func (s *session) replySlots(h wire.Header, l *lease, ms uint32, tokens uint32) *requestError {
-	s.slots.Lease, s.slots.Tokens = 0, tokens
-	if len(l.keys) == 0 && len(l.ids) == 0 {
-		s.dropLease(l)
-	} else {
-		id, rerr := s.addLease(l, s.leaseTTL(ms))
-		if rerr != nil {
-			return rerr
+// replySlots holds lease id (unless it is 0) and replies with s.eslots.
+func (s *session) replySlots(h wire.Header, id engine.LeaseID, tokens uint32) *requestError {
+	if rerr := s.hold(id); rerr != nil {
+		return rerr
+	}
+	s.slots.Lease, s.slots.Tokens = uint64(id), tokens
+	s.slots.Slots = s.slots.Slots[:0]
+	for _, sl := range s.eslots {
+		ws := wire.Slot{Offset: sl.Offset, Len: sl.Len}
+		if sl.Stored {
+			ws = wire.Slot{State: wire.SlotStored, Len: sl.Len}
 		}
-		s.slots.Lease = id
+		s.slots.Slots = append(s.slots.Slots, ws)
 	}
 	s.out = s.slots.Append(wire.Begin(s.out))
 	return s.reply(h, 0)
@@ -592,26 +487,18 @@ func (s *session) handleCommit(h wire.Header, body []byte) *requestError {
 	if err := m.Decode(body); err != nil {
 		return fail(wire.StatusBadRequest, "%v", err)
 	}
-	l, ok := s.takeLease(m.Lease)
-	if !ok {
+	id := engine.LeaseID(m.Lease)
+	if !s.owns(id) {
 		return fail(wire.StatusNotFound, "lease %d is unknown, expired or released", m.Lease)
 	}
-	if l.kind != leaseStore {
-		s.dropLease(l)
+	delete(s.leases, id)
+	n, err := s.svc.eng.CommitStore(id, int(m.Count))
+	switch {
+	case errors.Is(err, engine.ErrUnknownLease):
+		return fail(wire.StatusNotFound, "lease %d is unknown, expired or released", m.Lease)
+	case errors.Is(err, engine.ErrNotStoreLease):
 		return fail(wire.StatusBadRequest, "lease %d is not a store lease", m.Lease)
-	}
-	n := min(int(m.Count), len(l.keys))
-	// Commit only the reservations (ids[j] != 0) among the first n.
-	s.keys, s.ids = s.keys[:0], s.ids[:0]
-	for j := 0; j < n; j++ {
-		if l.ids[j] != 0 {
-			s.keys, s.ids = append(s.keys, l.keys[j]), append(s.ids, l.ids[j])
-			l.ids[j] = 0 // the reference moves to Commit
-		}
-	}
-	err := s.svc.eng.Manager().Commit(s.keys, s.ids)
-	s.dropLease(l) // releases the reservations past n
-	if err != nil {
+	case err != nil:
 		return statusOf(err)
 	}
 	s.out = binary.LittleEndian.AppendUint32(wire.Begin(s.out), uint32(n))
@@ -630,28 +517,12 @@ func (s *session) handlePrepareRetrieve(h wire.Header, body []byte) *requestErro
 	if rerr != nil {
 		return rerr
 	}
-	keys := r.keys[r.first:]
-	l := s.newLease(leaseRetrieve)
-	l.ids = growIDs(l.ids, len(keys))
-	n, err := s.svc.eng.Manager().Acquire(context.Background(), keys, l.ids)
-	l.ids = l.ids[:n]
-	if err != nil && n == 0 {
-		s.dropLease(l)
+	slots, id, err := s.svc.eng.PrepareRetrieve(context.Background(), r.keys[r.first:], leaseAsked(m.LeaseMS), s.eslots[:0])
+	s.eslots = slots
+	if err != nil {
 		return statusOf(err)
 	}
-	a := s.svc.eng.Arena()
-	s.slots.Slots = s.slots.Slots[:0]
-	for _, id := range l.ids {
-		s.slots.Slots = append(s.slots.Slots, wire.Slot{Offset: uint64(a.Offset(id)), Len: uint32(a.Size(id))})
-	}
-	return s.replySlots(h, l, m.LeaseMS, r.tokensAfter(n))
-}
-
-func growIDs(ids []arena.ID, n int) []arena.ID {
-	if cap(ids) < n {
-		return make([]arena.ID, n)
-	}
-	return ids[:n]
+	return s.replySlots(h, id, r.tokensAfter(len(slots)))
 }
 
 func (s *session) handleLease(h wire.Header, body []byte) *requestError {
@@ -660,16 +531,17 @@ func (s *session) handleLease(h wire.Header, body []byte) *requestError {
 	if err := m.Decode(body, renew); err != nil {
 		return fail(wire.StatusBadRequest, "%v", err)
 	}
-	s.mu.Lock()
-	l, ok := s.leases.byID[m.ID]
-	if ok && renew {
-		l.deadline = time.Now().Add(s.leaseTTL(m.MS))
-	} else if ok {
-		s.leases.remove(m.ID)
-		s.leases.drop(s.svc.eng.Arena(), l)
+	id := engine.LeaseID(m.ID)
+	ok := s.owns(id)
+	switch {
+	case ok && renew:
+		ok = s.svc.eng.Renew(id, leaseAsked(m.MS))
+	case ok:
+		delete(s.leases, id)
+		ok = s.svc.eng.Release(id)
 	}
-	s.mu.Unlock()
 	if !ok {
+		delete(s.leases, id)
 		return fail(wire.StatusNotFound, "lease %d is unknown, expired or released", m.ID)
 	}
 	s.out = wire.Begin(s.out)
@@ -685,7 +557,7 @@ func (s *session) handlePrefetch(h wire.Header, body []byte) *requestError {
 		return rerr
 	}
 	queued := byte(0)
-	if s.svc.eng.Manager().Prefetch(r.keys[r.first:]) {
+	if s.svc.eng.PrefetchKeys(r.keys[r.first:]) {
 		queued = 1
 	}
 	s.out = append(wire.Begin(s.out), queued)
@@ -707,15 +579,13 @@ func (s *session) handleClear(h wire.Header, body []byte) *requestError {
 		}
 		scope = s.scopes[handle-1].id
 	}
-	removed, _ := s.svc.eng.Manager().Clear(scope)
+	removed, _ := s.svc.eng.Clear(scope)
 	s.out = binary.LittleEndian.AppendUint64(wire.Begin(s.out), uint64(removed[0]))
 	return s.reply(h, 0)
 }
 
 func (s *session) handleStats(h wire.Header) *requestError {
-	st := ReadStats(s.svc.eng.Manager())
-	st.Arena.Leases += int(s.svc.leases.Load())
-	body, err := json.Marshal(st)
+	body, err := json.Marshal(s.svc.eng.Stats())
 	if err != nil {
 		return fail(wire.StatusInternal, "%v", err)
 	}

@@ -20,11 +20,12 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"kvtier/admin"
 	"kvtier/config"
 	"kvtier/engine"
 	"kvtier/kvevents"
+	"kvtier/kvevents/announce"
 	"kvtier/server"
-	"kvtier/tier"
 )
 
 // Shutdown bounds. Together they stay under Kubernetes' default 30 s grace
@@ -83,7 +84,7 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 		"policy", cfg.CachePolicy, "chunk_size", cfg.ChunkSize, "disk_dir", cfg.LocalDisk, "disk_bytes", opts.DiskBytes,
 		"disk_policy", opts.DiskPolicy)
 
-	admin, err := server.NewAdmin(eng, cfg, log)
+	adm, err := admin.New(eng, cfg, log)
 	if err != nil {
 		return errors.Join(err, eng.Close())
 	}
@@ -91,10 +92,9 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 	if err != nil {
 		return errors.Join(err, eng.Close())
 	}
-	svc := server.NewService(eng, server.ServiceOptions{Token: cfg.TCPToken, LeaseTTL: cfg.LeaseTTL, Events: events, Logger: log,
+	svc := server.NewService(eng, server.ServiceOptions{Token: cfg.TCPToken, Events: events, Logger: log,
 		MaxConns: cfg.MaxConnections, FrameTimeout: cfg.FrameTimeout})
-	admin.UseService(svc)
-	if err := admin.Register(svc.Collectors()...); err != nil {
+	if err := adm.Register(svc.Collectors()...); err != nil {
 		return errors.Join(err, eng.Close())
 	}
 	protoErr := make(chan error, 2)
@@ -106,7 +106,7 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 		return errors.Join(fmt.Errorf("admin_addr: %w", err), svc.Shutdown(context.Background()), eng.Close())
 	}
 	srv := &http.Server{
-		Handler:           admin.Handler(),
+		Handler:           adm.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
@@ -126,7 +126,7 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 		log.Error("cache protocol listener failed", "err", serveErr)
 	}
 	unsignal()
-	err = shutdown(admin, srv, svc, eng, log)
+	err = shutdown(adm, srv, svc, eng, log)
 	if events != nil {
 		err = errors.Join(err, events.Close())
 	}
@@ -135,7 +135,7 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 
 // startEvents starts the KV-event publisher when kv_events_endpoint is set
 // and makes the local tiers report to it.
-func startEvents(cfg config.Config, eng *engine.Engine, log *slog.Logger) (*server.Publisher, error) {
+func startEvents(cfg config.Config, eng *engine.Engine, log *slog.Logger) (*announce.Publisher, error) {
 	if cfg.KVEventsEndpoint == "" {
 		return nil, nil
 	}
@@ -143,17 +143,13 @@ func startEvents(cfg config.Config, eng *engine.Engine, log *slog.Logger) (*serv
 	if err != nil {
 		return nil, fmt.Errorf("kv_events_encoding: %w", err)
 	}
-	pub, err := server.NewPublisher(server.EventOptions{Endpoint: cfg.KVEventsEndpoint, Pod: cfg.KVEventsPod,
+	pub, err := announce.New(announce.Options{Endpoint: cfg.KVEventsEndpoint, Pod: cfg.KVEventsPod,
 		Model: cfg.KVEventsModel, HashSeed: cfg.KVEventsHashSeed, BlockSize: cfg.KVEventsBlockSize,
 		ChunkTokens: eng.ChunkSize(), Encoding: encoding, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("kv_events_endpoint: %w", err)
 	}
-	for _, t := range eng.Manager().Tiers() {
-		if o, ok := t.(tier.Observable); ok {
-			o.SetObserver(pub)
-		}
-	}
+	eng.SetObserver(pub)
 	log.Info("kv events publishing", "endpoint", pub.Addr(), "pod", cfg.KVEventsPod, "model", cfg.KVEventsModel)
 	return pub, nil
 }
@@ -205,8 +201,8 @@ func startProtocols(cfg config.Config, svc *server.Service, log *slog.Logger, er
 
 // shutdown stops the daemon in order: refuse readiness, stop accepting and
 // finish in-flight requests, flush queued disk writes, close the engine.
-func shutdown(admin *server.Admin, srv *http.Server, svc *server.Service, eng *engine.Engine, log *slog.Logger) error {
-	admin.Drain()
+func shutdown(adm *admin.API, srv *http.Server, svc *server.Service, eng *engine.Engine, log *slog.Logger) error {
+	adm.Drain()
 	var errs []error
 
 	ctx, cancel := context.WithTimeout(context.Background(), httpDrainTimeout)
@@ -223,7 +219,7 @@ func shutdown(admin *server.Admin, srv *http.Server, svc *server.Service, eng *e
 	cancel()
 
 	ctx, cancel = context.WithTimeout(context.Background(), flushTimeout)
-	if err := eng.Manager().Flush(ctx); err != nil {
+	if err := eng.Flush(ctx); err != nil {
 		// Close still writes what is queued; this only says it is slow.
 		log.Warn("disk writes still queued at the flush deadline", "err", err)
 	}

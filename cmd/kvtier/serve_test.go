@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"kvtier/config"
-	"kvtier/server"
+	"kvtier/engine"
 )
 
 // hang bounds every wait on the daemon. It only catches a daemon that
@@ -202,14 +202,14 @@ func (d *daemon) stop(t *testing.T) {
 	}
 }
 
-func (d *daemon) stats(t *testing.T) server.Stats {
+func (d *daemon) stats(t *testing.T) engine.Stats {
 	t.Helper()
 	resp, err := http.Get(d.url + "/api/v1/stats")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var s server.Stats
+	var s engine.Stats
 	if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package server
+package admin
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 	"kvtier/chunk"
 	"kvtier/config"
 	"kvtier/engine"
+	"kvtier/server"
 )
 
 const (
@@ -35,7 +36,7 @@ var scope = chunk.Scope{Model: "m", WorldSize: 1, Format: "bfloat16/KV_2LTD"}
 // in both, and its admin API served on a loopback port.
 type fixture struct {
 	eng   *engine.Engine
-	admin *Admin
+	admin *API
 	url   string
 }
 
@@ -71,7 +72,7 @@ func newFixture(t testing.TB, cfg config.Config) *fixture {
 	if _, err := eng.Lookup(engine.Request{Scope: chunk.Scope{Model: "other", WorldSize: 1}, Tokens: tokens}); err != nil {
 		t.Fatal(err)
 	}
-	admin, err := NewAdmin(eng, cfg, nil)
+	admin, err := New(eng, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,21 +210,24 @@ func TestStatsMatchManager(t *testing.T) {
 	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json" {
 		t.Fatalf("/api/v1/stats = %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
-	var got Stats
+	var got engine.Stats
 	if err := json.Unmarshal([]byte(body), &got); err != nil {
 		t.Fatal(err)
 	}
 	tiers, queues := f.eng.Manager().Stats()
-	var want Stats
+	var want engine.Stats
 	for _, s := range tiers {
-		want.Tiers = append(want.Tiers, TierStats{s.Name, s.Capacity, s.Used, s.Objects, s.Pinned, s.Hits, s.Misses,
-			s.Puts, s.Evictions, s.Removes, s.Corrupt, s.BytesRead, s.BytesWritten, ""})
+		want.Tiers = append(want.Tiers, engine.TierStats{Name: s.Name, CapacityBytes: s.Capacity, UsedBytes: s.Used,
+			Objects: s.Objects, PinnedBytes: s.Pinned, Hits: s.Hits, Misses: s.Misses, Puts: s.Puts,
+			Evictions: s.Evictions, Removes: s.Removes, Corrupt: s.Corrupt, BytesRead: s.BytesRead,
+			BytesWritten: s.BytesWritten})
 	}
 	for _, q := range queues {
-		want.Queues = append(want.Queues, QueueStats{q.Tier, q.Depth, q.Capacity, q.Dropped, q.Failed})
+		want.Queues = append(want.Queues, engine.QueueStats{Tier: q.Tier, Depth: q.Depth, Capacity: q.Capacity, Dropped: q.Dropped, Failed: q.Failed})
 	}
 	a := f.eng.Arena().Stats()
-	want.Arena = ArenaStats{a.Capacity, a.Used, a.Pinned, a.Objects, a.Leases, a.FreeRuns, a.LargestFree}
+	want.Arena = engine.ArenaStats{CapacityBytes: a.Capacity, UsedBytes: a.Used, PinnedBytes: a.Pinned,
+		Objects: a.Objects, Leases: a.Leases, FreeRuns: a.FreeRuns, LargestFreeBytes: a.LargestFree}
 	want.Promoted = f.eng.Manager().Promoted()
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("stats:\n got %+v\nwant %+v", got, want)
@@ -342,7 +346,9 @@ func TestDocsListEveryMetric(t *testing.T) {
 	doc := string(data)
 	ch := make(chan *prometheus.Desc, 64)
 	newCollector(nil).Describe(ch)
-	for _, c := range (&Service{metrics: newOpMetrics()}).Collectors() {
+	svc := server.NewService(nil, server.ServiceOptions{})
+	defer svc.Shutdown(context.Background())
+	for _, c := range svc.Collectors() {
 		c.Describe(ch)
 	}
 	close(ch)

@@ -1,4 +1,4 @@
-package server
+package admin
 
 import (
 	"testing"
@@ -13,7 +13,7 @@ import (
 func BenchmarkScrape(b *testing.B) {
 	f := newFixture(b, config.Default())
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(newCollector(f.eng.Manager()))
+	reg.MustRegister(newCollector(f.eng))
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := reg.Gather(); err != nil {

@@ -1,14 +1,15 @@
-// Package server is the node daemon's outside surface. This part is the
-// HTTP admin server: liveness and readiness probes, Prometheus metrics and
-// a small JSON API (stats, effective configuration, scopes and keys, clear,
-// flush)
-// and an embedded live dashboard.
+// Package admin is the node daemon's HTTP admin API: liveness and
+// readiness probes, Prometheus metrics, a small JSON API (stats, effective
+// configuration, scopes and keys, clear, flush) and an embedded live
+// dashboard (package dashboard). It reaches the cache only through the
+// engine; the cache protocol (package server) is another door onto the
+// same engine and adds its own metrics with Register.
 //
 // Nothing here sits on the cache's hot paths. Metrics are not counted by
 // the admin server: a custom collector reads the counters the tiers and
 // the manager already keep, at scrape time, so a store or a lookup pays
 // nothing for being observable.
-package server
+package admin
 
 import (
 	"encoding/json"
@@ -21,13 +22,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"kvtier/admin/dashboard"
 	"kvtier/config"
 	"kvtier/engine"
-	"kvtier/server/dashboard"
 )
 
-// Admin serves the HTTP admin API of one engine. Safe for concurrent use.
-type Admin struct {
+// API serves the HTTP admin API of one engine. Safe for concurrent use.
+type API struct {
 	eng      *engine.Engine
 	cfg      config.Config
 	log      *slog.Logger
@@ -35,27 +36,23 @@ type Admin struct {
 	handler  http.Handler
 	registry *prometheus.Registry
 	mux      *http.ServeMux
-	book     *ScopeBook // scopes clients registered; nil without a Service
-	svc      atomic.Pointer[Service]
 }
 
-// NewAdmin returns the admin API of eng, which was opened from cfg. The
+// New returns the admin API of eng, which was opened from cfg. The
 // engine must stay open until the HTTP server using Handler has shut down.
-func NewAdmin(eng *engine.Engine, cfg config.Config, log *slog.Logger) (*Admin, error) {
+func New(eng *engine.Engine, cfg config.Config, log *slog.Logger) (*API, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	reg := prometheus.NewRegistry()
-	a := &Admin{eng: eng, cfg: cfg, log: log, registry: reg}
-	col := newCollector(eng.Manager())
-	col.leases = a.clientLeases
+	a := &API{eng: eng, cfg: cfg, log: log, registry: reg}
 	for _, c := range []prometheus.Collector{
-		col,
+		newCollector(eng),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	} {
 		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("server: registering metrics: %w", err)
+			return nil, fmt.Errorf("admin: registering metrics: %w", err)
 		}
 	}
 	metrics := promhttp.HandlerFor(reg, promhttp.HandlerOpts{
@@ -89,29 +86,29 @@ func NewAdmin(eng *engine.Engine, cfg config.Config, log *slog.Logger) (*Admin, 
 
 // Register adds collectors to the metrics the admin server exports, such
 // as the cache protocol's (Service.Collectors).
-func (a *Admin) Register(cs ...prometheus.Collector) error {
+func (a *API) Register(cs ...prometheus.Collector) error {
 	for _, c := range cs {
 		if err := a.registry.Register(c); err != nil {
-			return fmt.Errorf("server: registering metrics: %w", err)
+			return fmt.Errorf("admin: registering metrics: %w", err)
 		}
 	}
 	return nil
 }
 
 // Handler returns the admin API's HTTP handler.
-func (a *Admin) Handler() http.Handler { return a.handler }
+func (a *API) Handler() http.Handler { return a.handler }
 
 // Drain marks the daemon as shutting down: /readyz answers 503 from now
 // on, so load balancers stop sending work while in-flight requests finish.
-func (a *Admin) Drain() { a.draining.Store(true) }
+func (a *API) Drain() { a.draining.Store(true) }
 
 // healthz answers while the process can serve HTTP at all.
-func (a *Admin) healthz(w http.ResponseWriter, _ *http.Request) {
+func (a *API) healthz(w http.ResponseWriter, _ *http.Request) {
 	writeText(w, http.StatusOK, "ok\n")
 }
 
 // readyz answers 200 while the engine is open and not shutting down.
-func (a *Admin) readyz(w http.ResponseWriter, _ *http.Request) {
+func (a *API) readyz(w http.ResponseWriter, _ *http.Request) {
 	if a.draining.Load() {
 		writeText(w, http.StatusServiceUnavailable, "shutting down\n")
 		return
@@ -119,28 +116,11 @@ func (a *Admin) readyz(w http.ResponseWriter, _ *http.Request) {
 	writeText(w, http.StatusOK, "ready\n")
 }
 
-func (a *Admin) stats(w http.ResponseWriter, _ *http.Request) {
-	st := ReadStats(a.eng.Manager())
-	st.Arena.Leases += int(a.clientLeases())
-	writeJSON(w, http.StatusOK, st)
+func (a *API) stats(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, a.eng.Stats())
 }
 
-// UseService connects the admin API to the cache protocol serving the same
-// engine: its scopes name keys, and its leases count in the arena's.
-func (a *Admin) UseService(s *Service) {
-	a.book = s.Scopes()
-	a.svc.Store(s)
-}
-
-// clientLeases is how many leases the cache protocol's clients hold.
-func (a *Admin) clientLeases() int64 {
-	if s := a.svc.Load(); s != nil {
-		return s.leases.Load()
-	}
-	return 0
-}
-
-func (a *Admin) config(w http.ResponseWriter, _ *http.Request) {
+func (a *API) config(w http.ResponseWriter, _ *http.Request) {
 	body, err := configJSON(a.cfg)
 	if err != nil {
 		a.log.Error("rendering the configuration", "err", err)

@@ -1,4 +1,10 @@
-package server
+// Package announce publishes, as vLLM-format KV events on a ZMQ PUB
+// socket, which prompt blocks this node's kvtier holds in RAM and on disk,
+// so that a kvtier router (or llm-d's indexer) credits the pod with them.
+// The event format is package kvevents'; this package owns the socket, the
+// mapping from kvtier's chunk keys to vLLM's block hashes, and the queue
+// that keeps a slow subscriber from ever slowing the cache.
+package announce
 
 import (
 	"context"
@@ -12,11 +18,10 @@ import (
 
 	"kvtier/chunk"
 	"kvtier/kvevents"
-	"kvtier/tier"
 )
 
-// EventOptions configure the daemon's KV-event publisher.
-type EventOptions struct {
+// Options configure the publisher.
+type Options struct {
 	// Endpoint is the ZMQ address the PUB socket binds, e.g. "tcp://*:5560".
 	Endpoint string
 	// Pod and Model name the vLLM pod this daemon serves, for the topic
@@ -55,7 +60,7 @@ type EventOptions struct {
 // so the router sees the gap and drops the pod's entries from this source
 // rather than keep stale ones.
 type Publisher struct {
-	opts   EventOptions
+	opts   Options
 	hasher *chunk.VLLMHasher
 	topic  []byte
 	sock   zmq4.Socket
@@ -94,8 +99,8 @@ type blockEvent struct {
 // maxAnnounced bounds the chunks whose block hashes are remembered.
 const maxAnnounced = 1 << 20
 
-// NewPublisher binds the PUB socket and starts the sender.
-func NewPublisher(o EventOptions) (*Publisher, error) {
+// New binds the PUB socket and starts the sender.
+func New(o Options) (*Publisher, error) {
 	if o.Pod == "" || o.Model == "" {
 		return nil, fmt.Errorf("kv events: a pod name and a model are required (kv_events_pod, kv_events_model)")
 	}
@@ -149,13 +154,11 @@ func (p *Publisher) Note(key chunk.Key, blocks []uint64, parent uint64, hasParen
 	p.chunks[key] = &chunkBlocks{hashes: append([]uint64(nil), blocks...), parent: parent, hasParent: hasParent}
 }
 
-// Admitted implements tier.Observer.
+// Admitted implements engine.Observer.
 func (p *Publisher) Admitted(tierName string, key chunk.Key) { p.observe(true, tierName, key) }
 
-// Dropped implements tier.Observer.
+// Dropped implements engine.Observer.
 func (p *Publisher) Dropped(tierName string, key chunk.Key) { p.observe(false, tierName, key) }
-
-var _ tier.Observer = (*Publisher)(nil)
 
 func (p *Publisher) observe(stored bool, tierName string, key chunk.Key) {
 	medium := mediumOf(tierName)

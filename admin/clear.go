@@ -1,4 +1,4 @@
-package server
+package admin
 
 import (
 	"bytes"
@@ -81,7 +81,7 @@ func decodeClear(body []byte) (ClearRequest, error) {
 	return req, nil
 }
 
-func (a *Admin) clear(w http.ResponseWriter, r *http.Request) {
+func (a *API) clear(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxClearBody))
 	if err != nil {
 		writeError(w, http.StatusRequestEntityTooLarge, fmt.Errorf("clear request: %w", err))
@@ -92,13 +92,12 @@ func (a *Admin) clear(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err)
 		return
 	}
-	mgr := a.eng.Manager()
 	scope := uint64(req.Scope)
-	removed, notCleared := mgr.Clear(scope)
+	removed, notCleared := a.eng.Clear(scope)
 	res := ClearResult{Scope: scope, Removed: map[string]int{}, NotCleared: notCleared}
-	for i, t := range mgr.Tiers() {
-		if !slices.Contains(notCleared, t.Name()) {
-			res.Removed[t.Name()] = removed[i]
+	for i, name := range a.eng.TierNames() {
+		if !slices.Contains(notCleared, name) {
+			res.Removed[name] = removed[i]
 		}
 	}
 	if len(res.NotCleared) > 0 {

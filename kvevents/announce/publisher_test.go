@@ -1,4 +1,4 @@
-package server_test
+package announce_test
 
 import (
 	"context"
@@ -11,10 +11,10 @@ import (
 	"kvtier/client"
 	"kvtier/engine"
 	"kvtier/kvevents"
+	"kvtier/kvevents/announce"
 	"kvtier/router/index"
 	"kvtier/router/ingest"
 	"kvtier/server"
-	"kvtier/tier"
 )
 
 // TestEventsReachTheRouter stores a prompt through the daemon and checks
@@ -34,13 +34,13 @@ func testEventsReachTheRouter(t *testing.T, enc kvevents.Encoding) {
 		t.Fatal(err)
 	}
 	defer eng.Close()
-	pub, err := server.NewPublisher(server.EventOptions{Endpoint: "tcp://127.0.0.1:0", Pod: "pod-a", Model: "m",
+	pub, err := announce.New(announce.Options{Endpoint: "tcp://127.0.0.1:0", Pod: "pod-a", Model: "m",
 		HashSeed: "0", BlockSize: blockSize, ChunkTokens: pChunkTokens, Encoding: enc})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	eng.Manager().RAM().(tier.Observable).SetObserver(pub)
+	eng.SetObserver(pub)
 	svc := server.NewService(eng, server.ServiceOptions{Events: pub})
 	sock := filepath.Join(t.TempDir(), "s")
 	ln, err := server.ListenUnix(sock, 0)

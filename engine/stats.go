@@ -1,21 +1,26 @@
-package server
+package engine
 
 import (
 	"kvtier/arena"
 	"kvtier/tier"
+	"kvtier/tier/disk"
 	"kvtier/tier/remote"
 )
 
-// Stats is the body of GET /api/v1/stats: a snapshot of every tier, the
-// write queues of the tiers below RAM, and the RAM tier's arena.
+// Stats is a snapshot of every tier, the write queues of the tiers below
+// RAM, and the RAM tier's arena. Its JSON form is the body of the admin
+// API's GET /api/v1/stats and of the protocol's STATS reply.
 type Stats struct {
 	Tiers    []TierStats  `json:"tiers"`  // RAM first, then lower tiers fastest first
 	Queues   []QueueStats `json:"queues"` // one per lower tier
 	Promoted uint64       `json:"promoted"`
 	Arena    ArenaStats   `json:"arena"`
+	// ReadFailures counts lower-tier reads that failed (store down, timed
+	// out, I/O error) and were served as misses.
+	ReadFailures uint64 `json:"-"`
 }
 
-// TierStats is tier.Stats with JSON names.
+// TierStats is one tier's state and counters since start.
 type TierStats struct {
 	Name          string `json:"name"`
 	CapacityBytes int64  `json:"capacity_bytes"`
@@ -33,9 +38,30 @@ type TierStats struct {
 	// Circuit is the circuit breaker's state of a remote tier (closed,
 	// open, half-open); empty for local tiers.
 	Circuit string `json:"circuit,omitempty"`
+	// Remote is the breaker's counters of a remote tier, Disk the file
+	// system state of the disk tier; nil for other tiers. Metrics read
+	// them; the JSON snapshot leaves them out.
+	Remote *RemoteHealth `json:"-"`
+	Disk   *DiskSpace    `json:"-"`
 }
 
-// QueueStats is tier.QueueStats with JSON names.
+// RemoteHealth is the circuit breaker's view of a remote tier.
+type RemoteHealth struct {
+	State     int // 0 closed (serving), 1 open (failing fast), 2 half-open (trying)
+	Opens     uint64
+	FastFails uint64
+	Failures  uint64 // timeouts included
+	Timeouts  uint64
+}
+
+// DiskSpace is the disk tier's standing on its file system.
+type DiskSpace struct {
+	ReadOnly bool   // writes are refused until the file system has room
+	NoSpace  uint64 // writes that failed because the file system was full
+	Refused  uint64 // writes refused while read-only
+}
+
+// QueueStats is one lower tier's write queue.
 type QueueStats struct {
 	Tier     string `json:"tier"`
 	Depth    int    `json:"depth"`
@@ -44,7 +70,8 @@ type QueueStats struct {
 	Failed   uint64 `json:"failed"`
 }
 
-// ArenaStats is arena.Stats with JSON names.
+// ArenaStats is the RAM tier's arena. Leases counts the engine's leases
+// with the arena's own.
 type ArenaStats struct {
 	CapacityBytes    int64 `json:"capacity_bytes"`
 	UsedBytes        int64 `json:"used_bytes"`
@@ -55,20 +82,30 @@ type ArenaStats struct {
 	LargestFreeBytes int64 `json:"largest_free_bytes"`
 }
 
-// ReadStats takes a snapshot of m. Each tier is read on its own, so under
-// load the figures of different tiers are not from one instant.
-func ReadStats(m *tier.Manager) Stats {
+// Stats takes a snapshot. Each tier is read on its own, so under load the
+// figures of different tiers are not from one instant.
+func (e *Engine) Stats() Stats {
+	m := e.mgr
 	tiers, queues := m.Stats()
 	s := Stats{
-		Tiers:    make([]TierStats, 0, len(tiers)),
-		Queues:   make([]QueueStats, 0, len(queues)),
-		Promoted: m.Promoted(),
-		Arena:    arenaStats(m.RAM().Arena().Stats()),
+		Tiers:        make([]TierStats, 0, len(tiers)),
+		Queues:       make([]QueueStats, 0, len(queues)),
+		Promoted:     m.Promoted(),
+		ReadFailures: m.ReadFailed(),
+		Arena:        arenaStats(e.arenaOf().Stats()),
 	}
+	s.Arena.Leases += e.leases.count()
 	for i, t := range m.Tiers() {
 		ts := tierStats(tiers[i])
 		if g := remote.GuardOf(t); g != nil {
-			ts.Circuit = g.Health().State.String()
+			h := g.Health()
+			ts.Circuit = h.State.String()
+			ts.Remote = &RemoteHealth{State: int(h.State), Opens: h.Opens, FastFails: h.FastFails,
+				Failures: h.Failures, Timeouts: h.Timeouts}
+		}
+		if d, ok := t.(*disk.Tier); ok {
+			sp := d.Space()
+			ts.Disk = &DiskSpace{ReadOnly: sp.ReadOnly, NoSpace: sp.NoSpace, Refused: sp.Refused}
 		}
 		s.Tiers = append(s.Tiers, ts)
 	}

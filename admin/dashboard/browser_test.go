@@ -20,11 +20,11 @@ import (
 	"testing"
 	"time"
 
+	"kvtier/admin"
+	"kvtier/admin/dashboard"
 	"kvtier/chunk"
 	"kvtier/config"
 	"kvtier/engine"
-	"kvtier/server"
-	"kvtier/server/dashboard"
 )
 
 // The browser test runs the real page in headless Chromium against a real
@@ -71,12 +71,12 @@ func newDaemon(t *testing.T) string {
 	})
 	exercise(t, eng)
 
-	admin, err := server.NewAdmin(eng, config.Config{}, nil)
+	adm, err := admin.New(eng, config.Config{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/api/", admin.Handler())
+	mux.Handle("/api/", adm.Handler())
 	mux.Handle("/", dashboard.Handler())
 	mux.Handle("/dashboard/", dashboard.Handler())
 	srv := httptest.NewServer(mux)
@@ -129,7 +129,7 @@ func exercise(t *testing.T, eng *engine.Engine) {
 
 // getStats returns GET /api/v1/stats twice decoded: as the server's type,
 // and generically, with numbers kept as their exact JSON text.
-func getStats(t *testing.T, base string) (server.Stats, map[string]any) {
+func getStats(t *testing.T, base string) (engine.Stats, map[string]any) {
 	t.Helper()
 	res, err := http.Get(base + "/api/v1/stats")
 	if err != nil {
@@ -140,7 +140,7 @@ func getStats(t *testing.T, base string) (server.Stats, map[string]any) {
 	if err != nil || res.StatusCode != http.StatusOK {
 		t.Fatalf("GET /api/v1/stats: %d %v", res.StatusCode, err)
 	}
-	var typed server.Stats
+	var typed engine.Stats
 	if err := json.Unmarshal(body, &typed); err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +205,7 @@ func renderInBrowser(t *testing.T, browser, url string) *node {
 	return doc
 }
 
-func checkRendered(t *testing.T, doc *node, typed server.Stats, generic map[string]any) {
+func checkRendered(t *testing.T, doc *node, typed engine.Stats, generic map[string]any) {
 	t.Helper()
 	html := doc.find(func(n *node) bool { return n.name == "html" })
 	if html == nil || html.attr["data-ok"] != "true" || html.attr["data-error"] != "" {
@@ -470,14 +470,14 @@ func (n *node) field(groupAttr, group, key string) *node {
 func TestBrowserChartsRatesFromDeltas(t *testing.T) {
 	browser := findChromium(t)
 	var calls atomic.Int64
-	stats := func(k uint64) server.Stats {
-		return server.Stats{
-			Tiers: []server.TierStats{
+	stats := func(k uint64) engine.Stats {
+		return engine.Stats{
+			Tiers: []engine.TierStats{
 				{Name: "mem", CapacityBytes: 1 << 30, Hits: 30 * k, Misses: 10 * k, BytesRead: 0, BytesWritten: 4096 * k},
 				{Name: "disk", CapacityBytes: 1 << 30, Hits: 5 * k, BytesRead: 8192 * k},
 			},
-			Queues: []server.QueueStats{{Tier: "disk", Capacity: 64}},
-			Arena:  server.ArenaStats{CapacityBytes: 1 << 30},
+			Queues: []engine.QueueStats{{Tier: "disk", Capacity: 64}},
+			Arena:  engine.ArenaStats{CapacityBytes: 1 << 30},
 		}
 	}
 	mux := http.NewServeMux()

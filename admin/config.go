@@ -1,4 +1,4 @@
-package server
+package admin
 
 import (
 	"bytes"
@@ -28,7 +28,7 @@ func configJSON(c config.Config) ([]byte, error) {
 		}
 		enc, err := json.Marshal(val)
 		if err != nil { // extra_config may hold maps JSON cannot key
-			return nil, fmt.Errorf("server: rendering config key %s: %w", name, err)
+			return nil, fmt.Errorf("admin: rendering config key %s: %w", name, err)
 		}
 		if i > 0 {
 			b.WriteByte(',')
@@ -41,7 +41,7 @@ func configJSON(c config.Config) ([]byte, error) {
 	b.WriteByte('}')
 	var out bytes.Buffer
 	if err := json.Indent(&out, b.Bytes(), "", "  "); err != nil {
-		return nil, fmt.Errorf("server: rendering config: %w", err)
+		return nil, fmt.Errorf("admin: rendering config: %w", err)
 	}
 	out.WriteByte('\n')
 	return out.Bytes(), nil
