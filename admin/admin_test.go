@@ -225,9 +225,10 @@ func TestStatsMatchManager(t *testing.T) {
 	for _, q := range queues {
 		want.Queues = append(want.Queues, engine.QueueStats{Tier: q.Tier, Depth: q.Depth, Capacity: q.Capacity, Dropped: q.Dropped, Failed: q.Failed})
 	}
+	// Leases are the engine's, and the fixture holds none.
 	a := f.eng.Arena().Stats()
 	want.Arena = engine.ArenaStats{CapacityBytes: a.Capacity, UsedBytes: a.Used, PinnedBytes: a.Pinned,
-		Objects: a.Objects, Leases: a.Leases, FreeRuns: a.FreeRuns, LargestFreeBytes: a.LargestFree}
+		Objects: a.Objects, FreeRuns: a.FreeRuns, LargestFreeBytes: a.LargestFree}
 	want.Promoted = f.eng.Manager().Promoted()
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("stats:\n got %+v\nwant %+v", got, want)

@@ -49,9 +49,9 @@ var (
 	arenaMetrics = []metric[engine.ArenaStats]{
 		newMetric("arena_capacity_bytes", "Bytes mapped for the RAM tier's arena.", gauge, func(a engine.ArenaStats) float64 { return float64(a.CapacityBytes) }),
 		newMetric("arena_used_bytes", "Arena bytes allocated, in whole pages.", gauge, func(a engine.ArenaStats) float64 { return float64(a.UsedBytes) }),
-		newMetric("arena_pinned_bytes", "Arena bytes of leased or multiply referenced objects.", gauge, func(a engine.ArenaStats) float64 { return float64(a.PinnedBytes) }),
+		newMetric("arena_pinned_bytes", "Arena bytes of objects referenced by more than the RAM tier (held by leases or being read).", gauge, func(a engine.ArenaStats) float64 { return float64(a.PinnedBytes) }),
 		newMetric("arena_objects", "Live arena objects, including ones not yet committed.", gauge, func(a engine.ArenaStats) float64 { return float64(a.Objects) }),
-		newMetric("arena_leases", "Leases holding arena memory: cache protocol clients' and the RAM tier's pins.", gauge, func(a engine.ArenaStats) float64 { return float64(a.Leases) }),
+		newMetric("arena_leases", "Engine leases holding arena memory for cache protocol clients.", gauge, func(a engine.ArenaStats) float64 { return float64(a.Leases) }),
 		newMetric("arena_free_runs", "Runs the arena's free space is split into (fragmentation).", gauge, func(a engine.ArenaStats) float64 { return float64(a.FreeRuns) }),
 		newMetric("arena_largest_free_bytes", "Longest free run of the arena.", gauge, func(a engine.ArenaStats) float64 { return float64(a.LargestFreeBytes) }),
 	}

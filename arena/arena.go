@@ -1,6 +1,6 @@
 // Package arena is the memory of kvtier's RAM tier: one shared mapping of a
 // memfd, outside the Go heap, carved into page-aligned objects that are
-// reference counted and can be pinned by leases.
+// reference counted.
 //
 // The mapping is MAP_SHARED over a memfd so the daemon can pass Fd to a
 // connector in the serving engine (SCM_RIGHTS over a unix socket); the engine
@@ -21,11 +21,15 @@
 // Lifetimes. Alloc returns an ID with one reference, the owner's. Ref and
 // Unref add and drop references; the pages return to the allocator when the
 // count reaches zero. IDs carry a generation, so a stale ID is refused rather
-// than pointing into memory that now belongs to someone else. A lease is a
-// reference with a deadline: it is dropped by Release or, if the holder
-// crashed or forgot, once the deadline passes — by a background reaper, by
-// ExpireLeases, or by Alloc when it runs out of space. No client can leak
-// memory for longer than its lease.
+// than pointing into memory that now belongs to someone else. An object
+// with more than one reference is pinned: dropping the owner's would not
+// free it, so eviction passes it by.
+//
+// The arena has no deadlines. A reader in another process that crashes
+// cannot leak memory because it holds no references itself: the daemon's
+// leases (package engine) hold them for it and drop them when the lease is
+// released or lapses. With the one lease table and its reaper there, the
+// arena has nothing to count but references.
 //
 // All methods are safe for concurrent use. One mutex guards the metadata and
 // is never held while object bytes are read or written.
@@ -38,7 +42,6 @@ import (
 	"math"
 	"os"
 	"sync"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -67,21 +70,12 @@ type Options struct {
 	// PageSize is the allocation granularity and alignment: a power of two
 	// no smaller than the OS page. Default: the OS page size.
 	PageSize int
-	// ReapInterval is how often the background reaper expires leases.
-	// Default 100ms; negative disables the reaper (leases then expire
-	// only through ExpireLeases and Alloc).
-	ReapInterval time.Duration
-	// Clock tells the time for lease deadlines. Default time.Now.
-	Clock func() time.Time
 	// Logger receives the one-off note about huge page fallback.
 	// Default slog.Default().
 	Logger *slog.Logger
 }
 
-const (
-	defaultName         = "kvtier-arena"
-	defaultReapInterval = 100 * time.Millisecond
-)
+const defaultName = "kvtier-arena"
 
 // Arena is a shared memory mapping and the objects allocated in it.
 type Arena struct {
@@ -91,21 +85,15 @@ type Arena struct {
 	pageShift uint
 	capacity  int64
 	backing   Backing
-	clock     func() time.Time
-	epoch     time.Time // lease deadlines are durations since epoch
 
 	mu          sync.Mutex
 	closed      bool
 	runs        runs
 	objects     objectTable
-	leases      leaseTable
 	pinnedPages int64
-
-	stopReaper chan struct{}
-	reaperDone chan struct{}
 }
 
-// New creates the memfd, maps it and starts the lease reaper.
+// New creates the memfd and maps it.
 func New(opts Options) (*Arena, error) {
 	opts, err := withDefaults(opts)
 	if err != nil {
@@ -132,27 +120,16 @@ func New(opts Options) (*Arena, error) {
 			return nil, fmt.Errorf("arena: %w", err)
 		}
 	}
-	a := &Arena{
-		mem:        mem,
-		fd:         fd,
-		pageLen:    opts.PageSize,
-		pageShift:  uint(log2(opts.PageSize)),
-		capacity:   capacity,
-		backing:    backing,
-		clock:      opts.Clock,
-		epoch:      opts.Clock(),
-		runs:       newRuns(int(pages)),
-		objects:    newObjectTable(),
-		leases:     newLeaseTable(),
-		stopReaper: make(chan struct{}),
-		reaperDone: make(chan struct{}),
-	}
-	if opts.ReapInterval > 0 {
-		go a.reap(opts.ReapInterval)
-	} else {
-		close(a.reaperDone)
-	}
-	return a, nil
+	return &Arena{
+		mem:       mem,
+		fd:        fd,
+		pageLen:   opts.PageSize,
+		pageShift: uint(log2(opts.PageSize)),
+		capacity:  capacity,
+		backing:   backing,
+		runs:      newRuns(int(pages)),
+		objects:   newObjectTable(),
+	}, nil
 }
 
 func withDefaults(opts Options) (Options, error) {
@@ -165,12 +142,6 @@ func withDefaults(opts Options) (Options, error) {
 	}
 	if opts.PageSize < osPage || opts.PageSize&(opts.PageSize-1) != 0 {
 		return opts, fmt.Errorf("arena: page size %d must be a power of two of at least %d", opts.PageSize, osPage)
-	}
-	if opts.ReapInterval == 0 {
-		opts.ReapInterval = defaultReapInterval
-	}
-	if opts.Clock == nil {
-		opts.Clock = time.Now
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -186,23 +157,16 @@ func log2(n int) int {
 	return shift
 }
 
-// Close stops the reaper, unmaps the memory and closes the memfd. Slices
-// returned by Bytes and Region must not be used afterwards; other processes
-// that mapped the fd keep their own mapping.
+// Close unmaps the memory and closes the memfd. Slices returned by Bytes
+// and Region must not be used afterwards; other processes that mapped the
+// fd keep their own mapping.
 func (a *Arena) Close() error {
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	if a.closed {
-		a.mu.Unlock()
 		return ErrClosed
 	}
 	a.closed = true
-	a.mu.Unlock()
-
-	close(a.stopReaper)
-	<-a.reaperDone
-
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	err := errors.Join(unix.Munmap(a.mem), unix.Close(a.fd))
 	a.mem = nil
 	a.fd = -1
@@ -236,9 +200,9 @@ func (a *Arena) Used() int64 {
 	return a.usedLocked()
 }
 
-// Pinned returns the bytes, in whole pages, of objects that are leased or
-// hold more than one reference — memory that dropping the owner's reference
-// would not give back.
+// Pinned returns the bytes, in whole pages, of objects that hold more than
+// one reference — memory that dropping the owner's reference would not give
+// back.
 func (a *Arena) Pinned() int64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -264,9 +228,8 @@ func (a *Arena) Region(off int64, n int) ([]byte, error) {
 type Stats struct {
 	Capacity int64 // bytes mapped
 	Used     int64 // bytes allocated, in whole pages
-	Pinned   int64 // bytes of leased or multiply referenced objects
+	Pinned   int64 // bytes of objects with more than one reference
 	Objects  int   // live objects
-	Leases   int   // active leases
 	// FreeRuns and LargestFree describe fragmentation: the free space is
 	// split into FreeRuns runs, the longest LargestFree bytes.
 	FreeRuns    int
@@ -282,7 +245,6 @@ func (a *Arena) Stats() Stats {
 		Used:        a.usedLocked(),
 		Pinned:      a.pinnedPages << a.pageShift,
 		Objects:     a.objects.live,
-		Leases:      a.leases.active(),
 		FreeRuns:    a.runs.freeRuns,
 		LargestFree: int64(a.runs.largest()) << a.pageShift,
 	}

@@ -11,7 +11,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -19,26 +18,11 @@ import (
 
 const page = 4096
 
-// fakeClock is a settable clock, so lease tests never depend on real time.
-type fakeClock struct {
-	base    time.Time
-	elapsed atomic.Int64
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{base: time.Unix(1_700_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time          { return c.base.Add(time.Duration(c.elapsed.Load())) }
-func (c *fakeClock) Advance(d time.Duration) { c.elapsed.Add(int64(d)) }
-
-// newArena returns an arena of the given number of 4 KiB pages with the
-// reaper off and a fake clock, closed at the end of the test.
-func newArena(t testing.TB, pages int, clock *fakeClock) *Arena {
+// newArena returns an arena of the given number of 4 KiB pages, closed at
+// the end of the test.
+func newArena(t testing.TB, pages int) *Arena {
 	t.Helper()
-	opts := Options{Capacity: int64(pages) * page, PageSize: page, ReapInterval: -1}
-	if clock != nil {
-		opts.Clock = clock.Now
-	}
-	a, err := New(opts)
+	a, err := New(Options{Capacity: int64(pages) * page, PageSize: page})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +47,7 @@ func mustCheck(t testing.TB, a *Arena) {
 }
 
 func TestAllocGivesAlignedDisjointObjects(t *testing.T) {
-	a := newArena(t, 64, nil)
+	a := newArena(t, 64)
 	sizes := []int{1, page, page + 1, 3*page - 7, 10 * page}
 	ids := make([]ID, len(sizes))
 	for i, size := range sizes {
@@ -106,7 +90,7 @@ func TestAllocGivesAlignedDisjointObjects(t *testing.T) {
 }
 
 func TestFreeCoalescesWithBothNeighbours(t *testing.T) {
-	a := newArena(t, 10, nil)
+	a := newArena(t, 10)
 	var ids [5]ID
 	for i := range ids {
 		ids[i] = mustAlloc(t, a, 2*page)
@@ -137,7 +121,7 @@ func TestFreeCoalescesWithBothNeighbours(t *testing.T) {
 }
 
 func TestAllocPicksTheShortestRunThatFits(t *testing.T) {
-	a := newArena(t, 12, nil)
+	a := newArena(t, 12)
 	// Layout: [3 free][x][1 free][x][2 free][x][rest 3 used]
 	var ids []ID
 	for _, p := range []int{3, 1, 1, 1, 2, 1, 3} {
@@ -159,8 +143,7 @@ func TestAllocPicksTheShortestRunThatFits(t *testing.T) {
 }
 
 func TestStaleIDsAreRefused(t *testing.T) {
-	clock := newFakeClock()
-	a := newArena(t, 8, clock)
+	a := newArena(t, 8)
 	old := mustAlloc(t, a, page)
 	a.Unref(old)
 	reused := mustAlloc(t, a, 2*page) // takes the same table slot
@@ -174,9 +157,6 @@ func TestStaleIDsAreRefused(t *testing.T) {
 		if a.Bytes(id) != nil || a.Offset(id) != -1 || a.Size(id) != -1 || a.Refs(id) != 0 {
 			t.Fatalf("accessors answered for stale ID %#x", uint64(id))
 		}
-		if _, err := a.Lease(id, time.Second); !errors.Is(err, ErrStale) {
-			t.Fatalf("Lease(stale %#x) = %v, want ErrStale", uint64(id), err)
-		}
 	}
 	if a.Refs(reused) != 1 || a.Size(reused) != 2*page {
 		t.Fatal("stale-ID calls disturbed the object that reuses the slot")
@@ -185,7 +165,7 @@ func TestStaleIDsAreRefused(t *testing.T) {
 }
 
 func TestAllocReportsNoSpaceAndTooLarge(t *testing.T) {
-	a := newArena(t, 4, nil)
+	a := newArena(t, 4)
 	mustAlloc(t, a, 3*page)
 	_, err := a.Alloc(2 * page)
 	if !errors.Is(err, ErrNoSpace) || !strings.Contains(err.Error(), strconv.Itoa(2*page)) {
@@ -205,7 +185,7 @@ func TestAllocReportsNoSpaceAndTooLarge(t *testing.T) {
 }
 
 func TestRefsKeepObjectsAlive(t *testing.T) {
-	a := newArena(t, 4, nil)
+	a := newArena(t, 4)
 	id := mustAlloc(t, a, page)
 	if a.Pinned() != 0 {
 		t.Fatal("an object with only its owner's reference counts as pinned")
@@ -224,129 +204,62 @@ func TestRefsKeepObjectsAlive(t *testing.T) {
 	}
 }
 
-func TestLeaseExpiryReturnsMemory(t *testing.T) {
-	clock := newFakeClock()
-	a := newArena(t, 8, clock)
+// TestReadersOutliveTheOwner checks what the daemon's leases rely on: a
+// reader's reference keeps the object and its bytes after the owner (the
+// RAM tier, evicting) drops its own, and the pages come back with the last
+// reference.
+func TestReadersOutliveTheOwner(t *testing.T) {
+	a := newArena(t, 8)
 	id := mustAlloc(t, a, 2*page)
-	short, err := a.Lease(id, time.Second)
-	if err != nil {
-		t.Fatal(err)
+	copy(a.Bytes(id), "kv")
+	a.Ref(id) // two readers
+	a.Ref(id)
+	if a.Refs(id) != 3 || a.Pinned() != 2*page {
+		t.Fatalf("owner and two readers: refs %d pinned %d", a.Refs(id), a.Pinned())
 	}
-	long, err := a.Lease(id, 3*time.Second)
-	if err != nil {
-		t.Fatal(err)
+	a.Unref(id) // the owner lets go; the readers keep the object
+	if a.Pinned() != 2*page || a.Used() != 2*page || string(a.Bytes(id)[:2]) != "kv" {
+		t.Fatalf("two readers left: pinned %d used %d", a.Pinned(), a.Used())
 	}
-	a.Unref(id) // the owner lets go; the leases keep the object
-	if a.Unref(id) {
-		t.Fatal("Unref dropped a reference that belongs to a lease")
+	a.Unref(id)
+	// One reference left: dropping it frees the object, so it no longer
+	// counts as pinned, yet it is still there.
+	if a.Pinned() != 0 || a.Used() != 2*page || a.Bytes(id) == nil {
+		t.Fatalf("one reader left: pinned %d used %d", a.Pinned(), a.Used())
 	}
-	if a.Pinned() != 2*page || a.Used() != 2*page {
-		t.Fatalf("leased object: pinned %d used %d, want %d each", a.Pinned(), a.Used(), 2*page)
+	if !a.Unref(id) || a.Unref(id) {
+		t.Fatal("Unref should drop the last reference once and then report false")
 	}
-	if n := a.ExpireLeases(clock.Now().Add(999 * time.Millisecond)); n != 0 {
-		t.Fatalf("expired %d leases before any deadline", n)
-	}
-	clock.Advance(time.Second)
-	if n := a.ExpireLeases(clock.Now()); n != 1 {
-		t.Fatalf("expired %d leases at the first deadline, want 1", n)
-	}
-	if a.Release(short) {
-		t.Fatal("Release of an expired lease reported true")
-	}
-	if a.Bytes(id) == nil {
-		t.Fatal("object freed while a lease still holds it")
-	}
-	clock.Advance(2 * time.Second)
-	if n := a.ExpireLeases(clock.Now()); n != 1 {
-		t.Fatalf("expired %d leases at the second deadline, want 1", n)
-	}
-	if a.Pinned() != 0 || a.Used() != 0 || a.Stats().Leases != 0 {
-		t.Fatalf("after all leases lapsed: %+v", a.Stats())
-	}
-	if a.Release(long) || a.Renew(long, time.Second) {
-		t.Fatal("expired lease could be released or renewed")
+	if st := a.Stats(); st.Used != 0 || st.Pinned != 0 || st.Objects != 0 {
+		t.Fatalf("after the last reference: %+v", st)
 	}
 	mustCheck(t, a)
 }
 
-func TestReleaseAndRenew(t *testing.T) {
-	clock := newFakeClock()
-	a := newArena(t, 8, clock)
-	id := mustAlloc(t, a, page)
-	l, err := a.Lease(id, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !a.Renew(l, 10*time.Second) {
-		t.Fatal("Renew of an active lease failed")
-	}
-	clock.Advance(5 * time.Second)
-	if n := a.ExpireLeases(clock.Now()); n != 0 {
-		t.Fatalf("renewed lease expired at its old deadline (%d expired)", n)
-	}
-	if !a.Release(l) || a.Release(l) {
-		t.Fatal("Release should succeed once and then report false")
-	}
-	if a.Release(0) || a.Release(LeaseID(math.MaxUint64)) {
-		t.Fatal("Release of an unknown lease reported true")
-	}
-	if a.Refs(id) != 1 || a.Pinned() != 0 {
-		t.Fatalf("after Release: refs %d pinned %d", a.Refs(id), a.Pinned())
-	}
-	if _, err := a.Lease(id, 0); err == nil {
-		t.Fatal("Lease with zero ttl succeeded")
-	}
-	mustCheck(t, a)
-}
-
-func TestAllocExpiresOverdueLeasesBeforeGivingUp(t *testing.T) {
-	clock := newFakeClock()
-	a := newArena(t, 8, clock)
+// TestAllocNeverTakesReferencedMemory checks that Alloc reports ErrNoSpace,
+// rather than reclaiming anything, while every page is referenced, and
+// succeeds once the references are dropped.
+func TestAllocNeverTakesReferencedMemory(t *testing.T) {
+	a := newArena(t, 8)
+	var ids []ID
 	for range 4 {
 		id := mustAlloc(t, a, 2*page)
-		if _, err := a.Lease(id, time.Second); err != nil {
-			t.Fatal(err)
-		}
-		a.Unref(id) // only the lease holds it now
+		a.Ref(id)
+		a.Unref(id) // the owner's: only the reader's reference holds it now
+		ids = append(ids, id)
 	}
 	if _, err := a.Alloc(page); !errors.Is(err, ErrNoSpace) {
-		t.Fatalf("Alloc with every page leased = %v, want ErrNoSpace", err)
+		t.Fatalf("Alloc with every page referenced = %v, want ErrNoSpace", err)
 	}
-	clock.Advance(time.Second)
-	mustAlloc(t, a, 8*page)
-	if a.Stats().Leases != 0 || a.Pinned() != 0 {
-		t.Fatalf("leases left after Alloc expired them: %+v", a.Stats())
-	}
-	mustCheck(t, a)
-}
-
-func TestReaperExpiresLeasesInTheBackground(t *testing.T) {
-	clock := newFakeClock()
-	a, err := New(Options{Capacity: 8 * page, ReapInterval: time.Millisecond, Clock: clock.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	for range 3 {
-		id := mustAlloc(t, a, page)
-		if _, err := a.Lease(id, time.Minute); err != nil {
-			t.Fatal(err)
-		}
+	for _, id := range ids {
 		a.Unref(id)
 	}
-	clock.Advance(time.Minute)
-	// Wait for the reaper; the bound only keeps a broken reaper from
-	// hanging the test.
-	for giveUp := time.Now().Add(30 * time.Second); a.Pinned() != 0 || a.Used() != 0; {
-		if time.Now().After(giveUp) {
-			t.Fatalf("reaper never expired the leases: %+v", a.Stats())
-		}
-		time.Sleep(time.Millisecond)
-	}
+	mustAlloc(t, a, 8*page)
+	mustCheck(t, a)
 }
 
 func TestSecondMappingSharesTheBytes(t *testing.T) {
-	a := newArena(t, 16, nil)
+	a := newArena(t, 16)
 	id := mustAlloc(t, a, 3*page+5)
 	copy(a.Bytes(id), "written through the arena")
 
@@ -368,7 +281,7 @@ func TestSecondMappingSharesTheBytes(t *testing.T) {
 }
 
 func TestRegion(t *testing.T) {
-	a := newArena(t, 4, nil)
+	a := newArena(t, 4)
 	id := mustAlloc(t, a, 100)
 	copy(a.Bytes(id), "abc")
 	r, err := a.Region(a.Offset(id), 3)
@@ -397,11 +310,11 @@ func TestCloseReleasesEverything(t *testing.T) {
 	if _, err := a.Alloc(page); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Alloc after Close = %v", err)
 	}
-	if a.Fd() != -1 || a.Bytes(id) != nil || a.ExpireLeases(time.Now()) != 0 {
+	if a.Fd() != -1 || a.Bytes(id) != nil {
 		t.Fatal("arena still hands out memory after Close")
 	}
-	if _, err := a.Lease(id, time.Second); !errors.Is(err, ErrClosed) {
-		t.Fatalf("Lease after Close = %v", err)
+	if _, err := a.Region(0, 1); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Region after Close = %v", err)
 	}
 	if err := a.Close(); !errors.Is(err, ErrClosed) {
 		t.Fatalf("second Close = %v", err)
@@ -420,7 +333,7 @@ func TestNewRejectsBadOptions(t *testing.T) {
 			t.Fatalf("New(%+v) succeeded", opts)
 		}
 	}
-	a, err := New(Options{Capacity: 5*page + 100, PageSize: 2 * page, ReapInterval: -1})
+	a, err := New(Options{Capacity: 5*page + 100, PageSize: 2 * page})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -452,7 +365,7 @@ func hugePagesFree(t *testing.T) int {
 
 func TestHugePagesFallBackToOrdinaryPages(t *testing.T) {
 	capacity := 2 * hugePageLen()
-	a, err := New(Options{Capacity: capacity, HugePages: true, ReapInterval: -1})
+	a, err := New(Options{Capacity: capacity, HugePages: true})
 	if err != nil {
 		t.Fatalf("New with HugePages must fall back, not fail: %v", err)
 	}
@@ -477,7 +390,7 @@ func TestHugePagesFallBackToOrdinaryPages(t *testing.T) {
 
 	// A capacity that is not a whole number of huge pages cannot use
 	// hugetlb on any machine, so this exercises the fallback everywhere.
-	odd, err := New(Options{Capacity: hugePageLen() + page, HugePages: true, ReapInterval: -1})
+	odd, err := New(Options{Capacity: hugePageLen() + page, HugePages: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -503,7 +416,7 @@ func resident(t *testing.T, mem []byte) int {
 
 func TestPrefaultMakesPagesResident(t *testing.T) {
 	const pages = 256
-	a, err := New(Options{Capacity: pages * page, Prefault: true, ReapInterval: -1})
+	a, err := New(Options{Capacity: pages * page, Prefault: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -513,7 +426,7 @@ func TestPrefaultMakesPagesResident(t *testing.T) {
 	}
 
 	// The fallback for kernels without MADV_POPULATE_WRITE.
-	b := newArena(t, pages, nil)
+	b := newArena(t, pages)
 	if n := resident(t, b.mem); n != 0 {
 		t.Fatalf("%d pages resident in a fresh memfd without Prefault", n)
 	}
@@ -524,8 +437,8 @@ func TestPrefaultMakesPagesResident(t *testing.T) {
 }
 
 // TestConcurrentChurnStaysWithinCapacity runs goroutines that allocate the
-// RAM tier's mix — mostly full chunks, some partial ones — lease and free at
-// random. Each stamps its objects on every page and checks the stamps before
+// RAM tier's mix — mostly full chunks, some partial ones — take extra
+// references (as readers do) and drop references at random. Each stamps its objects on every page and checks the stamps before
 // freeing, so any overlap between live objects (which is what exceeding the
 // capacity would take) is caught.
 func TestConcurrentChurnStaysWithinCapacity(t *testing.T) {
@@ -535,8 +448,7 @@ func TestConcurrentChurnStaysWithinCapacity(t *testing.T) {
 		workers = 4
 		ops     = 4000
 	)
-	clock := newFakeClock()
-	a := newArena(t, pages, clock)
+	a := newArena(t, pages)
 	var wg sync.WaitGroup
 	var allocated, refused atomic.Int64
 	for w := range workers {
@@ -579,15 +491,15 @@ func TestConcurrentChurnStaysWithinCapacity(t *testing.T) {
 						*(*uint64)(unsafe.Pointer(&b[p])) = h.stamp
 					}
 					mine = append(mine, h)
-				case r < 7:
+				case r < 6:
+					// A reader: held like the owner's reference and
+					// dropped in its own turn, possibly after the owner's.
 					h := mine[rng.IntN(len(mine))]
-					if _, err := a.Lease(h.id, time.Duration(1+rng.IntN(5))*time.Second); err != nil {
-						t.Error(err)
+					if !a.Ref(h.id) {
+						t.Errorf("Ref of held object %#x failed", uint64(h.id))
 						return
 					}
-				case r < 8:
-					clock.Advance(time.Second)
-					a.ExpireLeases(clock.Now())
+					mine = append(mine, h)
 				default:
 					k := rng.IntN(len(mine))
 					check(mine[k])
@@ -608,10 +520,8 @@ func TestConcurrentChurnStaysWithinCapacity(t *testing.T) {
 	}
 	wg.Wait()
 	mustCheck(t, a)
-	clock.Advance(time.Hour)
-	a.ExpireLeases(clock.Now())
 	st := a.Stats()
-	if st.Used != 0 || st.Pinned != 0 || st.Objects != 0 || st.Leases != 0 || st.FreeRuns != 1 || st.LargestFree != st.Capacity {
+	if st.Used != 0 || st.Pinned != 0 || st.Objects != 0 || st.FreeRuns != 1 || st.LargestFree != st.Capacity {
 		t.Fatalf("memory did not all come back: %+v", st)
 	}
 	if refused.Load() == 0 || allocated.Load() == 0 {
@@ -630,7 +540,7 @@ func TestSameSizeChurnNeverFragments(t *testing.T) {
 		size      = slotPages*page - 100
 		slots     = pages / slotPages
 	)
-	a := newArena(t, pages, nil)
+	a := newArena(t, pages)
 	rng := rand.New(rand.NewPCG(7, 7))
 	var live []ID
 	tryAlloc := func() bool {
@@ -687,7 +597,7 @@ func TestMixedChurnKeepsRunsCoalesced(t *testing.T) {
 		chunk = 16 * page
 		pages = 4096
 	)
-	a := newArena(t, pages, nil)
+	a := newArena(t, pages)
 	rng := rand.New(rand.NewPCG(3, 5))
 	var live []ID
 	evictOne := func() {

@@ -2,7 +2,6 @@ package arena_test
 
 import (
 	"fmt"
-	"time"
 
 	"kvtier/arena"
 )
@@ -20,15 +19,14 @@ func Example() {
 	}
 	copy(a.Bytes(id), "kv bytes")
 
-	// A reader in the engine process gets a lease and the offset; it reads
-	// the bytes through its own mapping of a.Fd().
-	lease, err := a.Lease(id, 5*time.Second)
-	if err != nil {
-		panic(err)
-	}
+	// A reader in the serving engine is given the offset and reads the
+	// bytes through its own mapping of a.Fd(); the daemon holds a reference
+	// for it (under a lease of its own) until it is done, so eviction
+	// passes the object by.
+	a.Ref(id)
 	fmt.Println("offset", a.Offset(id), "pinned", a.Pinned())
 
-	a.Release(lease)
+	a.Unref(id) // the reader is done
 	a.Unref(id) // the owner evicts: the pages are free again
 	fmt.Println("used", a.Used())
 	// Output:

@@ -6,14 +6,14 @@ import (
 
 // checkInvariants walks every structure of the arena and reports the first
 // inconsistency: run tags, free lists, the size set, counters, the object
-// table, pinned bytes, the lease heap and lease counts.
+// table and pinned bytes.
 func (a *Arena) checkInvariants() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err := a.runs.check(); err != nil {
 		return err
 	}
-	return a.checkObjectsAndLeases()
+	return a.checkObjects()
 }
 
 func (r *runs) check() error {
@@ -75,28 +75,27 @@ func (r *runs) check() error {
 	return nil
 }
 
-func (a *Arena) checkObjectsAndLeases() error {
+func (a *Arena) checkObjects() error {
 	live := 0
 	var pinned, usedPages int64
-	leasesPer := map[ID]int32{}
 	starts := map[int32]bool{}
-	for i := range a.leases.slots {
-		l := &a.leases.slots[i]
-		if l.pos == none {
-			continue
+	freeSlots := 0
+	for i := a.objects.free; i != none; i = a.objects.slots[i].nextFree {
+		if a.objects.slots[i].refs != 0 {
+			return fmt.Errorf("object slot %d is on the free list with %d references", i, a.objects.slots[i].refs)
 		}
-		if int(l.pos) >= len(a.leases.byDeadline) || a.leases.byDeadline[l.pos] != int32(i) {
-			return fmt.Errorf("lease slot %d claims heap position %d", i, l.pos)
-		}
-		leasesPer[l.object]++
-	}
-	for pos := 1; pos < len(a.leases.byDeadline); pos++ {
-		if a.leases.less(pos, (pos-1)/2) {
-			return fmt.Errorf("lease heap order broken at %d", pos)
+		if freeSlots++; freeSlots > len(a.objects.slots) {
+			return fmt.Errorf("the object free list is longer than the table (cycle?)")
 		}
 	}
 	for i := range a.objects.slots {
 		o := &a.objects.slots[i]
+		if o.refs < 0 {
+			return fmt.Errorf("object slot %d: %d references", i, o.refs)
+		}
+		if o.gen == 0 { // generation 0 would make the zero ID valid
+			return fmt.Errorf("object slot %d has generation 0", i)
+		}
 		if o.refs == 0 {
 			continue
 		}
@@ -109,13 +108,6 @@ func (a *Arena) checkObjectsAndLeases() error {
 		usedPages += int64(o.pages)
 		if o.pinned() {
 			pinned += int64(o.pages)
-		}
-		if got := leasesPer[id]; got != o.leases {
-			return fmt.Errorf("object %#x: %d leases in table, count says %d", uint64(id), got, o.leases)
-		}
-		delete(leasesPer, id)
-		if o.refs < o.leases {
-			return fmt.Errorf("object %#x: %d refs but %d leases", uint64(id), o.refs, o.leases)
 		}
 		if tag := a.runs.pages[o.start].length; int(tag) != -int(o.pages) {
 			return fmt.Errorf("object %#x at page %d: run tag %d, want %d", uint64(id), o.start, tag, -o.pages)
@@ -131,8 +123,8 @@ func (a *Arena) checkObjectsAndLeases() error {
 		}
 		p += length
 	}
-	if len(leasesPer) != 0 {
-		return fmt.Errorf("%d leases hold objects that are not live", len(leasesPer))
+	if live+freeSlots != len(a.objects.slots) {
+		return fmt.Errorf("%d live objects and %d free slots in a table of %d", live, freeSlots, len(a.objects.slots))
 	}
 	if live != a.objects.live {
 		return fmt.Errorf("%d live objects, counter says %d", live, a.objects.live)

@@ -18,14 +18,13 @@ type object struct {
 	pages    int32
 	size     int64 // bytes asked for
 	refs     int32 // 0 means the slot is free
-	leases   int32 // how many of refs are leases
 	gen      uint32
 	nextFree int32 // next free slot while this one is free
 }
 
 // pinned reports whether dropping one reference (the owner's) would leave
-// the object alive, or a lease holds it.
-func (o *object) pinned() bool { return o.refs > 1 || o.leases > 0 }
+// the object alive.
+func (o *object) pinned() bool { return o.refs > 1 }
 
 type objectTable struct {
 	slots []object
@@ -45,7 +44,7 @@ func (t *objectTable) add(start, pages int, size int64) ID {
 	}
 	o := &t.slots[i]
 	o.start, o.pages, o.size = int32(start), int32(pages), size
-	o.refs, o.leases = 1, 0
+	o.refs = 1
 	t.live++
 	return ID(uint64(o.gen)<<32 | uint64(i))
 }
@@ -68,7 +67,7 @@ func (t *objectTable) get(id ID) *object {
 func (t *objectTable) remove(id ID) {
 	i := int32(uint64(id) & math.MaxUint32)
 	o := &t.slots[i]
-	o.refs, o.leases = 0, 0
+	o.refs = 0
 	o.gen++
 	if o.gen == 0 { // keep the zero ID invalid after wrap-around
 		o.gen = 1
@@ -80,9 +79,8 @@ func (t *objectTable) remove(id ID) {
 
 // Alloc allocates an object of size bytes, page-aligned and rounded up to
 // whole pages, with one reference held by the caller. The bytes are not
-// zeroed. When no free run is long enough, Alloc first expires overdue
-// leases; if that does not help it returns an error wrapping ErrNoSpace, and
-// the caller is expected to evict and retry. A size beyond the capacity
+// zeroed. When no free run is long enough it returns an error wrapping
+// ErrNoSpace, and the caller is expected to evict and retry. A size beyond the capacity
 // gives ErrTooLarge, which no eviction can cure.
 func (a *Arena) Alloc(size int) (ID, error) {
 	if size <= 0 {
@@ -98,9 +96,6 @@ func (a *Arena) Alloc(size int) (ID, error) {
 		return 0, ErrClosed
 	}
 	start, ok := a.runs.take(pages)
-	if !ok && a.expireLocked(a.clock()) > 0 {
-		start, ok = a.runs.take(pages)
-	}
 	if !ok {
 		return 0, fmt.Errorf("arena: alloc %d bytes (%d bytes free in %d runs, longest %d): %w",
 			size, int64(a.runs.freePages)<<a.pageShift, a.runs.freeRuns,
@@ -117,31 +112,28 @@ func (a *Arena) Ref(id ID) bool {
 	if o == nil || o.refs == math.MaxInt32 {
 		return false
 	}
-	a.adjust(id, o, +1, 0)
+	a.adjust(id, o, +1)
 	return true
 }
 
 // Unref drops a reference to id, freeing the object's pages when it was the
-// last, and reports whether it dropped one. References held by leases are
-// not Unref's to drop: when only those are left, Unref refuses and the
-// object lives until its leases end.
+// last, and reports whether it dropped one.
 func (a *Arena) Unref(id ID) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	o := a.objects.get(id)
-	if o == nil || o.refs == o.leases {
+	if o == nil {
 		return false
 	}
-	a.adjust(id, o, -1, 0)
+	a.adjust(id, o, -1)
 	return true
 }
 
-// adjust changes an object's reference and lease counts, keeps the pinned
-// total in step and frees the object when no reference is left.
-func (a *Arena) adjust(id ID, o *object, refs, leases int32) {
+// adjust changes an object's reference count, keeps the pinned total in
+// step and frees the object when no reference is left.
+func (a *Arena) adjust(id ID, o *object, refs int32) {
 	wasPinned := o.pinned()
 	o.refs += refs
-	o.leases += leases
 	if isPinned := o.pinned(); isPinned != wasPinned {
 		if isPinned {
 			a.pinnedPages += int64(o.pages)
@@ -157,7 +149,7 @@ func (a *Arena) adjust(id ID, o *object, refs, leases int32) {
 
 // Bytes returns the object's bytes — len is the size asked for — as a slice
 // of the shared mapping, or nil when id is stale. The slice stays valid only
-// while the caller holds a reference (or lease) on id.
+// while the caller holds a reference on id.
 func (a *Arena) Bytes(id ID) []byte {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -195,8 +187,7 @@ func (a *Arena) Size(id ID) int {
 	return int(o.size)
 }
 
-// Refs returns the object's reference count, leases included, or 0 when id
-// is stale. An object with one reference is held only by its owner, so
+// Refs returns the object's reference count, or 0 when id is stale. An object with one reference is held only by its owner, so
 // evicting it frees memory.
 func (a *Arena) Refs(id ID) int {
 	a.mu.Lock()

@@ -9,7 +9,9 @@
 // and clear, flush, stats and listing.
 //
 // The engine owns the leases clients hold on RAM between two requests
-// (lease.go): one table, one expiry rule, one reaper.
+// (lease.go): one table, one expiry rule, one reaper. They are the only
+// leases in kvtier: the arena counts references and has no deadlines, and
+// the RAM tier is pinned only by the references these leases hold.
 package engine
 
 import (

@@ -25,8 +25,10 @@ import (
 //     connection that closes.
 //
 // A lease holds arena references, so the memory it covers cannot be
-// reused while it lasts, and nothing else: once it ends, the references
-// are dropped and the memory is the arena's again.
+// reused or evicted while it lasts, and nothing else: once it ends, the
+// references are dropped and the memory is the arena's again. The arena
+// and the RAM tier know no deadlines of their own; this table is the only
+// place a reference held for a client can lapse.
 
 // LeaseID names a lease. Ids count up from 1 and are never reused while
 // the engine is open, so an id whose lease ended stays unknown. The zero

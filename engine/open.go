@@ -69,11 +69,7 @@ func Open(o Options) (*Engine, error) {
 	if o.RAMBytes <= 0 {
 		return nil, fmt.Errorf("engine: RAM capacity %d must be positive", o.RAMBytes)
 	}
-	// The engine's lease table has the one reaper the daemon needs: the
-	// arena's own leases serve only the RAM tier's Pin, which the engine
-	// never calls (it holds RAM chunks by reference under its leases).
-	a, err := arena.New(arena.Options{Capacity: o.RAMBytes, Name: "kvtier", HugePages: o.HugePages, Prefault: o.Prefault,
-		ReapInterval: -1})
+	a, err := arena.New(arena.Options{Capacity: o.RAMBytes, Name: "kvtier", HugePages: o.HugePages, Prefault: o.Prefault})
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}

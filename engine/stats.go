@@ -70,8 +70,8 @@ type QueueStats struct {
 	Failed   uint64 `json:"failed"`
 }
 
-// ArenaStats is the RAM tier's arena. Leases counts the engine's leases
-// with the arena's own.
+// ArenaStats is the RAM tier's arena, and Leases the engine's leases
+// that hold references in it (the arena has no leases of its own).
 type ArenaStats struct {
 	CapacityBytes    int64 `json:"capacity_bytes"`
 	UsedBytes        int64 `json:"used_bytes"`
@@ -94,7 +94,7 @@ func (e *Engine) Stats() Stats {
 		ReadFailures: m.ReadFailed(),
 		Arena:        arenaStats(e.arenaOf().Stats()),
 	}
-	s.Arena.Leases += e.leases.count()
+	s.Arena.Leases = e.leases.count()
 	for i, t := range m.Tiers() {
 		ts := tierStats(tiers[i])
 		if g := remote.GuardOf(t); g != nil {
@@ -123,5 +123,5 @@ func tierStats(t tier.Stats) TierStats {
 
 func arenaStats(a arena.Stats) ArenaStats {
 	return ArenaStats{CapacityBytes: a.Capacity, UsedBytes: a.Used, PinnedBytes: a.Pinned, Objects: a.Objects,
-		Leases: a.Leases, FreeRuns: a.FreeRuns, LargestFreeBytes: a.LargestFree}
+		FreeRuns: a.FreeRuns, LargestFreeBytes: a.LargestFree}
 }

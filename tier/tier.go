@@ -78,11 +78,14 @@ type Container interface {
 
 // Pinner is implemented by tiers that can keep objects from eviction for
 // a while. Stores that evict on their own terms (Redis, object stores,
-// shared directories) cannot.
+// shared directories) cannot. The RAM tier does not either: its chunks are
+// held by arena references under the engine's leases, the daemon's one
+// lease mechanism, which pins lower tiers through Pin for a lease's TTL.
 type Pinner interface {
 	// Pin protects the leading stored keys from eviction until ttl passes
-	// and returns how many leading keys it pinned. Pins are leases: they
-	// lapse on their own, so a caller that dies cannot leak space.
+	// and returns how many leading keys it pinned. A pin is a deadline and
+	// nothing more: it lapses on its own, is never released early, and a
+	// caller that dies cannot leak space.
 	Pin(keys []chunk.Key, ttl time.Duration) int
 }
 

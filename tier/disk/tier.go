@@ -29,8 +29,8 @@
 // durably gone, so removed data never reappears.
 //
 // I/O runs on a few goroutines fed by priority queues (reads, then deletes,
-// then writes); no lock is held across I/O. Pins are leases that keep
-// records from eviction until they lapse.
+// then writes); no lock is held across I/O. A pin is a deadline on a
+// record: eviction passes the record by until the deadline has passed.
 //
 // A file system that fills up before the tier reaches its capacity makes
 // it evict to fit, when its own records filled it, or turn read-only until
@@ -284,11 +284,11 @@ func (t *Tier) Size(key chunk.Key) (int, bool) {
 	return int(t.idx.slots[i].size), true
 }
 
-// Pin implements tier.Pinner. A pin only extends an existing lease.
+// Pin implements tier.Pinner. A pin only moves a record's deadline later.
 func (t *Tier) Pin(keys []chunk.Key, ttl time.Duration) int {
 	now := t.now()
 	until := now + int64(ttl)
-	if ttl > 0 && until < now { // overflow: a lease for all practical time
+	if ttl > 0 && until < now { // overflow: a pin for all practical time
 		until = math.MaxInt64
 	}
 	t.mu.Lock()

@@ -4,6 +4,12 @@
 // that readers hold, and exposes arena objects directly so the manager can
 // read lower tiers straight into RAM (promotion without a second copy) and a
 // connector can map the same bytes.
+//
+// The tier does not pin (it is not a tier.Pinner). A chunk in RAM is kept
+// from eviction by any reference besides the tier's own, and the daemon's
+// readers hold theirs under the engine's leases (package engine), the one
+// lease mechanism there is: a lease that is released or lapses drops its
+// references, and the chunk is evictable again.
 package mem
 
 import (
@@ -12,7 +18,6 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"kvtier/arena"
 	"kvtier/chunk"
@@ -35,10 +40,9 @@ type Tier struct {
 	obs atomic.Pointer[observerBox] // nil: nobody observes
 }
 
-// The RAM tier has every optional interface of a tier.
+// The RAM tier has every optional interface of a tier but Pinner.
 var (
 	_ tier.RAM        = (*Tier)(nil)
-	_ tier.Pinner     = (*Tier)(nil)
 	_ tier.Lister     = (*Tier)(nil)
 	_ tier.Observable = (*Tier)(nil)
 )
@@ -268,22 +272,6 @@ func (t *Tier) List(scope uint64, fn func(chunk.Key, int) bool) {
 			return
 		}
 	}
-}
-
-// Pin implements tier.Pinner with arena leases that lapse after ttl.
-func (t *Tier) Pin(keys []chunk.Key, ttl time.Duration) int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for i, k := range keys {
-		id, ok := t.index[k]
-		if !ok {
-			return i
-		}
-		if _, err := t.arena.Lease(id, ttl); err != nil {
-			return i
-		}
-	}
-	return len(keys)
 }
 
 // Stats implements tier.StatsReporter.

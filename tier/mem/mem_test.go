@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
 
 	"kvtier/arena"
 	"kvtier/chunk"
@@ -14,7 +13,7 @@ import (
 
 func newTier(t *testing.T, capacity int64, policy string) *Tier {
 	t.Helper()
-	a, err := arena.New(arena.Options{Capacity: capacity, ReapInterval: -1})
+	a, err := arena.New(arena.Options{Capacity: capacity})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,28 +51,36 @@ func TestEvictsByPolicyWhenFull(t *testing.T) {
 	}
 }
 
-func TestPinnedObjectsAreNotEvicted(t *testing.T) {
+// TestReferencedObjectsAreNotEvicted checks the only pinning the RAM tier
+// has: a reference besides its own, as the engine's leases hold.
+func TestReferencedObjectsAreNotEvicted(t *testing.T) {
 	m := newTier(t, 2*4096, "LRU")
+	if _, ok := tier.Tier(m).(tier.Pinner); ok {
+		t.Fatal("the RAM tier is pinned by references under engine leases, so it must not be a tier.Pinner")
+	}
 	ctx := context.Background()
 	m.Put(ctx, k(1, 1), make([]byte, 4096))
 	m.Put(ctx, k(1, 2), make([]byte, 4096))
-	if n := m.Pin([]chunk.Key{k(1, 1), k(1, 2), k(1, 3)}, time.Hour); n != 2 {
-		t.Fatalf("Pin = %d, want the 2 stored leading keys", n)
+	var ids [3]arena.ID
+	if n := m.Acquire([]chunk.Key{k(1, 1), k(1, 2), k(1, 3)}, ids[:]); n != 2 {
+		t.Fatalf("Acquire = %d, want the 2 stored leading keys", n)
 	}
 	err := m.Put(ctx, k(1, 3), make([]byte, 4096))
 	if !errors.Is(err, arena.ErrNoSpace) {
-		t.Fatalf("Put with everything pinned = %v, want ErrNoSpace", err)
+		t.Fatalf("Put with everything referenced = %v, want ErrNoSpace", err)
 	}
 	if !m.Contains(k(1, 1)) || !m.Contains(k(1, 2)) {
-		t.Fatal("a pinned object was evicted")
+		t.Fatal("a referenced object was evicted")
 	}
-	// Leases lapse on their own: after expiry the put succeeds.
-	m.Arena().ExpireLeases(time.Now().Add(2 * time.Hour))
+	// Once the holder lets go (its lease ended), the put evicts.
+	for _, id := range ids[:2] {
+		m.Arena().Unref(id)
+	}
 	if p := m.Arena().Pinned(); p != 0 {
-		t.Fatalf("pinned after expiry = %d", p)
+		t.Fatalf("pinned after the references were dropped = %d", p)
 	}
 	if err := m.Put(ctx, k(1, 3), make([]byte, 4096)); err != nil {
-		t.Fatalf("Put after leases lapsed: %v", err)
+		t.Fatalf("Put after the references were dropped: %v", err)
 	}
 }
 
