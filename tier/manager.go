@@ -94,6 +94,9 @@ type Manager struct {
 	ram   RAM
 	arena *arena.Arena
 	lower []*lowerTier
+	// local is how many leading lower tiers are NodeLocal: the tiers,
+	// with RAM, that the daemon serves its peers from.
+	local int
 	opts  Options
 
 	syncMu   sync.Mutex   // one Sync at a time: it flips write generations
@@ -113,6 +116,7 @@ type Manager struct {
 // lowerTier is a tier below RAM with its write queue and counters.
 type lowerTier struct {
 	Tier
+	readOnly bool // a ReadOnly tier: never queued for writes
 	queue   chan writeJob
 	pending atomic.Int64  // writes queued or being written
 	dropped atomic.Uint64 // writes dropped because the queue stayed full
@@ -159,7 +163,14 @@ func NewManager(ram RAM, lower []Tier, opts Options) (*Manager, error) {
 	for _, t := range lower {
 		lt := &lowerTier{Tier: t, queue: make(chan writeJob, opts.QueueDepth),
 			failLog: ratelog.New(opts.Logger, slog.LevelWarn, "lower tier write failed", failLogEvery)}
+		_, lt.readOnly = t.(ReadOnly)
+		if _, ok := t.(NodeLocal); ok && m.local == len(m.lower) {
+			m.local++
+		}
 		m.lower = append(m.lower, lt)
+		if lt.readOnly {
+			continue // nothing is ever queued for it
+		}
 		for range opts.Writers {
 			m.wg.Add(1)
 			go m.writer(lt)
@@ -189,10 +200,21 @@ func (m *Manager) RAM() RAM { return m.ram }
 // tier serving the last of them (-1 when none). A key is charged to the
 // fastest tier holding it, as Acquire would read it.
 func (m *Manager) Lookup(keys []chunk.Key) (n int, byTier [MaxTiers]int, last int) {
+	return m.lookup(keys, len(m.lower))
+}
+
+// LookupLocal is Lookup over RAM and the NodeLocal tiers only: what this
+// node can serve a peer.
+func (m *Manager) LookupLocal(keys []chunk.Key) (n int, byTier [MaxTiers]int, last int) {
+	return m.lookup(keys, m.local)
+}
+
+// lookup is Lookup over RAM and the first upTo lower tiers.
+func (m *Manager) lookup(keys []chunk.Key, upTo int) (n int, byTier [MaxTiers]int, last int) {
 	last = -1
 	for n < len(keys) {
 		c, t := m.ram.PrefixContains(keys[n:]), 0
-		for i := 0; c == 0 && i < len(m.lower); i++ {
+		for i := 0; c == 0 && i < upTo; i++ {
 			c, t = PrefixContains(m.lower[i].Tier, keys[n:]), i+1
 			for j := 1; j < c; j++ { // end the run where RAM takes over
 				if m.ram.Contains(keys[n+j]) {
@@ -332,6 +354,9 @@ func (b *writeBudget) stop() {
 // on full queues only within budget. Called with m.mu read-locked.
 func (m *Manager) enqueueWrites(k chunk.Key, id arena.ID, upTo int, budget *writeBudget) {
 	for _, lt := range m.lower[:upTo] {
+		if lt.readOnly {
+			continue
+		}
 		if !m.arena.Ref(id) {
 			return
 		}
@@ -405,11 +430,23 @@ func (m *Manager) writeSucceeded(lt *lowerTier) {
 // Arena(). This is the zero-copy read path. A lower tier that fails a read
 // ends the prefix there without an error: the caller recomputes the rest.
 func (m *Manager) Acquire(ctx context.Context, keys []chunk.Key, ids []arena.ID) (int, error) {
+	return m.acquire(ctx, keys, ids, len(m.lower))
+}
+
+// AcquireLocal is Acquire from RAM and the NodeLocal tiers only: what a
+// daemon serves a peer, which has its own remote stores and must never be
+// asked back by this daemon's P2P tier on its behalf.
+func (m *Manager) AcquireLocal(ctx context.Context, keys []chunk.Key, ids []arena.ID) (int, error) {
+	return m.acquire(ctx, keys, ids, m.local)
+}
+
+// acquire is Acquire over RAM and the first upTo lower tiers.
+func (m *Manager) acquire(ctx context.Context, keys []chunk.Key, ids []arena.ID, upTo int) (int, error) {
 	n := m.ram.Acquire(keys, ids)
-	if n == len(keys) || len(m.lower) == 0 {
+	if n == len(keys) || upTo == 0 {
 		return n, nil
 	}
-	got, err := m.promote(ctx, keys[n:], ids[n:])
+	got, err := m.promote(ctx, keys[n:], ids[n:], upTo)
 	return n + got, err
 }
 
@@ -466,7 +503,7 @@ func (m *Manager) copyOut(ids []arena.ID, dst [][]byte) (int, error) {
 // ends there: that is a shorter hit, not an error. So is a lower tier
 // that fails a read (readFailure). It returns the length of the prefix it
 // acquired.
-func (m *Manager) promote(ctx context.Context, keys []chunk.Key, ids []arena.ID) (int, error) {
+func (m *Manager) promote(ctx context.Context, keys []chunk.Key, ids []arena.ID, upTo int) (int, error) {
 	errs := make([]error, len(keys))
 	sem := make(chan struct{}, m.opts.FetchParallel)
 	var wg sync.WaitGroup
@@ -478,7 +515,7 @@ func (m *Manager) promote(ctx context.Context, keys []chunk.Key, ids []arena.ID)
 		if n > 0 && m.ram.Acquire(keys[n:n+1], ids[n:n+1]) == 1 {
 			continue
 		}
-		t := m.holder(keys[n])
+		t := m.holder(keys[n], upTo)
 		if t < 0 {
 			break
 		}
@@ -538,17 +575,17 @@ func (m *Manager) readFailure(ctx context.Context, err error) error {
 // lowerMissing reports whether some lower tier lacks k.
 func (m *Manager) lowerMissing(k chunk.Key) bool {
 	for _, lt := range m.lower {
-		if !Contains(lt.Tier, k) {
+		if !lt.readOnly && !Contains(lt.Tier, k) {
 			return true
 		}
 	}
 	return false
 }
 
-// holder returns the index in m.lower of the first lower tier holding k,
-// or -1.
-func (m *Manager) holder(k chunk.Key) int {
-	for i, lt := range m.lower {
+// holder returns the index in m.lower of the first of the first upTo
+// lower tiers holding k, or -1.
+func (m *Manager) holder(k chunk.Key, upTo int) int {
+	for i, lt := range m.lower[:upTo] {
 		if Contains(lt.Tier, k) {
 			return i
 		}
@@ -649,11 +686,16 @@ func (m *Manager) Clear(scope uint64) (removed []int, notCleared []string) {
 }
 
 // Size returns the length of key's object in the fastest tier holding it.
-func (m *Manager) Size(key chunk.Key) (int, bool) {
+func (m *Manager) Size(key chunk.Key) (int, bool) { return m.size(key, len(m.lower)) }
+
+// SizeLocal is Size over RAM and the NodeLocal tiers only.
+func (m *Manager) SizeLocal(key chunk.Key) (int, bool) { return m.size(key, m.local) }
+
+func (m *Manager) size(key chunk.Key, upTo int) (int, bool) {
 	if n, ok := m.ram.Size(key); ok {
 		return n, true
 	}
-	for _, lt := range m.lower {
+	for _, lt := range m.lower[:upTo] {
 		if n, ok := lt.Size(key); ok {
 			return n, true
 		}

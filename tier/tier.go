@@ -89,6 +89,24 @@ type Pinner interface {
 	Pin(keys []chunk.Key, ttl time.Duration) int
 }
 
+// ReadOnly is implemented by tiers that only read: the P2P tier, which
+// reads other daemons' RAM and disk. The manager never writes to them,
+// neither the copies of a store nor those of a promotion, so a daemon's
+// writes never land on its peers and a read-only tier costs nothing on
+// the write path.
+type ReadOnly interface {
+	ReadOnly()
+}
+
+// NodeLocal is implemented by lower tiers whose objects live on this node
+// (the disk tier), unlike shared remote stores and peers. A daemon serves
+// its peers from RAM and these tiers only: a peer has the same remote
+// stores itself, and two daemons that are each other's peers must not ask
+// each other in a loop.
+type NodeLocal interface {
+	NodeLocal()
+}
+
 // StatsReporter is implemented by tiers that keep counters.
 type StatsReporter interface {
 	// Stats returns a snapshot of the tier's counters.

@@ -253,6 +253,10 @@ func (t *Tier) DirectIO() bool { return t.direct }
 // Name implements tier.Tier.
 func (t *Tier) Name() string { return "disk" }
 
+// NodeLocal implements tier.NodeLocal: the daemon serves its peers from
+// this tier.
+func (t *Tier) NodeLocal() {}
+
 // Contains implements tier.Container.
 func (t *Tier) Contains(key chunk.Key) bool {
 	t.mu.Lock()
