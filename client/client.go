@@ -38,7 +38,17 @@ type Options struct {
 	// longer (the page tables of the whole arena are filled), but the first
 	// write into each slot does not page-fault. For long-lived connectors.
 	Populate bool
+	// Peer marks the client as another daemon's P2P tier (wire.FlagPeer):
+	// LOOKUP, SIZES and RETRIEVE are answered from the daemon's RAM and
+	// node-local tiers only, and Retrieve checks every chunk against the
+	// checksum the daemon sends with it.
+	Peer bool
 }
+
+// ErrChecksum is returned by a peer client's Retrieve when a chunk's bytes
+// do not match the checksum the daemon sent: the chunks before it are good,
+// the connection is closed.
+var ErrChecksum = errors.New("kvtier client: chunk checksum mismatch")
 
 // StatusError is a request the daemon refused.
 type StatusError struct {
@@ -82,6 +92,7 @@ type Client struct {
 	lookupReply wire.LookupReply
 	slots       wire.Slots
 	dataHeader  wire.DataHeader
+	peerHeader  wire.PeerDataHeader
 }
 
 // DialUnix connects to the daemon's local socket at path and maps the
@@ -131,6 +142,14 @@ func newClient(conn net.Conn, o Options) *Client {
 		o.Timeout = 30 * time.Second
 	}
 	return &Client{opts: o, conn: conn, rd: wire.NewReader(bufio.NewReaderSize(conn, 64<<10))}
+}
+
+// peerFlag is the flag of a keyed read: FlagPeer on a peer client.
+func (c *Client) peerFlag() wire.Flags {
+	if c.opts.Peer {
+		return wire.FlagPeer
+	}
+	return 0
 }
 
 func (c *Client) handshake(ctx context.Context, local bool) error {
@@ -382,7 +401,7 @@ func (c *Client) Lookup(ctx context.Context, k wire.Keys, leaseMS uint32) (wire.
 	}
 	defer c.end()
 	m := wire.Lookup{LeaseMS: leaseMS, Keys: k}
-	_, body, err := c.roundTrip(m.Append(b), wire.OpLookup, 0)
+	_, body, err := c.roundTrip(m.Append(b), wire.OpLookup, c.peerFlag())
 	if err == nil {
 		if err = c.lookupReply.Decode(body); err != nil {
 			err = c.breakConn(err)
@@ -615,12 +634,19 @@ func (c *Client) Retrieve(ctx context.Context, k wire.Keys, dst [][]byte) (chunk
 	}
 	defer c.end()
 	m := wire.KeysOnly{Keys: k}
-	h, body, err := c.roundTrip(m.Append(b), wire.OpRetrieve, 0)
+	h, body, err := c.roundTrip(m.Append(b), wire.OpRetrieve, c.peerFlag())
 	if err != nil {
 		return 0, 0, err
 	}
 	dh := &c.dataHeader
-	if err := dh.Decode(body); err != nil {
+	var sums []uint64
+	if c.opts.Peer {
+		err = c.peerHeader.Decode(body)
+		dh, sums = &c.peerHeader.DataHeader, c.peerHeader.Sums
+	} else {
+		err = dh.Decode(body)
+	}
+	if err != nil {
 		return 0, 0, c.breakConn(err)
 	}
 	n := len(dh.Sizes)
@@ -643,6 +669,12 @@ func (c *Client) Retrieve(ctx context.Context, k wire.Keys, dst [][]byte) (chunk
 		if err := c.rd.ReadData(dataHdr, dst[j]); err != nil {
 			return 0, 0, c.breakConn(err)
 		}
+		if sums != nil && wire.Checksum(dst[j]) != sums[j] {
+			// The frames after this one are still on the wire: closing
+			// the connection is the cheap way to stay in step.
+			c.breakConn(fmt.Errorf("%w: chunk %d", ErrChecksum, j))
+			return j, 0, fmt.Errorf("%w: chunk %d of %d", ErrChecksum, j, n)
+		}
 	}
 	return n, int(dh.Tokens), nil
 }
@@ -657,7 +689,7 @@ func (c *Client) Sizes(ctx context.Context, k wire.Keys) ([]uint32, error) {
 	}
 	defer c.end()
 	m := wire.KeysOnly{Keys: k}
-	_, body, err := c.roundTrip(m.Append(b), wire.OpSizes, 0)
+	_, body, err := c.roundTrip(m.Append(b), wire.OpSizes, c.peerFlag())
 	if err != nil {
 		return nil, err
 	}

@@ -44,6 +44,16 @@ func (e *Engine) LookupKeys(keys []chunk.Key) (n int, byTier [MaxTiers]int) {
 	return n, byTier
 }
 
+// LookupKeysLocal is LookupKeys over RAM and the node-local tiers only:
+// what this daemon serves another daemon's P2P tier.
+func (e *Engine) LookupKeysLocal(keys []chunk.Key) (n int, byTier [MaxTiers]int) {
+	n, byTier, _ = e.mgr.LookupLocal(keys)
+	return n, byTier
+}
+
+// SizeLocal is Size over RAM and the node-local tiers only.
+func (e *Engine) SizeLocal(key chunk.Key) (int, bool) { return e.mgr.SizeLocal(key) }
+
 // InRAM reports whether key's chunk is in RAM.
 func (e *Engine) InRAM(key chunk.Key) bool { return e.mgr.RAM().Contains(key) }
 
@@ -204,6 +214,16 @@ func (e *Engine) Acquire(ctx context.Context, keys []chunk.Key, r *Reads) (int, 
 	r.e = e
 	r.ids = growIDs(r.ids, len(keys))
 	n, err := e.mgr.Acquire(ctx, keys, r.ids)
+	r.ids = r.ids[:n]
+	return n, err
+}
+
+// AcquireLocal is Acquire from RAM and the node-local tiers only, for a
+// peer's P2P tier.
+func (e *Engine) AcquireLocal(ctx context.Context, keys []chunk.Key, r *Reads) (int, error) {
+	r.e = e
+	r.ids = growIDs(r.ids, len(keys))
+	n, err := e.mgr.AcquireLocal(ctx, keys, r.ids)
 	r.ids = r.ids[:n]
 	return n, err
 }

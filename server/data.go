@@ -123,7 +123,14 @@ func (s *session) handleRetrieve(h wire.Header, body []byte) *requestError {
 		return rerr
 	}
 	rd := &s.reads
-	n, err := s.svc.eng.Acquire(context.Background(), r.keys[r.first:], rd)
+	peer := h.Flags&wire.FlagPeer != 0
+	var n int
+	var err error
+	if peer {
+		n, err = s.svc.eng.AcquireLocal(context.Background(), r.keys[r.first:], rd)
+	} else {
+		n, err = s.svc.eng.Acquire(context.Background(), r.keys[r.first:], rd)
+	}
 	defer rd.Release()
 	if err != nil && n == 0 {
 		return statusOf(err)
@@ -133,7 +140,18 @@ func (s *session) handleRetrieve(h wire.Header, body []byte) *requestError {
 		dh.Sizes = append(dh.Sizes, uint32(rd.Size(j)))
 	}
 	s.sizes = dh.Sizes
-	s.out = dh.Append(wire.Begin(s.out))
+	if peer {
+		// Checksums of the very bytes about to be sent, held by this
+		// request's references: the reader proves each chunk with them.
+		ph := wire.PeerDataHeader{DataHeader: dh, Sums: s.sums[:0]}
+		for j := range n {
+			ph.Sums = append(ph.Sums, wire.Checksum(rd.Bytes(j)))
+		}
+		s.sums = ph.Sums
+		s.out = ph.Append(wire.Begin(s.out))
+	} else {
+		s.out = dh.Append(wire.Begin(s.out))
+	}
 	flags := wire.Flags(0)
 	if n > 0 {
 		flags = wire.FlagMore
@@ -170,8 +188,12 @@ func (s *session) handleSizes(h wire.Header, body []byte) *requestError {
 		return rerr
 	}
 	dh := wire.DataHeader{Sizes: s.sizes[:0]}
+	size := s.svc.eng.Size
+	if h.Flags&wire.FlagPeer != 0 {
+		size = s.svc.eng.SizeLocal
+	}
 	for _, k := range r.keys[r.first:] {
-		n, ok := s.svc.eng.Size(k)
+		n, ok := size(k)
 		if !ok {
 			break
 		}

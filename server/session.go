@@ -57,6 +57,7 @@ type session struct {
 	prepS    wire.PrepareStore
 	prepR    wire.PrepareRetrieve
 	keysOnly wire.KeysOnly
+	sums     []uint64 // checksums of a peer's RETRIEVE
 	store    wire.Store
 	digests  [][32]byte // vLLM block hashes, for the event publisher
 	blocks   []uint64
@@ -411,7 +412,13 @@ func (s *session) handleLookup(h wire.Header, body []byte) *requestError {
 		return rerr
 	}
 	eng := s.svc.eng
-	n, byTier := eng.LookupKeys(r.keys)
+	var n int
+	var byTier [engine.MaxTiers]int
+	if h.Flags&wire.FlagPeer != 0 {
+		n, byTier = eng.LookupKeysLocal(r.keys)
+	} else {
+		n, byTier = eng.LookupKeys(r.keys)
+	}
 	reply := wire.LookupReply{Chunks: uint32(n)}
 	if r.chunker != nil {
 		reply.Tokens = uint32(engine.TokensThrough(r.chunker, n, r.tokens))

@@ -84,8 +84,15 @@ const (
 	FlagReply Flags = 1 << 0
 	// FlagMore says more frames of the same request or reply follow: the
 	// chunk bytes of STORE and RETRIEVE travel in their own frames.
-	FlagMore   Flags = 1 << 1
-	flagsKnown       = FlagReply | FlagMore
+	FlagMore Flags = 1 << 1
+	// FlagPeer on a LOOKUP, SIZES or RETRIEVE request says the client is
+	// another daemon's P2P tier: the daemon answers from its RAM and
+	// node-local tiers only (never its remote stores or its own peers, so
+	// two daemons that are each other's peers cannot ask each other in a
+	// loop), and RETRIEVE's metadata reply carries a checksum per chunk
+	// (PeerDataHeader) so that the reader can prove the bytes it got.
+	FlagPeer   Flags = 1 << 2
+	flagsKnown       = FlagReply | FlagMore | FlagPeer
 )
 
 // Status is a reply's outcome. A reply with a status other than OK has a

@@ -3,6 +3,8 @@ package wire
 import (
 	"encoding/binary"
 
+	"github.com/zeebo/xxh3"
+
 	"kvtier/chunk"
 )
 
@@ -514,6 +516,46 @@ func (m *DataHeader) Decode(body []byte) error {
 	m.Sizes = decodeU32s(&d, m.Sizes, "data header sizes")
 	return d.end("data header")
 }
+
+// PeerDataHeader is the metadata reply to a RETRIEVE sent with FlagPeer:
+// the DataHeader, then a counted array of u64 checksums, one per chunk,
+// each the XXH3-64 of the chunk's bytes (Checksum) taken from the
+// daemon's own copy before it is sent.
+//
+//	0 …  DataHeader
+//	… 4  count, equal to the number of sizes
+//	… 8× checksums
+type PeerDataHeader struct {
+	DataHeader
+	Sums []uint64
+}
+
+func (m *PeerDataHeader) Append(b []byte) []byte {
+	b = m.DataHeader.Append(b)
+	b = appendU32(b, uint32(len(m.Sums)))
+	for _, x := range m.Sums {
+		b = appendU64(b, x)
+	}
+	return b
+}
+
+func (m *PeerDataHeader) Decode(body []byte) error {
+	d := decoder{b: body}
+	m.Tokens = d.u32("data header tokens")
+	m.Sizes = decodeU32s(&d, m.Sizes, "data header sizes")
+	n := d.count(8, "data header checksums")
+	m.Sums = m.Sums[:0]
+	for i := 0; i < n && d.err == nil; i++ {
+		m.Sums = append(m.Sums, d.u64("data header checksum"))
+	}
+	if d.err == nil && len(m.Sums) != len(m.Sizes) {
+		d.fail("%d checksums for %d chunks", len(m.Sums), len(m.Sizes))
+	}
+	return d.end("peer data header")
+}
+
+// Checksum is the checksum of a chunk's bytes in a PeerDataHeader.
+func Checksum(data []byte) uint64 { return xxh3.Hash(data) }
 
 func appendU32s(b []byte, v []uint32) []byte {
 	b = appendU32(b, uint32(len(v)))
