@@ -95,6 +95,13 @@ type Config struct {
 	TCPToken   string `yaml:"tcp_token"`
 	TCPTLSCert string `yaml:"tcp_tls_cert"`
 	TCPTLSKey  string `yaml:"tcp_tls_key"`
+	// P2PPeers are other daemons' TCP addresses (host:port): a P2P tier
+	// reads chunks from their RAM and disk on a local miss, before the
+	// remote tiers. The daemon presents its own tcp_token to them: a
+	// fleet shares one secret. EnableP2P is LMCache's switch: true
+	// requires peers; the tier is on whenever peers are given.
+	P2PPeers  []string `yaml:"p2p_peers"`
+	EnableP2P bool     `yaml:"enable_p2p"`
 	// MaxConnections caps the cache protocol's open connections, local and
 	// TCP together; FrameTimeout is how long a frame may take to arrive
 	// once its header has. Together they bound what clients that connect

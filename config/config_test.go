@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -415,5 +416,39 @@ func TestYAML11Booleans(t *testing.T) {
 	c, err := Parse([]byte("local_cpu: off\nmax_local_cpu_size: 0\nprefault: yes\nhugepages: On\n"), "f.yaml")
 	if err != nil || c.LocalCPU || !c.Prefault || !c.Hugepages {
 		t.Errorf("got local_cpu=%v prefault=%v hugepages=%v, %v", c.LocalCPU, c.Prefault, c.Hugepages, err)
+	}
+}
+
+func TestP2PPeersAsListOrString(t *testing.T) {
+	for _, text := range []string{
+		"p2p_peers: [10.0.0.2:7482, 10.0.0.3:7482]\n",
+		"p2p_peers:\n  - 10.0.0.2:7482\n  - 10.0.0.3:7482\n",
+		"p2p_peers: 10.0.0.2:7482, 10.0.0.3:7482\n",
+	} {
+		c, err := Parse([]byte(text), "test.yaml")
+		if err != nil {
+			t.Fatalf("%q: %v", text, err)
+		}
+		if want := []string{"10.0.0.2:7482", "10.0.0.3:7482"}; !slices.Equal(c.P2PPeers, want) {
+			t.Errorf("%q: p2p_peers = %q, want %q", text, c.P2PPeers, want)
+		}
+	}
+	c, err := loadWith(t, "", "KVTIER_P2P_PEERS=10.0.0.2:7482 10.0.0.3:7482")
+	if err != nil || len(c.P2PPeers) != 2 {
+		t.Fatalf("from the environment: %q, %v", c.P2PPeers, err)
+	}
+	if _, err := Parse([]byte("p2p_peers: {a: b}\n"), "test.yaml"); err == nil || !strings.Contains(err.Error(), "a list of strings") {
+		t.Errorf("a mapping for p2p_peers: %v", err)
+	}
+}
+
+func TestLMCacheEnableP2P(t *testing.T) {
+	_, err := Parse([]byte("chunk_size: 256\nenable_p2p: true\np2p_host: 10.0.0.1\np2p_init_ports: [8200]\n"), "lmcache.yaml")
+	if err == nil || !strings.Contains(err.Error(), "enable_p2p") || !strings.Contains(err.Error(), "p2p_peers") {
+		t.Fatalf("enable_p2p without peers: %v", err)
+	}
+	c, err := Parse([]byte("chunk_size: 256\nenable_p2p: true\np2p_host: 10.0.0.1\np2p_init_ports: [8200]\np2p_peers: [10.0.0.2:7482]\n"), "lmcache.yaml")
+	if err != nil || !c.EnableP2P || len(c.P2PPeers) != 1 {
+		t.Fatalf("enable_p2p with peers: %+v, %v", c.P2PPeers, err)
 	}
 }

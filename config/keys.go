@@ -62,7 +62,14 @@ func sortedKeyNames() []string {
 var (
 	durationType = reflect.TypeFor[time.Duration]()
 	sizeType     = reflect.TypeFor[Size]()
+	listType     = reflect.TypeFor[[]string]()
 )
+
+// splitList reads a list written on one line: items separated by commas
+// or spaces.
+func splitList(s string) []string {
+	return strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' || r == '\t' })
+}
 
 // decodeField decodes a YAML value into one Config field. It checks kinds
 // itself rather than passing yaml.v3's messages on, so every error reads
@@ -86,6 +93,8 @@ func decodeField(dst reflect.Value, n *yaml.Node) error {
 		}
 		dst.SetInt(int64(s))
 		return nil
+	case listType:
+		return decodeList(dst, n)
 	}
 	if n.Kind != yaml.ScalarNode && dst.Kind() != reflect.Map {
 		return wantError(dst.Type(), n)
@@ -99,6 +108,27 @@ func decodeField(dst reflect.Value, n *yaml.Node) error {
 		return wantError(dst.Type(), n)
 	}
 	dst.Set(v.Elem())
+	return nil
+}
+
+// decodeList decodes a YAML list of strings, or one string of items
+// separated by commas or spaces.
+func decodeList(dst reflect.Value, n *yaml.Node) error {
+	var items []string
+	switch n.Kind {
+	case yaml.ScalarNode:
+		items = splitList(n.Value)
+	case yaml.SequenceNode:
+		for _, c := range n.Content {
+			if c.Kind != yaml.ScalarNode {
+				return wantError(dst.Type(), n)
+			}
+			items = append(items, strings.TrimSpace(c.Value))
+		}
+	default:
+		return wantError(dst.Type(), n)
+	}
+	dst.Set(reflect.ValueOf(items))
 	return nil
 }
 
@@ -118,6 +148,9 @@ func parseField(dst reflect.Value, s string) error {
 			return err
 		}
 		dst.SetInt(int64(v))
+		return nil
+	case listType:
+		dst.Set(reflect.ValueOf(splitList(s)))
 		return nil
 	}
 	bad := fmt.Errorf("want %s, got %q", want(dst.Type()), clip(s))
@@ -174,6 +207,8 @@ func want(t reflect.Type) string {
 		return "a duration such as 5ms or 10s"
 	case sizeType:
 		return `a size such as "512MiB"`
+	case listType:
+		return "a list of strings"
 	}
 	switch t.Kind() {
 	case reflect.Int:

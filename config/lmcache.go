@@ -99,7 +99,7 @@ func refuse(name string, k valueKind, def any, why string) lmcacheKey {
 // switch is off, in LMCache as in kvtier, so they only warn.
 const (
 	whyBlend      = "a CacheBlend setting; CacheBlend is not supported yet (enable_blending is refused)"
-	whyP2P        = "a P2P sharing setting; P2P sharing is not supported yet (enable_p2p is refused)"
+	whyP2P        = "LMCache's P2P listener; kvtier's peers reach a daemon at its tcp_addr: list them in p2p_peers"
 	whyController = "an LMCache controller setting; the controller is not supported yet (enable_controller is refused)"
 	whyPD         = "a prefill/decode disaggregation setting; disaggregation is not supported yet (enable_pd is refused)"
 	whyNIXL       = "a NIXL transfer setting; kvtier does not move KV with NIXL"
@@ -144,7 +144,7 @@ var lmcacheKeys = []lmcacheKey{
 	ignore("blend_special_str", kindString, " # # ", whyBlend),
 	ignore("retrieve_locations", kindStrings, nil, whyLocations),
 	ignore("store_location", kindString, nil, whyLocations),
-	refuse("enable_p2p", kindBool, false, "P2P sharing between instances"),
+	same("enable_p2p", kindBool, false),
 	ignore("p2p_host", kindString, nil, whyP2P),
 	ignore("p2p_init_ports", kindInts, nil, whyP2P),
 	ignore("p2p_lookup_ports", kindInts, nil, whyP2P),

@@ -79,6 +79,20 @@ func (c Config) Validate() error {
 			bad("tcp_addr", "%w", err)
 		}
 	}
+	for _, addr := range c.P2PPeers {
+		if err := checkHostPort(addr); err != nil {
+			bad("p2p_peers", "%q: %w", addr, err)
+		}
+		if _, port, _ := net.SplitHostPort(addr); port == "0" {
+			bad("p2p_peers", "%q: a peer needs its real port, not 0", addr)
+		}
+		if addr == c.TCPAddr {
+			bad("p2p_peers", "%q is this daemon's own tcp_addr", addr)
+		}
+	}
+	if c.EnableP2P && len(c.P2PPeers) == 0 {
+		bad("enable_p2p", "P2P needs peers: list the other daemons' tcp_addr in p2p_peers (finding them through the controller is not supported yet)")
+	}
 	if c.MaxConnections < 1 || c.MaxConnections > maxConnections {
 		bad("max_connections", "want 1 to %d, got %d", maxConnections, c.MaxConnections)
 	}

@@ -46,6 +46,10 @@ func TestEveryValidationErrorNamesItsKey(t *testing.T) {
 		{"lease_ttl", func(c *Config) { c.LeaseTTL = 0 }, "want more than 0"},
 		{"log_level", func(c *Config) { c.LogLevel = "trace" }, "want one of debug, info, warn, error"},
 		{"kv_events_encoding", func(c *Config) { c.KVEventsEncoding = "json" }, "want map or array"},
+		{"p2p_peers", func(c *Config) { c.P2PPeers = []string{"peer-host"} }, "want host:port"},
+		{"p2p_peers", func(c *Config) { c.P2PPeers = []string{"10.0.0.2:0"} }, "real port"},
+		{"p2p_peers", func(c *Config) { c.TCPAddr = "10.0.0.1:7482"; c.P2PPeers = []string{"10.0.0.1:7482"} }, "own tcp_addr"},
+		{"enable_p2p", func(c *Config) { c.EnableP2P = true }, "p2p_peers"},
 	}
 	for _, tc := range cases {
 		c := Default()

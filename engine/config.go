@@ -39,6 +39,9 @@ func OptionsFromConfig(c config.Config, log *slog.Logger) (Options, error) {
 		RemoteURLs:      c.RemoteURLs(),
 		RemoteCodec:     remoteCodec(c.RemoteSerde),
 		RemoteTimeout:   c.RemoteTimeout,
+		P2PPeers:        c.P2PPeers,
+		P2PToken:        c.TCPToken, // a fleet shares one token: the one this daemon asks of its own TCP clients
+		P2PSelf:         c.TCPAddr,
 		LeaseTTL:        c.LeaseTTL,
 		Tier:            tier.Options{QueueDepth: c.WriteQueueDepth, WriteWait: wait},
 		Logger:          log,

@@ -17,6 +17,7 @@ import (
 	_ "kvtier/tier/backends" // every remote scheme
 	"kvtier/tier/disk"
 	"kvtier/tier/mem"
+	"kvtier/tier/p2p"
 	"kvtier/tier/remote"
 )
 
@@ -49,6 +50,17 @@ type Options struct {
 	RemoteURLs    []string
 	RemoteCodec   string
 	RemoteTimeout time.Duration
+
+	// P2PPeers are other daemons' TCP addresses (host:port): a P2P tier
+	// between the local and the remote tiers reads chunks from their RAM
+	// and disk (package p2p). P2PResolver, when set, finds the holders
+	// instead (the controller's index) and P2PPeers is ignored.
+	// P2PToken is the peers' tcp_token; P2PSelf this daemon's own TCP
+	// address, never asked. The tier's calls have RemoteTimeout's deadline.
+	P2PPeers    []string
+	P2PResolver p2p.Resolver
+	P2PToken    string
+	P2PSelf     string
 
 	// LeaseTTL is the lease a client gets when it asks for none (default
 	// DefaultLeaseTTL); MaxLeaseTTL caps what it may ask (default
@@ -87,6 +99,9 @@ func Open(o Options) (*Engine, error) {
 			return nil, fmt.Errorf("engine: %w", err)
 		}
 		lower = append(lower, d)
+	}
+	if t := openP2P(o); t != nil {
+		lower = append(lower, t)
 	}
 	specs := &scopeSpecs{chunkTokens: o.ChunkSize}
 	remotes, err := openRemotes(o, specs.get)
@@ -174,6 +189,21 @@ func openRemotes(o Options, specOf remote.SpecFunc) ([]tier.Tier, error) {
 			"timeout", ro.Timeout, "bandwidth", ro.Bandwidth)
 	}
 	return out, nil
+}
+
+// openP2P returns the P2P tier, or nil when no peers are configured. It
+// dials nothing: a peer that is down when the daemon starts is a peer
+// whose circuit opens, not a daemon that fails to start.
+func openP2P(o Options) tier.Tier {
+	po := p2p.Options{Token: o.P2PToken, Self: o.P2PSelf, Timeout: o.RemoteTimeout, Logger: o.Logger}
+	switch {
+	case o.P2PResolver != nil:
+		return p2p.New(o.P2PResolver, po)
+	case len(o.P2PPeers) > 0:
+		o.Logger.Info("p2p tier", "peers", o.P2PPeers)
+		return p2p.NewStatic(o.P2PPeers, po)
+	}
+	return nil
 }
 
 // remoteOpenTimeout bounds connecting to a remote store when the daemon

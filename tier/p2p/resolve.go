@@ -1,0 +1,55 @@
+package p2p
+
+import (
+	"context"
+
+	"kvtier/chunk"
+)
+
+// Static is a Resolver over a fixed list of peers: it asks every peer
+// with one LOOKUP (as a peer client, so each answers from its own RAM and
+// disk) and lists, for each key, the peers whose hit covers it, in list
+// order. A peer behind an open circuit is not asked. It needs no
+// controller, which suits small fleets and tests; its cost grows with the
+// number of peers.
+type Static struct {
+	addrs []string
+	peers *peers
+}
+
+// Holders implements Resolver.
+func (s *Static) Holders(ctx context.Context, keys []chunk.Key) ([][]Peer, error) {
+	out := make([][]Peer, len(keys))
+	for _, addr := range s.addrs {
+		if err := ctx.Err(); err != nil {
+			return out, err
+		}
+		n := s.peers.get(addr).PrefixContains(keys)
+		for i := range n {
+			out[i] = append(out[i], Peer{Addr: addr})
+		}
+	}
+	return out, nil
+}
+
+// ResolverFunc adapts a function to Resolver.
+type ResolverFunc func(ctx context.Context, keys []chunk.Key) ([][]Peer, error)
+
+// Holders implements Resolver.
+func (f ResolverFunc) Holders(ctx context.Context, keys []chunk.Key) ([][]Peer, error) {
+	return f(ctx, keys)
+}
+
+// FromLookup is the hook for the controller's cluster index: it makes a
+// Resolver of a batched lookup keyed by a u64 chunk id (the controller
+// indexes chunks by id, not by whole key), given the function that
+// derives a chunk's id. lookup returns, for each id, the holders as Peers.
+func FromLookup(id func(chunk.Key) uint64, lookup func(ctx context.Context, ids []uint64) ([][]Peer, error)) Resolver {
+	return ResolverFunc(func(ctx context.Context, keys []chunk.Key) ([][]Peer, error) {
+		ids := make([]uint64, len(keys))
+		for i, k := range keys {
+			ids[i] = id(k)
+		}
+		return lookup(ctx, ids)
+	})
+}
