@@ -117,11 +117,11 @@ type Manager struct {
 type lowerTier struct {
 	Tier
 	readOnly bool // a ReadOnly tier: never queued for writes
-	queue   chan writeJob
-	pending atomic.Int64  // writes queued or being written
-	dropped atomic.Uint64 // writes dropped because the queue stayed full
-	failed  atomic.Uint64 // writes the tier refused
-	failing atomic.Bool   // the last write failed: later failures are not logged
+	queue    chan writeJob
+	pending  atomic.Int64  // writes queued or being written
+	dropped  atomic.Uint64 // writes dropped because the queue stayed full
+	failed   atomic.Uint64 // writes the tier refused
+	failing  atomic.Bool   // the last write failed: later failures are not logged
 	// failLog writes refused writes to the log at most once per
 	// failLogEvery: a tier that refuses everything (a full disk, a store
 	// that is down) would otherwise log once per write.
