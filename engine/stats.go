@@ -4,6 +4,7 @@ import (
 	"kvtier/arena"
 	"kvtier/tier"
 	"kvtier/tier/disk"
+	"kvtier/tier/p2p"
 	"kvtier/tier/remote"
 )
 
@@ -43,6 +44,9 @@ type TierStats struct {
 	// them; the JSON snapshot leaves them out.
 	Remote *RemoteHealth `json:"-"`
 	Disk   *DiskSpace    `json:"-"`
+	// Peers is the circuit state of each peer of the P2P tier, by
+	// address ("closed", "open", "half-open"); nil for other tiers.
+	Peers map[string]string `json:"peers,omitempty"`
 }
 
 // RemoteHealth is the circuit breaker's view of a remote tier.
@@ -102,6 +106,12 @@ func (e *Engine) Stats() Stats {
 			ts.Circuit = h.State.String()
 			ts.Remote = &RemoteHealth{State: int(h.State), Opens: h.Opens, FastFails: h.FastFails,
 				Failures: h.Failures, Timeouts: h.Timeouts}
+		}
+		if p, ok := t.(*p2p.Tier); ok {
+			ts.Peers = map[string]string{}
+			for addr, h := range p.Health() {
+				ts.Peers[addr] = h.State.String()
+			}
 		}
 		if d, ok := t.(*disk.Tier); ok {
 			sp := d.Space()
