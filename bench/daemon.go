@@ -39,6 +39,12 @@ type DaemonReport struct {
 	TCPRetrieveGBps  float64 `json:"tcp_retrieve_gbps"`
 	TCPStoreRatio    float64 `json:"tcp_store_ratio"`
 	TCPRetrieveRatio float64 `json:"tcp_retrieve_ratio"`
+
+	// P2P: a second daemon pulling the chunks through its P2P tier, and
+	// the plain loopback TCP stream measured in the same rounds.
+	P2PStreamGBps    float64 `json:"p2p_stream_gbps"`
+	P2PRetrieveGBps  float64 `json:"p2p_retrieve_gbps"`
+	P2PRetrieveRatio float64 `json:"p2p_retrieve_ratio"`
 }
 
 const benchToken = "bench-token"
@@ -90,6 +96,10 @@ func benchDaemon(ctx context.Context, f Options, r *Report, src, dst [][]byte, p
 	fmt.Fprintln(progress, "daemon: TCP protocol and a plain TCP stream ...")
 	if err := benchTCP(ctx, f, r, d, tln.Addr().String(), src, dst); err != nil {
 		return fmt.Errorf("tcp protocol: %w", err)
+	}
+	fmt.Fprintln(progress, "daemon: P2P pull by a second daemon and a plain TCP stream ...")
+	if err := benchP2P(ctx, f, r, d, eng, tln.Addr().String(), src, dst); err != nil {
+		return fmt.Errorf("p2p: %w", err)
 	}
 	return nil
 }
@@ -395,6 +405,7 @@ func printDaemon(w io.Writer, d *DaemonReport) {
 	fmt.Fprintf(w, "%-28s %10.2f %10.2f %8.2f\n", "local protocol retrieve", d.LocalRetrieveGBps, d.LocalRetrieveGBps/d.LocalRetrieveRatio, d.LocalRetrieveRatio)
 	fmt.Fprintf(w, "%-28s %10.2f %10.2f %8.2f  (baseline: plain loopback TCP stream)\n", "TCP protocol store", d.TCPStoreGBps, d.TCPStreamGBps, d.TCPStoreRatio)
 	fmt.Fprintf(w, "%-28s %10.2f %10.2f %8.2f\n", "TCP protocol retrieve", d.TCPRetrieveGBps, d.TCPStreamGBps, d.TCPRetrieveRatio)
+	fmt.Fprintf(w, "%-28s %10.2f %10.2f %8.2f  (baseline: plain loopback TCP stream, same rounds)\n", "P2P retrieve (peer's RAM)", d.P2PRetrieveGBps, d.P2PStreamGBps, d.P2PRetrieveRatio)
 	fmt.Fprintf(w, "LOOKUP of a %d-token prompt, %d clients: %.0f/s, p50 %.1f µs, p99 %.1f µs\n",
 		d.LookupPrompt, d.LookupClients, d.LookupsPerSec, d.LookupP50Micros, d.LookupP99Micros)
 }
