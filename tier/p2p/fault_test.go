@@ -161,4 +161,3 @@ func TestLeasesAreReleased(t *testing.T) {
 		t.Fatalf("the peer still holds %d leases after the reads", l)
 	}
 }
-
