@@ -143,11 +143,10 @@ func TestPeerDyingMidTransferIsAMissForTheRest(t *testing.T) {
 		t.Fatalf("took %v", el)
 	}
 	t.Logf("%d of %d chunks before the peer died", got, n)
-	for i := got; i < n; i++ {
-		if d2.eng.InRAM(key(i)) {
-			t.Fatalf("chunk %d, after the cut, is in RAM", i)
-		}
-	}
+	// Reads running in parallel on other connections may have finished
+	// chunks past the cut before it; whatever daemon 2 now holds of them
+	// must be exact (retrieve checks every byte it returns).
+	retrieve(t, d2, n, size)
 }
 
 func TestLeasesAreReleased(t *testing.T) {

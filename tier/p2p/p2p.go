@@ -183,29 +183,48 @@ func (t *Tier) PrefixContains(keys []chunk.Key) int {
 }
 
 // Size implements tier.Tier: the size of key's chunk on the first healthy
-// holder that still has it, remembered for the Get that follows.
+// holder that still has it, remembered for the Get that follows. Static
+// peers are asked with SIZES straight away: it answers presence and size
+// in one round trip, where a LOOKUP would only say where to ask.
 func (t *Tier) Size(key chunk.Key) (int, bool) {
 	if loc, ok := t.recall(key); ok {
 		return loc.size, true
+	}
+	if s, ok := t.res.(*Static); ok {
+		for _, addr := range s.addrs {
+			if size, ok := t.sizeAt(key, addr); ok {
+				return size, true
+			}
+		}
+		return 0, false
 	}
 	holders, err := t.holders([]chunk.Key{key})
 	if err != nil || len(holders) == 0 {
 		return 0, false
 	}
 	for _, p := range holders[0] {
-		if p.Addr == "" || p.Addr == t.o.Self {
-			continue
-		}
-		g := t.peers.get(p.Addr)
-		if g.Health().State == remote.StateOpen {
-			continue
-		}
-		if size, ok := g.Size(key); ok {
-			t.remember(key, location{addr: p.Addr, size: size, at: time.Now()})
+		if size, ok := t.sizeAt(key, p.Addr); ok {
 			return size, true
 		}
 	}
 	return 0, false
+}
+
+// sizeAt asks the peer at addr for key's size, unless the peer is this
+// daemon or behind an open circuit, and remembers where it found it.
+func (t *Tier) sizeAt(key chunk.Key, addr string) (int, bool) {
+	if addr == "" || addr == t.o.Self {
+		return 0, false
+	}
+	g := t.peers.get(addr)
+	if g.Health().State == remote.StateOpen {
+		return 0, false
+	}
+	size, ok := g.Size(key)
+	if ok {
+		t.remember(key, location{addr: addr, size: size, at: time.Now()})
+	}
+	return size, ok
 }
 
 // Get implements tier.Tier: it reads key from the peer Size found it on
