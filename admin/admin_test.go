@@ -264,7 +264,7 @@ func TestConfigHidesSecretsAndKeepsKeyNames(t *testing.T) {
 		t.Errorf("config rendered wrong:\n%s", body)
 	}
 	// Keys appear in the documented order.
-	re := regexp.MustCompile(`(?m)^  "([a-z_]+)":`)
+	re := regexp.MustCompile(`(?m)^  "([a-z0-9_]+)":`)
 	var order []string
 	for _, m := range re.FindAllStringSubmatch(body, -1) {
 		order = append(order, m[1])
