@@ -41,15 +41,31 @@ func (f ResolverFunc) Holders(ctx context.Context, keys []chunk.Key) ([][]Peer, 
 }
 
 // FromLookup is the hook for the controller's cluster index: it makes a
-// Resolver of a batched lookup keyed by a u64 chunk id (the controller
-// indexes chunks by id, not by whole key), given the function that
-// derives a chunk's id. lookup returns, for each id, the holders as Peers.
-func FromLookup(id func(chunk.Key) uint64, lookup func(ctx context.Context, ids []uint64) ([][]Peer, error)) Resolver {
+// Resolver of a batched lookup keyed by a u64 chunk id (the index keys
+// chunks by id, not by whole key), given the function that derives a
+// chunk's id. The lookup's holder type is any struct of the three fields
+// of Peer, so the cluster package's own Holder{Instance, Addr, Tier}
+// plugs in as it is:
+//
+//	res := p2p.FromLookup(cluster.KeyID, cluster.Lookup)
+func FromLookup[H ~struct{ Instance, Addr, Tier string }](id func(chunk.Key) uint64,
+	lookup func(ctx context.Context, ids []uint64) ([][]H, error)) Resolver {
 	return ResolverFunc(func(ctx context.Context, keys []chunk.Key) ([][]Peer, error) {
 		ids := make([]uint64, len(keys))
 		for i, k := range keys {
 			ids[i] = id(k)
 		}
-		return lookup(ctx, ids)
+		hs, err := lookup(ctx, ids)
+		if err != nil {
+			return nil, err
+		}
+		out := make([][]Peer, len(hs))
+		for i, row := range hs {
+			out[i] = make([]Peer, len(row))
+			for j, h := range row {
+				out[i][j] = Peer(h)
+			}
+		}
+		return out, nil
 	})
 }
