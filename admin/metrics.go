@@ -62,6 +62,13 @@ var (
 		newMetric("remote_failures_total", "Calls to the remote store that failed, timeouts included.", counter, func(h engine.RemoteHealth) float64 { return float64(h.Failures) }, "tier"),
 		newMetric("remote_timeouts_total", "Calls to the remote store that missed their deadline (remote_timeout plus the object's bytes at the tier's bandwidth).", counter, func(h engine.RemoteHealth) float64 { return float64(h.Timeouts) }, "tier"),
 	}
+	peerMetrics = []metric[engine.RemoteHealth]{
+		newMetric("p2p_peer_circuit_state", "Circuit breaker of a peer of the P2P tier: 0 closed (serving), 1 open (failing fast), 2 half-open (trying).", gauge, func(h engine.RemoteHealth) float64 { return float64(h.State) }, "peer"),
+		newMetric("p2p_peer_circuit_opens_total", "Times the peer's circuit opened.", counter, func(h engine.RemoteHealth) float64 { return float64(h.Opens) }, "peer"),
+		newMetric("p2p_peer_fast_fails_total", "Calls to the peer refused at once because its circuit was open.", counter, func(h engine.RemoteHealth) float64 { return float64(h.FastFails) }, "peer"),
+		newMetric("p2p_peer_failures_total", "Calls to the peer that failed, timeouts included.", counter, func(h engine.RemoteHealth) float64 { return float64(h.Failures) }, "peer"),
+		newMetric("p2p_peer_timeouts_total", "Calls to the peer that missed their deadline (remote_timeout plus the chunk's bytes at 128 MiB/s).", counter, func(h engine.RemoteHealth) float64 { return float64(h.Timeouts) }, "peer"),
+	}
 	diskMetrics = []metric[engine.DiskSpace]{
 		newMetric("disk_read_only", "1 while the disk tier refuses writes because its file system is full for other reasons, else 0.", gauge, func(s engine.DiskSpace) float64 { return bool01(s.ReadOnly) }, "tier"),
 		newMetric("disk_no_space_total", "Disk tier writes that failed because the file system was full.", counter, func(s engine.DiskSpace) float64 { return float64(s.NoSpace) }, "tier"),
@@ -85,6 +92,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	describe(ch, queueMetrics)
 	describe(ch, arenaMetrics)
 	describe(ch, remoteMetrics)
+	describe(ch, peerMetrics)
 	describe(ch, diskMetrics)
 	ch <- promotedDesc
 	ch <- readFailDesc
@@ -106,6 +114,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if s.Disk != nil {
 			collect(ch, diskMetrics, *s.Disk, s.Name)
+		}
+		for addr, h := range s.PeerHealth {
+			collect(ch, peerMetrics, h, addr)
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(promotedDesc, counter, float64(st.Promoted))

@@ -45,8 +45,10 @@ type TierStats struct {
 	Remote *RemoteHealth `json:"-"`
 	Disk   *DiskSpace    `json:"-"`
 	// Peers is the circuit state of each peer of the P2P tier, by
-	// address ("closed", "open", "half-open"); nil for other tiers.
-	Peers map[string]string `json:"peers,omitempty"`
+	// address ("closed", "open", "half-open"), and PeerHealth its
+	// breaker's counters for metrics; nil for other tiers.
+	Peers      map[string]string       `json:"peers,omitempty"`
+	PeerHealth map[string]RemoteHealth `json:"-"`
 }
 
 // RemoteHealth is the circuit breaker's view of a remote tier.
@@ -104,13 +106,13 @@ func (e *Engine) Stats() Stats {
 		if g := remote.GuardOf(t); g != nil {
 			h := g.Health()
 			ts.Circuit = h.State.String()
-			ts.Remote = &RemoteHealth{State: int(h.State), Opens: h.Opens, FastFails: h.FastFails,
-				Failures: h.Failures, Timeouts: h.Timeouts}
+			ts.Remote = remoteHealth(h)
 		}
 		if p, ok := t.(*p2p.Tier); ok {
-			ts.Peers = map[string]string{}
+			ts.Peers, ts.PeerHealth = map[string]string{}, map[string]RemoteHealth{}
 			for addr, h := range p.Health() {
 				ts.Peers[addr] = h.State.String()
+				ts.PeerHealth[addr] = *remoteHealth(h)
 			}
 		}
 		if d, ok := t.(*disk.Tier); ok {
@@ -123,6 +125,11 @@ func (e *Engine) Stats() Stats {
 		s.Queues = append(s.Queues, QueueStats(q))
 	}
 	return s
+}
+
+func remoteHealth(h remote.Health) *RemoteHealth {
+	return &RemoteHealth{State: int(h.State), Opens: h.Opens, FastFails: h.FastFails,
+		Failures: h.Failures, Timeouts: h.Timeouts}
 }
 
 func tierStats(t tier.Stats) TierStats {

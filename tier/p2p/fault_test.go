@@ -125,6 +125,9 @@ func TestDamagedChunkIsCorruptNotWrongBytes(t *testing.T) {
 	if !errors.Is(err, tier.ErrCorrupt) {
 		t.Fatalf("Get of damaged bytes = %d, %v; want ErrCorrupt", n, err)
 	}
+	if c := pt.Stats().Corrupt; c != 1 {
+		t.Fatalf("corrupt count = %d, want 1", c)
+	}
 }
 
 func TestPeerDyingMidTransferIsAMissForTheRest(t *testing.T) {

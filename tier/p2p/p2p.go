@@ -114,7 +114,7 @@ type Tier struct {
 	mu    sync.Mutex
 	found map[chunk.Key]location
 
-	hits, misses, bytesRead atomic.Uint64
+	hits, misses, corrupt, bytesRead atomic.Uint64
 }
 
 // location is where a chunk was found and how large it is.
@@ -244,6 +244,9 @@ func (t *Tier) Get(ctx context.Context, key chunk.Key, dst []byte) (int, error) 
 	n, err := t.peers.get(loc.addr).Get(ctx, key, dst)
 	if err != nil {
 		t.misses.Add(1)
+		if errors.Is(err, tier.ErrCorrupt) {
+			t.corrupt.Add(1)
+		}
 		return 0, err
 	}
 	t.hits.Add(1)
@@ -300,7 +303,8 @@ func (t *Tier) Health() map[string]remote.Health { return t.peers.health() }
 // Stats implements tier.StatsReporter: this side's counters (each peer's
 // capacity and usage are on its own admin API).
 func (t *Tier) Stats() tier.Stats {
-	return tier.Stats{Name: t.Name(), Hits: t.hits.Load(), Misses: t.misses.Load(), BytesRead: t.bytesRead.Load()}
+	return tier.Stats{Name: t.Name(), Hits: t.hits.Load(), Misses: t.misses.Load(), Corrupt: t.corrupt.Load(),
+		BytesRead: t.bytesRead.Load()}
 }
 
 // Close implements io.Closer: it closes every peer's connections.

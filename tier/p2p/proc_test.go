@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -182,6 +183,26 @@ func peerCircuit(t *testing.T, p *proc, peer string) string {
 	return ""
 }
 
+// metric returns the value of one sample of daemon p's /metrics.
+func metric(t *testing.T, p *proc, sample string) string {
+	t.Helper()
+	resp, err := http.Get(p.admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(body)) {
+		if v, ok := strings.CutPrefix(line, sample+" "); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
 // TestProcessesPullAcrossDaemons is the proof with real processes:
 // daemon 1 stores chunks, daemon 2 (p2p_peers: daemon 1) retrieves them
 // byte-exact from its RAM, then from its disk once they were evicted
@@ -256,6 +277,9 @@ func TestProcessesPullAcrossDaemons(t *testing.T) {
 			t.Fatalf("a miss on a dead peer took %v", el)
 		}
 		if peerCircuit(t, d2, d1.tcp) == "open" {
+			if m := metric(t, d2, `kvtier_p2p_peer_circuit_state{peer="`+d1.tcp+`"}`); m != "1" {
+				t.Fatalf("kvtier_p2p_peer_circuit_state = %q, want 1 (open)", m)
+			}
 			break
 		}
 		if time.Now().After(deadline) {
