@@ -28,6 +28,7 @@ func messages() []func() message {
 		func() message { return new(KeysOnly) },
 		func() message { return new(Store) },
 		func() message { return new(DataHeader) },
+		func() message { return new(PeerDataHeader) },
 		func() message { return new(Flush) },
 		func() message { return new(FlushReply) },
 	}
@@ -82,6 +83,7 @@ func TestRoundTrips(t *testing.T) {
 		&KeysOnly{Keys: Keys{Kind: KindRaw, Raw: []chunk.Key{{Scope: 1 << 60, Hash: chunk.Hash{9}}}}},
 		&Store{Keys: keys, Sizes: []uint32{1}},
 		&DataHeader{Tokens: 7, Sizes: []uint32{1, 2, 3}},
+		&PeerDataHeader{DataHeader: DataHeader{Tokens: 7, Sizes: []uint32{1, 2}}, Sums: []uint64{1 << 63, 5}},
 		&Flush{TimeoutMS: 60_000},
 		&FlushReply{Tiers: []FlushTier{{Name: "disk"}, {Name: "redis", Pending: 4, Redone: 2, Missing: 1}}},
 	}
@@ -136,6 +138,8 @@ func typeName(m message) string {
 		return "store"
 	case *DataHeader:
 		return "dataheader"
+	case *PeerDataHeader:
+		return "peerdataheader"
 	case *Flush:
 		return "flush"
 	case *FlushReply:
