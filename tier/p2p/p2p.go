@@ -139,8 +139,8 @@ func New(res Resolver, o Options) *Tier {
 	return newTier(res, newPeers(o), o)
 }
 
-// NewStatic returns a tier over a fixed list of peers (host:port), each
-// asked with LOOKUP (Static).
+// NewStatic returns a tier over a fixed list of peers (host:port): a
+// lookup asks each with LOOKUP (Static), a read with SIZES (Size).
 func NewStatic(addrs []string, o Options) *Tier {
 	o.setDefaults()
 	ps := newPeers(o)
