@@ -171,9 +171,6 @@ func (c Config) Validate() error {
 	if c.HashSeed == nil {
 		bad("hash_seed", "required: the PYTHONHASHSEED the vLLM pods run with")
 	}
-	if len(c.Pods) == 0 && c.PodsFile == "" {
-		bad("pods", "at least one pod is required, here or in %s", which("pods_file"))
-	}
 	if _, err := parsePods(c.Pods); len(c.Pods) > 0 && err != nil {
 		bad("pods", "%v", err)
 	}

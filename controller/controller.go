@@ -49,6 +49,7 @@ type controller struct {
 	pods         *index.Pods
 	handler      *api.Handler
 	sub          *ingest.Subscriber
+	reg          *registry
 	closeIndex   func()
 }
 
@@ -90,10 +91,14 @@ func open(cfg Config, log *slog.Logger) (*controller, error) {
 		c.closeIndex()
 		return nil, err
 	}
-	if c.sub, err = ingest.New(ingest.Config{Endpoints: c.endpoints}, c.ix, c.pods); err != nil {
+	// The registry and the subscriber refer to each other: the registry
+	// follows daemons' streams, and streams ask the registry for resyncs.
+	c.reg = newRegistry(nil, c.ix, c.pods, DefaultHeartbeatInterval, DefaultMissedHeartbeats, log)
+	if c.sub, err = ingest.New(ingest.Config{Endpoints: c.endpoints, OnResync: c.reg.onResync}, c.ix, c.pods); err != nil {
 		c.closeIndex()
 		return nil, err
 	}
+	c.reg.sub = c.sub
 	return c, nil
 }
 
@@ -135,8 +140,12 @@ func (c *controller) serve(ctx context.Context, unsignal func()) error {
 	if err != nil {
 		return errors.Join(err, ln.Close(), c.sub.Close())
 	}
+	go c.reg.reap(ctx)
+	mux := http.NewServeMux()
+	mux.Handle("/v1/cluster/", c.reg)
+	mux.Handle("/", c.handler)
 	srv := &http.Server{
-		Handler:           c.handler,
+		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(c.log.Handler(), slog.LevelWarn),
