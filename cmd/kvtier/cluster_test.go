@@ -223,8 +223,21 @@ func storeChunks(t *testing.T, sock string, from, to int) {
 			tokens[j] = uint32(i*1000 + j + 1)
 		}
 		data[0] = byte(i)
-		if n, err := c.Store(ctx, client.Tokens(h, tokens, 0), [][]byte{data}); err != nil || n != 1 {
-			t.Fatalf("store %d: %d, %v", i, n, err)
+		// A chunk whose disk write is still queued stays in RAM, so a
+		// store into a full RAM tier waits for those writes to land.
+		deadline := time.Now().Add(hang)
+		for {
+			n, err := c.Store(ctx, client.Tokens(h, tokens, 0), [][]byte{data})
+			if err != nil || n == 1 {
+				if err != nil {
+					t.Fatalf("store %d: %v", i, err)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("store %d: RAM still full after %v", i, hang)
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
 	}
 }
