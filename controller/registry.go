@@ -48,7 +48,7 @@ type registry struct {
 	// because the stream being stopped may be calling onResync.
 	changing sync.Mutex
 	mu       sync.Mutex
-	members  map[string]*member // by instance
+	members  map[string]*daemonRecord // by instance
 
 	// daemons is read by lookups without a lock: a copy-on-write table
 	// from index pod id to the daemon's identity, nil for other pods.
@@ -56,8 +56,8 @@ type registry struct {
 	lookups sync.Pool // *lookupScratch
 }
 
-// member is one registered daemon.
-type member struct {
+// daemonRecord is one registered daemon.
+type daemonRecord struct {
 	reg        cluster.Register
 	session    string
 	registered time.Time
@@ -74,7 +74,7 @@ type daemonEntry struct {
 
 func newRegistry(sub *ingest.Subscriber, ix index.Store, pods *index.Pods, interval time.Duration, missed int, log *slog.Logger) *registry {
 	r := &registry{interval: interval, missed: missed, sub: sub, ix: ix, pods: pods, log: log,
-		hc: &http.Client{Timeout: resyncTimeout}, members: make(map[string]*member)}
+		hc: &http.Client{Timeout: resyncTimeout}, members: make(map[string]*daemonRecord)}
 	r.daemons.Store(new([]*daemonEntry))
 	r.lookups.New = func() any { return new(lookupScratch) }
 	return r
@@ -139,7 +139,7 @@ func (r *registry) register(reg cluster.Register) (cluster.Registered, error) {
 	}
 	pod := cluster.HolderPrefix + reg.Instance
 	now := time.Now()
-	m := &member{reg: reg, session: newSession(), registered: now, lastBeat: now}
+	m := &daemonRecord{reg: reg, session: newSession(), registered: now, lastBeat: now}
 	r.changing.Lock()
 	defer r.changing.Unlock()
 	r.mu.Lock()
@@ -204,7 +204,7 @@ func (r *registry) reap(ctx context.Context) {
 		}
 		deadline := time.Now().Add(-time.Duration(r.missed) * r.interval)
 		r.mu.Lock()
-		var late []*member
+		var late []*daemonRecord
 		for _, m := range r.members {
 			if m.lastBeat.Before(deadline) {
 				late = append(late, m)
