@@ -69,7 +69,7 @@ func (r *registry) serveBeat(w http.ResponseWriter, req *http.Request, leave boo
 type lookupScratch struct {
 	req     cluster.LookupRequest
 	keys    []uint64
-	entries []index.Entry
+	words   []uint32
 	seen    []index.PodID // daemons in reply order
 	out     []byte
 }
@@ -97,34 +97,41 @@ func (r *registry) serveLookup(w http.ResponseWriter, req *http.Request) {
 
 // appendLookup appends the JSON LookupReply for sc.keys to dst. It is the
 // lookup's work apart from reading the request, and allocates nothing
-// once sc is warm.
+// once sc is warm: holders are read as packed words, one per pod.
 func (r *registry) appendLookup(dst []byte, sc *lookupScratch) []byte {
 	table := *r.daemons.Load()
 	sc.seen = sc.seen[:0]
 	dst = append(dst, `{"holders":[`...)
-	sc.entries = r.ix.Lookup(sc.keys, sc.entries, func(i int, holders []index.Entry) bool {
+	for i, k := range sc.keys {
 		if i > 0 {
 			dst = append(dst, ',')
 		}
 		dst = append(dst, '[')
+		sc.words = r.ix.HolderWords(k, sc.words[:0])
 		n := 0
-		for _, h := range holders {
-			if int(h.Pod) >= len(table) || table[h.Pod] == nil {
+		for _, w := range sc.words {
+			pod, tiers := index.HolderOf(w)
+			if int(pod) >= len(table) || table[pod] == nil {
 				continue // a vLLM pod, or a daemon being dropped
 			}
-			if n > 0 {
-				dst = append(dst, ',')
+			d := seenIndex(&sc.seen, pod)
+			for t := index.Tier(0); t < index.NumTiers; t++ {
+				if tiers&(1<<t) == 0 {
+					continue
+				}
+				if n > 0 {
+					dst = append(dst, ',')
+				}
+				n++
+				dst = append(dst, `{"daemon":`...)
+				dst = strconv.AppendInt(dst, int64(d), 10)
+				dst = append(dst, `,"tier":"`...)
+				dst = append(dst, tierNames[t]...)
+				dst = append(dst, `"}`...)
 			}
-			n++
-			dst = append(dst, `{"daemon":`...)
-			dst = strconv.AppendInt(dst, int64(seenIndex(&sc.seen, h.Pod)), 10)
-			dst = append(dst, `,"tier":"`...)
-			dst = append(dst, tierNames[h.Tier]...)
-			dst = append(dst, `"}`...)
 		}
 		dst = append(dst, ']')
-		return true
-	})
+	}
 	dst = append(dst, `],"daemons":[`...)
 	for i, id := range sc.seen {
 		if i > 0 {
