@@ -67,11 +67,11 @@ func (r *registry) serveBeat(w http.ResponseWriter, req *http.Request, leave boo
 
 // lookupScratch is one lookup's reusable memory.
 type lookupScratch struct {
-	req     cluster.LookupRequest
-	keys    []uint64
-	words   []uint32
-	seen    []index.PodID // daemons in reply order
-	out     []byte
+	req   cluster.LookupRequest
+	keys  []uint64
+	words []uint32
+	seen  []index.PodID // daemons in reply order
+	out   []byte
 }
 
 func (r *registry) serveLookup(w http.ResponseWriter, req *http.Request) {
