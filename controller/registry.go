@@ -146,7 +146,7 @@ func (r *registry) register(reg cluster.Register) (cluster.Registered, error) {
 	delete(r.members, reg.Instance)
 	r.mu.Unlock()
 	r.sub.Remove(pod) // a stream followed before: its entries go with it
-	ep := ingest.Endpoint{Pod: pod, Address: reg.Events, Topic: cluster.Topic(reg.Instance)}
+	ep := ingest.Endpoint{Pod: pod, Address: reg.Events, Topic: cluster.Topic(reg.Instance), FixedPod: true}
 	err := r.sub.Add(ep)
 	r.mu.Lock()
 	if err == nil {

@@ -34,7 +34,7 @@ type Options struct {
 type Member struct {
 	opts      Options
 	client    *cluster.Client
-	resyncing atomic.Bool
+	wanted    atomic.Int64 // resync requests not yet served by a pass that began after them
 }
 
 // New returns a Member; nothing runs until Run.
@@ -50,19 +50,26 @@ func New(o Options) *Member {
 	return &Member{opts: o, client: cluster.NewClient(o.Controller, hc)}
 }
 
-// StartResync publishes the inventory again in the background, unless a
-// resync is running already (its listing covers this request too only if
-// it had not begun, so one more is queued at most by the controller's
-// next request).
+// StartResync publishes the inventory again in the background. A request
+// that arrives while a resync runs is not lost: that resync's listing may
+// have begun before the controller that asked could hear it, so one more
+// runs after it (however many requests came meanwhile).
 func (m *Member) StartResync() {
-	if !m.resyncing.CompareAndSwap(false, true) {
-		return
+	if m.wanted.Add(1) != 1 {
+		return // the running loop sees the request
 	}
 	go func() {
-		defer m.resyncing.Store(false)
-		start := time.Now()
-		n := m.opts.Stream.Resync(m.opts.Lister)
-		m.opts.Log.Info("cluster resync published", "chunks", n, "took", time.Since(start))
+		for {
+			start := time.Now()
+			n := m.opts.Stream.Resync(m.opts.Lister)
+			m.opts.Log.Info("cluster resync published", "chunks", n, "took", time.Since(start))
+			// Requests that came during this pass: run once more for
+			// all of them, or stop when there were none.
+			if m.wanted.Add(-1) == 0 {
+				return
+			}
+			m.wanted.Store(1)
+		}
 	}()
 }
 

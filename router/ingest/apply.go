@@ -39,6 +39,7 @@ type stream struct {
 	pods     *index.Pods
 	counters *counterSet
 	fallback string // the endpoint's configured pod name
+	fixed    bool   // Endpoint.FixedPod: topics are not parsed
 	replay   replayFunc
 	onResync func(pod, reason string)
 
@@ -83,6 +84,9 @@ func (s *stream) pod(name string) (podRef, bool) {
 // podOf returns the pod named by topic, or the configured one when the topic
 // does not follow "kv@<pod>@<model>".
 func (s *stream) podOf(topic []byte) (podRef, bool) {
+	if s.fixed {
+		return s.pod(s.fallback)
+	}
 	name, model, err := s.topics.Parse(topic)
 	if err != nil {
 		return s.pod(s.fallback)

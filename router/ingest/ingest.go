@@ -68,6 +68,10 @@ type Endpoint struct {
 	// Topic is the subscription prefix; empty subscribes to everything
 	// (vLLM's default topic is empty; llm-d publishes under "kv@").
 	Topic string
+	// FixedPod credits every message to Pod without parsing its topic:
+	// a kvtier daemon's chunk stream, whose topic is not llm-d's
+	// convention, and whose pod a topic must not be able to change.
+	FixedPod bool
 }
 
 // Config configures a Subscriber.

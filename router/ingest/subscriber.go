@@ -88,6 +88,7 @@ func (s *Subscriber) startLocked(ep Endpoint) {
 	}
 	st := newStream(s.ix, s.pods, &s.counters, ep.Pod, replay)
 	st.onResync = s.cfg.OnResync
+	st.fixed = ep.FixedPod
 	if p, ok := st.pod(ep.Pod); ok && ep.Model != "" {
 		s.pods.SetModel(p.id, ep.Model)
 	}

@@ -410,7 +410,7 @@ func TestSubscriberAddRemoveAndResync(t *testing.T) {
 		return append([]string(nil), reasons...)
 	}
 	p := newPublisher(t, "tcp://127.0.0.1:0", "kvtier@d1@chunks", 0)
-	ep := Endpoint{Pod: "daemon:d1", Address: p.addr, Topic: "kvtier@d1@chunks"}
+	ep := Endpoint{Pod: "daemon:d1", Address: p.addr, Topic: "kvtier@d1@chunks", FixedPod: true}
 	if err := s.Add(ep); err != nil {
 		t.Fatal(err)
 	}
