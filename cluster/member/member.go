@@ -32,9 +32,9 @@ type Options struct {
 
 // Member keeps the daemon registered.
 type Member struct {
-	opts      Options
-	client    *cluster.Client
-	wanted    atomic.Int64 // resync requests not yet served by a pass that began after them
+	opts   Options
+	client *cluster.Client
+	wanted atomic.Int64 // resync requests not yet served by a pass that began after them
 }
 
 // New returns a Member; nothing runs until Run.
