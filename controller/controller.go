@@ -6,6 +6,12 @@
 // and the configuration that chooses them (Config, a YAML file whose keys
 // `kvtier controller` flags override).
 //
+// It is also the cluster's registry (registry.go, docs/cluster.md): kvtier
+// daemons register, beat and report their chunks on a stream it follows
+// into the same index, keyed by chunk.Key.Index under the pod
+// "daemon:<instance>", so that one index answers both which pod to route
+// to and which daemons hold a chunk (POST /v1/cluster/lookup).
+//
 // The router packages each hold one idea and know nothing of each other's
 // lifecycle; this package decides the order in which they start and stop:
 // the index before the subscriptions that fill it, the listeners last, and
