@@ -46,6 +46,11 @@ func TestEveryValidationErrorNamesItsKey(t *testing.T) {
 		{"lease_ttl", func(c *Config) { c.LeaseTTL = 0 }, "want more than 0"},
 		{"log_level", func(c *Config) { c.LogLevel = "trace" }, "want one of debug, info, warn, error"},
 		{"kv_events_encoding", func(c *Config) { c.KVEventsEncoding = "json" }, "want map or array"},
+		{"heartbeat_interval", func(c *Config) { c.HeartbeatInterval = 0 }, "want more than 0"},
+		{"instance_id", func(c *Config) { c.InstanceID = "a@b" }, "without spaces or '@'"},
+		{"controller_url", func(c *Config) { joinCluster(c); c.ControllerURL = "ftp://c:1" }, "http://host:port"},
+		{"cluster_events_endpoint", func(c *Config) { joinCluster(c); c.ClusterEventsEndpoint = "" }, "required with controller_url"},
+		{"tcp_addr", func(c *Config) { joinCluster(c); c.TCPAddr = "" }, "peers pull chunks"},
 	}
 	for _, tc := range cases {
 		c := Default()
@@ -148,6 +153,25 @@ func TestAdminAddrAcceptsListenAddresses(t *testing.T) {
 		c.AdminAddr = addr
 		if err := c.Validate(); err != nil {
 			t.Errorf("admin_addr %q refused: %v", addr, err)
+		}
+	}
+}
+
+// joinCluster sets the keys a daemon needs to join a controller.
+func joinCluster(c *Config) {
+	c.ControllerURL, c.ClusterEventsEndpoint, c.TCPAddr = "http://c:7481", "tcp://*:7483", "127.0.0.1:7482"
+}
+
+func TestValidateClusterKeys(t *testing.T) {
+	c := Default()
+	joinCluster(&c)
+	if err := c.Validate(); err != nil {
+		t.Fatalf("a daemon joining a controller: %v", err)
+	}
+	for raw, want := range map[string]string{"http://c:7481/": "http://c:7481", "c:7481": "http://c:7481", "https://c": "https://c"} {
+		c.ControllerURL = raw
+		if got, err := c.ControllerBase(); err != nil || got != want {
+			t.Errorf("ControllerBase(%q) = %q, %v; want %q", raw, got, err, want)
 		}
 	}
 }
