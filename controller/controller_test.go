@@ -37,8 +37,8 @@ func TestParsePods(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := fmt.Sprintf("%+v", eps)
-	want := "[{Pod:pod-a Model:meta-llama/Llama-3.1-8B Address:tcp://10.0.0.7:5557 Replay: Topic:} " +
-		"{Pod:pod-b Model:org/m@v=2 Address:tcp://10.0.0.8:5557 Replay:tcp://10.0.0.8:5558 Topic:}]"
+	want := "[{Pod:pod-a Model:meta-llama/Llama-3.1-8B Address:tcp://10.0.0.7:5557 Replay: Topic: FixedPod:false} " +
+		"{Pod:pod-b Model:org/m@v=2 Address:tcp://10.0.0.8:5557 Replay:tcp://10.0.0.8:5558 Topic: FixedPod:false}]"
 	if got != want {
 		t.Errorf("parsePods =\n%s, want\n%s", got, want)
 	}
