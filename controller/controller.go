@@ -99,7 +99,7 @@ func open(cfg Config, log *slog.Logger) (*controller, error) {
 	}
 	// The registry and the subscriber refer to each other: the registry
 	// follows daemons' streams, and streams ask the registry for resyncs.
-	c.reg = newRegistry(nil, c.ix, c.pods, DefaultHeartbeatInterval, DefaultMissedHeartbeats, log)
+	c.reg = newRegistry(nil, c.ix, c.pods, cfg.HeartbeatInterval, cfg.MissedHeartbeats, log)
 	if c.sub, err = ingest.New(ingest.Config{Endpoints: c.endpoints, OnResync: c.reg.onResync}, c.ix, c.pods); err != nil {
 		c.closeIndex()
 		return nil, err

@@ -57,7 +57,8 @@ func startController(t *testing.T, addr string) *controllerProc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &controllerProc{cmd: exec.Command(bin, "controller", "--listen", addr, "--hash-seed", "0"),
+	p := &controllerProc{cmd: exec.Command(bin, "controller", "--listen", addr, "--hash-seed", "0",
+		"--heartbeat-interval", "250ms"),
 		stderr: &syncBuffer{}, exited: make(chan error, 1)}
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
