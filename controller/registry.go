@@ -143,6 +143,12 @@ func (r *registry) register(reg cluster.Register) (cluster.Registered, error) {
 	r.changing.Lock()
 	defer r.changing.Unlock()
 	r.mu.Lock()
+	if old, ok := r.members[reg.Instance]; ok && old.reg.Addr != reg.Addr {
+		// Two daemons sharing an instance id would take the name from
+		// each other at every beat: say so, since nothing else will.
+		r.log.Warn("instance registered again from another address; instance ids must be unique",
+			"instance", reg.Instance, "was", old.reg.Addr, "now", reg.Addr)
+	}
 	delete(r.members, reg.Instance)
 	r.mu.Unlock()
 	r.sub.Remove(pod) // a stream followed before: its entries go with it
