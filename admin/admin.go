@@ -154,3 +154,16 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func writeError(w http.ResponseWriter, status int, err error) {
 	writeJSON(w, status, map[string]string{"error": err.Error()})
 }
+
+// HandleClusterResync serves POST /api/v1/cluster/resync, through which
+// the controller asks this daemon to publish its whole inventory again
+// (docs/cluster.md). start must only start the resync: the controller's
+// request is answered 202 at once. Call it before serving.
+func (a *API) HandleClusterResync(start func()) {
+	a.mux.HandleFunc("POST /api/v1/cluster/resync", func(w http.ResponseWriter, _ *http.Request) {
+		start()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusAccepted)
+		w.Write([]byte("{\"started\":true}\n"))
+	})
+}

@@ -1,6 +1,7 @@
 package chunk
 
 import (
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 )
@@ -32,3 +33,30 @@ type Key struct {
 
 // String returns "scope-hex/hash-hex".
 func (k Key) String() string { return fmt.Sprintf("%016x/%s", k.Scope, k.Hash) }
+
+// Index returns the chunk's 64-bit key in the cluster's block index, the
+// one index (router/index) that routing and peer-to-peer lookups share:
+// daemons report their chunks under it and peers look chunks up by it.
+//
+// It is the first 8 bytes of the hash, big-endian, XORed with the scope
+// mixed by splitmix64's finalizer. The hash is already seeded by the
+// scope, so the scope term only guards keys whose hash came from outside
+// (engine-native hashes, identical across scopes). The hash bits are
+// uniform, so among n distinct chunks the chance that any two share an
+// index key is about n²/2⁶⁵: 3·10⁻⁸ for a million chunks, 3·10⁻⁶ for ten
+// million. A collision makes a lookup name a holder that then misses,
+// never wrong bytes: peers fetch by the full Key.
+func (k Key) Index() uint64 {
+	return binary.BigEndian.Uint64(k.Hash[:8]) ^ mixScope(k.Scope)
+}
+
+// mixScope is splitmix64's finalizer: it spreads a scope id's bits over
+// the whole word so that related scopes do not cancel hash bits in Index.
+func mixScope(s uint64) uint64 {
+	s ^= s >> 30
+	s *= 0xbf58476d1ce4e5b9
+	s ^= s >> 27
+	s *= 0x94d049bb133111eb
+	s ^= s >> 31
+	return s
+}

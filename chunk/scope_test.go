@@ -114,3 +114,17 @@ func TestScopeIDAndSeedAreIndependent(t *testing.T) {
 		t.Fatalf("ID %016x is a half of Seed %s", id, seed)
 	}
 }
+
+func TestKeyIndexStable(t *testing.T) {
+	k := Key{Scope: 7, Hash: Hash{0: 1, 7: 2, 15: 3}}
+	// The value is part of the cluster's wire format: daemons and the
+	// controller of different builds must agree on it.
+	if got, want := k.Index(), uint64(0x0100000000000002)^mixScope(7); got != want {
+		t.Fatalf("Index = %#x, want %#x", got, want)
+	}
+	other := k
+	other.Scope = 8
+	if other.Index() == k.Index() {
+		t.Fatal("scopes do not change the index key")
+	}
+}

@@ -124,6 +124,17 @@ type Config struct {
 	// 0.26, llm-d since v0.9) or "array" (the older tagged arrays).
 	KVEventsEncoding string `yaml:"kv_events_encoding"`
 
+	// ControllerURL, when set, makes the daemon a member of the cluster
+	// run by the kvtier controller at this URL: it registers as
+	// InstanceID (by default the host name and the TCP port), beats every
+	// HeartbeatInterval, and reports the chunks of its RAM and disk tiers
+	// on ClusterEventsEndpoint (docs/cluster.md). It needs tcp_addr: peers
+	// pull chunks over the TCP protocol.
+	ControllerURL         string        `yaml:"controller_url"`
+	InstanceID            string        `yaml:"instance_id"`
+	ClusterEventsEndpoint string        `yaml:"cluster_events_endpoint"`
+	HeartbeatInterval     time.Duration `yaml:"heartbeat_interval"`
+
 	// DiskDirectIO is auto, on or off: whether the disk tier bypasses the
 	// page cache with O_DIRECT. auto uses it where the filesystem allows.
 	DiskDirectIO string `yaml:"disk_direct_io"`
@@ -186,6 +197,7 @@ func defaults(getenv func(string) string, euid int) Config {
 		FrameTimeout:      30 * time.Second,
 		KVEventsBlockSize: 16,
 		KVEventsEncoding:  "map",
+		HeartbeatInterval: time.Second,
 		DiskDirectIO:      "auto",
 		DiskSegmentSize:   256 * MiB,
 		DiskCachePolicy:   "LRU",

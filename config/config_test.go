@@ -50,6 +50,7 @@ func TestDefaults(t *testing.T) {
 		FrameTimeout:      30 * time.Second,
 		KVEventsBlockSize: 16,
 		KVEventsEncoding:  "map",
+		HeartbeatInterval: time.Second,
 		DiskDirectIO:      "auto",
 		DiskSegmentSize:   256 * MiB,
 		DiskCachePolicy:   "LRU",

@@ -100,7 +100,7 @@ func refuse(name string, k valueKind, def any, why string) lmcacheKey {
 const (
 	whyBlend      = "a CacheBlend setting; CacheBlend is not supported yet (enable_blending is refused)"
 	whyP2P        = "LMCache's P2P listener; kvtier's peers reach a daemon at its tcp_addr: list them in p2p_peers"
-	whyController = "an LMCache controller setting; the controller is not supported yet (enable_controller is refused)"
+	whyController = "an LMCache controller worker setting; the kvtier controller reaches a daemon at the admin and TCP addresses it registers"
 	whyPD         = "a prefill/decode disaggregation setting; disaggregation is not supported yet (enable_pd is refused)"
 	whyNIXL       = "a NIXL transfer setting; kvtier does not move KV with NIXL"
 	whyGDS        = "a setting of LMCache's GPU Direct Storage tier, which kvtier does not have (gds_path is refused)"
@@ -150,10 +150,10 @@ var lmcacheKeys = []lmcacheKey{
 	ignore("p2p_lookup_ports", kindInts, nil, whyP2P),
 	ignore("mp_host", kindString, nil, whyMP),
 	ignore("mp_port", kindInt, 5555, whyMP),
-	refuse("enable_controller", kindBool, false, "the LMCache controller"),
-	ignore("lmcache_instance_id", kindString, nil, whyController),
-	ignore("controller_pull_url", kindString, nil, whyController),
-	ignore("controller_reply_url", kindString, nil, whyController),
+	ignore("enable_controller", kindBool, false, "kvtier joins the controller whenever controller_url (LMCache's controller_pull_url) is set; the switch adds nothing"),
+	mapsTo("lmcache_instance_id", "instance_id", kindString, nil),
+	mapsTo("controller_pull_url", "controller_url", kindString, nil),
+	ignore("controller_reply_url", kindString, nil, "kvtier's registry answers on the connection to controller_url; no reply address is needed"),
 	ignore("lmcache_worker_ports", kindInts, nil, whyController),
 	ignore("lmcache_worker_ids", kindInts, nil, whyController),
 	ignore("lmcache_worker_heartbeat_delay_time", kindInt, 10, whyController),

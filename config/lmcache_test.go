@@ -172,7 +172,8 @@ func TestLMCacheNonDefaultValues(t *testing.T) {
 		{"use_layerwise: true", outcome{false, "use_layerwise", "f.yaml:1", "(layerwise pipelining); remove it or set it to false"}},
 		{"enable_blending: on", outcome{false, "enable_blending", "f.yaml:1", "CacheBlend"}},
 		{"enable_p2p: true", outcome{false, "enable_p2p", "f.yaml:1", "P2P"}},
-		{"enable_controller: true", outcome{false, "enable_controller", "f.yaml:1", "controller"}},
+		{"enable_controller: true", outcome{true, "enable_controller", "f.yaml:1", "controller_url"}},
+		{"controller_reply_url: tcp://c:8301", outcome{true, "controller_reply_url", "f.yaml:1", "no reply address"}},
 		{"enable_pd: true", outcome{false, "enable_pd", "f.yaml:1", "disaggregation"}},
 		{"enable_xpyd: true", outcome{false, "enable_xpyd", "f.yaml:1", "disaggregation"}},
 		{"gds_path: /mnt/gds", outcome{false, "gds_path", "f.yaml:1", "set local_disk to it"}},
@@ -202,7 +203,7 @@ func TestLMCacheNonDefaultValues(t *testing.T) {
 		{"KVTIER_NUMA_MODE=auto", outcome{true, "numa_mode", "env KVTIER_NUMA_MODE", "NUMA"}},
 		{"LMCACHE_CHUNK_SIZ=128", outcome{true, "chunk_siz", "env LMCACHE_CHUNK_SIZ", "did you mean LMCACHE_CHUNK_SIZE?"}},
 		{"LMCACHE_ENABLE_PD=True", outcome{false, "enable_pd", "env LMCACHE_ENABLE_PD", "disaggregation"}},
-		{"KVTIER_ENABLE_CONTROLLER=1", outcome{false, "enable_controller", "env KVTIER_ENABLE_CONTROLLER", "controller"}},
+		{"KVTIER_ENABLE_CONTROLLER=1", outcome{true, "enable_controller", "env KVTIER_ENABLE_CONTROLLER", "controller_url"}},
 		{"LMCACHE_MP_PORT=x", outcome{false, "mp_port", "env LMCACHE_MP_PORT", `want an integer, got "x"`}},
 		{"LMCACHE_BLEND_CHECK_LAYERS=1,b", outcome{false, "blend_check_layers", "env LMCACHE_BLEND_CHECK_LAYERS", "want a list of integers"}},
 	}
@@ -382,4 +383,20 @@ func mustRead(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(data)
+}
+
+// TestLMCacheControllerKeysMap checks LMCache's controller settings land
+// on kvtier's cluster keys.
+func TestLMCacheControllerKeysMap(t *testing.T) {
+	doc := "enable_controller: true\nlmcache_instance_id: node-a\ncontroller_pull_url: c:7481\ntcp_addr: 127.0.0.1:7482\ncluster_events_endpoint: tcp://*:7483\n"
+	cfg, _, err := parse([]byte(doc), "f.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.InstanceID != "node-a" || cfg.ControllerURL != "c:7481" {
+		t.Fatalf("instance_id %q, controller_url %q", cfg.InstanceID, cfg.ControllerURL)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("LMCache's host:port form refused: %v", err)
+	}
 }

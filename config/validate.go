@@ -117,6 +117,7 @@ func (c Config) Validate() error {
 	case c.KVEventsEndpoint != "" && c.ChunkSize%c.KVEventsBlockSize != 0:
 		bad("kv_events_block_size", "want a divisor of chunk_size %d, got %d", c.ChunkSize, c.KVEventsBlockSize)
 	}
+	c.validateCluster(bad)
 	if (c.TCPTLSCert == "") != (c.TCPTLSKey == "") {
 		bad("tcp_tls_cert", "tcp_tls_cert and tcp_tls_key go together; only one is set")
 	}
@@ -244,4 +245,42 @@ func (c Config) SocketFileMode() (os.FileMode, error) {
 		return 0, fmt.Errorf("want octal permission bits like 0600 or 0660, got %q", c.SocketMode)
 	}
 	return os.FileMode(v), nil
+}
+
+// validateCluster checks the cluster keys: with controller_url, the chunk
+// stream's endpoint and the TCP protocol peers pull from are required.
+func (c Config) validateCluster(bad func(key, format string, args ...any)) {
+	if c.HeartbeatInterval <= 0 {
+		bad("heartbeat_interval", "want more than 0, got %v", c.HeartbeatInterval)
+	}
+	if strings.Contains(c.InstanceID, "@") || strings.ContainsFunc(c.InstanceID, func(r rune) bool { return r <= ' ' || r > '~' }) {
+		bad("instance_id", "want printable ASCII without spaces or '@' (the chunk stream's topic separator), got %q", c.InstanceID)
+	}
+	if c.ControllerURL == "" {
+		return
+	}
+	if _, err := c.ControllerBase(); err != nil {
+		bad("controller_url", "%w", err)
+	}
+	if c.ClusterEventsEndpoint == "" {
+		bad("cluster_events_endpoint", "required with controller_url: the ZMQ address the daemon publishes its chunk stream on, e.g. tcp://*:5561")
+	}
+	if c.TCPAddr == "" {
+		bad("tcp_addr", "required with controller_url: peers pull chunks from this daemon over the TCP protocol")
+	}
+}
+
+// ControllerBase returns controller_url as a base URL. LMCache's
+// controller_pull_url, which maps here, is a bare host:port: it is read
+// as http://host:port.
+func (c Config) ControllerBase() (string, error) {
+	raw := c.ControllerURL
+	if !strings.Contains(raw, "://") {
+		raw = "http://" + raw
+	}
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", fmt.Errorf("want http://host:port (or host:port) of the kvtier controller, got %q", c.ControllerURL)
+	}
+	return strings.TrimRight(raw, "/"), nil
 }

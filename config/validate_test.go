@@ -50,6 +50,11 @@ func TestEveryValidationErrorNamesItsKey(t *testing.T) {
 		{"p2p_peers", func(c *Config) { c.P2PPeers = []string{"10.0.0.2:0"} }, "real port"},
 		{"p2p_peers", func(c *Config) { c.TCPAddr = "10.0.0.1:7482"; c.P2PPeers = []string{"10.0.0.1:7482"} }, "own tcp_addr"},
 		{"enable_p2p", func(c *Config) { c.EnableP2P = true }, "p2p_peers"},
+		{"heartbeat_interval", func(c *Config) { c.HeartbeatInterval = 0 }, "want more than 0"},
+		{"instance_id", func(c *Config) { c.InstanceID = "a@b" }, "without spaces or '@'"},
+		{"controller_url", func(c *Config) { joinCluster(c); c.ControllerURL = "ftp://c:1" }, "http://host:port"},
+		{"cluster_events_endpoint", func(c *Config) { joinCluster(c); c.ClusterEventsEndpoint = "" }, "required with controller_url"},
+		{"tcp_addr", func(c *Config) { joinCluster(c); c.TCPAddr = "" }, "peers pull chunks"},
 	}
 	for _, tc := range cases {
 		c := Default()
@@ -152,6 +157,25 @@ func TestAdminAddrAcceptsListenAddresses(t *testing.T) {
 		c.AdminAddr = addr
 		if err := c.Validate(); err != nil {
 			t.Errorf("admin_addr %q refused: %v", addr, err)
+		}
+	}
+}
+
+// joinCluster sets the keys a daemon needs to join a controller.
+func joinCluster(c *Config) {
+	c.ControllerURL, c.ClusterEventsEndpoint, c.TCPAddr = "http://c:7481", "tcp://*:7483", "127.0.0.1:7482"
+}
+
+func TestValidateClusterKeys(t *testing.T) {
+	c := Default()
+	joinCluster(&c)
+	if err := c.Validate(); err != nil {
+		t.Fatalf("a daemon joining a controller: %v", err)
+	}
+	for raw, want := range map[string]string{"http://c:7481/": "http://c:7481", "c:7481": "http://c:7481", "https://c": "https://c"} {
+		c.ControllerURL = raw
+		if got, err := c.ControllerBase(); err != nil || got != want {
+			t.Errorf("ControllerBase(%q) = %q, %v; want %q", raw, got, err, want)
 		}
 	}
 }

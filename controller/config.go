@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 	"gopkg.in/yaml.v3"
@@ -59,6 +60,12 @@ type Config struct {
 	// one without MODEL= serves every model without its own.
 	Tokenizers []string `yaml:"tokenizers"`
 
+	// HeartbeatInterval is how often registered kvtier daemons beat; a
+	// daemon that misses MissedHeartbeats in a row is dropped with its
+	// chunks (docs/cluster.md).
+	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
+	MissedHeartbeats  int           `yaml:"missed_heartbeats"`
+
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log_level"`
 }
@@ -72,6 +79,8 @@ func Default() Config {
 		BlockSize:         16,
 		MaxBlocks:         4_000_000,
 		Scorer:            index.ScorerLongestPrefix,
+		HeartbeatInterval: DefaultHeartbeatInterval,
+		MissedHeartbeats:  DefaultMissedHeartbeats,
 		LogLevel:          "info",
 	}
 }
@@ -79,7 +88,7 @@ func Default() Config {
 // Keys lists the configuration keys in the order Config declares them.
 func Keys() []string {
 	return []string{"listen", "grpc_listen", "grpc_special_tokens", "pods", "pods_file", "hash_seed", "block_size",
-		"max_blocks", "index_redis", "scorer", "tokenizers", "log_level"}
+		"max_blocks", "index_redis", "scorer", "tokenizers", "heartbeat_interval", "missed_heartbeats", "log_level"}
 }
 
 // Flag is the `kvtier controller` flag that sets key: the key with '-'
@@ -171,9 +180,6 @@ func (c Config) Validate() error {
 	if c.HashSeed == nil {
 		bad("hash_seed", "required: the PYTHONHASHSEED the vLLM pods run with")
 	}
-	if len(c.Pods) == 0 && c.PodsFile == "" {
-		bad("pods", "at least one pod is required, here or in %s", which("pods_file"))
-	}
 	if _, err := parsePods(c.Pods); len(c.Pods) > 0 && err != nil {
 		bad("pods", "%v", err)
 	}
@@ -190,6 +196,12 @@ func (c Config) Validate() error {
 	}
 	if _, err := index.NewScorer(c.Scorer); err != nil {
 		bad("scorer", "%v", err)
+	}
+	if c.HeartbeatInterval < 10*time.Millisecond {
+		bad("heartbeat_interval", "want at least 10ms, got %v", c.HeartbeatInterval)
+	}
+	if c.MissedHeartbeats < 1 {
+		bad("missed_heartbeats", "want at least 1, got %d", c.MissedHeartbeats)
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(c.LogLevel)); err != nil {

@@ -6,6 +6,12 @@
 // and the configuration that chooses them (Config, a YAML file whose keys
 // `kvtier controller` flags override).
 //
+// It is also the cluster's registry (registry.go, docs/cluster.md): kvtier
+// daemons register, beat and report their chunks on a stream it follows
+// into the same index, keyed by chunk.Key.Index under the pod
+// "daemon:<instance>", so that one index answers both which pod to route
+// to and which daemons hold a chunk (POST /v1/cluster/lookup).
+//
 // The router packages each hold one idea and know nothing of each other's
 // lifecycle; this package decides the order in which they start and stop:
 // the index before the subscriptions that fill it, the listeners last, and
@@ -49,6 +55,7 @@ type controller struct {
 	pods         *index.Pods
 	handler      *api.Handler
 	sub          *ingest.Subscriber
+	reg          *registry
 	closeIndex   func()
 }
 
@@ -90,10 +97,14 @@ func open(cfg Config, log *slog.Logger) (*controller, error) {
 		c.closeIndex()
 		return nil, err
 	}
-	if c.sub, err = ingest.New(ingest.Config{Endpoints: c.endpoints}, c.ix, c.pods); err != nil {
+	// The registry and the subscriber refer to each other: the registry
+	// follows daemons' streams, and streams ask the registry for resyncs.
+	c.reg = newRegistry(nil, c.ix, c.pods, cfg.HeartbeatInterval, cfg.MissedHeartbeats, log)
+	if c.sub, err = ingest.New(ingest.Config{Endpoints: c.endpoints, OnResync: c.reg.onResync}, c.ix, c.pods); err != nil {
 		c.closeIndex()
 		return nil, err
 	}
+	c.reg.sub = c.sub
 	return c, nil
 }
 
@@ -135,8 +146,12 @@ func (c *controller) serve(ctx context.Context, unsignal func()) error {
 	if err != nil {
 		return errors.Join(err, ln.Close(), c.sub.Close())
 	}
+	go c.reg.reap(ctx)
+	mux := http.NewServeMux()
+	mux.Handle("/v1/cluster/", c.reg)
+	mux.Handle("/", c.handler)
 	srv := &http.Server{
-		Handler:           c.handler,
+		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(c.log.Handler(), slog.LevelWarn),

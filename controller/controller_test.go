@@ -37,13 +37,15 @@ func TestParsePods(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := fmt.Sprintf("%+v", eps)
-	want := "[{Pod:pod-a Model:meta-llama/Llama-3.1-8B Address:tcp://10.0.0.7:5557 Replay: Topic:} " +
-		"{Pod:pod-b Model:org/m@v=2 Address:tcp://10.0.0.8:5557 Replay:tcp://10.0.0.8:5558 Topic:}]"
+	want := "[{Pod:pod-a Model:meta-llama/Llama-3.1-8B Address:tcp://10.0.0.7:5557 Replay: Topic: FixedPod:false} " +
+		"{Pod:pod-b Model:org/m@v=2 Address:tcp://10.0.0.8:5557 Replay:tcp://10.0.0.8:5558 Topic: FixedPod:false}]"
 	if got != want {
 		t.Errorf("parsePods =\n%s, want\n%s", got, want)
 	}
+	if eps, err := parsePods(nil); err != nil || len(eps) != 0 {
+		t.Errorf("no pods (daemons register instead): %v %v", eps, err)
+	}
 	for _, bad := range [][]string{
-		nil,
 		{"pod-a"},
 		{"pod-a=m"},
 		{"pod-a=tcp://h:1"},
@@ -74,7 +76,7 @@ func validConfig() Config {
 func TestRunRejectsBadConfig(t *testing.T) {
 	for name, mutate := range map[string]func(*Config){
 		"hash-seed":   func(c *Config) { c.HashSeed = nil },
-		"pod":         func(c *Config) { c.Pods = nil },
+		"pod":         func(c *Config) { c.Pods = []string{"not a pod"} },
 		"scorer":      func(c *Config) { c.Scorer = "random" },
 		"block-size":  func(c *Config) { c.BlockSize = 0 },
 		"max-blocks":  func(c *Config) { c.MaxBlocks = 0 },

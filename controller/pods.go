@@ -108,9 +108,7 @@ func reloadPods(specs []string, file string, data []byte, sub *ingest.Subscriber
 
 // parsePods turns pod specs into ingest endpoints.
 func parsePods(specs []string) ([]ingest.Endpoint, error) {
-	if len(specs) == 0 {
-		return nil, fmt.Errorf("%s or %s: at least one pod is required", which("pods"), which("pods_file"))
-	}
+	// No pods is valid: the controller may serve registered daemons only.
 	seen := make(map[string]bool, len(specs))
 	eps := make([]ingest.Endpoint, 0, len(specs))
 	for _, spec := range specs {

@@ -132,6 +132,33 @@ func (e *Engine) SetObserver(o Observer) {
 	}
 }
 
+// Observers returns one Observer that reports to each of obs in turn,
+// so that several listeners (the router's KV events, the cluster's chunk
+// stream) follow the same tiers; nil entries are skipped.
+func Observers(obs ...Observer) Observer {
+	var kept observers
+	for _, o := range obs {
+		if o != nil {
+			kept = append(kept, o)
+		}
+	}
+	return kept
+}
+
+type observers []Observer
+
+func (os observers) Admitted(tier string, key chunk.Key) {
+	for _, o := range os {
+		o.Admitted(tier, key)
+	}
+}
+
+func (os observers) Dropped(tier string, key chunk.Key) {
+	for _, o := range os {
+		o.Dropped(tier, key)
+	}
+}
+
 // ListChunks calls fn with each chunk of each of scopes (0 stands for
 // every scope) that a tier able to enumerate its chunks holds, tier by
 // tier, with the tier's name and the chunk's size, until fn returns false.

@@ -67,6 +67,8 @@ signal kills it. See docs/router.md.`,
 	fl.StringVar(&v.GRPCListen, "grpc-listen", "", "also serve llm-d's gRPC GetPodScores (indexer.v1.IndexerService) on this address")
 	fl.BoolVar(&v.GRPCSpecialTokens, "grpc-special-tokens", v.GRPCSpecialTokens, "gRPC GetPodScores tokenizes with the tokenizer's special tokens (BOS), as llm-d and vLLM do")
 	fl.StringVar(&v.PodsFile, "pods-file", "", "a file of pods, one NAME=MODEL=ADDRESS[=REPLAY] per line (# comments), watched: pods added, removed or changed there are followed, dropped or restarted within seconds")
+	fl.DurationVar(&v.HeartbeatInterval, "heartbeat-interval", v.HeartbeatInterval, "how often registered kvtier daemons beat (docs/cluster.md)")
+	fl.IntVar(&v.MissedHeartbeats, "missed-heartbeats", v.MissedHeartbeats, "beats a daemon may miss before it is dropped with its chunks")
 	fl.StringArrayVar(&v.Tokenizers, "tokenizer", nil, "tokenizer for prompt strings: [MODEL=]tiktoken:ENCODING or [MODEL=]hf:/path/tokenizer.json (repeatable; without MODEL= it serves every model without its own)")
 	return cmd, f
 }
@@ -114,6 +116,10 @@ func setKey(dst *controller.Config, src controller.Config, key string) {
 		dst.Scorer = src.Scorer
 	case "tokenizers":
 		dst.Tokenizers = src.Tokenizers
+	case "heartbeat_interval":
+		dst.HeartbeatInterval = src.HeartbeatInterval
+	case "missed_heartbeats":
+		dst.MissedHeartbeats = src.MissedHeartbeats
 	case "log_level":
 		dst.LogLevel = src.LogLevel
 	default:

@@ -28,6 +28,8 @@ max_blocks: 1000
 index_redis: redis://127.0.0.1:6379/1
 scorer: coverage
 tokenizers: [tiktoken:cl100k_base]
+heartbeat_interval: 2s
+missed_heartbeats: 5
 log_level: debug
 `
 
@@ -43,7 +45,8 @@ func TestControllerFlags(t *testing.T) {
 	want := controller.Config{Listen: "127.0.0.1:9001", GRPCListen: "127.0.0.1:9002", GRPCSpecialTokens: false,
 		Pods: []string{"a=m=tcp://127.0.0.1:1", "b=m=tcp://127.0.0.1:2"}, PodsFile: "/file/pods",
 		HashSeed: &fileSeed, BlockSize: 32, MaxBlocks: 1000, IndexRedis: "redis://127.0.0.1:6379/1",
-		Scorer: "coverage", Tokenizers: []string{"tiktoken:cl100k_base"}, LogLevel: "debug"}
+		Scorer: "coverage", Tokenizers: []string{"tiktoken:cl100k_base"}, HeartbeatInterval: 2 * time.Second,
+		MissedHeartbeats: 5, LogLevel: "debug"}
 	if !reflect.DeepEqual(fromFile, want) {
 		t.Errorf("from the file:\n%+v, want\n%+v", fromFile, want)
 	}
@@ -51,12 +54,14 @@ func TestControllerFlags(t *testing.T) {
 	fromFlags := controllerConfig(t, "--config", path, "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0",
 		"--grpc-special-tokens=true", "--pod", "c=m=tcp://127.0.0.1:3", "--pods-file", "/flag/pods", "--hash-seed", "", "--block-size", "16",
 		"--max-blocks", "2000", "--index-redis", "redis://127.0.0.1:6380", "--scorer", "block-hits",
-		"--tokenizer", "m=tiktoken:o200k_base", "--tokenizer", "tiktoken:cl100k_base", "--log-level", "warn")
+		"--tokenizer", "m=tiktoken:o200k_base", "--tokenizer", "tiktoken:cl100k_base", "--heartbeat-interval", "500ms",
+		"--missed-heartbeats", "2", "--log-level", "warn")
 	emptySeed := ""
 	want = controller.Config{Listen: "127.0.0.1:0", GRPCListen: "127.0.0.1:0", GRPCSpecialTokens: true,
 		Pods: []string{"c=m=tcp://127.0.0.1:3"}, PodsFile: "/flag/pods", HashSeed: &emptySeed, BlockSize: 16,
 		MaxBlocks: 2000, IndexRedis: "redis://127.0.0.1:6380", Scorer: "block-hits",
-		Tokenizers: []string{"m=tiktoken:o200k_base", "tiktoken:cl100k_base"}, LogLevel: "warn"}
+		Tokenizers: []string{"m=tiktoken:o200k_base", "tiktoken:cl100k_base"}, HeartbeatInterval: 500 * time.Millisecond,
+		MissedHeartbeats: 2, LogLevel: "warn"}
 	if !reflect.DeepEqual(fromFlags, want) {
 		t.Errorf("with every flag:\n%+v, want\n%+v", fromFlags, want)
 	}

@@ -98,7 +98,8 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 		return errors.Join(err, eng.Close())
 	}
 	protoErr := make(chan error, 2)
-	if err := startProtocols(cfg, svc, log, protoErr); err != nil {
+	tcpAddr, err := startProtocols(cfg, svc, log, protoErr)
+	if err != nil {
 		return errors.Join(err, svc.Shutdown(context.Background()), eng.Close())
 	}
 	ln, err := net.Listen("tcp", cfg.AdminAddr)
@@ -111,10 +112,20 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+	mem, stream, err := startCluster(cfg, eng, opts, adm, tcpAddr, ln.Addr().String(), log)
+	if err != nil {
+		return errors.Join(err, ln.Close(), svc.Shutdown(context.Background()), eng.Close())
+	}
+	if stream != nil {
+		// Chunks admitted before this are not on the stream, but the
+		// controller's first contact asks for a resync, which lists them.
+		eng.SetObserver(observers(events, stream))
+	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	// Tests and scripts read the bound address here when admin_addr has port 0.
 	log.Info("admin listening", "addr", ln.Addr().String())
+	memberDone := runMember(ctx, mem)
 
 	var serveErr error
 	select {
@@ -126,9 +137,13 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 		log.Error("cache protocol listener failed", "err", serveErr)
 	}
 	unsignal()
+	<-memberDone // deregistered: peers stop asking this daemon first
 	err = shutdown(adm, srv, svc, eng, log)
 	if events != nil {
 		err = errors.Join(err, events.Close())
+	}
+	if stream != nil {
+		err = errors.Join(err, stream.Close())
 	}
 	return errors.Join(serveErr, err)
 }
@@ -156,18 +171,19 @@ func startEvents(cfg config.Config, eng *engine.Engine, log *slog.Logger) (*anno
 
 // startProtocols opens the local socket and, if configured, the TCP
 // listener, and serves them in the background; a listener that fails
-// later reports on errc.
-func startProtocols(cfg config.Config, svc *server.Service, log *slog.Logger, errc chan<- error) error {
+// later reports on errc. It returns the TCP listener's bound address, ""
+// without one.
+func startProtocols(cfg config.Config, svc *server.Service, log *slog.Logger, errc chan<- error) (string, error) {
 	mode, err := cfg.SocketFileMode()
 	if err != nil {
-		return fmt.Errorf("socket_mode: %w", err)
+		return "", fmt.Errorf("socket_mode: %w", err)
 	}
 	if err := os.MkdirAll(filepath.Dir(cfg.SocketPath), 0o755); err != nil {
-		return fmt.Errorf("socket_path: %w", err)
+		return "", fmt.Errorf("socket_path: %w", err)
 	}
 	uln, err := server.ListenUnix(cfg.SocketPath, mode)
 	if err != nil {
-		return fmt.Errorf("socket_path: %w", err)
+		return "", fmt.Errorf("socket_path: %w", err)
 	}
 	go func() {
 		if err := svc.Serve(uln); err != nil {
@@ -176,19 +192,19 @@ func startProtocols(cfg config.Config, svc *server.Service, log *slog.Logger, er
 	}()
 	log.Info("local protocol listening", "socket", cfg.SocketPath, "mode", fmt.Sprintf("%04o", mode))
 	if cfg.TCPAddr == "" {
-		return nil
+		return "", nil
 	}
 	var tlsConf *tls.Config
 	if cfg.TCPTLSCert != "" {
 		cert, err := tls.LoadX509KeyPair(cfg.TCPTLSCert, cfg.TCPTLSKey)
 		if err != nil {
-			return fmt.Errorf("tcp_tls_cert: %w", err)
+			return "", fmt.Errorf("tcp_tls_cert: %w", err)
 		}
 		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
 	tln, err := svc.ListenTCP(cfg.TCPAddr, tlsConf)
 	if err != nil {
-		return fmt.Errorf("tcp_addr: %w", err)
+		return "", fmt.Errorf("tcp_addr: %w", err)
 	}
 	go func() {
 		if err := svc.Serve(tln); err != nil {
@@ -196,7 +212,7 @@ func startProtocols(cfg config.Config, svc *server.Service, log *slog.Logger, er
 		}
 	}()
 	log.Info("tcp protocol listening", "addr", tln.Addr().String(), "tls", tlsConf != nil, "token", cfg.TCPToken != "")
-	return nil
+	return tln.Addr().String(), nil
 }
 
 // shutdown stops the daemon in order: refuse readiness, stop accepting and

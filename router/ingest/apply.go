@@ -39,7 +39,9 @@ type stream struct {
 	pods     *index.Pods
 	counters *counterSet
 	fallback string // the endpoint's configured pod name
+	fixed    bool   // Endpoint.FixedPod: topics are not parsed
 	replay   replayFunc
+	onResync func(pod, reason string)
 
 	topics   kvevents.Topics
 	dec      kvevents.Decoder
@@ -82,6 +84,9 @@ func (s *stream) pod(name string) (podRef, bool) {
 // podOf returns the pod named by topic, or the configured one when the topic
 // does not follow "kv@<pod>@<model>".
 func (s *stream) podOf(topic []byte) (podRef, bool) {
+	if s.fixed {
+		return s.pod(s.fallback)
+	}
 	name, model, err := s.topics.Parse(topic)
 	if err != nil {
 		return s.pod(s.fallback)
@@ -141,11 +146,14 @@ func (s *stream) handle(frames [][]byte) {
 	}
 	st, missing, from, to := s.sequencer(seqKey{p.id, rank}).Observe(msg.Seq)
 	switch st {
+	case kvevents.First:
+		s.resync(p, "first message")
 	case kvevents.Gap:
 		p.counters.gaps.Add(1)
 	case kvevents.Restart:
 		p.counters.restarts.Add(1)
 		s.clearOwn(p)
+		s.resync(p, "publisher restart")
 	}
 	if missing {
 		s.recover(p, from, to)
@@ -202,6 +210,18 @@ func (s *stream) recover(p podRef, from, to uint64) {
 func (s *stream) forget(p podRef, lost uint64) {
 	addSaturating(&p.counters.lost, lost)
 	s.clearOwn(p)
+	s.resync(p, "messages lost")
+}
+
+// resync tells the OnResync hook, if any, that what p's stream announced
+// must be sent again in full.
+func (s *stream) resync(p podRef, reason string) {
+	if s.onResync == nil {
+		return
+	}
+	if name, ok := s.pods.Name(p.id); ok {
+		s.onResync(name, reason)
+	}
 }
 
 // maxSeq is the largest sequence number a vLLM publisher sends (int64).

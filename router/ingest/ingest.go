@@ -68,6 +68,10 @@ type Endpoint struct {
 	// Topic is the subscription prefix; empty subscribes to everything
 	// (vLLM's default topic is empty; llm-d publishes under "kv@").
 	Topic string
+	// FixedPod credits every message to Pod without parsing its topic:
+	// a kvtier daemon's chunk stream, whose topic is not llm-d's
+	// convention, and whose pod a topic must not be able to change.
+	FixedPod bool
 }
 
 // Config configures a Subscriber.
@@ -79,6 +83,12 @@ type Config struct {
 	// ReconnectInterval is the pause between dial attempts; 0 means
 	// DefaultReconnectInterval.
 	ReconnectInterval time.Duration
+	// OnResync, when set, is told that what pod's stream announced is
+	// unknown and a full inventory would rebuild it: the stream's first
+	// message (the subscriber joined a publisher already running), a
+	// loss that replay did not fill, or a publisher restart. It runs on
+	// the stream's goroutine: it must return at once.
+	OnResync func(pod string, reason string)
 }
 
 // Defaults for Config.
@@ -172,9 +182,6 @@ func TierOf(medium string) (index.Tier, bool) {
 }
 
 func (c *Config) validate() error {
-	if len(c.Endpoints) == 0 {
-		return fmt.Errorf("%w: no endpoints", ErrConfig)
-	}
 	for i, ep := range c.Endpoints {
 		if ep.Pod == "" {
 			return fmt.Errorf("%w: endpoint %d (%q) has no pod name", ErrConfig, i, ep.Address)

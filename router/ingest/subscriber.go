@@ -25,6 +25,7 @@ type Subscriber struct {
 	ctx     context.Context // Start's, for endpoints added later
 	cancel  context.CancelFunc
 	running map[string]*running // by pod name
+	added   map[string]bool     // pods of Add: Update leaves them alone
 	wg      sync.WaitGroup
 	started bool
 }
@@ -86,6 +87,8 @@ func (s *Subscriber) startLocked(ep Endpoint) {
 		replay = s.replayer(ctx, ep.Replay)
 	}
 	st := newStream(s.ix, s.pods, &s.counters, ep.Pod, replay)
+	st.onResync = s.cfg.OnResync
+	st.fixed = ep.FixedPod
 	if p, ok := st.pod(ep.Pod); ok && ep.Model != "" {
 		s.pods.SetModel(p.id, ep.Model)
 	}
@@ -123,22 +126,16 @@ func (s *Subscriber) Update(eps []Endpoint) error {
 	if !s.started || s.ctx.Err() != nil {
 		return errors.New("ingest: Update before Start or after Close")
 	}
+	for name := range want {
+		if s.added[name] {
+			return fmt.Errorf("%w: pod %q is followed already (added on its own)", ErrConfig, name)
+		}
+	}
 	for name, r := range s.running {
-		if ep, keep := want[name]; keep && ep == r.ep {
+		if ep, keep := want[name]; s.added[name] || keep && ep == r.ep {
 			continue
 		}
-		r.cancel()
-		<-r.done
-		delete(s.running, name)
-		// The endpoint's own pod and every pod its topics named.
-		for pod := range r.st.byName {
-			if id, ok := s.pods.ID(pod); ok {
-				s.ix.ClearPod(id)
-				if _, still := want[pod]; !still {
-					s.pods.Remove(pod)
-				}
-			}
-		}
+		s.stopLocked(name, r, want)
 	}
 	for name, ep := range want {
 		if _, ok := s.running[name]; !ok {
@@ -148,6 +145,70 @@ func (s *Subscriber) Update(eps []Endpoint) error {
 	}
 	s.cfg.Endpoints = append([]Endpoint(nil), eps...)
 	return nil
+}
+
+// stopLocked stops a running endpoint and drops from the index and the
+// registry the endpoint's own pod and every pod its topics named, except
+// those in keep. Called with s.mu held.
+func (s *Subscriber) stopLocked(name string, r *running, keep map[string]Endpoint) {
+	r.cancel()
+	<-r.done
+	delete(s.running, name)
+	for pod := range r.st.byName {
+		if id, ok := s.pods.ID(pod); ok {
+			s.ix.ClearPod(id)
+			if _, still := keep[pod]; !still {
+				s.pods.Remove(pod)
+			}
+		}
+	}
+}
+
+// Add follows one more endpoint, apart from the list Update manages (a
+// daemon that registered with the controller): Update neither stops it
+// nor may list its pod. Adding a pod that is followed restarts it when
+// its endpoint changed, dropping its entries. Call it after Start.
+func (s *Subscriber) Add(ep Endpoint) error {
+	cfg := s.cfg
+	cfg.Endpoints = []Endpoint{ep}
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.started || s.ctx.Err() != nil {
+		return errors.New("ingest: Add before Start or after Close")
+	}
+	if r, ok := s.running[ep.Pod]; ok {
+		if !s.added[ep.Pod] {
+			return fmt.Errorf("%w: pod %q is configured already", ErrConfig, ep.Pod)
+		}
+		if r.ep == ep {
+			return nil
+		}
+		s.stopLocked(ep.Pod, r, nil)
+	}
+	if s.added == nil {
+		s.added = make(map[string]bool)
+	}
+	s.added[ep.Pod] = true
+	s.counters.get(ep.Pod)
+	s.startLocked(ep)
+	return nil
+}
+
+// Remove stops following a pod of Add and drops its entries and name.
+// It reports whether the pod was followed.
+func (s *Subscriber) Remove(pod string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.running[pod]
+	if !ok || !s.added[pod] {
+		return false
+	}
+	delete(s.added, pod)
+	s.stopLocked(pod, r, nil)
+	return true
 }
 
 // Endpoints returns the endpoints being followed.

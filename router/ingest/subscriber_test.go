@@ -322,8 +322,10 @@ func TestSubscriberReplayTimeoutCountsLoss(t *testing.T) {
 
 func TestNewRejectsBadConfig(t *testing.T) {
 	f := newFixture(t)
+	if _, err := New(Config{}, f.ix, f.pods); err != nil {
+		t.Errorf("no endpoints (a controller that only follows registered daemons): %v", err)
+	}
 	for _, cfg := range []Config{
-		{},
 		{Endpoints: []Endpoint{{Address: "tcp://127.0.0.1:1"}}},
 		{Endpoints: []Endpoint{{Pod: "p"}}},
 		{Endpoints: []Endpoint{{Pod: "p", Address: "tcp://127.0.0.1:1"}}, ReplayTimeout: -1},
@@ -386,5 +388,66 @@ func TestSubscriberUpdate(t *testing.T) {
 	}
 	if err := s.Update([]Endpoint{eps[1], eps[1]}); err == nil {
 		t.Error("a pod listed twice was accepted")
+	}
+}
+
+// TestSubscriberAddRemoveAndResync follows a pod added on its own (a
+// registered daemon): Update leaves it alone, its first message and a loss
+// ask for a resync, and Remove drops its entries and name.
+func TestSubscriberAddRemoveAndResync(t *testing.T) {
+	enc := encodings[0]
+	f := newFixture(t)
+	var mu sync.Mutex
+	var reasons []string
+	s := startSubscriberConfig(t, f, Config{OnResync: func(pod, reason string) {
+		mu.Lock()
+		defer mu.Unlock()
+		reasons = append(reasons, pod+": "+reason)
+	}})
+	asked := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), reasons...)
+	}
+	p := newPublisher(t, "tcp://127.0.0.1:0", "kvtier@d1@chunks", 0)
+	ep := Endpoint{Pod: "daemon:d1", Address: p.addr, Topic: "kvtier@d1@chunks", FixedPod: true}
+	if err := s.Add(ep); err != nil {
+		t.Fatal(err)
+	}
+	p.warmUp(enc, "the first message", func() bool { return s.Stats()["daemon:d1"].Messages > 0 })
+	if got := asked(); len(got) != 1 || got[0] != "daemon:d1: first message" {
+		t.Fatalf("resyncs asked %q, want one for the first message", got)
+	}
+	p.send(batch(t, enc, stored(enc, "CPU", 7)))
+	waitFor(t, "the daemon's chunk", f.heldBy(7, "daemon:d1/cpu"))
+
+	// Update manages the configured pods only.
+	if err := s.Update(nil); err != nil {
+		t.Fatal(err)
+	}
+	wantHoldings(t, f, 7, "daemon:d1/cpu")
+	if err := s.Update([]Endpoint{ep}); err == nil {
+		t.Error("Update took over an added pod")
+	}
+
+	// A lost message (no replay) drops the pod's entries and asks again.
+	p.lose(batch(t, enc, removed(enc, "CPU", 7)))
+	p.send(batch(t, enc, stored(enc, "DISK", 8)))
+	waitFor(t, "the loss to be seen", func() bool { return len(asked()) == 2 })
+	if got := asked()[1]; got != "daemon:d1: messages lost" {
+		t.Errorf("second resync asked for %q", got)
+	}
+	waitFor(t, "the new chunk", f.heldBy(8, "daemon:d1/disk"))
+	wantHoldings(t, f, 7)
+
+	if !s.Remove("daemon:d1") {
+		t.Fatal("Remove did not find the pod")
+	}
+	wantHoldings(t, f, 8)
+	if _, ok := f.pods.ID("daemon:d1"); ok {
+		t.Error("a removed pod is still registered")
+	}
+	if s.Remove("daemon:d1") {
+		t.Error("a second Remove found the pod")
 	}
 }

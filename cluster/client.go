@@ -1,0 +1,138 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+)
+
+// ErrUnknown is returned by Heartbeat when the controller does not know
+// the session (it restarted, or dropped the daemon): register again.
+var ErrUnknown = errors.New("cluster: the controller does not know this instance")
+
+// Client talks to a controller's registry API.
+type Client struct {
+	base string
+	hc   *http.Client
+}
+
+// NewClient returns a client of the controller at base
+// ("http://host:port"); hc nil means http.DefaultClient. Bound each
+// call with its context.
+func NewClient(base string, hc *http.Client) *Client {
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	return &Client{base: strings.TrimRight(base, "/"), hc: hc}
+}
+
+// Register registers a daemon.
+func (c *Client) Register(ctx context.Context, r Register) (Registered, error) {
+	var out Registered
+	err := c.post(ctx, "/v1/cluster/register", r, &out)
+	return out, err
+}
+
+// Heartbeat tells the controller the daemon is alive; ErrUnknown means
+// register again.
+func (c *Client) Heartbeat(ctx context.Context, instance, session string) error {
+	return c.post(ctx, "/v1/cluster/heartbeat", Heartbeat{Instance: instance, Session: session}, nil)
+}
+
+// Deregister removes the daemon and its chunks from the cluster.
+func (c *Client) Deregister(ctx context.Context, instance, session string) error {
+	return c.post(ctx, "/v1/cluster/deregister", Heartbeat{Instance: instance, Session: session}, nil)
+}
+
+// Lookup returns, for each of keys (chunk.Key.Index values), the daemons
+// and tiers holding it, in the order of keys; a key nobody holds has no
+// holders. Holders sharing a daemon share its strings.
+func (c *Client) Lookup(ctx context.Context, keys []uint64) ([][]Holder, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	if len(keys) > MaxLookupKeys {
+		return nil, fmt.Errorf("cluster: lookup of %d keys, more than %d", len(keys), MaxLookupKeys)
+	}
+	body := make([]byte, 0, 16+len(keys)*19)
+	body = append(body, `{"keys":[`...)
+	for i, k := range keys {
+		if i > 0 {
+			body = append(body, ',')
+		}
+		body = AppendHexKey(body, k)
+	}
+	body = append(body, "]}"...)
+	var reply LookupReply
+	if err := c.do(ctx, "/v1/cluster/lookup", body, &reply); err != nil {
+		return nil, err
+	}
+	return reply.Resolve(len(keys))
+}
+
+// Resolve turns a reply into holders per key, checking it answers n keys
+// and names only daemons it lists.
+func (r *LookupReply) Resolve(n int) ([][]Holder, error) {
+	if len(r.Holders) != n {
+		return nil, fmt.Errorf("cluster: lookup answered %d keys, asked %d", len(r.Holders), n)
+	}
+	out := make([][]Holder, n)
+	for i, hs := range r.Holders {
+		if len(hs) == 0 {
+			continue
+		}
+		out[i] = make([]Holder, len(hs))
+		for j, h := range hs {
+			if h.Daemon < 0 || h.Daemon >= len(r.Daemons) {
+				return nil, fmt.Errorf("cluster: lookup names daemon %d of %d", h.Daemon, len(r.Daemons))
+			}
+			d := r.Daemons[h.Daemon]
+			out[i][j] = Holder{Instance: d.Instance, Addr: d.Addr, Tier: h.Tier}
+		}
+	}
+	return out, nil
+}
+
+func (c *Client) post(ctx context.Context, path string, in, out any) error {
+	body, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	return c.do(ctx, path, body, out)
+}
+
+// do posts body and decodes a 200 reply into out (if not nil). A 404 is
+// ErrUnknown; other statuses carry the controller's message.
+func (c *Client) do(ctx context.Context, path string, body []byte, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+path, bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("cluster: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("cluster: %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	switch {
+	case resp.StatusCode == http.StatusNotFound:
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("%w (%s)", ErrUnknown, path)
+	case resp.StatusCode != http.StatusOK:
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("cluster: %s: %s: %s", path, resp.Status, bytes.TrimSpace(msg))
+	case out == nil:
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		return nil
+	}
+	// Replies are trusted no more than requests: bounded and strict.
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(out); err != nil {
+		return fmt.Errorf("cluster: %s: decoding the reply: %w", path, err)
+	}
+	return nil
+}
