@@ -98,8 +98,10 @@ type Config struct {
 	// P2PPeers are other daemons' TCP addresses (host:port): a P2P tier
 	// reads chunks from their RAM and disk on a local miss, before the
 	// remote tiers. The daemon presents its own tcp_token to them: a
-	// fleet shares one secret. EnableP2P is LMCache's switch: true
-	// requires peers; the tier is on whenever peers are given.
+	// fleet shares one secret. The tier is on whenever peers are given.
+	// EnableP2P with controller_url and no peers makes the tier find
+	// holders through the controller's cluster lookup instead; with
+	// neither it is an error. Given peers win over the controller.
 	P2PPeers  []string `yaml:"p2p_peers"`
 	EnableP2P bool     `yaml:"enable_p2p"`
 	// MaxConnections caps the cache protocol's open connections, local and

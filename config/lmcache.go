@@ -99,7 +99,7 @@ func refuse(name string, k valueKind, def any, why string) lmcacheKey {
 // switch is off, in LMCache as in kvtier, so they only warn.
 const (
 	whyBlend      = "a CacheBlend setting; CacheBlend is not supported yet (enable_blending is refused)"
-	whyP2P        = "LMCache's P2P listener; kvtier's peers reach a daemon at its tcp_addr: list them in p2p_peers"
+	whyP2P        = "LMCache's P2P listener; kvtier's peers reach a daemon at its tcp_addr: set controller_url (peers found through the controller) or list them in p2p_peers"
 	whyController = "an LMCache controller worker setting; the kvtier controller reaches a daemon at the admin and TCP addresses it registers"
 	whyPD         = "a prefill/decode disaggregation setting; disaggregation is not supported yet (enable_pd is refused)"
 	whyNIXL       = "a NIXL transfer setting; kvtier does not move KV with NIXL"

@@ -90,8 +90,8 @@ func (c Config) Validate() error {
 			bad("p2p_peers", "%q is this daemon's own tcp_addr", addr)
 		}
 	}
-	if c.EnableP2P && len(c.P2PPeers) == 0 {
-		bad("enable_p2p", "P2P needs peers: list the other daemons' tcp_addr in p2p_peers (finding them through the controller is not supported yet)")
+	if c.EnableP2P && len(c.P2PPeers) == 0 && c.ControllerURL == "" {
+		bad("enable_p2p", "P2P needs peers: set controller_url to find them through the controller, or list the other daemons' tcp_addr in p2p_peers")
 	}
 	if c.MaxConnections < 1 || c.MaxConnections > maxConnections {
 		bad("max_connections", "want 1 to %d, got %d", maxConnections, c.MaxConnections)

@@ -49,7 +49,7 @@ func TestEveryValidationErrorNamesItsKey(t *testing.T) {
 		{"p2p_peers", func(c *Config) { c.P2PPeers = []string{"peer-host"} }, "want host:port"},
 		{"p2p_peers", func(c *Config) { c.P2PPeers = []string{"10.0.0.2:0"} }, "real port"},
 		{"p2p_peers", func(c *Config) { c.TCPAddr = "10.0.0.1:7482"; c.P2PPeers = []string{"10.0.0.1:7482"} }, "own tcp_addr"},
-		{"enable_p2p", func(c *Config) { c.EnableP2P = true }, "p2p_peers"},
+		{"enable_p2p", func(c *Config) { c.EnableP2P = true }, "controller_url"},
 		{"heartbeat_interval", func(c *Config) { c.HeartbeatInterval = 0 }, "want more than 0"},
 		{"instance_id", func(c *Config) { c.InstanceID = "a@b" }, "without spaces or '@'"},
 		{"controller_url", func(c *Config) { joinCluster(c); c.ControllerURL = "ftp://c:1" }, "http://host:port"},
@@ -171,6 +171,11 @@ func TestValidateClusterKeys(t *testing.T) {
 	joinCluster(&c)
 	if err := c.Validate(); err != nil {
 		t.Fatalf("a daemon joining a controller: %v", err)
+	}
+	// The controller finds P2P peers: enable_p2p needs no p2p_peers then.
+	c.EnableP2P = true
+	if err := c.Validate(); err != nil {
+		t.Fatalf("enable_p2p with controller_url and no p2p_peers: %v", err)
 	}
 	for raw, want := range map[string]string{"http://c:7481/": "http://c:7481", "c:7481": "http://c:7481", "https://c": "https://c"} {
 		c.ControllerURL = raw

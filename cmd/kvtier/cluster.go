@@ -28,10 +28,7 @@ func startCluster(cfg config.Config, eng *engine.Engine, opts engine.Options, ad
 	if err != nil {
 		return nil, nil, fmt.Errorf("controller_url: %w", err)
 	}
-	instance := cfg.InstanceID
-	if instance == "" {
-		instance = defaultInstance(tcpAddr)
-	}
+	instance := instanceOf(cfg, tcpAddr)
 	stream, err := member.NewStream(cfg.ClusterEventsEndpoint, instance, log)
 	if err != nil {
 		return nil, nil, err
@@ -64,6 +61,14 @@ func runMember(ctx context.Context, m *member.Member) <-chan struct{} {
 		m.Run(ctx)
 	}()
 	return done
+}
+
+// instanceOf returns the instance id the daemon registers as.
+func instanceOf(cfg config.Config, tcpAddr string) string {
+	if cfg.InstanceID != "" {
+		return cfg.InstanceID
+	}
+	return defaultInstance(tcpAddr)
 }
 
 // defaultInstance names the daemon by host name and TCP port, unique per

@@ -76,6 +76,10 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 	if err != nil {
 		return err
 	}
+	peers := p2pResolver(cfg, log)
+	if peers != nil {
+		opts.P2PResolver = peers.resolver()
+	}
 	eng, err := engine.Open(opts)
 	if err != nil {
 		return err
@@ -101,6 +105,9 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 	tcpAddr, err := startProtocols(cfg, svc, log, protoErr)
 	if err != nil {
 		return errors.Join(err, svc.Shutdown(context.Background()), eng.Close())
+	}
+	if peers != nil {
+		peers.setSelf(instanceOf(cfg, tcpAddr), tcpAddr)
 	}
 	ln, err := net.Listen("tcp", cfg.AdminAddr)
 	if err != nil {
