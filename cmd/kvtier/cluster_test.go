@@ -91,12 +91,18 @@ func (p *controllerProc) kill(t *testing.T) {
 // RAM tier of 1 MiB (16 chunks) over a disk tier.
 func clusterDaemon(t *testing.T, ctrl, instance string) (*daemon, string) {
 	t.Helper()
+	return clusterDaemonWith(t, ctrl, instance, "")
+}
+
+// clusterDaemonWith is clusterDaemon with more configuration lines.
+func clusterDaemonWith(t *testing.T, ctrl, instance, extra string) (*daemon, string) {
+	t.Helper()
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "kvtier.sock")
 	conf := fmt.Sprintf("chunk_size: %d\nmax_local_cpu_size: %g\nlocal_disk: file://%s/disk\nmax_local_disk_size: 0.05\n"+
 		"admin_addr: 127.0.0.1:0\ndata_dir: %s\nsocket_path: %s\ntcp_addr: 127.0.0.1:0\n"+
 		"controller_url: http://%s\ninstance_id: %s\ncluster_events_endpoint: tcp://127.0.0.1:0\n",
-		clusterChunkTokens, 1.0/1024, dir, dir, sock, ctrl, instance)
+		clusterChunkTokens, 1.0/1024, dir, dir, sock, ctrl, instance) + extra
 	path := filepath.Join(dir, "kvtier.yaml")
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
@@ -219,11 +225,8 @@ func storeChunks(t *testing.T, sock string, from, to int) {
 	}
 	data := make([]byte, clusterChunkBytes)
 	for i := from; i < to; i++ {
-		tokens := make([]uint32, clusterChunkTokens)
-		for j := range tokens {
-			tokens[j] = uint32(i*1000 + j + 1)
-		}
-		data[0] = byte(i)
+		tokens := clusterTokens(i)
+		clusterPayload(i, data)
 		// A chunk whose disk write is still queued stays in RAM, so a
 		// store into a full RAM tier waits for those writes to land.
 		deadline := time.Now().Add(hang)
@@ -240,6 +243,25 @@ func storeChunks(t *testing.T, sock string, from, to int) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
+	}
+}
+
+// clusterTokens are the tokens of test chunk i: one chunk's worth, so
+// each chunk is the first of its own prompt.
+func clusterTokens(i int) []uint32 {
+	tokens := make([]uint32, clusterChunkTokens)
+	for j := range tokens {
+		tokens[j] = uint32(i*1000 + j + 1)
+	}
+	return tokens
+}
+
+// clusterPayload fills data with test chunk i's bytes, different in every
+// byte position and from chunk to chunk, so a byte comparison catches a
+// wrong chunk, a shifted one or a torn one.
+func clusterPayload(i int, data []byte) {
+	for j := range data {
+		data[j] = byte(i*131 + j*7 + j>>8)
 	}
 }
 
