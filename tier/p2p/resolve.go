@@ -43,11 +43,12 @@ func (f ResolverFunc) Holders(ctx context.Context, keys []chunk.Key) ([][]Peer, 
 // FromLookup is the hook for the controller's cluster index: it makes a
 // Resolver of a batched lookup keyed by a u64 chunk id (the index keys
 // chunks by id, not by whole key), given the function that derives a
-// chunk's id. The lookup's holder type is any struct of the three fields
-// of Peer, so the cluster package's own Holder{Instance, Addr, Tier}
-// plugs in as it is:
+// chunk's id. The lookup's holder type is any struct of exactly the three
+// fields of Peer, without struct tags: cluster.Holder carries JSON tags,
+// so a caller converts each holder (a conversion ignores tags), as the
+// daemon does in cmd/kvtier:
 //
-//	res := p2p.FromLookup(cluster.KeyID, cluster.Lookup)
+//	res := p2p.FromLookup(chunk.Key.Index, lookupAsPeers)
 func FromLookup[H ~struct{ Instance, Addr, Tier string }](id func(chunk.Key) uint64,
 	lookup func(ctx context.Context, ids []uint64) ([][]H, error)) Resolver {
 	return ResolverFunc(func(ctx context.Context, keys []chunk.Key) ([][]Peer, error) {
