@@ -102,14 +102,14 @@ func TestControllerPeersBatchesIndexKeys(t *testing.T) {
 // within about that timeout.
 func TestControllerPeersBoundedByRemoteTimeout(t *testing.T) {
 	reply := cluster.LookupReply{Holders: [][]cluster.HolderAt{nil}}
-	srv := fakeLookup(t, reply, time.Second, nil)
+	srv := fakeLookup(t, reply, 400*time.Millisecond, nil)
 	r := peersOf(t, srv.URL, 50*time.Millisecond)
 	start := time.Now()
 	_, err := r.resolver().Holders(context.Background(), []chunk.Key{{Scope: 1}})
 	if err == nil || !errors.Is(err, context.DeadlineExceeded) && !strings.Contains(err.Error(), "deadline") {
 		t.Fatalf("err = %v, want a deadline", err)
 	}
-	if took := time.Since(start); took > 500*time.Millisecond {
+	if took := time.Since(start); took > 300*time.Millisecond {
 		t.Fatalf("lookup took %v with a 50ms remote timeout", took)
 	}
 }

@@ -113,6 +113,11 @@ type Tier struct {
 	// resolver once. Never held across I/O.
 	mu    sync.Mutex
 	found map[chunk.Key]location
+	// listed remembers, as briefly, the holders a PrefixContains was
+	// told of, so that the Size of each chunk that follows (a LOOKUP then
+	// a RETRIEVE) asks those holders without one resolver call per chunk:
+	// with the controller's resolver that is an HTTP round trip each.
+	listed map[chunk.Key]listing
 
 	hits, misses, corrupt, bytesRead atomic.Uint64
 }
@@ -122,6 +127,12 @@ type location struct {
 	addr string
 	size int
 	at   time.Time
+}
+
+// listing is the holders of a chunk as the resolver named them.
+type listing struct {
+	peers []Peer
+	at    time.Time
 }
 
 // foundTTL is how long a location is trusted: long enough for the
@@ -148,7 +159,7 @@ func NewStatic(addrs []string, o Options) *Tier {
 }
 
 func newTier(res Resolver, ps *peers, o Options) *Tier {
-	return &Tier{res: res, peers: ps, o: o, found: make(map[chunk.Key]location)}
+	return &Tier{res: res, peers: ps, o: o, found: make(map[chunk.Key]location), listed: make(map[chunk.Key]listing)}
 }
 
 // Name implements tier.Tier.
@@ -173,11 +184,17 @@ func (t *Tier) PrefixContains(keys []chunk.Key) int {
 	}
 	holders, err := t.holders(keys)
 	if err != nil {
+		// A resolver that cannot answer now is not trusted for what it
+		// said a moment ago either.
+		t.unlist(keys)
 		return 0
 	}
 	n := 0
 	for n < len(keys) && n < len(holders) && t.usable(holders[n]) != "" {
 		n++
+	}
+	if _, static := t.res.(*Static); !static {
+		t.list(keys[:n], holders[:n])
 	}
 	return n
 }
@@ -198,11 +215,23 @@ func (t *Tier) Size(key chunk.Key) (int, bool) {
 		}
 		return 0, false
 	}
+	// Holders a PrefixContains was just told of are asked first; when
+	// none has the chunk any more the resolver is asked afresh.
+	if ps, ok := t.recallListed(key); ok {
+		if size, ok := t.sizeAtAny(key, ps); ok {
+			return size, true
+		}
+	}
 	holders, err := t.holders([]chunk.Key{key})
 	if err != nil || len(holders) == 0 {
 		return 0, false
 	}
-	for _, p := range holders[0] {
+	return t.sizeAtAny(key, holders[0])
+}
+
+// sizeAtAny asks each of ps in turn for key's size.
+func (t *Tier) sizeAtAny(key chunk.Key, ps []Peer) (int, bool) {
+	for _, p := range ps {
 		if size, ok := t.sizeAt(key, p.Addr); ok {
 			return size, true
 		}
@@ -289,6 +318,41 @@ func (t *Tier) remember(key chunk.Key, loc location) {
 	}
 	t.found[key] = loc
 	t.mu.Unlock()
+}
+
+// list remembers the holders of keys for the Size calls that follow.
+func (t *Tier) list(keys []chunk.Key, holders [][]Peer) {
+	now := time.Now()
+	t.mu.Lock()
+	if len(t.listed)+len(keys) > maxFound {
+		clear(t.listed)
+	}
+	for i, k := range keys[:min(len(keys), maxFound)] {
+		t.listed[k] = listing{peers: holders[i], at: now}
+	}
+	t.mu.Unlock()
+}
+
+// unlist forgets the holders remembered for keys.
+func (t *Tier) unlist(keys []chunk.Key) {
+	t.mu.Lock()
+	for _, k := range keys {
+		delete(t.listed, k)
+	}
+	t.mu.Unlock()
+}
+
+// recallListed returns the holders a recent PrefixContains was told of
+// for key, once: a later Size asks the resolver afresh.
+func (t *Tier) recallListed(key chunk.Key) ([]Peer, bool) {
+	t.mu.Lock()
+	l, ok := t.listed[key]
+	delete(t.listed, key)
+	t.mu.Unlock()
+	if !ok || time.Since(l.at) > foundTTL {
+		return nil, false
+	}
+	return l.peers, true
 }
 
 func (t *Tier) forget(key chunk.Key) {
