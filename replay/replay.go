@@ -2,6 +2,8 @@
 // workload: it reads Mooncake-format request traces, simulates a prefix
 // cache under each policy and under Belady's offline optimum, draws the
 // result as a chart, and replays the same trace through a real cache.
+// It also simulates routing over vLLM pods (SimulateRouting) and a cluster
+// of kvtier nodes with and without P2P between them (SimulateNodes).
 //
 // # Traces
 //

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"kvtier/internal/citest"
+	"kvtier/replay"
 )
 
 // TestReplayRealTracePrefix replays the first requests of the bundled trace
@@ -72,5 +73,59 @@ func TestReplayBadTrace(t *testing.T) {
 	f.trace = filepath.Join(t.TempDir(), "missing.jsonl")
 	if err := runReplay(context.Background(), f, &bytes.Buffer{}, &bytes.Buffer{}); err == nil {
 		t.Fatal("missing trace accepted")
+	}
+}
+
+// TestReplayNodesRealTrace simulates the bundled trace over four nodes
+// and checks the report: both table and JSON print, every routing runs
+// without and with P2P, the sources add up, and peers serve only with P2P.
+func TestReplayNodesRealTrace(t *testing.T) {
+	trace := citest.Shared(t, "traces", "conversation_trace.jsonl")
+	f := replayFlags{trace: trace, policy: "LRU", ramFrac: 0.01, diskFrac: 0.03, requests: 2000, noProgress: true,
+		nodes:  nodesFlags{nodes: 4, remote: 0.1, scorer: "longest-prefix"},
+		router: routerFlags{prefillRate: 10_000, decodeRate: 50, loadWeight: 0.05}}
+	var out bytes.Buffer
+	if err := runNodesReplay(context.Background(), f, &out, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", out.String())
+	for _, want := range []string{"local RAM", "peer", "remote", "miss", "round-robin", "kvtier+load"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q", want)
+		}
+	}
+	f.json = true
+	out.Reset()
+	if err := runNodesReplay(context.Background(), f, &out, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	var r nodesReport
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Requests != 2000 || len(r.Results) != 6 {
+		t.Fatalf("report: %d requests, %d results, want 2000 and 6", r.Requests, len(r.Results))
+	}
+	for _, x := range r.Results {
+		sum := 0.0
+		for _, v := range x.Fractions {
+			sum += v
+		}
+		if sum < 1-1e-9 || sum > 1+1e-9 {
+			t.Errorf("%s P2P %v: fractions sum to %v", x.Routing, x.P2P, sum)
+		}
+		peer := x.ByTier[replay.SourcePeer]
+		if !x.P2P && peer != 0 || x.P2P && x.Routing == replay.RouteRoundRobin && peer == 0 {
+			t.Errorf("%s P2P %v: %d peer tokens", x.Routing, x.P2P, peer)
+		}
+	}
+}
+
+func TestReplayNodesBadFlags(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "t.jsonl")
+	os.WriteFile(path, []byte("{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}\n"), 0o644)
+	f := replayFlags{trace: path, policy: "LRU", ramFrac: 0.5, noProgress: true, nodes: nodesFlags{nodes: 2, scorer: "nope"}}
+	if err := runNodesReplay(context.Background(), f, &bytes.Buffer{}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "nope") {
+		t.Errorf("unknown scorer: %v", err)
 	}
 }

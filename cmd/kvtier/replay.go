@@ -15,6 +15,7 @@ import (
 	"kvtier/chunk"
 	"kvtier/engine"
 	"kvtier/replay"
+	"kvtier/router/index"
 	"kvtier/tier/disk"
 	"kvtier/tier/policy"
 )
@@ -32,6 +33,7 @@ type replayFlags struct {
 	noProgress    bool
 	json          bool
 	router        routerFlags
+	nodes         nodesFlags
 }
 
 func replayCmd() *cobra.Command {
@@ -51,9 +53,20 @@ With --router it instead routes the trace over --pods simulated vLLM pods, each
 with an LRU GPU prefix cache of --gpu-tokens that publishes vLLM's KV events
 into kvtier's router index, and compares routing by kvtier's prefix score
 (alone, and traded against load) with round robin and least loaded: cache hit
-rate and load balance.`,
+rate and load balance.
+
+With --nodes N it instead simulates N kvtier nodes, each with a RAM tier of
+--ram and a disk tier of --disk (fractions of the distinct blocks, per node)
+under --policy, and a shared remote store of --remote. Requests are routed by
+the controller's --scorer over the nodes' holdings (alone, and traded against
+load as with --router) and, as a baseline, round robin. It reports where prompt
+tokens were found (local RAM, local disk, peer, remote, miss) without and with
+P2P between the nodes.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if f.nodes.nodes > 0 {
+				return runNodesReplay(cmd.Context(), f, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			}
 			if f.router.enabled {
 				return runRouterReplay(cmd.Context(), f, cmd.OutOrStdout(), cmd.ErrOrStderr())
 			}
@@ -75,9 +88,12 @@ rate and load balance.`,
 	fl.BoolVar(&f.router.enabled, "router", false, "instead: route the trace over simulated vLLM pods and compare kvtier's KV-aware routing with round robin and least loaded")
 	fl.IntVar(&f.router.pods, "pods", 4, "--router: simulated pods")
 	fl.IntVar(&f.router.gpuTokens, "gpu-tokens", 200_000, "--router: each pod's GPU prefix cache, in tokens")
-	fl.Float64Var(&f.router.prefillRate, "prefill-rate", 10_000, "--router: a pod's prefill speed, tokens/s (service-time model)")
-	fl.Float64Var(&f.router.decodeRate, "decode-rate", 50, "--router: one request's decode speed, tokens/s (service-time model)")
-	fl.Float64Var(&f.router.loadWeight, "load-weight", 0.05, "--router: kvtier+load's cost of one request in flight, in shares of the prompt cached")
+	fl.Float64Var(&f.router.prefillRate, "prefill-rate", 10_000, "--router, --nodes: a pod's (node's) prefill speed, tokens/s (service-time model)")
+	fl.Float64Var(&f.router.decodeRate, "decode-rate", 50, "--router, --nodes: one request's decode speed, tokens/s (service-time model)")
+	fl.Float64Var(&f.router.loadWeight, "load-weight", 0.05, "--router, --nodes: kvtier+load's cost of one request in flight, in shares of the prompt cached")
+	fl.IntVar(&f.nodes.nodes, "nodes", 0, "instead: simulate this many kvtier nodes routed by the controller's scorer, without and with P2P")
+	fl.Float64Var(&f.nodes.remote, "remote", 0, "--nodes: shared remote store capacity as a fraction of the trace's distinct blocks (0: none)")
+	fl.StringVar(&f.nodes.scorer, "scorer", index.ScorerLongestPrefix, "--nodes: the controller's scorer ("+strings.Join(index.ScorerNames(), ", ")+")")
 	return cmd
 }
 
