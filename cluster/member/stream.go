@@ -1,18 +1,13 @@
 package member
 
 import (
-	"context"
-	"encoding/binary"
-	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
-
-	"github.com/go-zeromq/zmq4"
 
 	"kvtier/chunk"
 	"kvtier/cluster"
 	"kvtier/kvevents"
+	"kvtier/kvevents/announce"
 )
 
 // Stream publishes the daemon's chunk admissions and drops, per tier and
@@ -27,27 +22,18 @@ import (
 // dropped with its sequence number consumed: the controller sees the gap
 // and asks for a resync.
 type Stream struct {
-	topic []byte
-	sock  zmq4.Socket
-	log   *slog.Logger
+	out *announce.Socket[message]
 
 	resyncMu sync.Mutex // one resync at a time
 
 	mu      sync.Mutex
 	seq     uint64 // last sequence number handed out; the first is 0
 	started bool
-	closed  bool
 	pending message // resync keys not yet queued
-	queue   chan message
-
-	sent, dropped atomic.Uint64
-	done          chan struct{}
-	cancel        context.CancelFunc
 }
 
 // message is one queued batch: a single event, or none (a keepalive).
 type message struct {
-	seq    uint64
 	kind   kvevents.Kind
 	medium string
 	keys   []uint64 // a resync batch; nil for a live event
@@ -65,24 +51,16 @@ const queueDepth = 16384
 
 // NewStream binds endpoint and starts the sender.
 func NewStream(endpoint, instance string, log *slog.Logger) (*Stream, error) {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	out, err := announce.Bind(announce.SocketOptions{Endpoint: endpoint, Topic: cluster.Topic(instance),
+		Label: "cluster_events_endpoint", Encoding: kvevents.Map, QueueDepth: queueDepth, Logger: log}, fill)
+	if err != nil {
+		return nil, err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	sock := zmq4.NewPub(ctx)
-	if err := sock.Listen(endpoint); err != nil {
-		cancel()
-		sock.Close()
-		return nil, fmt.Errorf("cluster_events_endpoint: binding %s: %w", endpoint, err)
-	}
-	s := &Stream{topic: []byte(cluster.Topic(instance)), sock: sock, log: log,
-		queue: make(chan message, queueDepth), done: make(chan struct{}), cancel: cancel}
-	go s.send()
-	return s, nil
+	return &Stream{out: out}, nil
 }
 
 // Addr returns the bound address (useful with port 0).
-func (s *Stream) Addr() string { return s.sock.Addr().String() }
+func (s *Stream) Addr() string { return s.out.Addr() }
 
 // Admitted implements engine.Observer.
 func (s *Stream) Admitted(tier string, key chunk.Key) { s.live(kvevents.BlockStored, tier, key) }
@@ -91,7 +69,7 @@ func (s *Stream) Admitted(tier string, key chunk.Key) { s.live(kvevents.BlockSto
 func (s *Stream) Dropped(tier string, key chunk.Key) { s.live(kvevents.BlockRemoved, tier, key) }
 
 func (s *Stream) live(kind kvevents.Kind, tier string, key chunk.Key) {
-	medium := mediumOf(tier)
+	medium := announce.Medium(tier)
 	if medium == "" {
 		return
 	}
@@ -135,7 +113,7 @@ func (s *Stream) Resync(l Lister) int {
 	s.mu.Unlock()
 	n := 0
 	l.ListChunks([]uint64{0}, func(tier string, key chunk.Key, _ int) bool {
-		medium := mediumOf(tier)
+		medium := announce.Medium(tier)
 		if medium == "" {
 			return true
 		}
@@ -171,77 +149,28 @@ func (s *Stream) flushLocked() {
 // enqueueLocked numbers m and queues it, or drops it (its number stays
 // used, so the controller sees the gap). Called with s.mu held.
 func (s *Stream) enqueueLocked(m message) {
-	if s.closed {
-		return
-	}
 	if s.started {
 		s.seq++
 	}
 	s.started = true
-	m.seq = s.seq
-	select {
-	case s.queue <- m:
+	s.out.Queue(s.seq, m)
+}
+
+// fill turns one queued message into its batch: nothing (a keepalive),
+// one live event, or a resync batch of keys.
+func fill(m message, batch *kvevents.Batch) {
+	switch {
+	case m.empty:
+	case m.keys == nil:
+		batch.Add(kvevents.Event{Kind: m.kind, Medium: m.medium}, []uint64{m.key}, nil)
 	default:
-		s.dropped.Add(1)
-	}
-}
-
-// mediumOf maps a local tier to the medium the index reads (the
-// router's tier names: RAM is CPU).
-func mediumOf(tier string) string {
-	switch tier {
-	case "mem":
-		return "CPU"
-	case "disk":
-		return "DISK"
-	}
-	return ""
-}
-
-// send publishes queued messages in order.
-func (s *Stream) send() {
-	defer close(s.done)
-	var seqFrame [8]byte
-	var batch kvevents.Batch
-	var payload []byte
-	enc := kvevents.Encoder{Encoding: kvevents.Map}
-	for m := range s.queue {
-		batch.Reset()
-		batch.Timestamp = kvevents.Now()
-		switch {
-		case m.empty:
-		case m.keys == nil:
-			batch.Add(kvevents.Event{Kind: m.kind, Medium: m.medium}, []uint64{m.key}, nil)
-		default:
-			batch.Add(kvevents.Event{Kind: m.kind, Medium: m.medium}, m.keys, nil)
-		}
-		payload = enc.Append(payload[:0], &batch)
-		binary.BigEndian.PutUint64(seqFrame[:], m.seq)
-		// zmq4 may keep the frames until written: give it its own copies.
-		msg := zmq4.NewMsgFrom(s.topic, append([]byte(nil), seqFrame[:]...), append([]byte(nil), payload...))
-		if err := s.sock.SendMulti(msg); err != nil {
-			s.log.Warn("cluster chunk stream: sending", "err", err)
-			continue
-		}
-		s.sent.Add(1)
+		batch.Add(kvevents.Event{Kind: m.kind, Medium: m.medium}, m.keys, nil)
 	}
 }
 
 // Stats reports messages sent and dropped.
-func (s *Stream) Stats() (sent, dropped uint64) { return s.sent.Load(), s.dropped.Load() }
+func (s *Stream) Stats() (sent, dropped uint64) { return s.out.Stats() }
 
 // Close sends what is queued and closes the socket. Call it after the
 // tiers stop changing.
-func (s *Stream) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	close(s.queue)
-	s.mu.Unlock()
-	<-s.done
-	s.cancel()
-	return s.sock.Close()
-}
+func (s *Stream) Close() error { return s.out.Close() }

@@ -1,20 +1,16 @@
 // Package announce publishes, as vLLM-format KV events on a ZMQ PUB
 // socket, which prompt blocks this node's kvtier holds in RAM and on disk,
 // so that a kvtier router (or llm-d's indexer) credits the pod with them.
-// The event format is package kvevents'; this package owns the socket, the
-// mapping from kvtier's chunk keys to vLLM's block hashes, and the queue
-// that keeps a slow subscriber from ever slowing the cache.
+// The event format is package kvevents'; this package owns the socket and
+// the queue that keeps a slow subscriber from ever slowing the cache
+// (Socket, which the cluster's chunk stream in cluster/member uses too),
+// and the mapping from kvtier's chunk keys to vLLM's block hashes.
 package announce
 
 import (
-	"context"
-	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
-
-	"github.com/go-zeromq/zmq4"
 
 	"kvtier/chunk"
 	"kvtier/kvevents"
@@ -62,20 +58,11 @@ type Options struct {
 type Publisher struct {
 	opts   Options
 	hasher *chunk.VLLMHasher
-	topic  []byte
-	sock   zmq4.Socket
-	log    *slog.Logger
+	out    *Socket[blockEvent]
 
 	mu     sync.Mutex
 	chunks map[chunk.Key]*chunkBlocks
 	seq    uint64 // last sequence number handed out
-	closed bool
-
-	queue   chan blockEvent
-	dropped atomic.Uint64
-	sent    atomic.Uint64
-	done    chan struct{}
-	cancel  context.CancelFunc
 }
 
 // chunkBlocks is what an announced chunk needs: its blocks' hashes, the
@@ -93,7 +80,6 @@ type blockEvent struct {
 	hashes    []uint64 // shared with chunkBlocks; never modified after Note
 	parent    uint64
 	hasParent bool
-	seq       uint64
 }
 
 // maxAnnounced bounds the chunks whose block hashes are remembered.
@@ -114,25 +100,18 @@ func New(o Options) (*Publisher, error) {
 	if o.QueueDepth <= 0 {
 		o.QueueDepth = 8192
 	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
+	p := &Publisher{opts: o, hasher: hasher, chunks: make(map[chunk.Key]*chunkBlocks)}
+	out, err := Bind(SocketOptions{Endpoint: o.Endpoint, Topic: "kv@" + o.Pod + "@" + o.Model, Label: "kv events",
+		Encoding: o.Encoding, QueueDepth: o.QueueDepth, Logger: o.Logger}, p.batchOf)
+	if err != nil {
+		return nil, err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	sock := zmq4.NewPub(ctx)
-	if err := sock.Listen(o.Endpoint); err != nil {
-		cancel()
-		sock.Close()
-		return nil, fmt.Errorf("kv events: binding %s: %w", o.Endpoint, err)
-	}
-	p := &Publisher{opts: o, hasher: hasher, topic: []byte("kv@" + o.Pod + "@" + o.Model), sock: sock, log: o.Logger,
-		chunks: make(map[chunk.Key]*chunkBlocks), queue: make(chan blockEvent, o.QueueDepth),
-		done: make(chan struct{}), cancel: cancel}
-	go p.send()
+	p.out = out
 	return p, nil
 }
 
 // Addr returns the bound address (useful with port 0).
-func (p *Publisher) Addr() string { return p.sock.Addr().String() }
+func (p *Publisher) Addr() string { return p.out.Addr() }
 
 // Hasher returns the vLLM hasher the events use.
 func (p *Publisher) Hasher() *chunk.VLLMHasher { return p.hasher }
@@ -161,17 +140,16 @@ func (p *Publisher) Admitted(tierName string, key chunk.Key) { p.observe(true, t
 func (p *Publisher) Dropped(tierName string, key chunk.Key) { p.observe(false, tierName, key) }
 
 func (p *Publisher) observe(stored bool, tierName string, key chunk.Key) {
-	medium := mediumOf(tierName)
+	medium := Medium(tierName)
 	if medium == "" {
 		return
 	}
 	// Sequence numbers are handed out and events queued under one lock,
-	// so the queue is in sequence order: out-of-order numbers would look
-	// like a publisher restart to the router.
+	// so the queue is in sequence order (see Socket.Queue).
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	c, ok := p.chunks[key]
-	if !ok || p.closed {
+	if !ok {
 		return
 	}
 	if stored {
@@ -180,43 +158,7 @@ func (p *Publisher) observe(stored bool, tierName string, key chunk.Key) {
 		delete(p.chunks, key)
 	}
 	p.seq++
-	ev := blockEvent{stored: stored, medium: medium, hashes: c.hashes, parent: c.parent, hasParent: c.hasParent, seq: p.seq}
-	select {
-	case p.queue <- ev:
-	default:
-		p.dropped.Add(1) // its sequence number stays unused: the router sees a gap
-	}
-}
-
-// mediumOf maps a local tier to the medium vLLM's events name.
-func mediumOf(tierName string) string {
-	switch tierName {
-	case "mem":
-		return "CPU"
-	case "disk":
-		return "DISK"
-	}
-	return ""
-}
-
-// send publishes queued events in order, one message per event. A message
-// carries the event's own sequence number, so drops show as gaps.
-func (p *Publisher) send() {
-	defer close(p.done)
-	var seqFrame [8]byte
-	var batch kvevents.Batch
-	enc := kvevents.Encoder{Encoding: p.opts.Encoding}
-	for ev := range p.queue {
-		p.batchOf(ev, &batch)
-		payload := enc.Append(nil, &batch)
-		binary.BigEndian.PutUint64(seqFrame[:], ev.seq)
-		msg := zmq4.NewMsgFrom(p.topic, append([]byte(nil), seqFrame[:]...), payload)
-		if err := p.sock.SendMulti(msg); err != nil {
-			p.log.Warn("kv events: sending", "err", err)
-			continue
-		}
-		p.sent.Add(1)
-	}
+	p.out.Queue(p.seq, blockEvent{stored: stored, medium: medium, hashes: c.hashes, parent: c.parent, hasParent: c.hasParent})
 }
 
 // batchOf fills b with the one event of ev: a BlockStored or BlockRemoved
@@ -225,8 +167,6 @@ func (p *Publisher) send() {
 // read them, and llm-d treats a token-less BlockStored as a tier update of
 // blocks it already knows from the pod's GPU events.
 func (p *Publisher) batchOf(ev blockEvent, b *kvevents.Batch) {
-	b.Reset()
-	b.Timestamp = kvevents.Now()
 	e := kvevents.Event{Kind: kvevents.BlockRemoved, Medium: ev.medium}
 	if ev.stored {
 		e.Kind, e.BlockSize = kvevents.BlockStored, p.opts.BlockSize
@@ -236,20 +176,8 @@ func (p *Publisher) batchOf(ev blockEvent, b *kvevents.Batch) {
 }
 
 // Stats reports events sent and dropped.
-func (p *Publisher) Stats() (sent, dropped uint64) { return p.sent.Load(), p.dropped.Load() }
+func (p *Publisher) Stats() (sent, dropped uint64) { return p.out.Stats() }
 
-// Close stops observing new events, sends what is queued and closes the
-// socket. Call it after the tiers stop changing (after the engine closed).
-func (p *Publisher) Close() error {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return nil
-	}
-	p.closed = true
-	close(p.queue)
-	p.mu.Unlock()
-	<-p.done
-	p.cancel()
-	return p.sock.Close()
-}
+// Close sends what is queued and closes the socket. Call it after the
+// tiers stop changing (after the engine closed).
+func (p *Publisher) Close() error { return p.out.Close() }
