@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +22,7 @@ import (
 	"kvtier/chunk"
 	"kvtier/internal/msgpacktest"
 	"kvtier/internal/redistest"
+	"kvtier/internal/servetest"
 	"kvtier/router/api"
 	"kvtier/router/index"
 	"kvtier/router/ingest"
@@ -160,7 +160,7 @@ func controllerServesScores(t *testing.T, with ...func(*Config)) {
 	for _, set := range with {
 		set(&cfg)
 	}
-	logs := &syncBuffer{}
+	logs := &servetest.Log{}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	exited := make(chan error, 1)
@@ -210,7 +210,7 @@ func controllerServesScores(t *testing.T, with ...func(*Config)) {
 }
 
 // waitListening returns the score API's URL once the controller logs it.
-func waitListening(t *testing.T, logs *syncBuffer, exited <-chan error) string {
+func waitListening(t *testing.T, logs *servetest.Log, exited <-chan error) string {
 	t.Helper()
 	deadline := time.Now().Add(hang)
 	for {
@@ -226,24 +226,6 @@ func waitListening(t *testing.T, logs *syncBuffer, exited <-chan error) string {
 			t.Fatalf("controller did not log its address within %v:\n%s", hang, logs)
 		}
 	}
-}
-
-// syncBuffer collects the controller's logs while the test reads them.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func scoreOnce(t *testing.T, url string, body []byte) api.ScoreResponse {

@@ -27,7 +27,7 @@ func TestFlushThenKill(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
-	c, err := client.DialTCP(ctx, p.tcp, client.Options{})
+	c, err := client.DialTCP(ctx, p.TCP, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestFlushThenKill(t *testing.T) {
 	p.kill()
 
 	p = startProc(t, dir, conf)
-	c, err = client.DialTCP(ctx, p.tcp, client.Options{})
+	c, err = client.DialTCP(ctx, p.TCP, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func TestFlushThenKill(t *testing.T) {
 
 func adminFlush(t *testing.T, p *proc) admin.FlushResult {
 	t.Helper()
-	resp, err := http.Post(p.admin+"/api/v1/flush?timeout=30s", "", nil)
+	resp, err := http.Post(p.Admin+"/api/v1/flush?timeout=30s", "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"kvtier/client"
+	"kvtier/internal/servetest"
 	"kvtier/server"
 )
 
@@ -26,9 +27,7 @@ func TestMain(m *testing.M) {
 		os.Exit(runChild(mode, os.Getenv("KVTIER_TEST_SOCK")))
 	}
 	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
+	servetest.Cleanup()
 	os.Exit(code)
 }
 

@@ -19,7 +19,7 @@ func TestLeasesMetricCountsClientLeases(t *testing.T) {
 	p := startProc(t, t.TempDir(), "chunk_size: 16\nmax_local_cpu_size: 0.0625\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	checkServes(t, p.tcp, 5) // stores the prompt of salt 5
+	checkServes(t, p.TCP, 5) // stores the prompt of salt 5
 	want := func(n int) {
 		t.Helper()
 		if got := p.metric(t, "kvtier_arena_leases"); got != float64(n) {
@@ -31,7 +31,7 @@ func TestLeasesMetricCountsClientLeases(t *testing.T) {
 	}
 	want(0)
 
-	remote, err := client.DialTCP(ctx, p.tcp, client.Options{})
+	remote, err := client.DialTCP(ctx, p.TCP, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func TestLeasesMetricCountsClientLeases(t *testing.T) {
 	}
 	want(1)
 
-	local, err := client.DialUnix(ctx, p.sock, client.Options{})
+	local, err := client.DialUnix(ctx, p.Sock, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestLeasesMetricCountsClientLeases(t *testing.T) {
 
 func statsLeases(t *testing.T, p *proc) int {
 	t.Helper()
-	resp, err := http.Get(p.admin + "/api/v1/stats")
+	resp, err := http.Get(p.Admin + "/api/v1/stats")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -95,7 +95,7 @@ func checkServes(t *testing.T, addr string, salt uint32) {
 func TestStalledClientsHoldLittleMemory(t *testing.T) {
 	const stalled = 256
 	p := startProc(t, t.TempDir(), "chunk_size: 16\nmax_local_cpu_size: 0.0625\nmax_connections: 300\nframe_timeout: 2m\n")
-	checkServes(t, p.tcp, 1)
+	checkServes(t, p.TCP, 1)
 	waitFor(t, "the first client to go", func() bool { return p.metric(t, "kvtier_client_connections") == 0 })
 	before := p.rss(t)
 
@@ -106,7 +106,7 @@ func TestStalledClientsHoldLittleMemory(t *testing.T) {
 		}
 	}()
 	for range stalled {
-		c := dialRaw(t, p.tcp)
+		c := dialRaw(t, p.TCP)
 		conns = append(conns, c)
 		if _, err := c.Write(stallHeader()); err != nil {
 			t.Fatal(err)
@@ -115,7 +115,7 @@ func TestStalledClientsHoldLittleMemory(t *testing.T) {
 	waitFor(t, "every stalled client to be served", func() bool {
 		return p.metric(t, "kvtier_client_connections") == stalled
 	})
-	checkServes(t, p.tcp, 2) // answered while they stall
+	checkServes(t, p.TCP, 2) // answered while they stall
 	during := p.rss(t)
 
 	for _, c := range conns {
@@ -123,7 +123,7 @@ func TestStalledClientsHoldLittleMemory(t *testing.T) {
 	}
 	conns = conns[:0]
 	waitFor(t, "the stalled clients to go", func() bool { return p.metric(t, "kvtier_client_connections") == 0 })
-	checkServes(t, p.tcp, 3)
+	checkServes(t, p.TCP, 3)
 	after := p.rss(t)
 	t.Logf("daemon VmRSS: before %.1f MiB, with %d stalled clients %.1f MiB, after they left %.1f MiB",
 		mib(before), stalled, mib(during), mib(after))
@@ -150,17 +150,17 @@ func TestConnectionCap(t *testing.T) {
 		}
 	}()
 	for range 4 {
-		c, err := client.DialTCP(ctx, p.tcp, client.Options{})
+		c, err := client.DialTCP(ctx, p.TCP, client.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		open = append(open, c)
 	}
-	_, err := client.DialTCP(ctx, p.tcp, client.Options{})
+	_, err := client.DialTCP(ctx, p.TCP, client.Options{})
 	if !client.IsStatus(err, wire.StatusNoSpace) || !strings.Contains(err.Error(), "max_connections") {
 		t.Fatalf("a fifth connection: %v, want NO_SPACE naming max_connections", err)
 	}
-	if _, err := client.DialUnix(ctx, p.sock, client.Options{}); !client.IsStatus(err, wire.StatusNoSpace) {
+	if _, err := client.DialUnix(ctx, p.Sock, client.Options{}); !client.IsStatus(err, wire.StatusNoSpace) {
 		t.Fatalf("a fifth connection on the local socket: %v, want NO_SPACE", err)
 	}
 	if got := p.metric(t, "kvtier_connections_refused_total"); got != 2 {
@@ -174,7 +174,7 @@ func TestConnectionCap(t *testing.T) {
 	open[0].Close()
 	open = open[1:]
 	waitFor(t, "a connection to close", func() bool { return p.metric(t, "kvtier_client_connections") == 3 })
-	c, err := client.DialTCP(ctx, p.tcp, client.Options{})
+	c, err := client.DialTCP(ctx, p.TCP, client.Options{})
 	if err != nil {
 		t.Fatalf("after one left: %v", err)
 	}
@@ -201,7 +201,7 @@ func TestFrameTimeout(t *testing.T) {
 
 	for name, send := range map[string][]byte{"metadata body": half, "chunk bytes": partStore} {
 		t.Run(name, func(t *testing.T) {
-			c := dialRaw(t, p.tcp)
+			c := dialRaw(t, p.TCP)
 			defer c.Close()
 			if _, err := c.Write(send); err != nil {
 				t.Fatal(err)
@@ -221,12 +221,12 @@ func TestFrameTimeout(t *testing.T) {
 		})
 	}
 	waitFor(t, "the stalled STORE's reservation to be freed", func() bool { return arenaUsed(t, p) == usedBefore })
-	checkServes(t, p.tcp, 4)
+	checkServes(t, p.TCP, 4)
 }
 
 func arenaUsed(t *testing.T, p *proc) int64 {
 	t.Helper()
-	resp, err := http.Get(p.admin + "/api/v1/stats")
+	resp, err := http.Get(p.Admin + "/api/v1/stats")
 	if err != nil {
 		t.Fatal(err)
 	}

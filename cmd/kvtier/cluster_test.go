@@ -19,6 +19,7 @@ import (
 	"kvtier/chunk"
 	"kvtier/client"
 	"kvtier/cluster"
+	"kvtier/internal/servetest"
 )
 
 // The cluster tests run a real `kvtier controller` and real `kvtier
@@ -35,7 +36,7 @@ var clusterScope = chunk.Scope{Model: "cluster-model", WorldSize: 1, Format: "bf
 // controllerProc is a running `kvtier controller`.
 type controllerProc struct {
 	cmd    *exec.Cmd
-	stderr *syncBuffer
+	stderr *servetest.Log
 	exited chan error
 }
 
@@ -53,13 +54,13 @@ func freePort(t *testing.T) string {
 
 func startController(t *testing.T, addr string) *controllerProc {
 	t.Helper()
-	bin, err := buildKvtier()
+	bin, err := servetest.Binary()
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := &controllerProc{cmd: exec.Command(bin, "controller", "--listen", addr, "--hash-seed", "0",
 		"--heartbeat-interval", "250ms"),
-		stderr: &syncBuffer{}, exited: make(chan error, 1)}
+		stderr: &servetest.Log{}, exited: make(chan error, 1)}
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -110,7 +111,7 @@ func clusterDaemonWith(t *testing.T, ctrl, instance, extra string) (*daemon, str
 	return startDaemon(t, []string{"KVTIER_SOCKET_PATH=" + sock}, "--config", path), sock
 }
 
-func waitFor(t *testing.T, what string, ok func() bool, logs ...*syncBuffer) {
+func waitFor(t *testing.T, what string, ok func() bool, logs ...*servetest.Log) {
 	t.Helper()
 	deadline := time.Now().Add(hang)
 	for !ok() {

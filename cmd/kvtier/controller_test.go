@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"kvtier/controller"
+	"kvtier/internal/servetest"
 )
 
 // controllerFile sets every key of the controller's configuration.
@@ -110,12 +111,12 @@ func TestControllerCommandRuns(t *testing.T) {
 	if err := os.WriteFile(path, []byte("hash_seed: 0\npods: [a=m=tcp://127.0.0.1:1]\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	bin, err := buildKvtier()
+	bin, err := servetest.Binary()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, "controller", "--config", path, "--listen", "127.0.0.1:0")
-	stderr := &syncBuffer{}
+	stderr := &servetest.Log{}
 	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

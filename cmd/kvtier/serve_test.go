@@ -12,13 +12,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"kvtier/config"
 	"kvtier/engine"
+	"kvtier/internal/servetest"
 )
 
 // hang bounds every wait on the daemon. It only catches a daemon that
@@ -84,51 +84,18 @@ func TestServeRefusesBadConfig(t *testing.T) {
 	}
 }
 
-// buildKvtier builds the binary once per test run.
-var buildKvtier = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "kvtier-bin-")
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "kvtier")
-	// go test puts its own toolchain first on PATH.
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build: %v\n%s", err, out)
-	}
-	return bin, nil
-})
-
+// TestMain removes the kvtier binary the process tests built, if any
+// (package servetest builds it once, on first use).
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if bin, err := buildKvtier(); err == nil {
-		os.RemoveAll(filepath.Dir(bin))
-	}
+	servetest.Cleanup()
 	os.Exit(code)
-}
-
-// syncBuffer collects a child's stderr while the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // daemon is a running `kvtier serve`.
 type daemon struct {
 	cmd    *exec.Cmd
-	stderr *syncBuffer
+	stderr *servetest.Log
 	url    string
 	exited chan error
 }
@@ -139,7 +106,7 @@ var listening = regexp.MustCompile(`msg="admin listening" addr=(\S+)`)
 // plus env, and waits until it logs its admin address and reports ready.
 func startDaemon(t *testing.T, env []string, args ...string) *daemon {
 	t.Helper()
-	bin, err := buildKvtier()
+	bin, err := servetest.Binary()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +120,7 @@ func startDaemon(t *testing.T, env []string, args ...string) *daemon {
 	// A socket of its own, so the test never meets a daemon already running.
 	cmd.Env = append(cmd.Env, "KVTIER_SOCKET_PATH="+filepath.Join(t.TempDir(), "kvtier.sock"))
 	cmd.Env = append(cmd.Env, env...)
-	d := &daemon{cmd: cmd, stderr: &syncBuffer{}, exited: make(chan error, 1)}
+	d := &daemon{cmd: cmd, stderr: &servetest.Log{}, exited: make(chan error, 1)}
 	cmd.Stderr = d.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

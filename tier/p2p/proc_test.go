@@ -4,145 +4,40 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
-	"io"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"regexp"
-	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"kvtier/chunk"
 	"kvtier/client"
+	"kvtier/internal/servetest"
 )
 
 // The tests in this file run real `kvtier serve` processes on loopback,
 // each with its own socket, ports and directory, so that what crosses
 // between daemons is exactly what would between hosts.
 
-var binDir string
-
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
+	servetest.Cleanup()
 	os.Exit(code)
 }
 
-// buildKvtier builds the binary once per test run.
-var buildKvtier = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "kvtier-p2p-test-")
-	if err != nil {
-		return "", err
-	}
-	binDir = dir
-	bin := filepath.Join(dir, "kvtier")
-	out, err := exec.Command("go", "build", "-o", bin, "kvtier/cmd/kvtier").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build: %v\n%s", err, out)
-	}
-	return bin, nil
-})
-
-// logBuffer collects a child's stderr while the test reads it.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// proc is a running `kvtier serve`.
-type proc struct {
-	cmd    *exec.Cmd
-	log    *logBuffer
-	exited chan error
-	tcp    string
-	admin  string
-}
-
-var (
-	adminLine = regexp.MustCompile(`msg="admin listening" addr=(\S+)`)
-	tcpLine   = regexp.MustCompile(`msg="tcp protocol listening" addr=(\S+)`)
-)
+// proc is a running `kvtier serve` (package servetest).
+type proc struct{ *servetest.Daemon }
 
 // startProc runs `kvtier serve` on conf plus a private socket, loopback
-// ports picked by the kernel (unless conf names tcp_addr) and data dir.
+// ports picked by the kernel (unless conf names tcp_addr), data dir and
+// the tests' TCP token.
 func startProc(t *testing.T, conf string) *proc {
 	t.Helper()
-	bin, err := buildKvtier()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	if !strings.Contains(conf, "tcp_addr:") {
-		conf += "\ntcp_addr: 127.0.0.1:0"
-	}
-	conf += fmt.Sprintf("\nsocket_path: %s\nadmin_addr: 127.0.0.1:0\ndata_dir: %s\ntcp_token: %s\n",
-		filepath.Join(dir, "kvtier.sock"), dir, token)
-	path := filepath.Join(dir, "kvtier.yaml")
-	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "serve", "--config", path)
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "KVTIER_") && !strings.HasPrefix(kv, "LMCACHE_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	p := &proc{cmd: cmd, log: &logBuffer{}, exited: make(chan error, 1)}
-	cmd.Stderr = p.log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.exited <- cmd.Wait() }()
-	t.Cleanup(p.kill)
-	deadline := time.Now().Add(30 * time.Second)
-	for p.admin == "" || p.tcp == "" {
-		log := p.log.String()
-		if m := adminLine.FindStringSubmatch(log); m != nil {
-			p.admin = "http://" + m[1]
-		}
-		if m := tcpLine.FindStringSubmatch(log); m != nil {
-			p.tcp = m[1]
-		}
-		select {
-		case err := <-p.exited:
-			t.Fatalf("kvtier serve exited before listening: %v\n%s", err, log)
-		case <-time.After(10 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("kvtier serve did not start listening:\n%s", log)
-		}
-	}
-	return p
+	return &proc{servetest.Start(t, t.TempDir(), conf+"\ntcp_token: "+token+"\n")}
 }
 
 // kill ends the daemon with SIGKILL: nothing of its shutdown runs, as
 // when a node dies.
-func (p *proc) kill() {
-	p.cmd.Process.Signal(syscall.SIGKILL)
-	select {
-	case <-p.exited:
-	case <-time.After(10 * time.Second):
-	}
-}
+func (p *proc) kill() { p.Kill() }
 
 func dial(t *testing.T, addr string) *client.Client {
 	t.Helper()
@@ -160,7 +55,7 @@ func dial(t *testing.T, addr string) *client.Client {
 // admin API.
 func peerCircuit(t *testing.T, p *proc, peer string) string {
 	t.Helper()
-	resp, err := http.Get(p.admin + "/api/v1/stats")
+	resp, err := http.Get(p.Admin + "/api/v1/stats")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,24 +79,7 @@ func peerCircuit(t *testing.T, p *proc, peer string) string {
 }
 
 // metric returns the value of one sample of daemon p's /metrics.
-func metric(t *testing.T, p *proc, sample string) string {
-	t.Helper()
-	resp, err := http.Get(p.admin + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for line := range strings.Lines(string(body)) {
-		if v, ok := strings.CutPrefix(line, sample+" "); ok {
-			return strings.TrimSpace(v)
-		}
-	}
-	return ""
-}
+func metric(t *testing.T, p *proc, sample string) string { return p.Metric(t, sample) }
 
 // TestProcessesPullAcrossDaemons is the proof with real processes:
 // daemon 1 stores chunks, daemon 2 (p2p_peers: daemon 1) retrieves them
@@ -212,8 +90,8 @@ func TestProcessesPullAcrossDaemons(t *testing.T) {
 	const size = 256 << 10
 	// 4 MiB of RAM: 40 chunks of 256 KiB push the first ones to disk.
 	d1 := startProc(t, "chunk_size: 16\nmax_local_cpu_size: 0.00390625\nmax_local_disk_size: 0.0625\nlocal_disk: "+t.TempDir())
-	d2 := startProc(t, "chunk_size: 16\nmax_local_cpu_size: 0.0625\np2p_peers: ["+d1.tcp+"]")
-	c1, c2 := dial(t, d1.tcp), dial(t, d2.tcp)
+	d2 := startProc(t, "chunk_size: 16\nmax_local_cpu_size: 0.0625\np2p_peers: ["+d1.TCP+"]")
+	c1, c2 := dial(t, d1.TCP), dial(t, d2.TCP)
 	ctx := context.Background()
 
 	put := func(from, to int) {
@@ -250,7 +128,7 @@ func TestProcessesPullAcrossDaemons(t *testing.T) {
 	// From daemon 1's disk: chunks 10..11 are pushed out of its RAM by
 	// those stored after them.
 	put(10, 50)
-	sizes, err := dial(t, d1.tcp).Sizes(ctx, client.Raw([]chunk.Key{key(10)}))
+	sizes, err := dial(t, d1.TCP).Sizes(ctx, client.Raw([]chunk.Key{key(10)}))
 	if err != nil || len(sizes) != 1 {
 		t.Fatalf("chunk 10 is gone from daemon 1: %v, %v", sizes, err)
 	}
@@ -276,8 +154,8 @@ func TestProcessesPullAcrossDaemons(t *testing.T) {
 		if el := time.Since(start); el > 2*time.Second {
 			t.Fatalf("a miss on a dead peer took %v", el)
 		}
-		if peerCircuit(t, d2, d1.tcp) == "open" {
-			if m := metric(t, d2, `kvtier_p2p_peer_circuit_state{peer="`+d1.tcp+`"}`); m != "1" {
+		if peerCircuit(t, d2, d1.TCP) == "open" {
+			if m := metric(t, d2, `kvtier_p2p_peer_circuit_state{peer="`+d1.TCP+`"}`); m != "1" {
 				t.Fatalf("kvtier_p2p_peer_circuit_state = %q, want 1 (open)", m)
 			}
 			break
