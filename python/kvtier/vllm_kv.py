@@ -20,9 +20,9 @@ Layouts (``Layout.form``):
     ``[B, N, latent]`` (or ``[B, 1, N, latent]``), one latent per token.
 
 Chunks are KV_2LTD ``[parts, layers, tokens, heads*dim]`` in the KV dtype —
-byte for byte the Go package ``kvtier/kvformat`` (KV_MLA_FMT for MLA) — so
-chunks written here are interchangeable with ``layout.py``'s and the
-daemon's. In cross-layer mode (``prefer_cross_layer_blocks``) a chunk is
+byte for byte the Go package ``kvtier/kvformat`` (KV_MLA_FMT for MLA; see
+:mod:`kvtier.layout`) — so chunks written here are interchangeable with the
+daemon's and with other engines' of any layout. In cross-layer mode (``prefer_cross_layer_blocks``) a chunk is
 instead the chunk's physical blocks, each holding every layer, copied whole.
 
 Device discipline: index tensors live on the KV's device and every gather or

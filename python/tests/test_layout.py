@@ -1,9 +1,12 @@
-"""KV_2LTD gather/scatter: byte layout and round trips for both paged shapes."""
+"""KV_2LTD gather/scatter (kvtier.vllm_kv): byte layout and round trips for both legacy 5-D paged shapes."""
 
 import pytest
 import torch
 
-from kvtier import layout
+from kvtier import vllm_kv as layout
+
+CPU = torch.device("cpu")
+COPY = layout.HostCopier()
 
 
 def _paged(kind, nb=6, bs=4, h=2, d=3, layers=3, dtype=torch.float32):
@@ -21,14 +24,14 @@ def _k_v(kind, kv, block, off):
 @pytest.mark.parametrize("kind", [layout.BLOCK_FIRST, layout.KV_FIRST])
 def test_gather_matches_the_kv_2ltd_formula(kind):
     kvs = _paged(kind)
-    paged = layout.Paged.of(kvs[0])
-    assert paged.kind == kind
+    paged = layout.Layout.detect(kvs[0])
+    assert paged.form == kind
     block_ids = [5, 2, 3]
-    slots = layout.slots_of(block_ids, paged.block_size, 2, 9)  # 7 tokens crossing blocks
+    slots = layout.token_index(block_ids, paged.block_size, 2, 9, CPU)  # 7 tokens crossing blocks
     raw = torch.zeros(paged.chunk_bytes(3, 7), dtype=torch.uint8)
     chunk = layout.chunk_view(raw, paged, 3)
     for l, kv in enumerate(kvs):
-        layout.gather_layer(chunk, l, paged, kv, slots)
+        layout.gather_layer(COPY, chunk, l, paged, kv, slots)
     flat = raw.view(torch.float32)
     H, T, L = 6, 7, 3
     for l, kv in enumerate(kvs):
@@ -43,16 +46,16 @@ def test_gather_matches_the_kv_2ltd_formula(kind):
 @pytest.mark.parametrize("kind", [layout.BLOCK_FIRST, layout.KV_FIRST])
 def test_scatter_round_trips_and_respects_first(kind):
     src = _paged(kind)
-    paged = layout.Paged.of(src[0])
-    slots = layout.slots_of([1, 4], paged.block_size, 0, 8)
+    paged = layout.Layout.detect(src[0])
+    slots = layout.token_index([1, 4], paged.block_size, 0, 8, CPU)
     raw = torch.empty(paged.chunk_bytes(3, 8), dtype=torch.uint8)
     chunk = layout.chunk_view(raw, paged, 3)
     for l, kv in enumerate(src):
-        layout.gather_layer(chunk, l, paged, kv, slots)
+        layout.gather_layer(COPY, chunk, l, paged, kv, slots)
     dst = [torch.zeros_like(kv) for kv in src]
-    dst_slots = layout.slots_of([0, 3], paged.block_size, 3, 8)  # skip the first 3 tokens
+    dst_slots = layout.token_index([0, 3], paged.block_size, 3, 8, CPU)  # skip the first 3 tokens
     for l, kv in enumerate(dst):
-        layout.scatter_layer(chunk, l, paged, kv, dst_slots, first=3)
+        layout.scatter_layer(COPY, chunk, l, paged, kv, dst_slots, first=3)
     for l in range(3):
         for tok in range(8):
             want = _k_v(kind, src[l], [1, 4][tok // 4], tok % 4)
@@ -64,7 +67,7 @@ def test_scatter_round_trips_and_respects_first(kind):
 
 
 def test_chunk_view_rejects_partial_tokens():
-    paged = layout.Paged.of(_paged(layout.KV_FIRST)[0])
+    paged = layout.Layout.detect(_paged(layout.KV_FIRST)[0])
     with pytest.raises(ValueError):
         layout.chunk_view(torch.zeros(7, dtype=torch.uint8), paged, 3)
     # Whole tokens view as (K/V, layer, token, row), aliasing the bytes.

@@ -20,7 +20,6 @@ from typing import Callable, List, Optional
 
 import torch
 
-from .. import layout
 from .. import vllm_kv
 
 
@@ -104,19 +103,19 @@ class Llama:
 
     @torch.no_grad()
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-                context_slots: torch.Tensor, kv_caches: List[torch.Tensor], paged,
+                context_slots: torch.Tensor, kv_caches: List[torch.Tensor], lay: vllm_kv.Layout,
                 hooks: Optional[LayerHooks] = None, last_only: bool = True) -> torch.Tensor:
         """Runs the new tokens of one request; returns logits (of the last token by default).
 
         ``context_slots`` are the slots of tokens 0..positions[-1] (the whole
-        context including the new tokens), in order. ``paged`` is a
-        :class:`layout.Paged` or a :class:`vllm_kv.Layout`.
+        context including the new tokens), in order; ``lay`` is the cache's layout.
         """
-        return self.forward_batch([(token_ids, positions, slot_mapping, context_slots)], kv_caches, paged,
+        return self.forward_batch([(token_ids, positions, slot_mapping, context_slots)], kv_caches, lay,
                                   hooks, last_only)[0]
 
     @torch.no_grad()
-    def forward_batch(self, batch, kv_caches: List[torch.Tensor], paged, hooks: Optional[LayerHooks] = None,
+    def forward_batch(self, batch, kv_caches: List[torch.Tensor], lay: vllm_kv.Layout,
+                      hooks: Optional[LayerHooks] = None,
                       last_only: bool = True) -> List[torch.Tensor]:
         """One forward pass over several requests, layer by layer, as an engine's batched step runs.
 
@@ -125,7 +124,6 @@ class Llama:
         calls the connector.
         """
         cfg, hooks = self.cfg, hooks or LayerHooks()
-        lay = paged if isinstance(paged, vllm_kv.Layout) else vllm_kv.Layout.detect(kv_caches[0], form=paged.kind)
         xs = [self.embed[tokens] for tokens, _, _, _ in batch]
         for i, lw in enumerate(self.layers):
             name = cfg.layer_name(i)

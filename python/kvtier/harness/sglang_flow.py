@@ -39,7 +39,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .. import layout
+from .. import vllm_kv
 from .._sglang_compat import PoolHitPolicy, PoolName, PoolTransfer
 from .model import Llama, LlamaConfig
 
@@ -158,7 +158,7 @@ class SGLangLikeEngine:
         blocks = -(-max_tokens // page_size)
         self.kv = [torch.zeros(2, blocks, page_size, cfg.kv_heads, cfg.head_dim, dtype=cfg.dtype)
                    for _ in range(cfg.layers)]
-        self.paged = layout.Paged.of(self.kv[0], layout.KV_FIRST)
+        self.lay = vllm_kv.Layout.detect(self.kv[0], form=vllm_kv.KV_FIRST)
         self.host = HostPool(cfg.layers, cfg.kv_heads, cfg.head_dim, cfg.dtype, max_tokens, page_size, host_layout)
         backend.register_mem_pool_host(self.host)
         self.states: Optional[StatePool] = None
@@ -175,7 +175,7 @@ class SGLangLikeEngine:
         slots = torch.arange(len(prompt), dtype=torch.int64)  # block i holds tokens of page i
         new = torch.arange(loaded, len(prompt), dtype=torch.int64)
         logits = self.model.forward(torch.as_tensor(prompt[loaded:]), new, slots[loaded:], slots, self.kv,
-                                    self.paged)
+                                    self.lay)
         self._write_back(keys)
         return logits[-1], loaded
 
