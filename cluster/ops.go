@@ -165,6 +165,12 @@ func (r *OpRequest) Validate() error {
 		return fmt.Errorf("kind %.40q: want clear, pin, unpin, copy or move", r.Kind)
 	}
 	r.Tier, r.ToTier = NormalizeTier(r.Tier), NormalizeTier(r.ToTier)
+	if len(r.Instances) == 0 {
+		r.Instances = nil // [] and none are the same request
+	}
+	if len(r.Keys) == 0 {
+		r.Keys = nil
+	}
 	errs = append(errs, r.validateTargets())
 	if len(r.Keys) > MaxOpKeys {
 		add("keys: %d, at most %d", len(r.Keys), MaxOpKeys)
