@@ -350,7 +350,7 @@ func (p *puller) window(ctx context.Context, c *client.Client, keys []chunk.Key)
 		return 0, err // a checksum mismatch among them: nothing is stored
 	}
 	for j := range n {
-		if err := p.store(keys[j], p.bufs[j]); err != nil {
+		if err := p.store(ctx, keys[j], p.bufs[j]); err != nil {
 			return j, err
 		}
 	}
@@ -358,10 +358,15 @@ func (p *puller) window(ctx context.Context, c *client.Client, keys []chunk.Key)
 }
 
 // store puts one pulled chunk into RAM, to be written to the lower tiers
-// as any stored chunk.
-func (p *puller) store(k chunk.Key, data []byte) error {
+// as any stored chunk. RAM full of chunks whose writes to disk are still
+// queued (a pull larger than RAM outruns the disk) waits for those
+// writes once, then gives up.
+func (p *puller) store(ctx context.Context, k chunk.Key, data []byte) error {
 	p.writes.Begin(p.eng)
 	buf, err := p.writes.Reserve(k, len(data))
+	if errors.Is(err, engine.ErrNoSpace) && p.eng.Flush(ctx) == nil {
+		buf, err = p.writes.Reserve(k, len(data))
+	}
 	if err != nil {
 		p.writes.Abort()
 		return fmt.Errorf("storing %v: %w", k, err)

@@ -166,6 +166,13 @@ func TestClusterOperations(t *testing.T) {
 	wantCounts(t, "move's source", result(t, op, "d1").Counts, map[string]int{"dropped": 1})
 	op, ok = clusterCLI(t, ctrl, "copy", "--instance", "d1", "--to", "d2", key(5), key(6))
 	wantCounts(t, "copy", mustOK(t, op, ok, "d2"), map[string]int{"pulled": 2, "bytes": 2 * clusterChunkBytes})
+	// Forty chunks, more than d2's RAM holds: they land on its disk.
+	var forty []string
+	for i := 7; i < 47; i++ {
+		forty = append(forty, key(i))
+	}
+	op, ok = clusterCLI(t, ctrl, append([]string{"copy", "--instance", "d1", "--to", "d2"}, forty...)...)
+	wantCounts(t, "copy of 40", mustOK(t, op, ok, "d2"), map[string]int{"pulled": 40, "bytes": 40 * clusterChunkBytes})
 	waitFor(t, "the controller to see chunk 2 on d2 only and chunks 5, 6 on both", func() bool {
 		on1, err1 := holders(ctrl, "d1", []uint64{ix(2), ix(5), ix(6)})
 		on2, err2 := holders(ctrl, "d2", []uint64{ix(2), ix(5), ix(6)})
@@ -199,7 +206,7 @@ func TestClusterOperations(t *testing.T) {
 
 	// With d1 stopped, d2 serves the copied chunks byte-exact.
 	d1.cmd.Process.Kill()
-	for _, i := range []int{2, 5, 6} {
+	for _, i := range append([]int{2, 5, 6}, seq(7, 47)...) {
 		if hit, _ := retrieveChunk(t, sock2, i); !hit {
 			t.Fatalf("chunk %d, copied to d2, missed there with d1 stopped", i)
 		}
@@ -222,4 +229,12 @@ func TestClusterOperations(t *testing.T) {
 	}
 	d2.stop(t)
 	d3.stop(t)
+}
+
+func seq(from, to int) []int {
+	var out []int
+	for i := from; i < to; i++ {
+		out = append(out, i)
+	}
+	return out
 }
