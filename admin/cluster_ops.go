@@ -228,8 +228,12 @@ func (o *clusterOps) copy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := o.a.eng.CopyToTier(r.Context(), keys, cluster.NormalizeTier(req.Tier), req.Move)
-	if err != nil {
+	switch {
+	case errors.Is(err, engine.ErrNotLocalTier):
 		writeError(w, http.StatusBadRequest, err)
+		return
+	case err != nil: // a tier that failed a read or a write
+		writeError(w, http.StatusInternalServerError, fmt.Errorf("%w (after %d copied)", err, res.Copied))
 		return
 	}
 	counts := map[string]int{"copied": res.Copied, "already": res.Already, "missing": res.Missing}

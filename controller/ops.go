@@ -60,6 +60,9 @@ func (t *opTracker) start(r cluster.OpRequest) (string, error) {
 	op := &cluster.Op{ID: newOpID(), Kind: r.Kind, State: cluster.StateRunning, Request: r,
 		Created: stamp(now), Deadline: stamp(now.Add(r.Timeout()))}
 	plan := t.plan(op)
+	if len(op.Results) == 0 {
+		return "", errors.New("all: no daemon is registered")
+	}
 	t.mu.Lock()
 	if t.running >= maxRunningOps {
 		t.mu.Unlock()

@@ -125,6 +125,9 @@ func TestOpMoveNeedsConfirmation(t *testing.T) {
 
 func TestOpHistoryBounded(t *testing.T) {
 	tr := newTestTracker()
+	if _, err := tr.start(cluster.OpRequest{Kind: cluster.OpClear, All: true}); err == nil {
+		t.Fatal("an operation on all of no daemons was started")
+	}
 	var ids []string
 	for range maxOpHistory + 10 {
 		id, err := tr.start(cluster.OpRequest{Kind: cluster.OpClear, Instances: []string{"ghost"}})

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -14,6 +15,10 @@ import (
 // clear a tier, copy between tiers, drop), on the daemon's local tiers:
 // RAM and the node-local tiers below it. Shared remote stores are left
 // alone: other daemons read them too. None of these is on a hot path.
+
+// ErrNotLocalTier is returned for a tier name that is neither RAM nor a
+// node-local tier of this engine.
+var ErrNotLocalTier = errors.New("engine: not a local tier")
 
 // PinKey keeps key's chunk from eviction for ttl (the lease rule
 // applies) wherever this daemon holds it: in RAM by an arena reference
@@ -181,7 +186,7 @@ func (e *Engine) localTier(name string) (int, tier.Tier, error) {
 			return i + 1, t, nil
 		}
 	}
-	return 0, nil, fmt.Errorf("tier %.40q: not a local tier of this daemon (it has %v)", name, e.localNames())
+	return 0, nil, fmt.Errorf("tier %.40q: %w of this daemon (it has %v)", name, ErrNotLocalTier, e.localNames())
 }
 
 func (e *Engine) localNames() []string {
