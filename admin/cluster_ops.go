@@ -354,6 +354,11 @@ func (p *puller) window(ctx context.Context, c *client.Client, keys []chunk.Key)
 		return 0, err // a checksum mismatch among them: nothing is stored
 	}
 	for j := range n {
+		if p.eng.InRAM(keys[j]) { // stored here meanwhile
+			p.counts["already"]++
+			p.held = append(p.held, keys[j])
+			continue
+		}
 		if err := p.store(ctx, keys[j], p.bufs[j]); err != nil {
 			return j, err
 		}

@@ -123,3 +123,23 @@ func FuzzParseChunkKey(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeDaemonBodies feeds arbitrary bodies to the decoders of the
+// daemon-side requests and the reply: an error or a value, never a panic.
+func FuzzDecodeDaemonBodies(f *testing.F) {
+	for _, s := range []string{`{"tier":"disk","scope":"ab"}`, `{"keys":["ab/000102030405060708090a0b0c0d0e0f"],"ttl_ms":5}`,
+		`{"from":"127.0.0.1:1","keys":[],"tier":"mem"}`, `{"keys":["ab/00"],"tier":"disk","move":true}`,
+		`{"counts":{"pulled":1},"keys":["1/000102030405060708090a0b0c0d0e0f"]}`, `{"scope":1}`, `null`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		for _, v := range []any{&DaemonClear{}, &DaemonPin{}, &DaemonKeys{}, &DaemonCopy{}, &DaemonPull{}, &DaemonReply{}} {
+			if Decode(bytes.NewReader(body), MaxOpBodyBytes, v) != nil {
+				continue
+			}
+			if _, err := json.Marshal(v); err != nil {
+				t.Fatalf("%s decoded into %T, which does not encode: %v", body, v, err)
+			}
+		}
+	})
+}
