@@ -56,6 +56,7 @@ type controller struct {
 	handler      *api.Handler
 	sub          *ingest.Subscriber
 	reg          *registry
+	proxy        *proxy // nil without prefill and decode instances
 	closeIndex   func()
 }
 
@@ -105,6 +106,11 @@ func open(cfg Config, log *slog.Logger) (*controller, error) {
 		return nil, err
 	}
 	c.reg.sub = c.sub
+	if c.proxy, err = openProxy(cfg, c.handler, log); err != nil {
+		c.sub.Close()
+		c.closeIndex()
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -150,6 +156,12 @@ func (c *controller) serve(ctx context.Context, unsignal func()) error {
 	mux := http.NewServeMux()
 	mux.Handle("/v1/cluster/", c.reg)
 	mux.Handle("/", c.handler)
+	stopProxy, err := c.startProxy(mux)
+	if err != nil {
+		stopGRPC()
+		return errors.Join(err, ln.Close(), c.sub.Close())
+	}
+	defer stopProxy()
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,
