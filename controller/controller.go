@@ -152,7 +152,6 @@ func (c *controller) serve(ctx context.Context, unsignal func()) error {
 	if err != nil {
 		return errors.Join(err, ln.Close(), c.sub.Close())
 	}
-	go c.reg.reap(ctx)
 	mux := http.NewServeMux()
 	mux.Handle("/v1/cluster/", c.reg)
 	mux.Handle("/", c.handler)
@@ -162,6 +161,7 @@ func (c *controller) serve(ctx context.Context, unsignal func()) error {
 		return errors.Join(err, ln.Close(), c.sub.Close())
 	}
 	defer stopProxy()
+	go c.reg.reap(ctx)
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,

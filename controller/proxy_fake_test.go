@@ -27,7 +27,7 @@ import (
 // A request breaking these rules gets 400, so a test that expects 200
 // fails when the proxy builds a stage's request wrongly.
 type fakeEngine struct {
-	t    *testing.T
+	t    testing.TB
 	name string
 	role string // "prefill" or "decode"
 	srv  *httptest.Server
@@ -57,7 +57,7 @@ type fakeSeen struct {
 	Auth      string
 }
 
-func newFakeEngine(t *testing.T, name, role string) *fakeEngine {
+func newFakeEngine(t testing.TB, name, role string) *fakeEngine {
 	f := &fakeEngine{t: t, name: name, role: role, events: 3, gone: make(chan struct{})}
 	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
 	t.Cleanup(f.srv.Close)

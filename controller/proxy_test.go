@@ -28,7 +28,7 @@ type pdRig struct {
 	pre, dec []*fakeEngine
 }
 
-func newRig(t *testing.T, nPre, nDec int, set func(*proxyConfig)) *pdRig {
+func newRig(t testing.TB, nPre, nDec int, set func(*proxyConfig)) *pdRig {
 	t.Helper()
 	rig := &pdRig{}
 	cfg := proxyConfig{PrefillTimeout: hang, DecodeTimeout: hang}
