@@ -42,7 +42,12 @@ vLLM pods must run with the same PYTHONHASHSEED as --hash-seed, with
 written in a YAML file given with --config (the keys are the flags' names with
 '_' for '-', pods and tokenizers as lists); a flag given on the command line
 replaces the file's value. SIGTERM or SIGINT shuts it down cleanly; a second
-signal kills it. See docs/router.md.`,
+signal kills it. See docs/router.md.
+
+With --prefill and --decode instances it is also a prefill/decode proxy: an
+OpenAI-compatible /v1/completions and /v1/chat/completions (on --proxy-listen,
+or on --listen) that prefills each request on the instance holding most of its
+prompt and decodes it on the least-loaded one. See docs/pd.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := f.load(cmd.Flags().Changed)
