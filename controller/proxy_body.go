@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"math"
+	"slices"
 
 	"kvtier/router/api"
 )
@@ -68,21 +68,15 @@ type producerParams struct {
 // min_tokens and min_completion_tokens go, since they would contradict
 // max_tokens 1, and stream_options, which apply only to a stream.
 func (r *completionRequest) prefillBody(transferID, pushTo string) ([]byte, error) {
-	f := maps.Clone(r.fields)
-	f["max_tokens"] = jsonOne
-	if _, ok := f["max_completion_tokens"]; ok {
-		f["max_completion_tokens"] = jsonOne
-	}
-	f["stream"] = jsonFalse
-	delete(f, "stream_options")
-	delete(f, "min_tokens")
-	delete(f, "min_completion_tokens")
 	params, err := json.Marshal(producerParams{DoRemoteDecode: true, TransferID: transferID, PushTo: pushTo})
 	if err != nil {
 		return nil, err
 	}
-	f["kv_transfer_params"] = params
-	return json.Marshal(f)
+	set := []field{{"max_tokens", jsonOne}, {"stream", jsonFalse}, {"kv_transfer_params", params}}
+	if _, ok := r.fields["max_completion_tokens"]; ok {
+		set = append(set, field{"max_completion_tokens", jsonOne})
+	}
+	return appendObject(nil, r.fields, set, "stream_options", "min_tokens", "min_completion_tokens"), nil
 }
 
 // decodeBody is the request for the decode stage: the client's request as
@@ -91,17 +85,70 @@ func (r *completionRequest) prefillBody(transferID, pushTo string) ([]byte, erro
 // prompt itself). A client's own kv_transfer_params are never passed on;
 // the proxy owns that field.
 func (r *completionRequest) decodeBody(kv json.RawMessage) ([]byte, error) {
-	f := r.fields
 	if len(kv) == 0 || isNull(kv) {
-		if _, ok := f["kv_transfer_params"]; ok {
-			f = maps.Clone(f)
-			delete(f, "kv_transfer_params")
-		}
-		return json.Marshal(f)
+		return appendObject(nil, r.fields, nil, "kv_transfer_params"), nil
 	}
-	f = maps.Clone(f)
-	f["kv_transfer_params"] = kv
-	return json.Marshal(f)
+	if !json.Valid(kv) {
+		return nil, errors.New("kv_transfer_params: not valid JSON")
+	}
+	return appendObject(nil, r.fields, []field{{"kv_transfer_params", kv}}), nil
+}
+
+// field is one member of a JSON object.
+type field struct {
+	key   string
+	value json.RawMessage
+}
+
+// appendObject writes fields as a JSON object, keys in order, with set's
+// values in place of fields' (or added) and the keys of drop left out.
+// The values are written as they are: they were decoded from JSON (or
+// checked) and so are valid. It spares encoding/json's reflection, which
+// allocates per member.
+func appendObject(dst []byte, fields map[string]json.RawMessage, set []field, drop ...string) []byte {
+	keys := make([]string, 0, len(fields)+len(set))
+	for k := range fields {
+		if !slices.Contains(drop, k) && !slices.ContainsFunc(set, func(f field) bool { return f.key == k }) {
+			keys = append(keys, k)
+		}
+	}
+	for _, f := range set {
+		keys = append(keys, f.key)
+	}
+	slices.Sort(keys)
+	dst = append(dst, '{')
+	for i, k := range keys {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = appendJSONString(dst, k)
+		dst = append(dst, ':')
+		v := fields[k]
+		if j := slices.IndexFunc(set, func(f field) bool { return f.key == k }); j >= 0 {
+			v = set[j].value
+		}
+		dst = append(dst, v...)
+	}
+	return append(dst, '}')
+}
+
+// appendJSONString appends s as a JSON string. s is valid UTF-8 (it was
+// decoded from JSON), so only quotes, backslashes and control characters
+// need escaping.
+func appendJSONString(dst []byte, s string) []byte {
+	const hexDigits = "0123456789abcdef"
+	dst = append(dst, '"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			dst = append(dst, '\\', c)
+		case c < 0x20:
+			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return append(dst, '"')
 }
 
 // scoreRequest is the prompt of a completion request as the score API

@@ -27,7 +27,6 @@ import (
 // A request breaking these rules gets 400, so a test that expects 200
 // fails when the proxy builds a stage's request wrongly.
 type fakeEngine struct {
-	t    testing.TB
 	name string
 	role string // "prefill" or "decode"
 	srv  *httptest.Server
@@ -36,16 +35,15 @@ type fakeEngine struct {
 	reqs []fakeSeen
 
 	// Behaviours a test may set before sending requests.
-	status   int                   // answer this status with an error body (0: normal)
-	noParams bool                  // prefill: answer without kv_transfer_params
-	lenient  bool                  // decode: accept a request without params
-	events   int                   // decode: SSE chunks in a stream (default 3)
-	hold     chan struct{}         // block before answering until closed or the request ends
-	midway   chan struct{}         // decode stream: block after the first event until closed or the request ends
-	gone     chan struct{}         // closed when a held request's context ends
-	arrived  chan string           // receives each request's path, when set
-	onEvent  func(i int)           // decode stream: called after event i is flushed
-	check    func(fakeSeen) string // extra check; a non-empty answer is a 400
+	status   int           // answer this status with an error body (0: normal)
+	noParams bool          // prefill: answer without kv_transfer_params
+	lenient  bool          // decode: accept a request without params
+	events   int           // decode: SSE chunks in a stream (default 3)
+	hold     chan struct{} // block before answering until closed or the request ends
+	midway   chan struct{} // decode stream: block after the first event until closed or the request ends
+	gone     chan struct{} // closed when a held request's context ends
+	arrived  chan string   // receives each request's path, when set
+	onEvent  func(i int)   // decode stream: called after event i is flushed
 	goneOnce sync.Once
 }
 
@@ -58,7 +56,7 @@ type fakeSeen struct {
 }
 
 func newFakeEngine(t testing.TB, name, role string) *fakeEngine {
-	f := &fakeEngine{t: t, name: name, role: role, events: 3, gone: make(chan struct{})}
+	f := &fakeEngine{name: name, role: role, events: 3, gone: make(chan struct{})}
 	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
 	t.Cleanup(f.srv.Close)
 	return f
@@ -120,11 +118,6 @@ func (f *fakeEngine) fail(w http.ResponseWriter, status int, msg string) {
 
 func (f *fakeEngine) checkRole(s fakeSeen) string {
 	kv, _ := s.Body["kv_transfer_params"].(map[string]any)
-	if f.check != nil {
-		if msg := f.check(s); msg != "" {
-			return msg
-		}
-	}
 	if f.role == "prefill" {
 		switch {
 		case kv == nil || kv["do_remote_decode"] != true:
