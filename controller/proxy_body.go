@@ -168,28 +168,46 @@ func (r *completionRequest) scoreRequest(chat bool) (api.ScoreRequest, bool) {
 			return req, false
 		}
 	}
-	var batch []json.RawMessage
-	if json.Unmarshal(raw, &batch) == nil && len(batch) == 1 {
-		if _, isIDs := tokenIDs(raw); !isIDs {
-			raw = batch[0] // a batch of one prompt
-		}
-	}
-	var text string
-	if json.Unmarshal(raw, &text) == nil {
-		req.Prompt = &text
-		req.AddSpecialTokens = true
-		if raw, ok := r.fields["add_special_tokens"]; ok && !isNull(raw) {
-			if json.Unmarshal(raw, &req.AddSpecialTokens) != nil {
-				return req, false
-			}
-		}
-		return req, true
-	}
 	if tokens, ok := tokenIDs(raw); ok {
 		req.Tokens = tokens
 		return req, true
 	}
-	return req, false
+	if one, ok := batchOfOne(raw); ok {
+		raw = one
+		if tokens, ok := tokenIDs(raw); ok {
+			req.Tokens = tokens
+			return req, true
+		}
+	}
+	var text string
+	if json.Unmarshal(raw, &text) != nil {
+		return req, false
+	}
+	req.Prompt = &text
+	req.AddSpecialTokens = true
+	if raw, ok := r.fields["add_special_tokens"]; ok && !isNull(raw) {
+		if json.Unmarshal(raw, &req.AddSpecialTokens) != nil {
+			return req, false
+		}
+	}
+	return req, true
+}
+
+// batchOfOne returns the only element of a JSON array of one. A longer
+// array is not split into its elements (a batch of many prompts, or of
+// token ids, is not scored anyway).
+func batchOfOne(raw json.RawMessage) (json.RawMessage, bool) {
+	var one [1]json.RawMessage
+	if json.Unmarshal(raw, &one) != nil || one[0] == nil {
+		return nil, false
+	}
+	// An array of more than one element decodes into [1] too, dropping
+	// the rest: a second decode into an array of two tells them apart.
+	var two [2]json.RawMessage
+	if json.Unmarshal(raw, &two) != nil || two[1] != nil {
+		return nil, false
+	}
+	return one[0], true
 }
 
 // tokenIDs decodes a non-empty array of token ids.

@@ -670,3 +670,44 @@ func FuzzProxyRequest(f *testing.F) {
 		}
 	})
 }
+
+func TestScoreRequestPrompts(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		chat bool
+		want string // the score request, or "" when not scorable
+	}{
+		{`{"model":"m","prompt":"hi"}`, false, `m "hi" [] special salt=""`},
+		{`{"model":"m","prompt":["hi"],"add_special_tokens":false,"cache_salt":"s"}`, false, `m "hi" [] plain salt="s"`},
+		{`{"model":"m","prompt":[1,2,3]}`, false, `m <nil> [1 2 3] plain salt=""`},
+		{`{"model":"m","prompt":[[4,5]]}`, false, `m <nil> [4 5] plain salt=""`},
+		{`{"model":"m","prompt":["a","b"]}`, false, ""},
+		{`{"model":"m","prompt":[[1],[2]]}`, false, ""},
+		{`{"model":"m","prompt":[1,-2]}`, false, ""},
+		{`{"model":"m","prompt":[4294967296]}`, false, ""},
+		{`{"model":"m","prompt":[]}`, false, ""},
+		{`{"model":"m","prompt":5}`, false, ""},
+		{`{"prompt":"hi"}`, false, ""},
+		{`{"model":"m","prompt":"hi","cache_salt":1}`, false, ""},
+		{`{"model":"m","prompt":"hi"}`, true, ""},
+	} {
+		req, err := parseCompletion([]byte(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ""
+		if s, ok := req.scoreRequest(tc.chat); ok {
+			prompt, special := "<nil>", "plain"
+			if s.Prompt != nil {
+				prompt = fmt.Sprintf("%q", *s.Prompt)
+			}
+			if s.AddSpecialTokens {
+				special = "special"
+			}
+			got = fmt.Sprintf("%s %s %v %s salt=%q", s.Model, prompt, s.Tokens, special, s.CacheSalt)
+		}
+		if got != tc.want {
+			t.Errorf("%s (chat %v): %q, want %q", tc.body, tc.chat, got, tc.want)
+		}
+	}
+}
