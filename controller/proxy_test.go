@@ -711,3 +711,52 @@ func TestScoreRequestPrompts(t *testing.T) {
 		}
 	}
 }
+
+// TestProxyDecodeBreaksMidAnswer: a decode instance that drops the
+// connection half-way through its answer. A stream ends with an error
+// event; a whole answer is cut off, so the client sees it incomplete
+// rather than a short body that looks whole.
+func TestProxyDecodeBreaksMidAnswer(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprint("stream=", stream), func(t *testing.T) {
+			broken := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if stream {
+					w.Header().Set("Content-Type", "text/event-stream")
+				} else {
+					w.Header().Set("Content-Type", "application/json") // chunked: no length to fall short of
+				}
+				io.WriteString(w, "data: {\"choices\":[{\"text\":\"a\"}]}\n\n")
+				w.(http.Flusher).Flush()
+				conn, _, err := http.NewResponseController(w).Hijack()
+				if err == nil {
+					conn.Close()
+				}
+			}))
+			defer broken.Close()
+			rig := newRig(t, 1, 0, func(c *proxyConfig) { c.Decode = []string{"d1=" + broken.URL + "=127.0.0.1:7001"} })
+			ctx, cancel := context.WithTimeout(context.Background(), hang)
+			defer cancel()
+			body := fmt.Sprintf(`{"model":"m","prompt":"p","stream":%v}`, stream)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, rig.srv.URL+"/v1/completions", strings.NewReader(body))
+			resp, err := http.DefaultClient.Do(req)
+			var out []byte
+			if err == nil {
+				out, err = io.ReadAll(resp.Body)
+				resp.Body.Close()
+			}
+			if !stream {
+				// The connection drops before or after the status,
+				// depending on what the proxy had flushed: never a
+				// complete answer.
+				if err == nil {
+					t.Errorf("a cut-off answer read as whole: %d %q", resp.StatusCode, out)
+				}
+				return
+			}
+			if err != nil || resp.StatusCode != 200 || !strings.HasPrefix(string(out), `data: {"choices":[{"text":"a"}]}`) ||
+				!strings.Contains(string(out), `"stage":"decode"`) || !strings.Contains(string(out), "failed mid-answer") {
+				t.Errorf("stream %q (%v), want the first event and a final error event", out, err)
+			}
+		})
+	}
+}
