@@ -495,11 +495,11 @@ func TestProxyStageTimeouts(t *testing.T) {
 		})
 	}
 	t.Run("mid-stream", func(t *testing.T) {
-		rig := newRig(t, 1, 1, func(c *proxyConfig) { c.DecodeTimeout = time.Second })
+		rig := newRig(t, 1, 1, func(c *proxyConfig) { c.DecodeTimeout = 2 * time.Second })
 		rig.dec[0].midway = make(chan struct{}) // one event, then silence
 		resp, out := rig.post(t, "/v1/completions", `{"model":"m","prompt":"p","stream":true}`)
 		if resp.StatusCode != 200 || !strings.Contains(string(out), ":0;") ||
-			!strings.Contains(string(out), `"stage":"decode"`) || !strings.Contains(string(out), "timed out after 1s mid-answer") {
+			!strings.Contains(string(out), `"stage":"decode"`) || !strings.Contains(string(out), "timed out after 2s mid-answer") {
 			t.Errorf("status %d, stream %q", resp.StatusCode, out)
 		}
 	})
