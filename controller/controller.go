@@ -12,6 +12,11 @@
 // "daemon:<instance>", so that one index answers both which pod to route
 // to and which daemons hold a chunk (POST /v1/cluster/lookup).
 //
+// With prefill and decode instances configured it is also the
+// prefill/decode proxy (proxy.go, docs/pd.md): an OpenAI-compatible
+// endpoint that prefills each request on the instance the same index
+// scores best and decodes it on the least-loaded one.
+//
 // The router packages each hold one idea and know nothing of each other's
 // lifecycle; this package decides the order in which they start and stop:
 // the index before the subscriptions that fill it, the listeners last, and
