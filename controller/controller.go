@@ -12,6 +12,11 @@
 // "daemon:<instance>", so that one index answers both which pod to route
 // to and which daemons hold a chunk (POST /v1/cluster/lookup).
 //
+// With prefill and decode instances configured it is also the
+// prefill/decode proxy (proxy.go, docs/pd.md): an OpenAI-compatible
+// endpoint that prefills each request on the instance the same index
+// scores best and decodes it on the least-loaded one.
+//
 // The router packages each hold one idea and know nothing of each other's
 // lifecycle; this package decides the order in which they start and stop:
 // the index before the subscriptions that fill it, the listeners last, and
@@ -57,6 +62,7 @@ type controller struct {
 	sub          *ingest.Subscriber
 	reg          *registry
 	ops          *opTracker
+	proxy        *proxy // nil without prefill and decode instances
 	closeIndex   func()
 }
 
@@ -107,6 +113,11 @@ func open(cfg Config, log *slog.Logger) (*controller, error) {
 	}
 	c.reg.sub = c.sub
 	c.ops = newOpTracker(c.reg.instances, log)
+	if c.proxy, err = openProxy(cfg, c.handler, log); err != nil {
+		c.sub.Close()
+		c.closeIndex()
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -148,12 +159,18 @@ func (c *controller) serve(ctx context.Context, unsignal func()) error {
 	if err != nil {
 		return errors.Join(err, ln.Close(), c.sub.Close())
 	}
-	go c.reg.reap(ctx)
 	mux := http.NewServeMux()
 	mux.Handle("/v1/cluster/", c.reg)
 	mux.Handle("/v1/cluster/ops", c.ops)
 	mux.Handle("/v1/cluster/ops/", c.ops)
 	mux.Handle("/", c.handler)
+	stopProxy, err := c.startProxy(mux)
+	if err != nil {
+		stopGRPC()
+		return errors.Join(err, ln.Close(), c.sub.Close())
+	}
+	defer stopProxy()
+	go c.reg.reap(ctx)
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,
