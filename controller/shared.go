@@ -18,6 +18,7 @@ import (
 	"kvtier/cluster"
 	"kvtier/router/index"
 	"kvtier/router/ingest"
+	"kvtier/router/redisindex"
 )
 
 // Shared registry settings.
@@ -33,6 +34,11 @@ const (
 	reapLimit = 1000
 	// redisTimeout bounds each registry call to Redis.
 	redisTimeout = 2 * time.Second
+	// refreshEvery is how often a replica asks each daemon to resync
+	// although nothing was lost: the Redis index forgets a holding that
+	// no report refreshed for its TTL (redisindex.DefaultTTL, a day),
+	// and a chunk can sit on a daemon's disk for longer than that.
+	refreshEvery = redisindex.DefaultTTL / 4
 )
 
 // sharedRegistry is the cluster registry kept in Redis, so that several
@@ -67,7 +73,8 @@ type sharedRegistry struct {
 	mu        sync.Mutex
 	records   map[string]sharedRecord // as of the last sync
 	resyncing map[string]bool
-	resyncs   map[string]uint64 // requested by this replica
+	resyncs   map[string]uint64    // requested by this replica
+	asked     map[string]time.Time // when this replica last asked for a resync
 }
 
 // sharedRecord is one registered daemon as Redis holds it.
@@ -84,7 +91,7 @@ func newSharedRegistry(rdb goredis.UniversalClient, ix index.Store, pods *index.
 		look:  newRegistry(nil, ix, pods, interval, missed, log),
 		beats: sharedPrefix + "beats", clearing: sharedPrefix + "clearing", channel: sharedPrefix + "changed",
 		followed: make(map[string]string), records: make(map[string]sharedRecord),
-		resyncing: make(map[string]bool), resyncs: make(map[string]uint64),
+		resyncing: make(map[string]bool), resyncs: make(map[string]uint64), asked: make(map[string]time.Time),
 	}
 }
 
@@ -305,6 +312,10 @@ func (r *sharedRegistry) syncLocked() error {
 			// resync replaces them).
 			r.sub.Remove(cluster.HolderPrefix + instance)
 			delete(r.followed, instance)
+			r.mu.Lock()
+			delete(r.asked, instance)
+			delete(r.resyncs, instance)
+			r.mu.Unlock()
 		}
 	}
 	for instance, rec := range recs {
@@ -321,8 +332,17 @@ func (r *sharedRegistry) syncLocked() error {
 	}
 	r.mu.Lock()
 	r.records = recs
+	var stale []string
+	for instance := range r.followed {
+		if at, ok := r.asked[instance]; ok && time.Since(at) > refreshEvery {
+			stale = append(stale, instance)
+		}
+	}
 	r.mu.Unlock()
 	r.publish(recs)
+	for _, instance := range stale {
+		r.onResync(cluster.HolderPrefix+instance, "refresh before the index's entries expire")
+	}
 	return nil
 }
 
@@ -412,6 +432,7 @@ func (r *sharedRegistry) onResync(pod, reason string) {
 	}
 	r.resyncing[instance] = true
 	r.resyncs[instance]++
+	r.asked[instance] = time.Now()
 	r.mu.Unlock()
 	url := strings.TrimRight(rec.reg.Admin, "/") + "/api/v1/cluster/resync"
 	go func() {
