@@ -101,13 +101,16 @@ func TestClusterHA(t *testing.T) {
 	}, logs()...)
 
 	// A daemon killed now is dropped with its chunks by the survivor.
+	killed := time.Now()
 	d1.cmd.Process.Kill()
 	waitFor(t, "B to drop d1", func() bool { return slices.Equal(namesOf(sessions(t, ctrlB)), []string{"d2", "d3"}) }, logs()...)
 	if got, err := holders(ctrlB, "d1", slices.Collect(maps.Keys(inv1))); err != nil || len(got) != 0 {
 		t.Fatalf("after the drop, d1 still holds %d chunks at B (%v)", len(got), err)
 	}
+	t.Logf("d1 dropped by the surviving replica %v after it was killed", time.Since(killed).Round(time.Millisecond))
 
 	// A restarted answers the same as B: sessions and lookups.
+	restarted := time.Now()
 	a = startController(t, ctrlA, flags...)
 	waitFor(t, "the restarted A to list what B lists", func() bool {
 		got := sessions(t, ctrlA)
@@ -116,6 +119,7 @@ func TestClusterHA(t *testing.T) {
 	waitFor(t, "the restarted A's lookups", func() bool {
 		return converged(ctrlA, "d2", inventory(t, d2))
 	}, logs()...)
+	t.Logf("the restarted A answered like B %v after it started", time.Since(restarted).Round(time.Millisecond))
 	if got, err := holders(ctrlA, "d1", slices.Collect(maps.Keys(inv1))); err != nil || len(got) != 0 {
 		t.Fatalf("the restarted A names d1 as holder of %d chunks (%v)", len(got), err)
 	}
