@@ -5,6 +5,7 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -46,6 +47,24 @@ func namesOf(lines []string) []string {
 	return names
 }
 
+// settled waits until all n chunks of d are in RAM and on disk (the disk
+// writes land after the stores return), so that its inventory no longer
+// changes, and returns it.
+func settled(t *testing.T, d *daemon, n int) map[uint64][]string {
+	t.Helper()
+	var inv map[uint64][]string
+	waitFor(t, "the daemon's disk writes", func() bool {
+		inv = inventory(t, d)
+		for _, tiers := range inv {
+			if !slices.Equal(tiers, []string{"cpu", "disk"}) {
+				return false
+			}
+		}
+		return len(inv) == n
+	}, d.stderr)
+	return inv
+}
+
 // TestClusterHA is issue 13's high availability end to end: two
 // controller replicas on one real redis-server and three daemons, each
 // naming both replicas (in different orders). Both replicas list the
@@ -59,7 +78,10 @@ func TestClusterHA(t *testing.T) {
 		t.Skip("runs a redis-server, two controllers and three daemons")
 	}
 	redis := redistest.Start(t)
-	flags := []string{"--index-redis", redis.URL()}
+	// Six missed beats (1.5 s): a loaded machine must not drop a daemon
+	// while the test counts on it beating.
+	const missed = 6
+	flags := []string{"--index-redis", redis.URL(), "--missed-heartbeats", strconv.Itoa(missed)}
 	ctrlA, ctrlB := freePort(t), freePort(t)
 	a := startController(t, ctrlA, flags...)
 	b := startController(t, ctrlB, flags...)
@@ -76,10 +98,9 @@ func TestClusterHA(t *testing.T) {
 
 	storeChunks(t, sock1, 0, 4)
 	storeChunks(t, sock2, 100, 103)
-	inv1, inv2 := inventory(t, d1), inventory(t, d2)
+	inv1, inv2 := settled(t, d1, 4), settled(t, d2, 3)
 	for _, ctrl := range []string{ctrlA, ctrlB} {
 		waitFor(t, "the chunks of d1 and d2 in "+ctrl+"'s lookup", func() bool {
-			inv1, inv2 = inventory(t, d1), inventory(t, d2)
 			return converged(ctrl, "d1", inv1) && converged(ctrl, "d2", inv2)
 		}, logs()...)
 	}
@@ -90,14 +111,14 @@ func TestClusterHA(t *testing.T) {
 	if !converged(ctrlB, "d1", inv1) || !converged(ctrlB, "d2", inv2) {
 		t.Fatal("replica B's lookups changed when A was killed")
 	}
-	time.Sleep(5 * 250 * time.Millisecond) // more than the 3 missed beats that drop a daemon
+	time.Sleep((missed + 2) * 250 * time.Millisecond) // more than the missed beats that drop a daemon
 	if got := sessions(t, ctrlB); !slices.Equal(got, before) {
 		t.Fatalf("after A was killed B lists %q, want the same sessions %q", got, before)
 	}
 	storeChunks(t, sock1, 4, 8)
+	inv1 = settled(t, d1, 8)
 	waitFor(t, "chunks stored after the kill in B's lookup", func() bool {
-		inv1 = inventory(t, d1)
-		return len(inv1) == 8 && converged(ctrlB, "d1", inv1)
+		return converged(ctrlB, "d1", inv1)
 	}, logs()...)
 
 	// A daemon killed now is dropped with its chunks by the survivor.
@@ -117,7 +138,7 @@ func TestClusterHA(t *testing.T) {
 		return len(got) == 2 && slices.Equal(got, sessions(t, ctrlB))
 	}, logs()...)
 	waitFor(t, "the restarted A's lookups", func() bool {
-		return converged(ctrlA, "d2", inventory(t, d2))
+		return converged(ctrlA, "d2", inv2) && converged(ctrlB, "d2", inv2)
 	}, logs()...)
 	t.Logf("the restarted A answered like B %v after it started", time.Since(restarted).Round(time.Millisecond))
 	if got, err := holders(ctrlA, "d1", slices.Collect(maps.Keys(inv1))); err != nil || len(got) != 0 {
