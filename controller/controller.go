@@ -11,6 +11,9 @@
 // into the same index, keyed by chunk.Key.Index under the pod
 // "daemon:<instance>", so that one index answers both which pod to route
 // to and which daemons hold a chunk (POST /v1/cluster/lookup).
+// With index_redis the registry lives in Redis beside the index
+// (shared.go), so that controller replicas answer alike and any of them
+// can die (docs/cluster.md, "High availability").
 //
 // The router packages each hold one idea and know nothing of each other's
 // lifecycle; this package decides the order in which they start and stop:
