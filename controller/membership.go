@@ -34,15 +34,15 @@ func (r *registry) run(ctx context.Context)       { r.reap(ctx) }
 
 // reader returns the store a lookup of keys reads: the index itself, or,
 // for an index across the network (Redis), a snapshot of every key read
-// in one round trip. A failed read leaves an empty snapshot: no holders.
+// in one round trip. A failed read leaves an empty snapshot: no holders,
+// which the P2P tier takes as a miss. It is not logged here, once per
+// lookup: the index counts it, and the shared registry logs Redis being
+// unreachable once.
 func (r *registry) reader(keys []uint64) index.Store {
 	s, ok := r.ix.(index.Snapshotter)
 	if !ok {
 		return r.ix
 	}
-	snap, err := s.Snapshot(keys)
-	if err != nil {
-		r.log.Warn("cluster lookup: reading the index failed", "err", err)
-	}
+	snap, _ := s.Snapshot(keys)
 	return snap
 }
