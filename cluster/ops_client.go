@@ -46,8 +46,10 @@ func (c *Client) Instances(ctx context.Context) ([]Instance, error) {
 	return out.Instances, err
 }
 
+// call asks the replica asked first only: an operation is remembered by the
+// replica that started it.
 func (c *Client) call(ctx context.Context, method, path string, in any, want int, out any) error {
-	return callJSON(ctx, c.hc, method, c.base+path, in, want, out)
+	return callJSON(ctx, c.hc, method, c.Current()+path, in, want, out)
 }
 
 // CallDaemon POSTs in to a daemon's admin API (base URL admin, path one

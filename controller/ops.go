@@ -25,13 +25,17 @@ const (
 // errOpsBusy refuses an operation while maxRunningOps run.
 var errOpsBusy = fmt.Errorf("%d operations are running: try again when one has finished", maxRunningOps)
 
+// errRegistryDown: the registered daemons could not be listed (the shared
+// registry's Redis is unreachable).
+var errRegistryDown = errors.New("cannot list the registered daemons")
+
 // opTracker runs cluster operations (docs/cluster.md, "Cluster
 // operations"): each is fanned out to the daemons it names through their
 // admin APIs, asynchronously and under a deadline, with one result per
 // daemon. It remembers the last maxOpHistory operations, in memory only:
 // a controller restart forgets them, not what the daemons did.
 type opTracker struct {
-	members func() []cluster.Instance // the registered daemons
+	members func() ([]cluster.Instance, error) // the registered daemons
 	hc      *http.Client
 	log     *slog.Logger
 
@@ -42,7 +46,7 @@ type opTracker struct {
 	idle    *sync.Cond // signalled when running drops, for tests
 }
 
-func newOpTracker(members func() []cluster.Instance, log *slog.Logger) *opTracker {
+func newOpTracker(members func() ([]cluster.Instance, error), log *slog.Logger) *opTracker {
 	t := &opTracker{members: members, log: log, ops: make(map[string]*cluster.Op),
 		// No client timeout: each call carries its operation's deadline.
 		hc: &http.Client{}}
@@ -59,7 +63,11 @@ func (t *opTracker) start(r cluster.OpRequest) (string, error) {
 	now := time.Now()
 	op := &cluster.Op{ID: newOpID(), Kind: r.Kind, State: cluster.StateRunning, Request: r,
 		Created: stamp(now), Deadline: stamp(now.Add(r.Timeout()))}
-	plan := t.plan(op)
+	members, err := t.members()
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", errRegistryDown, err)
+	}
+	plan := t.plan(op, members)
 	if len(op.Results) == 0 {
 		return "", errors.New("all: no daemon is registered")
 	}
@@ -84,11 +92,11 @@ type step struct {
 
 // plan fills op.Results, one per daemon, and returns each one's request
 // (nil for a daemon that is not registered, which is an error already).
-func (t *opTracker) plan(op *cluster.Op) []*step {
+func (t *opTracker) plan(op *cluster.Op, members []cluster.Instance) []*step {
 	r := &op.Request
 	byName := map[string]cluster.Instance{}
 	var names []string
-	for _, in := range t.members() {
+	for _, in := range members {
 		byName[in.Instance] = in
 		if r.All {
 			names = append(names, in.Instance)

@@ -46,6 +46,8 @@ func (t *opTracker) serveStart(w http.ResponseWriter, req *http.Request) {
 	switch {
 	case errors.Is(err, errOpsBusy):
 		httpError(w, http.StatusTooManyRequests, err)
+	case errors.Is(err, errRegistryDown):
+		httpError(w, http.StatusServiceUnavailable, err)
 	case err != nil:
 		httpError(w, http.StatusBadRequest, err)
 	default:

@@ -64,7 +64,7 @@ func hungDaemon(t *testing.T, name string) cluster.Instance {
 }
 
 func newTestTracker(members ...cluster.Instance) *opTracker {
-	return newOpTracker(func() []cluster.Instance { return members }, slog.New(slog.DiscardHandler))
+	return newOpTracker(func() ([]cluster.Instance, error) { return members, nil }, slog.New(slog.DiscardHandler))
 }
 
 // TestOpFanOut: one result per daemon — real daemons succeed with their
