@@ -17,8 +17,9 @@ var ErrUnknown = errors.New("cluster: the controller does not know this instance
 
 // Client talks to a controller's registry API.
 type Client struct {
-	base string
-	hc   *http.Client
+	base  string
+	hc    *http.Client
+	token string
 }
 
 // NewClient returns a client of the controller at base
@@ -29,6 +30,15 @@ func NewClient(base string, hc *http.Client) *Client {
 		hc = http.DefaultClient
 	}
 	return &Client{base: strings.TrimRight(base, "/"), hc: hc}
+}
+
+// WithToken returns a copy of c that presents token to the controller
+// (Authorization: Bearer, the controller's cluster_token); "" presents
+// none.
+func (c *Client) WithToken(token string) *Client {
+	cc := *c
+	cc.token = token
+	return &cc
 }
 
 // Register registers a daemon.
@@ -114,6 +124,9 @@ func (c *Client) do(ctx context.Context, path string, body []byte, out any) erro
 		return fmt.Errorf("cluster: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		return fmt.Errorf("cluster: %s: %w", path, err)

@@ -148,7 +148,7 @@ func (c *controller) serve(ctx context.Context, unsignal func()) error {
 	}
 	go c.reg.reap(ctx)
 	mux := http.NewServeMux()
-	mux.Handle("/v1/cluster/", c.reg)
+	mux.Handle("/v1/cluster/", requireToken(c.cfg.ClusterToken, c.reg))
 	mux.Handle("/", c.handler)
 	srv := &http.Server{
 		Handler:           mux,
@@ -161,6 +161,7 @@ func (c *controller) serve(ctx context.Context, unsignal func()) error {
 	// Tests and scripts read the bound address here when listen has port 0.
 	c.log.Info("controller listening", "addr", ln.Addr().String(), "scorer", c.cfg.Scorer,
 		"block_size", c.cfg.BlockSize, "max_blocks", c.cfg.MaxBlocks)
+	warnOpenRegistry(ln.Addr(), c.cfg.ClusterToken, c.log)
 
 	var serveErr error
 	select {

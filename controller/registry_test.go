@@ -81,7 +81,7 @@ func TestRegistryRejectsBadBodies(t *testing.T) {
 		{"heartbeat", `{"instance":"a","session":"x"}`, 404, "register again"},
 		{"deregister", `{"instance":"a","session":"x"}`, 404, "register again"},
 		{"lookup", `{"keys":["xyz"]}`, 400, "hex digits"},
-		{"lookup", `{"keys":[1]}`, 400, "want a string"},
+		{"lookup", `{"keys":[1]}`, 400, "want strings"},
 		{"lookup", `{"keys":["00000000000000001"]}`, 400, "1 to 16"},
 		{"lookup", `{"keys":[` + strings.Repeat(`"1",`, cluster.MaxLookupKeys) + `"1"]}`, 413, "more than"},
 		{"nothing", `{}`, 404, "no such"},
