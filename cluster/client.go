@@ -119,11 +119,16 @@ func (c *Client) post(ctx context.Context, path string, in, out any) error {
 // do posts body and decodes a 200 reply into out (if not nil). A 404 is
 // ErrUnknown; other statuses carry the controller's message.
 func (c *Client) do(ctx context.Context, path string, body []byte, out any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+path, bytes.NewReader(body))
+	return c.send(ctx, path, "application/json", bytes.NewReader(body), out)
+}
+
+// send is do with a body of any content type.
+func (c *Client) send(ctx context.Context, path, contentType string, body io.Reader, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+path, body)
 	if err != nil {
 		return fmt.Errorf("cluster: %w", err)
 	}
-	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Content-Type", contentType)
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}

@@ -98,7 +98,12 @@ func (r *registry) serveLookup(w http.ResponseWriter, req *http.Request) {
 		r.lookups.Put(sc)
 	}()
 	var err error
-	if sc.body, err = readBody(req.Body, sc.body[:0], cluster.MaxLookupTokensBodyBytes); err == nil {
+	sc.body, err = readBody(req.Body, sc.body[:0], cluster.MaxLookupTokensBodyBytes)
+	switch {
+	case err != nil:
+	case req.Header.Get("Content-Type") == cluster.TokensContentType:
+		err = cluster.DecodeTokenLookup(req.URL.RawQuery, sc.body, &sc.req)
+	default:
 		err = cluster.DecodeLookup(sc.body, &sc.req)
 	}
 	if err == nil {

@@ -21,6 +21,8 @@ import (
 type Options struct {
 	// Controller is the controller's base URL, e.g. "http://10.0.0.2:7481".
 	Controller string
+	// Token is presented to the controller (its cluster_token), if set.
+	Token string
 	// Register is what the daemon registers as.
 	Register cluster.Register
 	// Interval is the heartbeat interval until the controller names its own.
@@ -47,7 +49,7 @@ func New(o Options) *Member {
 	}
 	// A beat that takes longer than the interval is as good as missed.
 	hc := &http.Client{Timeout: max(o.Interval, time.Second)}
-	return &Member{opts: o, client: cluster.NewClient(o.Controller, hc)}
+	return &Member{opts: o, client: cluster.NewClient(o.Controller, hc).WithToken(o.Token)}
 }
 
 // StartResync publishes the inventory again in the background. A request

@@ -40,8 +40,10 @@ func startCluster(cfg config.Config, eng *engine.Engine, opts engine.Options, ad
 		Events:   "tcp://" + advertise(stream.Addr(), host),
 		Admin:    "http://" + advertise(adminAddr, host),
 		Tiers:    tiersOf(eng, opts),
+		// A lookup by tokens at the controller cuts prompts with it.
+		ChunkSize: eng.ChunkSize(),
 	}
-	m := member.New(member.Options{Controller: base, Register: reg, Interval: cfg.HeartbeatInterval,
+	m := member.New(member.Options{Controller: base, Token: cfg.ControllerToken, Register: reg, Interval: cfg.HeartbeatInterval,
 		Stream: stream, Lister: eng, Log: log})
 	adm.HandleClusterResync(m.StartResync)
 	log.Info("cluster chunk stream publishing", "endpoint", reg.Events, "instance", instance, "controller", base)
