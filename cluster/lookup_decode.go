@@ -115,7 +115,7 @@ func (p *lookupParser) object(req *LookupRequest) error {
 			return err
 		}
 	}
-	if p.peek() != 0 {
+	if p.ws(); p.i < len(p.b) {
 		return errors.New("data after the JSON value")
 	}
 	return nil

@@ -30,6 +30,31 @@ func TestDecodeLookupForms(t *testing.T) {
 	}
 }
 
+// TestDecodeLookupTokenLengths runs numbers of every length through the
+// eight-byte path and the byte-by-byte one, with and without spaces.
+func TestDecodeLookupTokenLengths(t *testing.T) {
+	var want []uint32
+	for v := uint64(1); v < 1<<32; v = v*10 + v%7 {
+		want = append(want, uint32(v), 0, uint32(v/10*10))
+	}
+	want = append(want, 1<<32-1)
+	for _, sep := range []string{",", " , ", ",\n"} {
+		var b strings.Builder
+		b.WriteString(`{"scope":{},"tokens":[`)
+		for i, v := range want {
+			if i > 0 {
+				b.WriteString(sep)
+			}
+			b.WriteString(strconv.FormatUint(uint64(v), 10))
+		}
+		b.WriteString(`]}`)
+		var req LookupRequest
+		if err := DecodeLookup([]byte(b.String()), &req); err != nil || !slices.Equal(req.Tokens, want) {
+			t.Fatalf("sep %q: %v\ngot  %v\nwant %v", sep, err, req.Tokens, want)
+		}
+	}
+}
+
 func TestDecodeLookupRejects(t *testing.T) {
 	for body, want := range map[string]string{
 		``:                                   "want '{'",
@@ -130,6 +155,7 @@ func FuzzDecodeLookup(f *testing.F) {
 	f.Add([]byte(`{"tokens":[0,4294967295],"scope":null}`))
 	f.Add([]byte(`{"scope":{"model":"a\"}"},"tokens":[]}`))
 	f.Add([]byte(`{}`))
+	f.Add([]byte(`{"tokens":[1,12,123,1234,12345,123456,1234567,12345678,0,10,100,00,01,1.0,1e2,-1]}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var got LookupRequest
 		if err := DecodeLookup(body, &got); err != nil {
