@@ -271,11 +271,14 @@ func (c Config) validateCluster(bad func(key, format string, args ...any)) {
 }
 
 // ControllerBase returns controller_url as a base URL. LMCache's
-// controller_pull_url, which maps here, is a bare host:port: it is read
-// as http://host:port.
+// controller_pull_url, which maps here, is a bare host:port or a ZMQ
+// address tcp://host:port: either is read as http://host:port (the
+// kvtier controller's registry answers over HTTP on its listen address).
 func (c Config) ControllerBase() (string, error) {
 	raw := c.ControllerURL
-	if !strings.Contains(raw, "://") {
+	if rest, ok := strings.CutPrefix(raw, "tcp://"); ok {
+		raw = "http://" + rest
+	} else if !strings.Contains(raw, "://") {
 		raw = "http://" + raw
 	}
 	u, err := url.Parse(raw)
