@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"kvtier/arena"
 	"kvtier/chunk"
@@ -14,10 +15,12 @@ import (
 // promotion into its own RAM), next to a plain loopback TCP stream of the
 // same bytes in the same round. The pulling daemon is an engine in this
 // process whose only peer is the daemon at addr, the served engine peer.
+// Its deadlines are a second plus the bytes' time, as in the controller
+// case, so that a loaded machine slows a pull rather than failing it.
 func benchP2P(ctx context.Context, f Options, r *Report, d *DaemonReport, peer *engine.Engine, addr string, src, dst [][]byte) error {
 	total := int64(f.Chunks * r.ChunkBytes)
 	eng, err := engine.Open(engine.Options{ChunkSize: f.Tokens, RAMBytes: 2*total + int64(r.ChunkBytes), Policy: "LRU",
-		Prefault: true, P2PPeers: []string{addr}, P2PToken: benchToken})
+		Prefault: true, P2PPeers: []string{addr}, P2PToken: benchToken, RemoteTimeout: time.Second})
 	if err != nil {
 		return err
 	}
