@@ -15,7 +15,8 @@ import (
 // TestClusterLookupByTokensWithToken runs a controller that requires a
 // cluster token and two daemons as processes: the daemon with the token
 // joins and its chunks, stored through its protocol, are found by a
-// lookup by tokens at the controller; the daemon without it is refused.
+// lookup by tokens at the controller, and reach a third daemon over P2P
+// through the controller; the daemon without it is refused.
 func TestClusterLookupByTokensWithToken(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a controller and two daemons")
@@ -25,8 +26,10 @@ func TestClusterLookupByTokensWithToken(t *testing.T) {
 	c := startController(t, ctrl, "--cluster-token", token)
 	d1, sock1 := clusterDaemonWith(t, ctrl, "d1", "controller_token: "+token+"\n")
 	d2, _ := clusterDaemon(t, ctrl, "d2") // no token
+	// d3 finds its P2P peers through the controller, with the token.
+	d3, sock3 := clusterDaemonWith(t, ctrl, "d3", "controller_token: "+token+"\n"+p2pViaController)
 	api := cluster.NewClient("http://"+ctrl, nil).WithToken(token)
-	waitFor(t, "d1 to register", func() bool { return len(instancesWith(t, ctrl, token)) == 1 }, c.stderr, d1.stderr)
+	waitFor(t, "d1 and d3 to register", func() bool { return len(instancesWith(t, ctrl, token)) == 2 }, c.stderr, d1.stderr, d3.stderr)
 	waitFor(t, "d2 to be refused", func() bool { return strings.Contains(d2.stderr.String(), "401") }, d2.stderr)
 
 	// A prompt of three chunks and a partial one, stored through d1's
@@ -66,9 +69,18 @@ func TestClusterLookupByTokensWithToken(t *testing.T) {
 	if hs, _, err := api.LookupTokens(ctx, scope, prompt); err != nil || len(hs) != 3 || len(hs[0]) != 0 {
 		t.Fatalf("another model: %+v, %v", hs, err)
 	}
-	if names := instancesWith(t, ctrl, token); len(names) != 1 || names[0] != "d1" {
-		t.Fatalf("instances %v, want only d1", names)
+	if names := instancesWith(t, ctrl, token); len(names) != 2 || names[0] != "d1" || names[1] != "d3" {
+		t.Fatalf("instances %v, want d1 and d3", names)
 	}
+
+	// d3's P2P lookups present the token: a chunk on d1 reaches d3.
+	storeChunks(t, sock1, 0, 1)
+	scope.Model = clusterScope.Model
+	waitFor(t, "chunk 0 in the index", func() bool {
+		hs, _, err := api.LookupTokens(ctx, scope, clusterTokens(0))
+		return err == nil && len(hs) == 1 && len(hs[0]) > 0
+	}, c.stderr, d1.stderr)
+	mustP2P(t, d3, sock3, 0, "d1")
 }
 
 // storePrompt stores the first n chunks of prompt through the daemon's
