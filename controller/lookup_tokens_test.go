@@ -68,7 +68,9 @@ func TestLookupByTokens(t *testing.T) {
 	r.ix.Add(id, index.CPU, []uint64{keys[0].Index(), keys[1].Index()})
 	r.ix.Add(id, index.Disk, []uint64{keys[1].Index()})
 
-	d1 := func(tier string) cluster.Holder { return cluster.Holder{Instance: "d1", Addr: "127.0.0.1:9", Tier: tier} }
+	d1 := func(tier string) cluster.Holder {
+		return cluster.Holder{Instance: "d1", Addr: "127.0.0.1:9", Tier: tier}
+	}
 	want := [][]cluster.Holder{{d1("cpu")}, {d1("cpu"), d1("disk")}, nil}
 	hs, size, err := c.LookupTokens(ctx, scope, tokens)
 	if err != nil || size != 16 || !equalHolders(hs, want) {
