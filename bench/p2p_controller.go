@@ -12,97 +12,12 @@ import (
 	"sync"
 	"time"
 
-	"kvtier/arena"
 	"kvtier/chunk"
 	"kvtier/cluster"
 	"kvtier/cluster/member"
 	"kvtier/controller"
 	"kvtier/engine"
-	"kvtier/server"
-	"kvtier/tier/p2p"
 )
-
-// benchP2PController times the P2P pull of benchP2P with the peer found
-// through a controller, as a daemon with enable_p2p and controller_url
-// finds it: a controller runs in this process, the peer joins it
-// (registration, chunk stream, resync) and the pulling engine's resolver
-// is the controller's lookup. The plain loopback TCP stream is measured
-// again in the same rounds, so the ratio compares like with like.
-func benchP2PController(ctx context.Context, f Options, r *Report, d *DaemonReport, src, dst [][]byte) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	ctrl, stopCtrl, err := startController(ctx)
-	if err != nil {
-		return err
-	}
-	defer stopCtrl()
-	peer, peerAddr, stopPeer, err := startClusterPeer(ctx, f, r, ctrl)
-	if err != nil {
-		return err
-	}
-	defer stopPeer()
-
-	api := cluster.NewClient(ctrl, &http.Client{Timeout: 5 * time.Second})
-	res := p2p.FromLookup(chunk.Key.Index, func(ctx context.Context, ids []uint64) ([][]p2p.Peer, error) {
-		hs, err := api.Lookup(ctx, ids)
-		out := make([][]p2p.Peer, len(hs))
-		for i, row := range hs {
-			for _, h := range row {
-				out[i] = append(out[i], p2p.Peer(h))
-			}
-		}
-		return out, err
-	})
-	total := int64(f.Chunks * r.ChunkBytes)
-	eng, err := engine.Open(engine.Options{ChunkSize: f.Tokens, RAMBytes: 2*total + int64(r.ChunkBytes), Policy: "LRU",
-		Prefault: true, P2PResolver: res, P2PToken: benchToken, RemoteTimeout: time.Second})
-	if err != nil {
-		return err
-	}
-	defer eng.Close()
-	m, a := eng.Manager(), eng.Arena()
-	ids := make([]arena.ID, f.Chunks)
-	keys := make([]chunk.Key, f.Chunks)
-	for round := range f.Rounds + 1 {
-		stream, err := plainTCPStream(src, dst)
-		if err != nil {
-			return err
-		}
-		for i := range keys {
-			keys[i] = benchKey(uint32(5000+round), i)
-		}
-		if n, err := peer.Manager().Store(ctx, keys, src); err != nil || n != len(keys) {
-			return fmt.Errorf("storing on the peer: %d of %d, %v", n, len(keys), err)
-		}
-		if err := awaitIndexed(ctx, api, keys, peerAddr); err != nil {
-			return err
-		}
-		var opErr error
-		pull := bestOf(1, total, func() error {
-			var n int
-			if n, opErr = m.Acquire(ctx, keys, ids); opErr == nil && n != len(keys) {
-				opErr = fmt.Errorf("pulled %d of %d", n, len(keys))
-			}
-			return opErr
-		})
-		if opErr != nil {
-			return opErr
-		}
-		for i, id := range ids {
-			copy(dst[i], a.Bytes(id))
-			a.Unref(id)
-		}
-		if err := sameChunks("P2P bench (controller)", src, dst); err != nil {
-			return err
-		}
-		if round > 0 {
-			d.P2PCtrlStreamGBps = max(d.P2PCtrlStreamGBps, stream)
-			d.P2PCtrlRetrieveGBps = max(d.P2PCtrlRetrieveGBps, pull)
-		}
-	}
-	d.P2PCtrlRetrieveRatio = d.P2PCtrlRetrieveGBps / d.P2PCtrlStreamGBps
-	return nil
-}
 
 var controllerListening = regexp.MustCompile(`msg="controller listening" addr=(\S+)`)
 
@@ -152,37 +67,21 @@ func (l *lineLog) String() string {
 	return l.buf.String()
 }
 
-// startClusterPeer serves an engine over TCP that joins the controller
-// at ctrl as a daemon does: its chunk stream, a member that registers and
-// beats, and the admin route the controller asks for resyncs on.
-func startClusterPeer(ctx context.Context, f Options, r *Report, ctrl string) (*engine.Engine, string, func(), error) {
-	total := int64(f.Chunks * r.ChunkBytes)
-	eng, err := engine.Open(engine.Options{ChunkSize: f.Tokens, RAMBytes: 2*total + int64(r.ChunkBytes), Policy: "LRU", Prefault: true})
-	if err != nil {
-		return nil, "", nil, err
-	}
-	svc := server.NewService(eng, server.ServiceOptions{Token: benchToken})
-	tln, err := svc.ListenTCP("127.0.0.1:0", nil)
-	if err != nil {
-		eng.Close()
-		return nil, "", nil, err
-	}
-	go svc.Serve(tln)
-	addr := tln.Addr().String()
+// joinCluster makes the engine served at addr join the controller at
+// ctrl as a daemon does: its chunk stream, a member that registers and
+// beats, and the admin route the controller asks for resyncs on. The
+// returned function leaves.
+func joinCluster(ctx context.Context, f Options, eng *engine.Engine, addr, ctrl string) (func(), error) {
 	stream, err := member.NewStream("tcp://127.0.0.1:0", "bench-peer", nil)
 	if err != nil {
-		svc.Shutdown(context.Background())
-		eng.Close()
-		return nil, "", nil, err
+		return nil, err
 	}
-	eng.SetObserver(stream)
 	aln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		stream.Close()
-		svc.Shutdown(context.Background())
-		eng.Close()
-		return nil, "", nil, err
+		return nil, err
 	}
+	eng.SetObserver(stream)
 	mb := member.New(member.Options{Controller: ctrl, Interval: 250 * time.Millisecond, Stream: stream, Lister: eng,
 		Log: slog.New(slog.DiscardHandler), Register: cluster.Register{Instance: "bench-peer", Addr: addr,
 			Events: "tcp://" + stream.Addr(), Admin: "http://" + aln.Addr().String(), ChunkSize: f.Tokens}})
@@ -194,15 +93,13 @@ func startClusterPeer(ctx context.Context, f Options, r *Report, ctrl string) (*
 	mctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); mb.Run(mctx) }()
-	stop := func() {
+	return func() {
 		cancel()
 		<-done
 		admin.Close()
-		svc.Shutdown(context.Background())
+		eng.SetObserver(nil)
 		stream.Close()
-		eng.Close()
-	}
-	return eng, addr, stop, nil
+	}, nil
 }
 
 // awaitIndexed waits until the controller lists the peer at addr as a
