@@ -6,7 +6,9 @@
 // that tiers (the P2P tier) and the controller can both depend on it.
 //
 // Chunks are named by their index key, chunk.Key.Index: a uint64 that
-// the cluster's one block index (router/index) is keyed by.
+// the cluster's one block index (router/index) is keyed by. A lookup may
+// also name a prompt by its tokens and scope, which the controller turns
+// into the same keys (lookup_tokens.go, decoded by lookup_decode.go).
 package cluster
 
 import (
