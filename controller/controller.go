@@ -56,6 +56,7 @@ type controller struct {
 	handler      *api.Handler
 	sub          *ingest.Subscriber
 	reg          *registry
+	ops          *opTracker
 	closeIndex   func()
 }
 
@@ -105,6 +106,7 @@ func open(cfg Config, log *slog.Logger) (*controller, error) {
 		return nil, err
 	}
 	c.reg.sub = c.sub
+	c.ops = newOpTracker(c.reg.instances, log)
 	return c, nil
 }
 
@@ -148,7 +150,10 @@ func (c *controller) serve(ctx context.Context, unsignal func()) error {
 	}
 	go c.reg.reap(ctx)
 	mux := http.NewServeMux()
+	// The registry and the operations share the cluster token.
 	mux.Handle("/v1/cluster/", requireToken(c.cfg.ClusterToken, c.reg))
+	mux.Handle("/v1/cluster/ops", requireToken(c.cfg.ClusterToken, c.ops))
+	mux.Handle("/v1/cluster/ops/", requireToken(c.cfg.ClusterToken, c.ops))
 	mux.Handle("/", c.handler)
 	srv := &http.Server{
 		Handler:           mux,
