@@ -15,6 +15,7 @@ import (
 	"kvtier/chunk"
 	"kvtier/cluster"
 	"kvtier/cluster/member"
+	"kvtier/internal/servetest"
 	"kvtier/router/index"
 )
 
@@ -208,5 +209,45 @@ func TestWarnOpenRegistry(t *testing.T) {
 		if got := strings.Contains(buf.String(), "cluster_token"); got != tc.warn {
 			t.Errorf("%s token %q: warned %v: %s", tc.addr, tc.token, got, buf.String())
 		}
+	}
+}
+
+// TestControllerClusterTokenCoversTheClusterAPI runs a controller with a
+// cluster_token: the registry's and the operations' endpoints want it,
+// the score API and health check do not.
+func TestControllerClusterTokenCoversTheClusterAPI(t *testing.T) {
+	cfg := validConfig()
+	cfg.Pods, cfg.ClusterToken = nil, "s3cret"
+	logs := &servetest.Log{}
+	ctx, cancel := context.WithCancel(context.Background())
+	exited := make(chan error, 1)
+	go func() { exited <- Run(ctx, func() {}, cfg, logs) }()
+	defer func() { cancel(); <-exited }()
+	url := waitListening(t, logs, exited)
+	get := func(path, token string) int {
+		req, _ := http.NewRequest(http.MethodGet, url+path, nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, path := range []string{"/v1/cluster/instances", "/v1/cluster/ops", "/v1/cluster/ops/nosuch"} {
+		if got := get(path, ""); got != http.StatusUnauthorized {
+			t.Errorf("%s without the token: %d", path, got)
+		}
+		if got := get(path, "s3cret"); got == http.StatusUnauthorized {
+			t.Errorf("%s with the token: %d", path, got)
+		}
+	}
+	if got := get("/healthz", ""); got != http.StatusOK {
+		t.Errorf("/healthz: %d", got)
+	}
+	if strings.Contains(logs.String(), "without authentication") {
+		t.Errorf("a loopback controller with a token warned:\n%s", logs)
 	}
 }
