@@ -45,6 +45,10 @@ type DaemonReport struct {
 	P2PStreamGBps    float64 `json:"p2p_stream_gbps"`
 	P2PRetrieveGBps  float64 `json:"p2p_retrieve_gbps"`
 	P2PRetrieveRatio float64 `json:"p2p_retrieve_ratio"`
+	// The same with the peer found through a controller's lookup, in the
+	// same rounds against the same stream.
+	P2PCtrlRetrieveGBps  float64 `json:"p2p_controller_retrieve_gbps"`
+	P2PCtrlRetrieveRatio float64 `json:"p2p_controller_retrieve_ratio"`
 }
 
 const benchToken = "bench-token"
@@ -97,7 +101,7 @@ func benchDaemon(ctx context.Context, f Options, r *Report, src, dst [][]byte, p
 	if err := benchTCP(ctx, f, r, d, tln.Addr().String(), src, dst); err != nil {
 		return fmt.Errorf("tcp protocol: %w", err)
 	}
-	fmt.Fprintln(progress, "daemon: P2P pull by a second daemon and a plain TCP stream ...")
+	fmt.Fprintln(progress, "daemon: P2P pulls (static peer, peer found through a controller) and a plain TCP stream ...")
 	if err := benchP2P(ctx, f, r, d, eng, tln.Addr().String(), src, dst); err != nil {
 		return fmt.Errorf("p2p: %w", err)
 	}
@@ -406,6 +410,7 @@ func printDaemon(w io.Writer, d *DaemonReport) {
 	fmt.Fprintf(w, "%-28s %10.2f %10.2f %8.2f  (baseline: plain loopback TCP stream)\n", "TCP protocol store", d.TCPStoreGBps, d.TCPStreamGBps, d.TCPStoreRatio)
 	fmt.Fprintf(w, "%-28s %10.2f %10.2f %8.2f\n", "TCP protocol retrieve", d.TCPRetrieveGBps, d.TCPStreamGBps, d.TCPRetrieveRatio)
 	fmt.Fprintf(w, "%-28s %10.2f %10.2f %8.2f  (baseline: plain loopback TCP stream, same rounds)\n", "P2P retrieve (peer's RAM)", d.P2PRetrieveGBps, d.P2PStreamGBps, d.P2PRetrieveRatio)
+	fmt.Fprintf(w, "%-28s %10.2f %10.2f %8.2f  (peer found through a controller, same rounds)\n", "P2P retrieve via controller", d.P2PCtrlRetrieveGBps, d.P2PStreamGBps, d.P2PCtrlRetrieveRatio)
 	fmt.Fprintf(w, "LOOKUP of a %d-token prompt, %d clients: %.0f/s, p50 %.1f µs, p99 %.1f µs\n",
 		d.LookupPrompt, d.LookupClients, d.LookupsPerSec, d.LookupP50Micros, d.LookupP99Micros)
 }

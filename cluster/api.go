@@ -6,7 +6,9 @@
 // that tiers (the P2P tier) and the controller can both depend on it.
 //
 // Chunks are named by their index key, chunk.Key.Index: a uint64 that
-// the cluster's one block index (router/index) is keyed by.
+// the cluster's one block index (router/index) is keyed by. A lookup may
+// also name a prompt by its tokens and scope, which the controller turns
+// into the same keys (lookup_tokens.go, decoded by lookup_decode.go).
 package cluster
 
 import (
@@ -57,6 +59,10 @@ type Register struct {
 	Admin  string   `json:"admin"`
 	Tiers  []Tier   `json:"tiers"`
 	Scopes []string `json:"scopes,omitempty"`
+	// ChunkSize is the daemon's tokens per chunk (chunk_size), which a
+	// lookup by tokens needs to cut a prompt as the daemons do; 0 when
+	// the daemon does not say.
+	ChunkSize int `json:"chunk_size,omitempty"`
 }
 
 // Registered is the reply to a registration.
@@ -90,17 +96,24 @@ type Holder struct {
 	Tier     string `json:"tier"`
 }
 
-// LookupRequest is the body of POST /v1/cluster/lookup: index keys as 16
-// hex digits each (JSON numbers lose precision above 2⁵³).
+// LookupRequest is the body of POST /v1/cluster/lookup, in one of two
+// forms: Keys, index keys as 16 hex digits each (JSON numbers lose
+// precision above 2⁵³); or Scope and Tokens, a prompt the controller cuts
+// into chunks and hashes as the daemons do (see lookup_tokens.go).
 type LookupRequest struct {
-	Keys []HexKey `json:"keys"`
+	Keys   []HexKey `json:"keys,omitempty"`
+	Scope  *Scope   `json:"scope,omitempty"`
+	Tokens []uint32 `json:"tokens,omitempty"`
 }
 
 // LookupReply lists each daemon holding any of the keys once, and for
-// each key (in request order) its holders as indexes into Daemons.
+// each key (in request order) its holders as indexes into Daemons. A
+// lookup by tokens also gives the chunk size the prompt was cut with:
+// holders[i] is chunk i, tokens [i·ChunkSize, (i+1)·ChunkSize).
 type LookupReply struct {
-	Daemons []Daemon     `json:"daemons"`
-	Holders [][]HolderAt `json:"holders"`
+	ChunkSize int          `json:"chunk_size,omitempty"`
+	Daemons   []Daemon     `json:"daemons"`
+	Holders   [][]HolderAt `json:"holders"`
 }
 
 // Daemon is a holder's identity in a LookupReply.
@@ -204,6 +217,9 @@ func (r *Register) Validate() error {
 	}
 	if len(r.Tiers) > 16 || len(r.Scopes) > 1024 {
 		errs = append(errs, errors.New("tiers or scopes: too many (at most 16 tiers and 1024 scopes)"))
+	}
+	if r.ChunkSize < 0 {
+		errs = append(errs, fmt.Errorf("chunk_size: want a positive number of tokens (or none), got %d", r.ChunkSize))
 	}
 	return errors.Join(errs...)
 }

@@ -23,6 +23,7 @@ type Client struct {
 	bases []string
 	cur   atomic.Int32 // the replica that answered last
 	hc    *http.Client
+	token string
 }
 
 // NewClient returns a client of the controller at base
@@ -54,6 +55,15 @@ func (c *Client) Current() string {
 		return ""
 	}
 	return c.bases[int(c.cur.Load())%len(c.bases)]
+}
+
+// WithToken returns a client like c that presents token to the
+// controller (Authorization: Bearer, the controller's cluster_token); ""
+// presents none.
+func (c *Client) WithToken(token string) *Client {
+	cc := &Client{bases: c.bases, hc: c.hc, token: token}
+	cc.cur.Store(c.cur.Load())
+	return cc
 }
 
 // Register registers a daemon.
@@ -135,11 +145,16 @@ func (c *Client) post(ctx context.Context, path string, in, out any) error {
 // others in turn while the error is the replica's (unreachable, 5xx),
 // not the request's; see post1 for the reply.
 func (c *Client) do(ctx context.Context, path string, body []byte, out any) error {
+	return c.send(ctx, path, "application/json", body, out)
+}
+
+// send is do with a body of any content type.
+func (c *Client) send(ctx context.Context, path, contentType string, body []byte, out any) error {
 	start := int(c.cur.Load())
 	var errs []error
 	for i := range c.bases {
 		at := (start + i) % len(c.bases)
-		err := c.post1(ctx, c.bases[at], path, body, out)
+		err := c.post1(ctx, c.bases[at], path, contentType, body, out)
 		if err == nil || !failover(err) {
 			c.cur.Store(int32(at))
 			return err
@@ -170,12 +185,15 @@ func failover(err error) bool {
 // post1 posts body to one replica and decodes a 200 reply into out (if
 // not nil). A 404 is ErrUnknown; other statuses carry the controller's
 // message.
-func (c *Client) post1(ctx context.Context, base, path string, body []byte, out any) error {
+func (c *Client) post1(ctx context.Context, base, path, contentType string, body []byte, out any) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, bytes.NewReader(body))
 	if err != nil {
 		return fmt.Errorf("cluster: %w", err)
 	}
-	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Content-Type", contentType)
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		return replicaError{fmt.Errorf("cluster: %s%s: %w", base, path, err)}

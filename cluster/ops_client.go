@@ -49,18 +49,19 @@ func (c *Client) Instances(ctx context.Context) ([]Instance, error) {
 // call asks the replica asked first only: an operation is remembered by the
 // replica that started it.
 func (c *Client) call(ctx context.Context, method, path string, in any, want int, out any) error {
-	return callJSON(ctx, c.hc, method, c.Current()+path, in, want, out)
+	return callJSON(ctx, c.hc, c.token, method, c.Current()+path, in, want, out)
 }
 
 // CallDaemon POSTs in to a daemon's admin API (base URL admin, path one
 // of the Daemon*Path) and decodes its 200 reply into out.
 func CallDaemon(ctx context.Context, hc *http.Client, admin, path string, in any, out *DaemonReply) error {
-	return callJSON(ctx, hc, http.MethodPost, strings.TrimRight(admin, "/")+path, in, http.StatusOK, out)
+	return callJSON(ctx, hc, "", http.MethodPost, strings.TrimRight(admin, "/")+path, in, http.StatusOK, out)
 }
 
 // callJSON sends in (nil: no body) and decodes a reply of status want
 // into out; another status is an error carrying the server's message.
-func callJSON(ctx context.Context, hc *http.Client, method, url string, in any, want int, out any) error {
+// A token, when given, is presented as a bearer token.
+func callJSON(ctx context.Context, hc *http.Client, token, method, url string, in any, want int, out any) error {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
@@ -75,6 +76,9 @@ func callJSON(ctx context.Context, hc *http.Client, method, url string, in any, 
 	}
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	resp, err := hc.Do(req)
 	if err != nil {

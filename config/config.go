@@ -136,6 +136,10 @@ type Config struct {
 	InstanceID            string        `yaml:"instance_id"`
 	ClusterEventsEndpoint string        `yaml:"cluster_events_endpoint"`
 	HeartbeatInterval     time.Duration `yaml:"heartbeat_interval"`
+	// ControllerToken is presented to the controller (Authorization:
+	// Bearer) by the daemon's registration, beats and P2P lookups: the
+	// controller's cluster_token.
+	ControllerToken string `yaml:"controller_token"`
 
 	// DiskDirectIO is auto, on or off: whether the disk tier bypasses the
 	// page cache with O_DIRECT. auto uses it where the filesystem allows.

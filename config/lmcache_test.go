@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -399,4 +400,46 @@ func TestLMCacheControllerKeysMap(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("LMCache's host:port form refused: %v", err)
 	}
+}
+
+// TestLMCacheP2PConfigLoads loads an LMCache P2P-with-controller
+// configuration, from a file and from LMCACHE_* variables: every key is
+// accepted, the switches and identity land on kvtier's keys, LMCache's own
+// listener addresses warn, and the result joins the controller with a P2P
+// tier that finds peers through it.
+func TestLMCacheP2PConfigLoads(t *testing.T) {
+	check := func(name string, cfg Config, ws []warning, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if !cfg.EnableP2P || cfg.InstanceID != "node-a" || cfg.ControllerURL != "tcp://10.0.0.9:5555" || len(cfg.P2PPeers) != 0 {
+			t.Fatalf("%s: enable_p2p %v, instance_id %q, controller_url %q, p2p_peers %v", name, cfg.EnableP2P, cfg.InstanceID, cfg.ControllerURL, cfg.P2PPeers)
+		}
+		if base, err := cfg.ControllerBase(); err != nil || base != "http://10.0.0.9:5555" {
+			t.Fatalf("%s: controller base %q, %v", name, base, err)
+		}
+		if err := cfg.Validate(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		var keys []string
+		for _, w := range ws {
+			keys = append(keys, w.Key)
+		}
+		slices.Sort(keys)
+		want := []string{"controller_reply_url", "enable_controller", "p2p_host", "p2p_init_ports"}
+		if !slices.Equal(keys, want) {
+			t.Fatalf("%s: warnings for %v, want %v", name, keys, want)
+		}
+	}
+	doc := "enable_p2p: true\np2p_host: 10.0.0.2\np2p_init_ports: [6000, 6001]\nenable_controller: true\n" +
+		"lmcache_instance_id: node-a\ncontroller_pull_url: tcp://10.0.0.9:5555\ncontroller_reply_url: tcp://10.0.0.9:5556\n" +
+		"tcp_addr: 10.0.0.2:7482\ntcp_token: t\ncluster_events_endpoint: tcp://*:5561\n"
+	cfg, ws, err := parse([]byte(doc), "lmcache.yaml")
+	check("file", cfg, ws, err)
+	cfg, ws, err = loadWarn(t, "", "LMCACHE_ENABLE_P2P=True", "LMCACHE_P2P_HOST=10.0.0.2", "LMCACHE_P2P_INIT_PORTS=6000,6001",
+		"LMCACHE_ENABLE_CONTROLLER=True", "LMCACHE_LMCACHE_INSTANCE_ID=node-a", "LMCACHE_CONTROLLER_PULL_URL=tcp://10.0.0.9:5555",
+		"LMCACHE_CONTROLLER_REPLY_URL=tcp://10.0.0.9:5556", "KVTIER_TCP_ADDR=10.0.0.2:7482", "KVTIER_TCP_TOKEN=t",
+		"KVTIER_CLUSTER_EVENTS_ENDPOINT=tcp://*:5561")
+	check("environment", cfg, ws, err)
 }

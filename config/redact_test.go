@@ -53,6 +53,18 @@ func TestRedactedConfig(t *testing.T) {
 	}
 }
 
+func TestRedactedTokens(t *testing.T) {
+	c := Default()
+	c.TCPToken, c.ControllerToken = "fleet", "cluster"
+	r := c.Redacted()
+	if r.TCPToken != "REDACTED" || r.ControllerToken != "REDACTED" || c.ControllerToken != "cluster" {
+		t.Errorf("tcp_token %q, controller_token %q (original %q)", r.TCPToken, r.ControllerToken, c.ControllerToken)
+	}
+	if r := Default().Redacted(); r.ControllerToken != "" {
+		t.Errorf("an empty controller_token reads %q", r.ControllerToken)
+	}
+}
+
 // TestRedactedNonStringKeys: a nested mapping with a non-string key decodes
 // as map[any]any; secrets inside it must be hidden too.
 func TestRedactedNonStringKeys(t *testing.T) {

@@ -283,14 +283,17 @@ func (c Config) ControllerBase() (string, error) {
 // ControllerBases returns controller_url as base URLs: one controller,
 // or several replicas sharing one registry, separated by commas, asked
 // in turn when one fails (docs/cluster.md, "High availability").
-// LMCache's controller_pull_url, which maps here, is a bare host:port:
-// it is read as http://host:port.
+// LMCache's controller_pull_url, which maps here, is a bare host:port or
+// a ZMQ address tcp://host:port: either is read as http://host:port (the
+// kvtier controller's registry answers over HTTP on its listen address).
 func (c Config) ControllerBases() ([]string, error) {
 	var out []string
 	for _, raw := range strings.Split(c.ControllerURL, ",") {
 		raw = strings.TrimSpace(raw)
 		orig := raw
-		if !strings.Contains(raw, "://") {
+		if rest, ok := strings.CutPrefix(raw, "tcp://"); ok {
+			raw = "http://" + rest
+		} else if !strings.Contains(raw, "://") {
 			raw = "http://" + raw
 		}
 		u, err := url.Parse(raw)

@@ -177,7 +177,8 @@ func TestValidateClusterKeys(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Fatalf("enable_p2p with controller_url and no p2p_peers: %v", err)
 	}
-	for raw, want := range map[string]string{"http://c:7481/": "http://c:7481", "c:7481": "http://c:7481", "https://c": "https://c"} {
+	for raw, want := range map[string]string{"http://c:7481/": "http://c:7481", "c:7481": "http://c:7481", "https://c": "https://c",
+		"tcp://127.0.0.1:5555": "http://127.0.0.1:5555"} {
 		c.ControllerURL = raw
 		if got, err := c.ControllerBase(); err != nil || got != want {
 			t.Errorf("ControllerBase(%q) = %q, %v; want %q", raw, got, err, want)

@@ -3,9 +3,13 @@ package controller
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
+	"slices"
 	"strconv"
 
+	"kvtier/chunk"
 	"kvtier/cluster"
 	"kvtier/router/index"
 )
@@ -37,6 +41,10 @@ func (r *registry) serveRegister(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	out, err := r.register(reg)
+	if errors.Is(err, errChunkSizeMix) {
+		httpError(w, http.StatusConflict, err)
+		return
+	}
 	if err != nil {
 		httpError(w, http.StatusBadRequest, err)
 		return
@@ -67,32 +75,102 @@ func (r *registry) serveBeat(w http.ResponseWriter, req *http.Request, leave boo
 
 // lookupScratch is one lookup's reusable memory.
 type lookupScratch struct {
-	req   cluster.LookupRequest
-	keys  []uint64
-	words []uint32
-	seen  []index.PodID // daemons in reply order
-	out   []byte
+	body      []byte
+	req       cluster.LookupRequest
+	chunks    []chunk.Key // a lookup by tokens: the prompt's chunk keys
+	chunkSize int         // a lookup by tokens: the size it was cut with
+	keys      []uint64
+	words     []uint32
+	seen      []index.PodID // daemons in reply order
+	out       []byte
 }
+
+// maxPooledBody is the largest request body a pooled scratch keeps: a
+// rare million-token lookup should not pin its 10 MB for good.
+const maxPooledBody = 1 << 20
 
 func (r *registry) serveLookup(w http.ResponseWriter, req *http.Request) {
 	sc := r.lookups.Get().(*lookupScratch)
-	defer r.lookups.Put(sc)
-	sc.req.Keys = sc.req.Keys[:0]
-	if err := cluster.Decode(req.Body, cluster.MaxLookupBodyBytes, &sc.req); err != nil {
+	defer func() {
+		if cap(sc.body) > maxPooledBody {
+			sc.body = nil
+		}
+		r.lookups.Put(sc)
+	}()
+	var err error
+	sc.body, err = readBody(req.Body, sc.body[:0], cluster.MaxLookupTokensBodyBytes)
+	switch {
+	case err != nil:
+	case req.Header.Get("Content-Type") == cluster.TokensContentType:
+		err = cluster.DecodeTokenLookup(req.URL.RawQuery, sc.body, &sc.req)
+	default:
+		err = cluster.DecodeLookup(sc.body, &sc.req)
+	}
+	if err == nil {
+		err = sc.req.Check()
+	}
+	if err != nil {
 		decodeError(w, err)
 		return
 	}
-	if len(sc.req.Keys) > cluster.MaxLookupKeys {
-		httpError(w, http.StatusRequestEntityTooLarge, errors.New("more than "+strconv.Itoa(cluster.MaxLookupKeys)+" keys"))
-		return
-	}
-	sc.keys = sc.keys[:0]
-	for _, k := range sc.req.Keys {
-		sc.keys = append(sc.keys, uint64(k))
+	if sc.req.Scope != nil {
+		if err := r.tokenKeys(sc); err != nil {
+			httpError(w, http.StatusConflict, err)
+			return
+		}
+	} else {
+		sc.chunkSize = 0
+		sc.keys = sc.keys[:0]
+		for _, k := range sc.req.Keys {
+			sc.keys = append(sc.keys, uint64(k))
+		}
 	}
 	sc.out = r.appendLookup(sc.out[:0], sc)
 	w.Header().Set("Content-Type", "application/json")
 	w.Write(sc.out)
+}
+
+// tokenKeys cuts a lookup's prompt into chunks as the daemons do, with
+// the chunk size they registered, into sc.keys.
+func (r *registry) tokenKeys(sc *lookupScratch) error {
+	size := int(r.chunkSize.Load())
+	if size <= 0 {
+		return errors.New("no registered daemon has given its chunk_size: a lookup by tokens needs it (look up by keys instead)")
+	}
+	s := sc.req.Scope
+	c, err := chunk.NewChunker(chunk.Scope{Model: s.Model, WorldSize: s.WorldSize, Rank: s.Rank,
+		Format: s.Format, Namespace: s.Namespace}, size, false)
+	if err != nil {
+		return err
+	}
+	sc.chunkSize = size
+	sc.chunks = c.Keys(sc.chunks[:0], sc.req.Tokens)
+	sc.keys = sc.keys[:0]
+	for _, k := range sc.chunks {
+		sc.keys = append(sc.keys, k.Index())
+	}
+	return nil
+}
+
+// readBody appends what r holds to dst, at most limit bytes
+// (cluster.ErrTooLarge beyond).
+func readBody(r io.Reader, dst []byte, limit int) ([]byte, error) {
+	for {
+		if len(dst) == cap(dst) {
+			dst = slices.Grow(dst, min(max(cap(dst), 4096), limit+1-len(dst)))
+		}
+		n, err := r.Read(dst[len(dst):cap(dst)])
+		dst = dst[:len(dst)+n]
+		if len(dst) > limit {
+			return dst, fmt.Errorf("%w: more than %d bytes", cluster.ErrTooLarge, limit)
+		}
+		if err == io.EOF {
+			return dst, nil
+		}
+		if err != nil {
+			return dst, fmt.Errorf("reading the body: %w", err)
+		}
+	}
 }
 
 // appendLookup appends the JSON LookupReply for sc.keys to dst. It is the
@@ -102,7 +180,13 @@ func (r *registry) appendLookup(dst []byte, sc *lookupScratch) []byte {
 	table := *r.daemons.Load()
 	ix := r.reader(sc.keys)
 	sc.seen = sc.seen[:0]
-	dst = append(dst, `{"holders":[`...)
+	dst = append(dst, '{')
+	if sc.chunkSize > 0 {
+		dst = append(dst, `"chunk_size":`...)
+		dst = strconv.AppendInt(dst, int64(sc.chunkSize), 10)
+		dst = append(dst, ',')
+	}
+	dst = append(dst, `"holders":[`...)
 	for i, k := range sc.keys {
 		if i > 0 {
 			dst = append(dst, ',')

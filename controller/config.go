@@ -65,6 +65,10 @@ type Config struct {
 	// chunks (docs/cluster.md).
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
 	MissedHeartbeats  int           `yaml:"missed_heartbeats"`
+	// ClusterToken, when set, is the shared secret every request to the
+	// registry API (/v1/cluster/*) must present as
+	// "Authorization: Bearer <token>"; the daemons' controller_token.
+	ClusterToken string `yaml:"cluster_token"`
 
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log_level"`
@@ -101,7 +105,7 @@ func Default() Config {
 // Keys lists the configuration keys in the order Config declares them.
 func Keys() []string {
 	return []string{"listen", "grpc_listen", "grpc_special_tokens", "pods", "pods_file", "hash_seed", "block_size",
-		"max_blocks", "index_redis", "scorer", "tokenizers", "heartbeat_interval", "missed_heartbeats", "log_level",
+		"max_blocks", "index_redis", "scorer", "tokenizers", "heartbeat_interval", "missed_heartbeats", "cluster_token", "log_level",
 		"proxy_listen", "prefill", "decode", "prefill_timeout", "decode_timeout"}
 }
 

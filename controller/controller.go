@@ -169,9 +169,10 @@ func (c *controller) serve(ctx context.Context, unsignal func()) error {
 		return errors.Join(err, ln.Close(), c.sub.Close())
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/v1/cluster/", c.reg)
-	mux.Handle("/v1/cluster/ops", c.ops)
-	mux.Handle("/v1/cluster/ops/", c.ops)
+	// The registry and the operations share the cluster token.
+	mux.Handle("/v1/cluster/", requireToken(c.cfg.ClusterToken, c.reg))
+	mux.Handle("/v1/cluster/ops", requireToken(c.cfg.ClusterToken, c.ops))
+	mux.Handle("/v1/cluster/ops/", requireToken(c.cfg.ClusterToken, c.ops))
 	mux.Handle("/", c.handler)
 	stopProxy, err := c.startProxy(mux)
 	if err != nil {
@@ -191,6 +192,7 @@ func (c *controller) serve(ctx context.Context, unsignal func()) error {
 	// Tests and scripts read the bound address here when listen has port 0.
 	c.log.Info("controller listening", "addr", ln.Addr().String(), "scorer", c.cfg.Scorer,
 		"block_size", c.cfg.BlockSize, "max_blocks", c.cfg.MaxBlocks)
+	warnOpenRegistry(ln.Addr(), c.cfg.ClusterToken, c.log)
 
 	var serveErr error
 	select {

@@ -54,6 +54,9 @@ type registry struct {
 	// from index pod id to the daemon's identity, nil for other pods.
 	daemons atomic.Pointer[[]*daemonEntry]
 	lookups sync.Pool // *lookupScratch
+	// chunkSize is the registered daemons' chunk_size (they all share
+	// one: register refuses a mix), 0 when none gave it.
+	chunkSize atomic.Int64
 }
 
 // daemonRecord is one registered daemon.
@@ -143,6 +146,10 @@ func (r *registry) register(reg cluster.Register) (cluster.Registered, error) {
 	r.changing.Lock()
 	defer r.changing.Unlock()
 	r.mu.Lock()
+	if err := r.chunkSizeMixLocked(reg); err != nil {
+		r.mu.Unlock()
+		return cluster.Registered{}, err
+	}
 	if old, ok := r.members[reg.Instance]; ok && old.reg.Addr != reg.Addr {
 		// Two daemons sharing an instance id would take the name from
 		// each other at every beat: say so, since nothing else will.
@@ -165,6 +172,26 @@ func (r *registry) register(reg cluster.Register) (cluster.Registered, error) {
 	}
 	r.log.Info("daemon registered", "instance", reg.Instance, "addr", reg.Addr, "events", reg.Events)
 	return cluster.Registered{Session: m.session, HeartbeatIntervalMS: r.interval.Milliseconds()}, nil
+}
+
+// errChunkSizeMix refuses a daemon whose chunk size differs from the
+// registered daemons': their keys for the same prompt would differ, and a
+// lookup by tokens could not name both.
+var errChunkSizeMix = errors.New("chunk_size differs from the registered daemons'")
+
+// chunkSizeMixLocked refuses reg when another registered daemon has a
+// different chunk size. Called with r.mu held.
+func (r *registry) chunkSizeMixLocked(reg cluster.Register) error {
+	if reg.ChunkSize <= 0 {
+		return nil
+	}
+	for name, m := range r.members {
+		if name != reg.Instance && m.reg.ChunkSize > 0 && m.reg.ChunkSize != reg.ChunkSize {
+			return fmt.Errorf("%w: %d tokens here, %d on %s; every daemon of a cluster must use one chunk_size",
+				errChunkSizeMix, reg.ChunkSize, m.reg.ChunkSize, name)
+		}
+	}
+	return nil
 }
 
 // beat records a heartbeat; false means the session is unknown.
@@ -228,7 +255,11 @@ func (r *registry) reap(ctx context.Context) {
 // held, after the subscriber interned or removed the daemon's pod.
 func (r *registry) publishLocked() {
 	var table []*daemonEntry
+	r.chunkSize.Store(0)
 	for name, m := range r.members {
+		if m.reg.ChunkSize > 0 {
+			r.chunkSize.Store(int64(m.reg.ChunkSize))
+		}
 		id, ok := r.pods.ID(cluster.HolderPrefix + name)
 		if !ok {
 			continue

@@ -81,7 +81,7 @@ func TestRegistryRejectsBadBodies(t *testing.T) {
 		{"heartbeat", `{"instance":"a","session":"x"}`, 404, "register again"},
 		{"deregister", `{"instance":"a","session":"x"}`, 404, "register again"},
 		{"lookup", `{"keys":["xyz"]}`, 400, "hex digits"},
-		{"lookup", `{"keys":[1]}`, 400, "want a string"},
+		{"lookup", `{"keys":[1]}`, 400, "want strings"},
 		{"lookup", `{"keys":["00000000000000001"]}`, 400, "1 to 16"},
 		{"lookup", `{"keys":[` + strings.Repeat(`"1",`, cluster.MaxLookupKeys) + `"1"]}`, 413, "more than"},
 		{"nothing", `{}`, 404, "no such"},
@@ -196,22 +196,32 @@ func waitForCond(t *testing.T, what string, ok func() bool) {
 	}
 }
 
-// FuzzLookupRequest feeds arbitrary bodies to the lookup decoder: an error
-// or keys, never a panic.
+// FuzzLookupRequest feeds arbitrary bodies, JSON and binary, to the
+// lookup handler: an answer or a client error, never a panic.
 func FuzzLookupRequest(f *testing.F) {
-	f.Add([]byte(`{"keys":["0123456789abcdef","1"]}`))
-	f.Add([]byte(`{"keys":[]}`))
-	f.Add([]byte(`{"keys":["zz"]}`))
-	f.Add([]byte(`{"keys":null}`))
-	f.Fuzz(func(t *testing.T, body []byte) {
-		var req cluster.LookupRequest
-		if err := cluster.Decode(bytes.NewReader(body), cluster.MaxLookupBodyBytes, &req); err != nil {
-			return
+	ix, err := index.New(index.Config{MaxBlocks: 1 << 10})
+	if err != nil {
+		f.Fatal(err)
+	}
+	reg := newRegistry(nil, ix, index.NewPods(), time.Second, 3, slog.New(slog.DiscardHandler))
+	reg.chunkSize.Store(4)
+	f.Add(false, "", []byte(`{"keys":["0123456789abcdef","1"]}`))
+	f.Add(false, "", []byte(`{"keys":[]}`))
+	f.Add(false, "", []byte(`{"keys":["zz"]}`))
+	f.Add(false, "", []byte(`{"scope":{"model":"m"},"tokens":[1,2,3,4,5]}`))
+	f.Add(true, "model=m&rank=1", []byte("\x01\x00\x00\x00\x02\x00\x00\x00"))
+	f.Fuzz(func(t *testing.T, binary bool, query string, body []byte) {
+		req := httptest.NewRequest(http.MethodPost, "/v1/cluster/lookup", bytes.NewReader(body))
+		req.URL.RawQuery = query
+		if binary {
+			req.Header.Set("Content-Type", cluster.TokensContentType)
 		}
-		for _, k := range req.Keys {
-			if v, err := cluster.ParseHexKey(cluster.AppendHexKey(nil, uint64(k))); err != nil || v != uint64(k) {
-				t.Fatalf("key %x does not round-trip: %x %v", uint64(k), v, err)
-			}
+		w := httptest.NewRecorder()
+		reg.ServeHTTP(w, req)
+		switch w.Code {
+		case http.StatusOK, http.StatusBadRequest, http.StatusRequestEntityTooLarge:
+		default:
+			t.Fatalf("%d %s", w.Code, w.Body)
 		}
 	})
 }

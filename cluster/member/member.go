@@ -26,6 +26,8 @@ type Options struct {
 	// go to one of them and fail over to the next when it cannot be
 	// reached or answers 5xx (cluster.NewFailoverClient).
 	Controllers []string
+	// Token is presented to the controller (its cluster_token), if set.
+	Token string
 	// Register is what the daemon registers as.
 	Register cluster.Register
 	// Interval is the heartbeat interval until the controller names its own.
@@ -55,7 +57,7 @@ func New(o Options) *Member {
 	if len(o.Controllers) == 0 {
 		o.Controllers = []string{o.Controller}
 	}
-	return &Member{opts: o, client: cluster.NewFailoverClient(o.Controllers, hc)}
+	return &Member{opts: o, client: cluster.NewFailoverClient(o.Controllers, hc).WithToken(o.Token)}
 }
 
 // StartResync publishes the inventory again in the background. A request

@@ -40,8 +40,10 @@ func startCluster(cfg config.Config, eng *engine.Engine, opts engine.Options, ad
 		Events:   "tcp://" + advertise(stream.Addr(), host),
 		Admin:    "http://" + advertise(adminAddr, host),
 		Tiers:    tiersOf(eng, opts),
+		// A lookup by tokens at the controller cuts prompts with it.
+		ChunkSize: eng.ChunkSize(),
 	}
-	m := member.New(member.Options{Controllers: bases, Register: reg, Interval: cfg.HeartbeatInterval,
+	m := member.New(member.Options{Controllers: bases, Token: cfg.ControllerToken, Register: reg, Interval: cfg.HeartbeatInterval,
 		Stream: stream, Lister: eng, Log: log})
 	adm.HandleClusterResync(m.StartResync)
 	log.Info("cluster chunk stream publishing", "endpoint", reg.Events, "instance", instance, "controllers", bases)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"sort"
 	"strings"
 	"time"
@@ -17,6 +18,7 @@ import (
 // clusterFlags are the flags every `kvtier cluster` subcommand shares.
 type clusterFlags struct {
 	controller string
+	token      string
 	instances  []string
 	all        bool
 	tier       string
@@ -28,6 +30,15 @@ type clusterFlags struct {
 	timeout    time.Duration
 	noWait     bool
 	json       bool
+}
+
+// clusterToken is --token, else $KVTIER_CLUSTER_TOKEN (read here, not as
+// the flag's default, so that --help never prints it).
+func (f *clusterFlags) clusterToken() string {
+	if f.token != "" {
+		return f.token
+	}
+	return os.Getenv("KVTIER_CLUSTER_TOKEN")
 }
 
 // clusterCmd is `kvtier cluster`: the controller's cluster operations
@@ -44,6 +55,7 @@ Chunk keys are "scope/hash" in hex, as GET /api/v1/keys on a daemon lists
 them; give them as arguments or with --key.`,
 	}
 	cmd.PersistentFlags().StringVar(&f.controller, "controller", "http://127.0.0.1:7481", "the controller's base URL")
+	cmd.PersistentFlags().StringVar(&f.token, "token", "", "the controller's cluster_token (default $KVTIER_CLUSTER_TOKEN, which keeps it out of ps)")
 	cmd.PersistentFlags().BoolVar(&f.json, "json", false, "print the controller's JSON instead of a table")
 	ops := []*cobra.Command{
 		opCmd(f, cluster.OpClear, "clear chunks of a tier and scope (or model) on daemons", "clear (--instance NAME... | --all) [--tier mem|disk] [--scope HEX | --model NAME]"),
@@ -116,7 +128,7 @@ func (f *clusterFlags) request(kind string, args []string) (cluster.OpRequest, e
 // its per-daemon results; an operation that did not fully succeed is an
 // error, so the exit status is non-zero.
 func (f *clusterFlags) runOp(ctx context.Context, out io.Writer, r cluster.OpRequest) error {
-	c := cluster.NewClient(f.controller, &http.Client{Timeout: 30 * time.Second})
+	c := cluster.NewClient(f.controller, &http.Client{Timeout: 30 * time.Second}).WithToken(f.clusterToken())
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -210,7 +222,7 @@ func opsStatusCmd(f *clusterFlags) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			c := cluster.NewClient(f.controller, nil)
+			c := cluster.NewClient(f.controller, nil).WithToken(f.clusterToken())
 			out := cmd.OutOrStdout()
 			if len(args) == 1 {
 				op, err := c.Op(ctx, args[0])
@@ -244,7 +256,7 @@ func instancesCmd(f *clusterFlags) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			ins, err := cluster.NewClient(f.controller, nil).Instances(ctx)
+			ins, err := cluster.NewClient(f.controller, nil).WithToken(f.clusterToken()).Instances(ctx)
 			if err != nil {
 				return err
 			}

@@ -74,6 +74,7 @@ prompt and decodes it on the least-loaded one. See docs/pd.md.`,
 	fl.StringVar(&v.PodsFile, "pods-file", "", "a file of pods, one NAME=MODEL=ADDRESS[=REPLAY] per line (# comments), watched: pods added, removed or changed there are followed, dropped or restarted within seconds")
 	fl.DurationVar(&v.HeartbeatInterval, "heartbeat-interval", v.HeartbeatInterval, "how often registered kvtier daemons beat (docs/cluster.md)")
 	fl.IntVar(&v.MissedHeartbeats, "missed-heartbeats", v.MissedHeartbeats, "beats a daemon may miss before it is dropped with its chunks")
+	fl.StringVar(&v.ClusterToken, "cluster-token", "", "require Authorization: Bearer TOKEN on the cluster registry API (/v1/cluster/*); the daemons' controller_token (prefer the file: flags show in ps)")
 	fl.StringArrayVar(&v.Tokenizers, "tokenizer", nil, "tokenizer for prompt strings: [MODEL=]tiktoken:ENCODING or [MODEL=]hf:/path/tokenizer.json (repeatable; without MODEL= it serves every model without its own)")
 	fl.StringVar(&v.ProxyListen, "proxy-listen", "", "serve the prefill/decode proxy on this address instead of --listen (docs/pd.md)")
 	fl.StringArrayVar(&v.PrefillInstances, "prefill", nil, "a prefill vLLM instance for the proxy, NAME=http://HOST:PORT, NAME its pod in the index (repeatable)")
@@ -130,6 +131,8 @@ func setKey(dst *controller.Config, src controller.Config, key string) {
 		dst.HeartbeatInterval = src.HeartbeatInterval
 	case "missed_heartbeats":
 		dst.MissedHeartbeats = src.MissedHeartbeats
+	case "cluster_token":
+		dst.ClusterToken = src.ClusterToken
 	case "log_level":
 		dst.LogLevel = src.LogLevel
 	case "proxy_listen":

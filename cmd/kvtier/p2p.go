@@ -53,7 +53,7 @@ func p2pResolver(cfg config.Config, log *slog.Logger) *controllerPeers {
 	// its deadline.
 	hc := &http.Client{Timeout: 4 * timeout}
 	log.Info("p2p tier finds peers through the controller", "controllers", bases, "timeout", timeout)
-	return &controllerPeers{client: cluster.NewFailoverClient(bases, hc), timeout: timeout}
+	return &controllerPeers{client: cluster.NewFailoverClient(bases, hc).WithToken(cfg.ControllerToken), timeout: timeout}
 }
 
 // setSelf names this daemon, so that lookups never list it.

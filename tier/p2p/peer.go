@@ -31,7 +31,7 @@ func (ps *peers) get(addr string) *remote.Guarded {
 	if !ok {
 		s := &store{addr: addr, o: ps.o, pool: make(chan *client.Client, ps.o.Conns)}
 		g = remote.Guard(s, remote.GuardOptions{Timeout: ps.o.Timeout, Bandwidth: ps.o.Bandwidth,
-			Threshold: ps.o.Threshold, Logger: ps.o.Logger.With("tier", "p2p", "peer", addr)})
+			Threshold: ps.o.Threshold, CorruptIsFailure: true, Logger: ps.o.Logger.With("tier", "p2p", "peer", addr)})
 		ps.m[addr] = g
 	}
 	return g
@@ -89,7 +89,9 @@ func (s *store) dial(ctx context.Context) (*client.Client, error) {
 }
 
 // call runs fn on a pooled connection (dialling one when none is idle);
-// a connection whose transport failed is closed, not pooled again.
+// a connection whose transport failed, or that the client closed after a
+// checksum mismatch, is closed, not pooled again: the next call on it
+// would fail and count against the peer.
 func (s *store) call(ctx context.Context, fn func(*client.Client) error) error {
 	if s.done.Load() {
 		return tier.ErrClosed
@@ -104,7 +106,7 @@ func (s *store) call(ctx context.Context, fn func(*client.Client) error) error {
 		}
 	}
 	err := fn(c)
-	if errors.Is(err, client.ErrClosed) || s.done.Load() {
+	if errors.Is(err, client.ErrClosed) || errors.Is(err, client.ErrChecksum) || s.done.Load() {
 		c.Close()
 		return err
 	}

@@ -4,14 +4,16 @@ import (
 	"context"
 
 	"kvtier/chunk"
+	"kvtier/tier/remote"
 )
 
 // Static is a Resolver over a fixed list of peers: it asks every peer
 // with one LOOKUP (as a peer client, so each answers from its own RAM and
-// disk) and lists, for each key, the peers whose hit covers it, in list
-// order. A peer behind an open circuit is not asked. It needs no
-// controller, which suits small fleets and tests; its cost grows with the
-// number of peers.
+// disk), all at once, and lists, for each key, the peers whose hit
+// covers it, in list order. A peer behind an open circuit is not asked.
+// It needs no controller, which suits small fleets and tests; its cost
+// grows with the number of peers, its time does not: a lookup takes the
+// slowest healthy peer's round trip, at most the round-trip deadline.
 type Static struct {
 	addrs []string
 	peers *peers
@@ -19,14 +21,32 @@ type Static struct {
 
 // Holders implements Resolver.
 func (s *Static) Holders(ctx context.Context, keys []chunk.Key) ([][]Peer, error) {
-	out := make([][]Peer, len(keys))
-	for _, addr := range s.addrs {
-		if err := ctx.Err(); err != nil {
-			return out, err
+	type hit struct{ peer, n int }
+	hits := make(chan hit, len(s.addrs))
+	asked := 0
+	for i, addr := range s.addrs {
+		g := s.peers.get(addr)
+		if g.Health().State == remote.StateOpen {
+			continue
 		}
-		n := s.peers.get(addr).PrefixContains(keys)
-		for i := range n {
-			out[i] = append(out[i], Peer{Addr: addr})
+		asked++
+		// The guard bounds each call by the round-trip deadline, even
+		// against a peer that never answers.
+		go func() { hits <- hit{i, g.PrefixContains(keys)} }()
+	}
+	counts := make([]int, len(s.addrs))
+	for ; asked > 0; asked-- {
+		select {
+		case h := <-hits:
+			counts[h.peer] = h.n
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	out := make([][]Peer, len(keys))
+	for i, addr := range s.addrs {
+		for k := range min(counts[i], len(keys)) {
+			out[k] = append(out[k], Peer{Addr: addr})
 		}
 	}
 	return out, nil

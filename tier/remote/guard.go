@@ -86,7 +86,12 @@ type GuardOptions struct {
 	// caller gave up at the deadline; beyond it calls fail fast, so a hung
 	// store cannot pile up goroutines (default 32).
 	MaxAbandoned int
-	Logger       *slog.Logger // default slog.Default()
+	// CorruptIsFailure counts a Get that returns tier.ErrCorrupt as a
+	// failure of the store, not an answer: for a store that serves from
+	// its own memory (a P2P peer), bytes that fail their checksum say the
+	// store or the path to it is sick, not that one object is damaged.
+	CorruptIsFailure bool
+	Logger           *slog.Logger // default slog.Default()
 }
 
 func (o GuardOptions) withDefaults() GuardOptions {
@@ -279,7 +284,11 @@ func (g *Guarded) Get(ctx context.Context, key chunk.Key, dst []byte) (int, erro
 			n = copy(dst, c.buf[:n])
 		}
 	}
-	g.finish(c, classify(ctx, err))
+	o := classify(ctx, err)
+	if g.o.CorruptIsFailure && errors.Is(err, tier.ErrCorrupt) {
+		o = outcomeFailure
+	}
+	g.finish(c, o)
 	return n, err
 }
 
