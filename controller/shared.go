@@ -134,6 +134,10 @@ func (r *sharedRegistry) serveRegister(w http.ResponseWriter, req *http.Request)
 		return
 	}
 	out, err := r.register(reg)
+	if errors.Is(err, errChunkSizeMix) {
+		httpError(w, http.StatusConflict, err)
+		return
+	}
 	if err != nil {
 		// Redis unreachable, or the instance's old entries still being
 		// cleared: the daemon retries at its next beat.
@@ -154,6 +158,9 @@ var errClearing = errors.New("the instance's previous entries are being cleared;
 func (r *sharedRegistry) register(reg cluster.Register) (cluster.Registered, error) {
 	body, err := json.Marshal(reg)
 	if err != nil {
+		return cluster.Registered{}, err
+	}
+	if err := r.chunkSizeMix(reg); err != nil {
 		return cluster.Registered{}, err
 	}
 	session := newSession()
@@ -346,10 +353,37 @@ func (r *sharedRegistry) syncLocked() error {
 	return nil
 }
 
-// publish rebuilds the lookup table of daemons, by index pod id.
+// chunkSizeMix refuses reg when a daemon registered in Redis has another
+// chunk size, as the in-memory registry does. Two daemons of different
+// sizes registering at the same moment through two replicas can both get
+// in; a token lookup then uses one of the sizes, and the other daemon's
+// chunks are misses, never wrong holders.
+func (r *sharedRegistry) chunkSizeMix(reg cluster.Register) error {
+	if reg.ChunkSize <= 0 {
+		return nil
+	}
+	recs, err := r.load()
+	if err != nil {
+		return fmt.Errorf("registry in Redis: %w", err)
+	}
+	for name, rec := range recs {
+		if name != reg.Instance && rec.reg.ChunkSize > 0 && rec.reg.ChunkSize != reg.ChunkSize {
+			return fmt.Errorf("%w: %d tokens here, %d on %s; every daemon of a cluster must use one chunk_size",
+				errChunkSizeMix, reg.ChunkSize, rec.reg.ChunkSize, name)
+		}
+	}
+	return nil
+}
+
+// publish rebuilds the lookup table of daemons, by index pod id, and the
+// chunk size a lookup by tokens cuts prompts with.
 func (r *sharedRegistry) publish(recs map[string]sharedRecord) {
 	var table []*daemonEntry
+	r.look.chunkSize.Store(0)
 	for name, rec := range recs {
+		if rec.reg.ChunkSize > 0 {
+			r.look.chunkSize.Store(int64(rec.reg.ChunkSize))
+		}
 		id, ok := r.pods.ID(cluster.HolderPrefix + name)
 		if !ok {
 			continue

@@ -2,11 +2,13 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -402,5 +404,31 @@ func TestSharedRegistryErrors(t *testing.T) {
 	}
 	if got := holdersAt(t, a.url, testKey(1)); len(got) != 1 || got[0] != "" {
 		t.Errorf("lookup with Redis down: %q, want no holders", got)
+	}
+}
+
+// TestSharedRegistryChunkSize: a replica refuses a daemon whose chunk size
+// differs from one registered through another replica, and both cut token
+// lookups with the registered size.
+func TestSharedRegistryChunkSize(t *testing.T) {
+	srv := redistest.Start(t)
+	a, b := startSharedReplica(t, srv, time.Second), startSharedReplica(t, srv, time.Second)
+	reg := cluster.Register{Instance: "d1", Addr: "127.0.0.1:9", Events: "tcp://127.0.0.1:9", Admin: "http://127.0.0.1:9", ChunkSize: 256}
+	if _, err := a.reg.register(reg); err != nil {
+		t.Fatal(err)
+	}
+	other := reg
+	other.Instance, other.ChunkSize = "d2", 128
+	if _, err := b.reg.register(other); !errors.Is(err, errChunkSizeMix) {
+		t.Fatalf("d2 with chunk_size 128 beside d1's 256: err %v, want errChunkSizeMix", err)
+	}
+	other.ChunkSize = 256
+	if _, err := b.reg.register(other); err != nil {
+		t.Fatalf("d2 with the same chunk size: %v", err)
+	}
+	for _, r := range []*sharedReplica{a, b} {
+		waitEqual(t, "chunk size at "+r.url, func() string {
+			return strconv.Itoa(int(r.reg.look.chunkSize.Load()))
+		}, "256")
 	}
 }
