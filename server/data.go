@@ -135,6 +135,9 @@ func (s *session) handleRetrieve(h wire.Header, body []byte) *requestError {
 	if err != nil && n == 0 {
 		return statusOf(err)
 	}
+	if !peer {
+		s.svc.pd.consumed(r.keys[r.first : r.first+n])
+	}
 	dh := wire.DataHeader{Tokens: r.tokensAfter(n), Sizes: s.sizes[:0]}
 	for j := range n {
 		dh.Sizes = append(dh.Sizes, uint32(rd.Size(j)))
