@@ -55,6 +55,8 @@ type pd struct {
 	transfers map[uint64]*transfer
 	active    int
 	ended     []endedTransfer // oldest first
+	done      atomic.Uint64   // transfers that ended, by outcome
+	failed    atomic.Uint64
 
 	ctx    context.Context // cancelled at shutdown: ends every push
 	cancel context.CancelFunc
@@ -75,7 +77,10 @@ type endedTransfer struct {
 
 func newPD(eng *engine.Engine, budgetBytes int64, token string, log *slog.Logger) *pd {
 	if budgetBytes <= 0 {
-		budgetBytes = min(defaultPDBudget, eng.ArenaBytes()/2)
+		budgetBytes = defaultPDBudget
+		if eng != nil { // (tests make services of no engine to list their metrics)
+			budgetBytes = min(budgetBytes, eng.ArenaBytes()/2)
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &pd{eng: eng, log: log, token: token, budget: budget{limit: budgetBytes},

@@ -151,7 +151,10 @@ func (p *pd) run(t *transfer) {
 	t.mu.Unlock()
 	t.cancel()
 	if failed {
+		p.failed.Add(1)
 		p.log.Info("push failed", "transfer", t.id, "dest", t.dest, "err", msg)
+	} else {
+		p.done.Add(1)
 	}
 	p.pushMu.Lock()
 	p.active--
