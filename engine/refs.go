@@ -20,6 +20,7 @@ import (
 type Refs struct {
 	e   *Engine
 	ids []arena.ID
+	one [1]chunk.Key // AcquireRAMKey's argument, here so that it does not escape per call
 }
 
 // AcquireLocal appends references on the leading keys held in RAM or a
@@ -65,6 +66,12 @@ func (r *Refs) AcquireRAM(e *Engine, keys []chunk.Key) int {
 	n := e.mgr.RAM().Acquire(keys, r.ids[base:])
 	r.ids = r.ids[:base+n]
 	return n
+}
+
+// AcquireRAMKey is AcquireRAM of one key, and reports whether it held it.
+func (r *Refs) AcquireRAMKey(e *Engine, key chunk.Key) bool {
+	r.one[0] = key
+	return r.AcquireRAM(e, r.one[:]) == 1
 }
 
 // Detach appends r's references to dst as Held values and empties r

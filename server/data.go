@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"net"
 
 	"kvtier/wire"
 )
@@ -170,9 +169,9 @@ func (s *session) handleRetrieve(h wire.Header, body []byte) *requestError {
 		data := rd.Bytes(j)
 		wire.Header{Len: uint32(len(data)), Op: h.Op, Flags: flags, ID: h.ID}.Put(s.hdr[:])
 		s.vec[0], s.vec[1] = s.hdr[:], data
-		bufs := net.Buffers(s.vec[:])
+		s.bufs = s.vec[:]
 		s.extendWriteDeadline()
-		if _, err := bufs.WriteTo(s.conn); err != nil {
+		if _, err := s.bufs.WriteTo(s.conn); err != nil {
 			return fatal(wire.StatusInternal, "writing chunk %d: %v", j, err)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"kvtier/chunk"
+	"kvtier/client"
 	"kvtier/engine"
 )
 
@@ -54,8 +55,9 @@ type pd struct {
 	pushMu    sync.Mutex
 	transfers map[uint64]*transfer
 	active    int
-	ended     []endedTransfer // oldest first
-	done      atomic.Uint64   // transfers that ended, by outcome
+	conns     map[string][]*client.Client // idle connections by destination
+	ended     []endedTransfer             // oldest first
+	done      atomic.Uint64               // transfers that ended, by outcome
 	failed    atomic.Uint64
 
 	ctx    context.Context // cancelled at shutdown: ends every push
@@ -84,17 +86,17 @@ func newPD(eng *engine.Engine, budgetBytes int64, token string, log *slog.Logger
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &pd{eng: eng, log: log, token: token, budget: budget{limit: budgetBytes},
-		holds: make(map[chunk.Key]hold), transfers: make(map[uint64]*transfer), ctx: ctx, cancel: cancel}
+		holds: make(map[chunk.Key]hold), transfers: make(map[uint64]*transfer),
+		conns: make(map[string][]*client.Client), ctx: ctx, cancel: cancel}
 }
 
 // hold keeps key's chunk resident for ttl, charging size bytes that the
 // caller already took from the budget; it gives them back when the chunk
 // cannot be held (gone already) or is held already.
 func (p *pd) hold(key chunk.Key, size int64, ttl time.Duration, refs *engine.Refs, scratch []engine.Held) []engine.Held {
-	keys := [1]chunk.Key{key}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if _, ok := p.holds[key]; ok || refs.AcquireRAM(p.eng, keys[:]) != 1 {
+	if _, ok := p.holds[key]; ok || !refs.AcquireRAMKey(p.eng, key) {
 		p.budget.release(size)
 		return scratch
 	}
@@ -152,6 +154,14 @@ func (p *pd) sweep(now time.Time) {
 func (p *pd) close() {
 	p.cancel()
 	p.wg.Wait()
+	p.pushMu.Lock()
+	for dest, cs := range p.conns {
+		for _, c := range cs {
+			c.Close()
+		}
+		delete(p.conns, dest)
+	}
+	p.pushMu.Unlock()
 	p.mu.Lock()
 	for k, h := range p.holds {
 		p.dropLocked(k, h)
@@ -176,11 +186,17 @@ type budget struct {
 
 var errBudget = errors.New("pd_receive_bytes is full")
 
-// acquire takes n bytes, waiting until deadline for them.
-func (b *budget) acquire(ctx context.Context, n int64, deadline time.Time) error {
+// acquire takes n bytes, waiting until deadline for them; wake is the
+// caller's own channel of capacity 1, for the wait.
+func (b *budget) acquire(ctx context.Context, n int64, deadline time.Time, wake chan struct{}) error {
 	if n > b.limit {
 		return fmt.Errorf("a chunk of %d bytes is larger than pd_receive_bytes (%d)", n, b.limit)
 	}
+	if b.take(n) {
+		return nil
+	}
+	b.freed.add(wake)
+	defer b.freed.remove(wake)
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -188,14 +204,10 @@ func (b *budget) acquire(ctx context.Context, n int64, deadline time.Time) error
 		}
 	}()
 	for {
-		b.mu.Lock()
-		if b.inUse+n <= b.limit {
-			b.inUse += n
-			b.mu.Unlock()
+		if b.take(n) {
 			return nil
 		}
-		ch := b.freed.wait()
-		b.mu.Unlock()
+		ch := wake
 		if timer == nil {
 			timer = time.NewTimer(time.Until(deadline))
 		}
@@ -209,11 +221,22 @@ func (b *budget) acquire(ctx context.Context, n int64, deadline time.Time) error
 	}
 }
 
+// take takes n bytes if they are free.
+func (b *budget) take(n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.inUse+n > b.limit {
+		return false
+	}
+	b.inUse += n
+	return true
+}
+
 func (b *budget) release(n int64) {
 	b.mu.Lock()
 	b.inUse -= n
-	b.freed.broadcast()
 	b.mu.Unlock()
+	b.freed.broadcast()
 }
 
 func (b *budget) used() int64 {
@@ -222,27 +245,45 @@ func (b *budget) used() int64 {
 	return b.inUse
 }
 
-// signal wakes waiters. A channel is made only when someone waits, so a
-// broadcast nobody waits for costs nothing.
+// signal wakes waiters, each on a channel of its own made once (a
+// session's), so that waking them for every chunk allocates nothing.
 type signal struct {
-	mu sync.Mutex
-	ch chan struct{}
+	mu      sync.Mutex
+	waiters []chan struct{}
 }
 
-func (s *signal) wait() <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ch == nil {
-		s.ch = make(chan struct{})
+// add registers ch (capacity 1) to be woken; call it before checking
+// what is waited for, so that a change in between is not missed.
+func (s *signal) add(ch chan struct{}) {
+	select { // a wake-up left from an earlier wait
+	case <-ch:
+	default:
 	}
-	return s.ch
+	s.mu.Lock()
+	s.waiters = append(s.waiters, ch)
+	s.mu.Unlock()
+}
+
+func (s *signal) remove(ch chan struct{}) {
+	s.mu.Lock()
+	for i, w := range s.waiters {
+		if w == ch {
+			last := len(s.waiters) - 1
+			s.waiters[i], s.waiters[last] = s.waiters[last], nil
+			s.waiters = s.waiters[:last]
+			break
+		}
+	}
+	s.mu.Unlock()
 }
 
 func (s *signal) broadcast() {
 	s.mu.Lock()
-	if s.ch != nil {
-		close(s.ch)
-		s.ch = nil
+	for _, ch := range s.waiters {
+		select {
+		case ch <- struct{}{}:
+		default: // it has one pending already
+		}
 	}
 	s.mu.Unlock()
 }

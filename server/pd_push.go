@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -18,6 +19,8 @@ import (
 const (
 	pushBatchChunks = 64
 	pushBatchBytes  = 256 << 20
+	// pushConnsPerDest bounds the idle connections kept per consumer.
+	pushConnsPerDest = 4
 )
 
 // transfer is one PUSH transfer on the producer: the chunks queued (held
@@ -121,20 +124,26 @@ func (t *transfer) failLocked(msg string) {
 
 // pusher is the scratch of one transfer's sending goroutine.
 type pusher struct {
-	c    *client.Client
-	keys []chunk.Key
-	bufs [][]byte
-	sums []uint64
+	c      *client.Client
+	pooled bool
+	keys   []chunk.Key
+	bufs   [][]byte
+	sums   []uint64
 }
 
 // run sends t's queued chunks as they come until t is done or fails, then
 // marks it ended.
 func (p *pd) run(t *transfer) {
 	defer p.wg.Done()
-	var ps pusher
+	ps := pusher{keys: make([]chunk.Key, 0, pushBatchChunks), bufs: make([][]byte, 0, pushBatchChunks),
+		sums: make([]uint64, pushBatchChunks)}
 	err := p.send(t, &ps)
 	if ps.c != nil {
-		ps.c.Close()
+		if err == nil {
+			p.putConn(t.dest, ps.c)
+		} else {
+			ps.c.Close() // mid-request, or the consumer is gone
+		}
 	}
 	t.mu.Lock()
 	switch {
@@ -181,17 +190,10 @@ func (p *pd) send(t *transfer, ps *pusher) error {
 				return t.ctx.Err()
 			}
 		}
-		if ps.c == nil {
-			if ps.c, err = client.DialTCP(t.ctx, t.dest, client.Options{Token: p.token, Name: "kvtier-pd",
-				Timeout: t.timeout}); err != nil {
-				return err
-			}
-		}
 		for j := range n {
 			ps.sums[j] = wire.Checksum(ps.bufs[j])
 		}
-		hold := uint32(t.timeout / time.Millisecond)
-		stored, err := ps.c.Receive(t.ctx, t.id, hold, ps.keys[:n], ps.bufs[:n], ps.sums[:n])
+		stored, err := p.receive(t, ps, n)
 		if err != nil {
 			return err
 		}
@@ -203,6 +205,71 @@ func (p *pd) send(t *transfer, ps *pusher) error {
 		t.keys = t.keys[:copy(t.keys, t.keys[n:])]
 		t.pushed += uint32(n)
 		t.mu.Unlock()
+	}
+}
+
+// receive sends the batch in ps with one RECEIVE. A pooled connection
+// the consumer has closed since (restarted, idle too long) is replaced
+// once: chunks it may have stored already are taken again harmlessly.
+func (p *pd) receive(t *transfer, ps *pusher, n int) (int, error) {
+	hold := uint32(t.timeout / time.Millisecond)
+	for attempt := 0; ; attempt++ {
+		fresh := ps.c == nil
+		if fresh {
+			var err error
+			if ps.c, ps.pooled, err = p.conn(t); err != nil {
+				return 0, err
+			}
+			fresh = !ps.pooled
+		}
+		stored, err := ps.c.Receive(t.ctx, t.id, hold, ps.keys[:n], ps.bufs[:n], ps.sums[:n])
+		if err == nil || fresh || attempt > 0 || !errors.Is(err, client.ErrClosed) || t.ctx.Err() != nil {
+			return stored, err
+		}
+		ps.c.Close()
+		ps.c, ps.pooled = nil, false
+		p.dropConns(t.dest)
+	}
+}
+
+// conn returns a connection to t's destination: an idle pooled one, or
+// a new one.
+func (p *pd) conn(t *transfer) (*client.Client, bool, error) {
+	p.pushMu.Lock()
+	if cs := p.conns[t.dest]; len(cs) > 0 {
+		c := cs[len(cs)-1]
+		p.conns[t.dest] = cs[:len(cs)-1]
+		p.pushMu.Unlock()
+		return c, true, nil
+	}
+	p.pushMu.Unlock()
+	c, err := client.DialTCP(t.ctx, t.dest, client.Options{Token: p.token, Name: "kvtier-pd", Timeout: t.timeout})
+	return c, false, err
+}
+
+// putConn keeps a healthy connection for the next transfer to its
+// destination, up to a few per destination.
+func (p *pd) putConn(dest string, c *client.Client) {
+	p.pushMu.Lock()
+	if p.ctx.Err() == nil && len(p.conns[dest]) < pushConnsPerDest {
+		p.conns[dest] = append(p.conns[dest], c)
+		c = nil
+	}
+	p.pushMu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+}
+
+// dropConns closes the idle connections to dest: one was found closed,
+// so the others likely are too.
+func (p *pd) dropConns(dest string) {
+	p.pushMu.Lock()
+	cs := p.conns[dest]
+	delete(p.conns, dest)
+	p.pushMu.Unlock()
+	for _, c := range cs {
+		c.Close()
 	}
 }
 
@@ -225,9 +292,6 @@ func (p *pd) nextBatch(t *transfer, ps *pusher) (int, bool, error) {
 		bytes += len(b)
 		ps.keys = append(ps.keys, t.keys[j])
 		ps.bufs = append(ps.bufs, b)
-	}
-	if cap(ps.sums) < len(ps.bufs) {
-		ps.sums = make([]uint64, pushBatchChunks)
 	}
 	return len(ps.keys), t.last && len(t.keys) == 0, nil
 }

@@ -20,6 +20,15 @@ type pdScratch struct {
 	// receiveOne read the data frame's body.
 	refs         engine.Refs
 	consumedData bool
+	wake         chan struct{} // this session's wake-ups, capacity 1 (see signal)
+}
+
+// wakeChan returns the session's wake-up channel, made on first use.
+func (s *session) wakeChan() chan struct{} {
+	if s.pd.wake == nil {
+		s.pd.wake = make(chan struct{}, 1)
+	}
+	return s.pd.wake
 }
 
 // handleReceive serves RECEIVE: chunks another daemon pushes. Each chunk
@@ -85,7 +94,7 @@ func (s *session) receiveOne(dh wire.Header, key chunk.Key, sum uint64, ttl time
 	p := s.svc.pd
 	s.pd.consumedData = false
 	size := int64(dh.Len)
-	if err := p.budget.acquire(p.ctx, size, deadline); err != nil {
+	if err := p.budget.acquire(p.ctx, size, deadline, s.wakeChan()); err != nil {
 		if errors.Is(err, errBudget) {
 			return fail(wire.StatusNoSpace, "%v", err)
 		}
@@ -148,35 +157,41 @@ func (s *session) handleWait(h wire.Header, body []byte) *requestError {
 	if m.MinChunks > 0 {
 		want = min(want, int(m.MinChunks))
 	}
-	p := s.svc.pd
-	var timer *time.Timer
-	n := 0
-	for {
-		ch := p.arrived.wait() // before counting, so an arrival in between is not missed
-		for n < len(keys) && s.svc.eng.InRAM(keys[n]) {
-			n++
-		}
-		if n >= want || m.TimeoutMS == 0 {
-			break
-		}
-		if timer == nil {
-			timer = time.NewTimer(min(time.Duration(m.TimeoutMS)*time.Millisecond, maxPDTimeout))
-			defer timer.Stop()
-		}
-		select {
-		case <-ch:
-			continue
-		case <-timer.C:
-		case <-p.ctx.Done():
-		}
-		for n < len(keys) && s.svc.eng.InRAM(keys[n]) {
-			n++
-		}
-		break
-	}
+	n := s.waitFor(keys, want, time.Duration(m.TimeoutMS)*time.Millisecond)
 	reply := wire.WaitReply{Chunks: uint32(n), Tokens: r.tokensAfter(n)}
 	s.out = reply.Append(wire.Begin(s.out))
 	return s.reply(h, 0)
+}
+
+// waitFor returns the length of the leading run of keys in RAM once it
+// reaches want, or when timeout (capped) has passed. Pushed chunks wake it
+// as they land; chunks stored otherwise are seen when it ends.
+func (s *session) waitFor(keys []chunk.Key, want int, timeout time.Duration) int {
+	n := 0
+	count := func() int {
+		for n < len(keys) && s.svc.eng.InRAM(keys[n]) {
+			n++
+		}
+		return n
+	}
+	if timeout <= 0 || count() >= want {
+		return n
+	}
+	p, wake := s.svc.pd, s.wakeChan()
+	p.arrived.add(wake) // then count again: an arrival in between is not missed
+	defer p.arrived.remove(wake)
+	timer := time.NewTimer(min(timeout, maxPDTimeout))
+	defer timer.Stop()
+	for count() < want {
+		select {
+		case <-wake:
+		case <-timer.C:
+			return count()
+		case <-p.ctx.Done():
+			return count()
+		}
+	}
+	return n
 }
 
 // handlePush serves PUSH: the chunks are referenced here at once, so they

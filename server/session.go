@@ -52,6 +52,7 @@ type session struct {
 	byTier   []uint32
 	slots    wire.Slots
 	vec      [2][]byte
+	bufs     net.Buffers // over vec, kept here so that WriteTo does not allocate per chunk
 	hdr      [wire.HeaderSize]byte
 	lookup   wire.Lookup
 	prepS    wire.PrepareStore
