@@ -11,6 +11,7 @@ import (
 
 	"kvtier/chunk"
 	"kvtier/client"
+	"kvtier/engine"
 	"kvtier/server"
 	"kvtier/wire"
 )
@@ -296,5 +297,50 @@ func TestReceiveChecksChecksums(t *testing.T) {
 	}
 	if err := c.Ping(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPushRedialsAStaleConnection: the producer keeps its connection to a
+// consumer for the next transfer; when that consumer restarts on the same
+// address, the next transfer dials again instead of failing.
+func TestPushRedialsAStaleConnection(t *testing.T) {
+	prod := startService(t, 64<<20, server.ServiceOptions{})
+	pc := prod.local(t)
+	ctx := context.Background()
+	keys := pdKeys(4, 40)
+	storeRaw(t, prod.remote(t), keys, 41, 4096)
+	first, stop, err := newDaemon(16<<20, server.ServiceOptions{}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := first.tcp
+	if _, err := pc.Push(ctx, 1, addr, client.Raw(keys), 0, true); err != nil {
+		t.Fatal(err)
+	}
+	if st := waitPushed(t, pc, 1); st.State != wire.TransferDone {
+		t.Fatalf("first transfer: %+v", st)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	eng, err := engine.Open(engine.Options{ChunkSize: pChunkTokens, RAMBytes: 16 << 20, Policy: "LRU"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := server.NewService(eng, server.ServiceOptions{Token: testToken})
+	ln, err := svc.ListenTCP(addr, nil)
+	if err != nil {
+		t.Skipf("cannot listen on %s again: %v", addr, err)
+	}
+	go svc.Serve(ln)
+	t.Cleanup(func() {
+		svc.Shutdown(context.Background())
+		eng.Close()
+	})
+	if _, err := pc.Push(ctx, 2, addr, client.Raw(keys), 0, true); err != nil {
+		t.Fatal(err)
+	}
+	if st := waitPushed(t, pc, 2); st.State != wire.TransferDone || st.Pushed != 4 {
+		t.Fatalf("transfer to the restarted consumer: %+v", st)
 	}
 }
