@@ -77,12 +77,14 @@ func (c *Client) Wait(ctx context.Context, k wire.Keys, least, timeoutMS uint32)
 }
 
 // Receive sends chunks[j] under keys[j] to the daemon as part of transfer
-// id, with sums[j] the wire.Checksum of chunks[j]; the daemon keeps them
-// in RAM for up to holdMS or until they are read. It returns how many
-// leading chunks the daemon stored. This is what one daemon sends another;
-// a connector uses Push.
+// id; the daemon keeps them in RAM for up to holdMS or until they are
+// read. Each chunk's checksum follows its bytes: sums[j] when sums is not
+// nil (a test sends wrong ones), else the wire.Checksum of chunks[j],
+// computed once its bytes are written, while the daemon still reads them.
+// It returns how many leading chunks the daemon stored. This is what one
+// daemon sends another; a connector uses Push.
 func (c *Client) Receive(ctx context.Context, id uint64, holdMS uint32, keys []chunk.Key, chunks [][]byte, sums []uint64) (int, error) {
-	if len(chunks) != len(sums) || len(chunks) > len(keys) {
+	if (sums != nil && len(chunks) != len(sums)) || len(chunks) > len(keys) {
 		return 0, fmt.Errorf("kvtier client: %d chunks, %d checksums, %d keys", len(chunks), len(sums), len(keys))
 	}
 	b, err := c.begin(ctx)
@@ -92,13 +94,12 @@ func (c *Client) Receive(ctx context.Context, id uint64, holdMS uint32, keys []c
 	defer c.end()
 	c.sizes = c.sizes[:0]
 	for j, ch := range chunks {
-		if len(ch) > wire.MaxChunkBody {
-			return 0, fmt.Errorf("kvtier client: chunk %d of %d bytes, limit %d", j, len(ch), wire.MaxChunkBody)
+		if len(ch) > wire.MaxChunkBody-wire.ChecksumSize {
+			return 0, fmt.Errorf("kvtier client: chunk %d of %d bytes, limit %d", j, len(ch), wire.MaxChunkBody-wire.ChecksumSize)
 		}
 		c.sizes = append(c.sizes, uint32(len(ch)))
 	}
-	m := wire.Receive{Transfer: id, HoldMS: holdMS, Keys: wire.Keys{Kind: wire.KindRaw, Raw: keys[:len(chunks)]},
-		Sizes: c.sizes, Sums: sums}
+	m := wire.Receive{Transfer: id, HoldMS: holdMS, Keys: wire.Keys{Kind: wire.KindRaw, Raw: keys[:len(chunks)]}, Sizes: c.sizes}
 	flags := wire.Flags(0)
 	if len(chunks) > 0 {
 		flags = wire.FlagMore
@@ -112,7 +113,7 @@ func (c *Client) Receive(ctx context.Context, id uint64, holdMS uint32, keys []c
 		if j == len(chunks)-1 {
 			flags = 0
 		}
-		if err := c.writeData(wire.OpReceive, flags, ch); err != nil {
+		if err := c.writeSummed(flags, ch, sums, j); err != nil {
 			return 0, c.breakConn(err)
 		}
 	}
@@ -124,4 +125,24 @@ func (c *Client) Receive(ctx context.Context, id uint64, holdMS uint32, keys []c
 		return 0, c.breakConn(fmt.Errorf("RECEIVE reply of %d bytes", len(body)))
 	}
 	return int(binary.LittleEndian.Uint32(body)), nil
+}
+
+// writeSummed writes one RECEIVE data frame: the header and the bytes in
+// one writev, then the checksum trailer.
+func (c *Client) writeSummed(flags wire.Flags, data []byte, sums []uint64, j int) error {
+	wire.Header{Len: uint32(len(data) + wire.ChecksumSize), Op: wire.OpReceive, Flags: flags, ID: c.id}.Put(c.hdr[:])
+	c.vec[0], c.vec[1] = c.hdr[:], data
+	c.bufs = c.vec[:]
+	if _, err := c.bufs.WriteTo(c.conn); err != nil {
+		return err
+	}
+	var sum uint64
+	if sums != nil {
+		sum = sums[j]
+	} else {
+		sum = wire.Checksum(data)
+	}
+	binary.LittleEndian.PutUint64(c.hdr[:wire.ChecksumSize], sum)
+	_, err := c.conn.Write(c.hdr[:wire.ChecksumSize])
+	return err
 }

@@ -136,15 +136,13 @@ type pusher struct {
 	pooled bool
 	keys   []chunk.Key
 	bufs   [][]byte
-	sums   []uint64
 }
 
 // run sends t's queued chunks as they come until t is done or fails, then
 // marks it ended.
 func (p *pd) run(t *transfer) {
 	defer p.wg.Done()
-	ps := pusher{keys: make([]chunk.Key, 0, pushBatchChunks), bufs: make([][]byte, 0, pushBatchChunks),
-		sums: make([]uint64, pushBatchChunks)}
+	ps := pusher{keys: make([]chunk.Key, 0, pushBatchChunks), bufs: make([][]byte, 0, pushBatchChunks)}
 	err := p.send(t, &ps)
 	if ps.c != nil {
 		if err == nil {
@@ -198,9 +196,6 @@ func (p *pd) send(t *transfer, ps *pusher) error {
 				return t.ctx.Err()
 			}
 		}
-		for j := range n {
-			ps.sums[j] = wire.Checksum(ps.bufs[j])
-		}
 		stored, err := p.receive(t, ps, n)
 		if err != nil {
 			return err
@@ -230,7 +225,7 @@ func (p *pd) receive(t *transfer, ps *pusher, n int) (int, error) {
 			}
 			fresh = !ps.pooled
 		}
-		stored, err := ps.c.Receive(t.ctx, t.id, hold, ps.keys[:n], ps.bufs[:n], ps.sums[:n])
+		stored, err := ps.c.Receive(t.ctx, t.id, hold, ps.keys[:n], ps.bufs[:n], nil)
 		if err == nil || fresh || attempt > 0 || !errors.Is(err, client.ErrClosed) || t.ctx.Err() != nil {
 			return stored, err
 		}

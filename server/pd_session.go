@@ -6,6 +6,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/zeebo/xxh3"
+
 	"kvtier/chunk"
 	"kvtier/engine"
 	"kvtier/wire"
@@ -22,6 +24,7 @@ type pdScratch struct {
 	refs         engine.Refs
 	consumedData bool
 	wake         chan struct{} // this session's wake-ups, capacity 1 (see signal)
+	hasher       *xxh3.Hasher  // checks received chunks as they arrive
 }
 
 // wakeChan returns the session's wake-up channel, made on first use.
@@ -34,8 +37,9 @@ func (s *session) wakeChan() chan struct{} {
 
 // handleReceive serves RECEIVE: chunks another daemon pushes. Each chunk
 // takes its bytes from the receive budget (waiting for readers to free
-// some when it is full), is read straight into RAM, checked against its
-// checksum and only then made visible and held. A failure stops storing;
+// some when it is full), is read straight into RAM and hashed as it
+// arrives, checked against the checksum that follows it and only then
+// made visible and held. A failure stops storing;
 // the remaining data frames are read and dropped so the stream stays in
 // step, and the reply says what went wrong.
 func (s *session) handleReceive(h wire.Header) *requestError {
@@ -59,11 +63,11 @@ func (s *session) handleReceive(h wire.Header) *requestError {
 		if err != nil {
 			return fatal(wire.StatusBadRequest, "%v", err)
 		}
-		if dh.Len != size {
-			return fatal(wire.StatusBadRequest, "data frame %d of %d bytes, announced %d", j, dh.Len, size)
+		if dh.Len != size+wire.ChecksumSize {
+			return fatal(wire.StatusBadRequest, "data frame %d of %d bytes, announced %d and a checksum", j, dh.Len, size)
 		}
 		if failed == nil {
-			failed = s.receiveOne(dh, m.Keys.Raw[j], m.Sums[j], ttl, deadline)
+			failed = s.receiveOne(dh, m.Keys.Raw[j], ttl, deadline)
 			if failed == nil {
 				stored++
 				continue
@@ -91,10 +95,10 @@ func (s *session) handleReceive(h wire.Header) *requestError {
 // receiveOne stores one pushed chunk whose data frame header dh was just
 // read; s.pd.consumedData says whether its body was read, whatever the
 // outcome.
-func (s *session) receiveOne(dh wire.Header, key chunk.Key, sum uint64, ttl time.Duration, deadline time.Time) *requestError {
+func (s *session) receiveOne(dh wire.Header, key chunk.Key, ttl time.Duration, deadline time.Time) *requestError {
 	p := s.svc.pd
 	s.pd.consumedData = false
-	size := int64(dh.Len)
+	size := int64(dh.Len) - wire.ChecksumSize
 	if err := p.budget.acquire(p.ctx, size, deadline, s.wakeChan()); err != nil {
 		switch {
 		case errors.Is(err, errBudget):
@@ -125,12 +129,16 @@ func (s *session) receiveOne(dh wire.Header, key chunk.Key, sum uint64, ttl time
 	}
 	s.armFrame(dh.Len)
 	s.pd.consumedData = true
-	if err := s.rd.ReadData(dh, dst); err != nil {
+	if s.pd.hasher == nil {
+		s.pd.hasher = xxh3.New()
+	}
+	got, want, err := s.rd.ReadSummed(dh, dst, s.pd.hasher)
+	if err != nil {
 		w.Abort()
 		p.budget.release(size)
 		return fatal(wire.StatusBadRequest, "%v", frameErr(err))
 	}
-	if wire.Checksum(dst) != sum {
+	if got != want {
 		w.Abort()
 		p.budget.release(size)
 		return fail(wire.StatusBadRequest, "checksum mismatch: the chunk's bytes were damaged on the way")

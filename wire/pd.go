@@ -125,35 +125,34 @@ func (m *PushStatusReply) Decode(body []byte) error {
 
 // Receive carries pushed chunks from one daemon into another, like STORE
 // with checksums: this metadata frame (FlagMore when there are chunks),
-// then one data frame per size. Keys are raw; Sums[j] is the XXH3-64
-// (Checksum) of chunk j's bytes, which the receiver checks before the
-// chunk becomes visible. The receiver holds each chunk in RAM for up to
-// HoldMS or until a client reads it. The reply's body is the u32 number
-// of chunks stored.
+// then one data frame per size whose body is the chunk's bytes followed
+// by their XXH3-64 (Checksum) as a u64 trailer, ChecksumSize bytes: the
+// frame is size+ChecksumSize bytes long. The sender hashes a chunk while
+// its bytes are on the way and the receiver while they arrive, instead
+// of one after the other; the receiver checks each chunk before it
+// becomes visible. It holds each chunk in RAM for up to HoldMS or until a
+// client reads it. The reply's body is the u32 number of chunks stored.
 //
 //	0 8 transfer id
 //	8 4 hold in milliseconds
 //	12 . keys (raw)
 //	 . 4 size count n, then n × u32 sizes
-//	 . 4 checksum count n, then n × u64 checksums
 type Receive struct {
 	Transfer uint64
 	HoldMS   uint32
 	Keys     Keys
 	Sizes    []uint32
-	Sums     []uint64
 }
+
+// ChecksumSize is the length of the checksum trailer of a RECEIVE data
+// frame.
+const ChecksumSize = 8
 
 func (m *Receive) Append(b []byte) []byte {
 	b = appendU64(b, m.Transfer)
 	b = appendU32(b, m.HoldMS)
 	b = m.Keys.Append(b)
-	b = appendU32s(b, m.Sizes)
-	b = appendU32(b, uint32(len(m.Sums)))
-	for _, x := range m.Sums {
-		b = appendU64(b, x)
-	}
-	return b
+	return appendU32s(b, m.Sizes)
 }
 
 func (m *Receive) Decode(body []byte) error {
@@ -165,16 +164,12 @@ func (m *Receive) Decode(body []byte) error {
 		d.fail("receive: keys of kind %d, want raw keys", m.Keys.Kind)
 	}
 	m.Sizes = decodeU32s(&d, m.Sizes, "receive sizes")
-	n := d.count(8, "receive checksums")
-	m.Sums = m.Sums[:0]
-	for i := 0; i < n && d.err == nil; i++ {
-		m.Sums = append(m.Sums, d.u64("receive checksum"))
+	for _, sz := range m.Sizes {
+		if sz > MaxChunkBody-ChecksumSize && d.err == nil {
+			d.fail("receive: a chunk of %d bytes, limit %d", sz, MaxChunkBody-ChecksumSize)
+		}
 	}
-	switch {
-	case d.err != nil:
-	case len(m.Sums) != len(m.Sizes):
-		d.fail("receive: %d checksums for %d chunks", len(m.Sums), len(m.Sizes))
-	case len(m.Sizes) > len(m.Keys.Raw):
+	if d.err == nil && len(m.Sizes) > len(m.Keys.Raw) {
 		d.fail("receive: %d sizes for %d keys", len(m.Sizes), len(m.Keys.Raw))
 	}
 	return d.end("receive")
