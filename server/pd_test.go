@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net"
 	"runtime"
 	"strings"
 	"testing"
@@ -373,5 +374,45 @@ func TestShutdownEndsWaitingReceives(t *testing.T) {
 	}
 	if st := waitPushed(t, pc, 1); st.State != wire.TransferFailed {
 		t.Fatalf("transfer: %+v", st)
+	}
+}
+
+// TestReceiveFrameWithoutChecksum: a RECEIVE data frame whose length is
+// not the chunk's plus its checksum trailer cannot be trusted to end
+// where the next frame starts: the daemon refuses it, closes the
+// connection and stores and holds nothing.
+func TestReceiveFrameWithoutChecksum(t *testing.T) {
+	cons := startService(t, 16<<20, server.ServiceOptions{})
+	conn, err := net.Dial("tcp", cons.tcp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	keys := pdKeys(1, 60)
+	data := chunkData(0, 1, 4096)
+	meta := wire.Receive{Transfer: 1, Keys: client.Raw(keys), Sizes: []uint32{4096}}
+	send := frame(wire.OpHello, 0, 1, (&wire.Hello{Version: wire.Version, Token: testToken}).Append(nil))
+	send = append(send, frame(wire.OpReceive, wire.FlagMore, 2, meta.Append(nil))...)
+	send = append(send, frame(wire.OpReceive, 0, 2, data)...) // no trailer
+	if _, err := conn.Write(send); err != nil {
+		t.Fatal(err)
+	}
+	rd := wire.NewReader(conn)
+	if h, _, err := rd.Next(); err != nil || h.Op != wire.OpHello || h.Status != wire.StatusOK {
+		t.Fatalf("hello: %+v %v", h, err)
+	}
+	h, body, err := rd.Next()
+	if err != nil || h.Status != wire.StatusBadRequest {
+		t.Fatalf("RECEIVE without a checksum: %+v %q %v", h, body, err)
+	}
+	if _, err := rd.Header(); err == nil {
+		t.Error("the connection stayed open")
+	}
+	if n, err := cons.remote(t).Lookup(context.Background(), client.Raw(keys), 0); err != nil || n.Chunks != 0 {
+		t.Fatalf("%d chunks stored, %v", n.Chunks, err)
+	}
+	if held := cons.svc.HeldBytes(); held != 0 {
+		t.Fatalf("holds %d bytes", held)
 	}
 }
