@@ -22,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/zeebo/xxh3"
 	"golang.org/x/sys/unix"
 
 	"kvtier/chunk"
@@ -87,7 +88,8 @@ type Client struct {
 	broken      error
 	hdr         [wire.HeaderSize]byte
 	vec         [2][]byte
-	bufs        net.Buffers // over vec; a field, so that WriteTo's pointer does not make it escape per call
+	bufs        net.Buffers  // over vec; a field, so that WriteTo's pointer does not make it escape per call
+	hasher      *xxh3.Hasher // checksums of RECEIVE data frames, made on first use
 
 	sizes       []uint32 // Store's chunk sizes, reused
 	lookupReply wire.LookupReply
