@@ -37,7 +37,10 @@ func TestRunSmallShape(t *testing.T) {
 	if d := r.Daemon; d == nil || !(d.P2PCtrlRetrieveGBps > 0) || !(d.P2PCtrlRetrieveRatio > 0) {
 		t.Errorf("P2P figures through a controller not measured: %+v", r.Daemon)
 	}
-	for _, row := range []string{"RAM tier store", "disk tier read", "local protocol", "TCP protocol", "P2P retrieve", "P2P retrieve via controller"} {
+	if d := r.Daemon; d == nil || !(d.PDPushGBps > 0) || !(d.PDStreamGBps > 0) || !(d.PDPushRatio > 0) {
+		t.Errorf("PD figures not measured: %+v", r.Daemon)
+	}
+	for _, row := range []string{"RAM tier store", "disk tier read", "local protocol", "TCP protocol", "P2P retrieve", "P2P retrieve via controller", "PD push"} {
 		if !strings.Contains(table.String(), row) {
 			t.Errorf("printed report has no %q row:\n%s", row, table.String())
 		}

@@ -22,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/zeebo/xxh3"
 	"golang.org/x/sys/unix"
 
 	"kvtier/chunk"
@@ -87,6 +88,8 @@ type Client struct {
 	broken      error
 	hdr         [wire.HeaderSize]byte
 	vec         [2][]byte
+	bufs        net.Buffers  // over vec; a field, so that WriteTo's pointer does not make it escape per call
+	hasher      *xxh3.Hasher // checksums of RECEIVE data frames, made on first use
 
 	sizes       []uint32 // Store's chunk sizes, reused
 	lookupReply wire.LookupReply
@@ -617,8 +620,8 @@ func (c *Client) Store(ctx context.Context, k wire.Keys, chunks [][]byte) (int, 
 func (c *Client) writeData(op wire.Op, flags wire.Flags, data []byte) error {
 	wire.Header{Len: uint32(len(data)), Op: op, Flags: flags, ID: c.id}.Put(c.hdr[:])
 	c.vec[0], c.vec[1] = c.hdr[:], data
-	bufs := net.Buffers(c.vec[:])
-	_, err := bufs.WriteTo(c.conn)
+	c.bufs = c.vec[:]
+	_, err := c.bufs.WriteTo(c.conn)
 	return err
 }
 
