@@ -1,0 +1,311 @@
+"""Prefill/decode disaggregation through the vLLM connector (docs/pd.md).
+
+Two harness engines — a producer (kv_producer) and a consumer (kv_consumer)
+— each with its own real ``kvtier serve`` listening on loopback TCP. The
+test plays the proxy: it sends the prompt to the producer with
+``do_remote_decode`` and the consumer's daemon address, then hands the
+``kv_transfer_params`` the producer answered to the consumer. Every load is
+checked by the KV bytes (the consumer's equal the producer's) and by logits
+(equal to one engine doing everything).
+"""
+
+import socket
+import time
+
+import pytest
+import torch
+
+from kvtier import vllm_pd as pd
+from kvtier.harness.engine import Engine, KVTransferConfig, Status
+from kvtier.testing import Daemon
+from harness_util import MODEL, assert_close, engine, prompt, reference
+
+CHUNK = 16
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def tcp_daemon(kvtier_bin, workdir):
+    addr = f"127.0.0.1:{free_port()}"
+    d = Daemon(kvtier_bin, str(workdir), chunk_size=CHUNK, extra_env={"KVTIER_TCP_ADDR": addr}).start()
+    d.tcp_addr = addr
+    return d
+
+
+@pytest.fixture
+def daemons(kvtier_bin, tmp_path):
+    p = tcp_daemon(kvtier_bin, tmp_path / "prefill")
+    d = tcp_daemon(kvtier_bin, tmp_path / "decode")
+    yield p, d
+    p.kill()
+    d.kill()
+
+
+def producer(d, model, **kw):
+    kw.setdefault("prefix_caching", False)
+    return engine(d.socket_path, model, kv_role="kv_producer", tcp_addr=d.tcp_addr, **kw)
+
+
+def consumer(d, model, **kw):
+    kw.setdefault("prefix_caching", False)
+    return engine(d.socket_path, model, kv_role="kv_consumer", **kw)
+
+
+def prefill_params(push_to, tid="t1"):
+    params = {"do_remote_decode": True, "kvtier_transfer_id": tid}
+    if push_to:
+        params["kvtier_push_to"] = push_to
+    return params
+
+
+def single_instance(p, max_tokens):
+    """Logits of every sampled token from one engine with no connector."""
+    e = Engine(MODEL, num_blocks=64, block_size=8, prefix_caching=False)
+    r = e.add_request(p, max_tokens=max_tokens)
+    e.run()
+    return r.logits
+
+
+def kv_equal(consumer_eng, cid, producer_eng, pid, tokens):
+    got = consumer_eng.kv_snapshots[cid][:, :tokens]
+    want = producer_eng.kv_snapshots[pid][:, :tokens]
+    assert got.numel() > 0 and got.shape == want.shape
+    assert torch.equal(got, want), "the consumer's KV differs from what the producer computed"
+
+
+def all_blocks_free(eng):
+    return eng.pool.num_free == len(eng.pool.refs)
+
+
+# ------------------------------------------------------------- round trip
+
+
+def test_decode_loads_the_pushed_prompt_and_matches_one_engine(daemons):
+    pdaemon, ddaemon = daemons
+    p = prompt(300, 5 * CHUNK + 7)  # 87 tokens: 5 whole chunks
+    prod = producer(pdaemon, "pd-rt")
+    r = prod.add_request(p, "P", max_tokens=1, kv_transfer_params=prefill_params(ddaemon.tcp_addr))
+    prod.run()
+    assert r.status == Status.FINISHED
+    params = prod.output_params["P"]
+    assert params["do_remote_prefill"] and not params["do_remote_decode"]
+    assert params["kvtier_transfer_id"] == "t1" and params["kvtier_tokens"] == 80
+    assert params["kvtier_source"] == pdaemon.tcp_addr and params["kvtier_pushed"]
+    assert prod.freed_by["P"] == "finished_sending" and all_blocks_free(prod)
+    assert prod.worker_connector.send_outcomes["P"] == "pushed"
+
+    cons = consumer(ddaemon, "pd-rt")
+    d = cons.add_request(p, "D", max_tokens=4, kv_transfer_params=params)
+    cons.run()
+    assert d.status == Status.FINISHED
+    assert cons.async_loaded["D"] == 80
+    first = [s for s in cons.steps if s.req_id == "D"][0]
+    assert first.num_computed_before == 80, "the consumer computed prompt tokens it received"
+    kv_equal(cons, "D", prod, "P", 80)
+    want = single_instance(p, 4)
+    assert len(d.logits) == 4
+    for got, ref in zip(d.logits, want):
+        assert_close(got, ref)
+    assert_close(d.logits[0], r.logits[0])
+    assert all_blocks_free(cons) and not cons.delayed
+
+
+def test_consumer_pulls_when_nothing_was_pushed(daemons):
+    """No consumer address at prefill time: the consumer pulls from the producer's daemon."""
+    pdaemon, ddaemon = daemons
+    p = prompt(301, 3 * CHUNK + 1)
+    prod = producer(pdaemon, "pd-pull", pd_timeout=0.3)
+    prod.add_request(p, "P", kv_transfer_params=prefill_params(""))
+    prod.run()
+    params = prod.output_params["P"]
+    assert not params["kvtier_pushed"] and params["kvtier_tokens"] == 48
+    assert prod.worker_connector.send_outcomes["P"] == "expired" and all_blocks_free(prod)
+
+    cons = consumer(ddaemon, "pd-pull")
+    d = cons.add_request(p, "D", kv_transfer_params=params)
+    cons.run()
+    assert cons.async_loaded["D"] == 48
+    kv_equal(cons, "D", prod, "P", 48)
+    assert_close(d.logits[0], reference(p))
+
+
+# ------------------------------------------------------ producer's blocks
+
+
+def test_producer_keeps_blocks_until_finished_sending(daemons):
+    pdaemon, ddaemon = daemons
+    p = prompt(302, 4 * CHUNK)
+    prod = producer(pdaemon, "pd-hold")
+    prod.add_request(p, "P", kv_transfer_params=prefill_params(ddaemon.tcp_addr))
+    while "P" not in prod.output_params:
+        prod.step()
+    assert "P" in prod.delayed and not all_blocks_free(prod), "blocks were freed before the push"
+    assert prod.scheduler_connector.has_pending_push_work()
+    prod.run()
+    assert prod.freed_by["P"] == "finished_sending" and all_blocks_free(prod)
+    assert not prod.scheduler_connector.has_pending_push_work()
+
+
+def test_producer_frees_blocks_after_the_timeout_when_nobody_reads(daemons):
+    """Pull mode and a consumer that never comes: the blocks go after pd_timeout, not never."""
+    pdaemon, _ = daemons
+    prod = producer(pdaemon, "pd-timeout", pd_timeout=0.2)
+    prod.add_request(prompt(303, 2 * CHUNK + 3), "P", kv_transfer_params=prefill_params(""))
+    while "P" not in prod.output_params:
+        prod.step()
+    assert "P" in prod.delayed and not all_blocks_free(prod)
+    prod.run(timeout=10)
+    assert prod.worker_connector.send_outcomes["P"] == "expired"
+    assert prod.freed_by["P"] == "finished_sending" and all_blocks_free(prod)
+
+
+def test_push_to_a_dead_consumer_frees_blocks_at_once(daemons):
+    pdaemon, _ = daemons
+    prod = producer(pdaemon, "pd-dead", pd_timeout=60)
+    prod.add_request(prompt(304, 2 * CHUNK), "P", kv_transfer_params=prefill_params(f"127.0.0.1:{free_port()}"))
+    prod.run(timeout=20)
+    assert prod.worker_connector.send_outcomes["P"] == "failed" and all_blocks_free(prod)
+
+
+def test_requests_without_transfer_params_free_blocks_at_once(daemons):
+    pdaemon, _ = daemons
+    prod = producer(pdaemon, "pd-plain")
+    prod.add_request(prompt(305, 2 * CHUNK), "P")
+    prod.run()
+    assert prod.output_params["P"] is None and prod.freed_by["P"] == "finished"
+
+
+# ------------------------------------------------------- consumer fallback
+
+
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
+def test_consumer_falls_back_when_the_chunks_never_come(daemons, policy):
+    """The push never arrives and the producer's daemon is gone: recompute, or fail the request."""
+    pdaemon, ddaemon = daemons
+    p = prompt(306, 3 * CHUNK + 5)
+    prod = producer(pdaemon, "pd-never")
+    prod.add_request(p, "P", kv_transfer_params=prefill_params(f"127.0.0.1:{free_port()}"))
+    prod.run(timeout=20)
+    params = prod.output_params["P"]
+    assert params["kvtier_pushed"] and prod.worker_connector.send_outcomes["P"] == "failed"
+    pdaemon.kill()  # nothing to pull either
+
+    cons = consumer(ddaemon, "pd-never", pd_timeout=0.3, fail_policy=policy)
+    d = cons.add_request(p, "D", max_tokens=2, kv_transfer_params=params)
+    cons.run(timeout=20)
+    assert all_blocks_free(cons) and not cons.delayed
+    if policy == "fail":
+        assert d.status == Status.FINISHED_ERROR
+        return
+    assert d.status == Status.FINISHED
+    computed = [s for s in cons.steps if s.req_id == "D"]
+    assert computed[0].num_computed_before == 0, "nothing arrived, so everything is computed"
+    for got, want in zip(d.logits, single_instance(p, 2)):
+        assert_close(got, want)
+
+
+def test_params_of_another_model_are_not_trusted(daemons):
+    pdaemon, ddaemon = daemons
+    p = prompt(307, 2 * CHUNK + 1)
+    prod = producer(pdaemon, "pd-model-a")
+    prod.add_request(p, "P", kv_transfer_params=prefill_params(ddaemon.tcp_addr))
+    prod.run()
+    cons = consumer(ddaemon, "pd-model-b")
+    d = cons.add_request(p, "D", kv_transfer_params=prod.output_params["P"])
+    cons.run()
+    assert "D" not in cons.async_loaded
+    assert_close(d.logits[0], reference(p))
+
+
+# ----------------------------------------------------------- preemption
+
+
+def test_preemption_on_the_consumer_while_a_request_waits(daemons):
+    """While A waits for its pushed KV (WAITING_FOR_REMOTE_KVS, blocks allocated), the consumer
+    runs out of blocks and preempts B; A's blocks are not touched, its load lands after the
+    preemption, and every request's logits and A's KV bytes are exact."""
+    pdaemon, ddaemon = daemons
+    pa, pb, pc = prompt(310, 5 * CHUNK), prompt(311, 8), prompt(312, 8)
+    prod = producer(pdaemon, "pd-preempt")
+    prod.add_request(pa, "PA", kv_transfer_params=prefill_params(ddaemon.tcp_addr))
+    while "PA" not in prod.output_params:  # finished, but the push starts only on the next step
+        prod.step()
+    params = prod.output_params["PA"]
+
+    cons = consumer(ddaemon, "pd-preempt", num_blocks=15)
+    c = cons.add_request(pc, "C", max_tokens=40)
+    b = cons.add_request(pb, "B", max_tokens=40)
+    cons.step()
+    a = cons.add_request(pa, "A", max_tokens=2, kv_transfer_params=params)
+    for _ in range(200):
+        cons.step()
+        assert a.status == Status.WAITING_FOR_REMOTE_KVS, "A ran before its KV was pushed"
+        if b.num_preemptions:
+            break
+    assert b.num_preemptions >= 1, "the test did not provoke a preemption"
+    prod.run()  # now the push
+    assert prod.worker_connector.send_outcomes["PA"] == "pushed"
+    cons.run()
+    print(f"preemptions: A {a.num_preemptions}, B {b.num_preemptions}, C {c.num_preemptions}")
+    assert cons.async_loaded["A"] == 64
+    kv_equal(cons, "A", prod, "PA", 64)
+    for r, p in ((a, pa), (b, pb), (c, pc)):
+        assert r.status == Status.FINISHED
+        for got, want in zip(r.logits, single_instance(p, r.max_tokens)):
+            assert_close(got, want)
+    assert all_blocks_free(cons)
+
+
+# ----------------------------------------------------------- configuration
+
+
+def _role(kv_role, extra, env=None):
+    cfg = Engine(MODEL).vllm_config
+    cfg.kv_transfer_config = KVTransferConfig(kv_role=kv_role, kv_connector_extra_config=dict(extra))
+    from kvtier.vllm import Settings
+    if env is not None:
+        import os
+        old = dict(os.environ)
+        os.environ.update(env)
+        try:
+            return Settings.with_role(cfg)
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+    return Settings.with_role(cfg)
+
+
+def test_lmcache_pd_settings_map_to_roles():
+    assert _role("kv_both", {"enable_pd": True, "pd_role": "sender"})[1] == "kv_producer"
+    assert _role(None, {"lmcache.enable_pd": "true", "lmcache.pd_role": "receiver"})[1] == "kv_consumer"
+    assert _role("kv_both", {"enable_xpyd": True, "nixl_role": "receiver"})[1] == "kv_consumer"
+    assert _role("kv_both", {}, {"LMCACHE_ENABLE_PD": "True", "LMCACHE_PD_ROLE": "sender"})[1] == "kv_producer"
+    assert _role("kv_consumer", {"pd_role": "sender"})[1] == "kv_consumer"  # without enable_pd it is ignored
+    s, role = _role("kv_producer", {"enable_pd": True, "pd_role": "sender", "pd_peer_host": "10.0.0.2",
+                                    "pd_peer_init_port": [7100], "pd_buffer_size": 1 << 30})
+    assert role == "kv_producer" and s.push_to == "10.0.0.2:7100"
+    with pytest.raises(ValueError, match="contradicts"):
+        _role("kv_consumer", {"enable_pd": True, "pd_role": "sender"})
+    with pytest.raises(ValueError, match="pd_role"):
+        _role("kv_both", {"enable_pd": True})
+    with pytest.raises(ValueError, match="kv_role"):
+        _role("kv_prefill", {})
+
+
+def test_bad_transfer_params_are_clear_and_harmless():
+    scope = ("m", "float32/KV_2LTD", 1, 0)
+    assert pd.RemotePrefill.of(None, scope, "", 16, "r") is None
+    assert pd.RemotePrefill.of({"do_remote_prefill": True, "remote_block_ids": [1]}, scope, "", 16, "r") is None
+    bad = {"do_remote_prefill": True, "kvtier_transfer_id": "t", "kvtier_tokens": "many"}
+    assert pd.RemotePrefill.of(bad, scope, "", 16, "r") is None
+    ok = {"do_remote_prefill": True, "kvtier_transfer_id": "t", "kvtier_tokens": 32, "kvtier_source": "nohost"}
+    got = pd.RemotePrefill.of(ok, scope, "", 16, "r")
+    assert got.tokens == 32 and got.source == ""
+    assert pd.PushRequest.of({"do_remote_decode": True, "kvtier_push_to": "x"}, "r").push_to == ""
+    assert pd.PushRequest.of({"do_remote_decode": True}, "r").transfer_id == "r"
