@@ -870,10 +870,11 @@ class KVTierConnector(KVConnectorBase_V1):
     # ----- disaggregation (docs/pd.md)
 
     def _pd(self) -> pd.Transport:
-        if self._transport is None:
-            s = self.settings
-            self._transport = pd.PeerTransport(self._new_link(self.link.scope_args), s.tcp_token, s.timeout)
-        return self._transport
+        with self._lock:  # asynchronous loads may ask first, from their own threads
+            if self._transport is None:
+                s = self.settings
+                self._transport = pd.PeerTransport(self._new_link(self.link.scope_args), s.tcp_token, s.timeout)
+            return self._transport
 
     def _start_send(self, send: SendMeta) -> None:
         """Starts pushing a finished prefill's chunks; without a consumer address they wait to be pulled."""
