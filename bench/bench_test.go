@@ -34,7 +34,10 @@ func TestRunSmallShape(t *testing.T) {
 	if d := r.Daemon; d == nil || !(d.P2PRetrieveGBps > 0) || !(d.P2PStreamGBps > 0) || !(d.P2PRetrieveRatio > 0) {
 		t.Errorf("P2P figures not measured: %+v", r.Daemon)
 	}
-	for _, row := range []string{"RAM tier store", "disk tier read", "local protocol", "TCP protocol", "P2P retrieve"} {
+	if d := r.Daemon; d == nil || !(d.PDPushGBps > 0) || !(d.PDStreamGBps > 0) || !(d.PDPushRatio > 0) {
+		t.Errorf("PD figures not measured: %+v", r.Daemon)
+	}
+	for _, row := range []string{"RAM tier store", "disk tier read", "local protocol", "TCP protocol", "P2P retrieve", "PD push"} {
 		if !strings.Contains(table.String(), row) {
 			t.Errorf("printed report has no %q row:\n%s", row, table.String())
 		}

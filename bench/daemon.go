@@ -45,6 +45,13 @@ type DaemonReport struct {
 	P2PStreamGBps    float64 `json:"p2p_stream_gbps"`
 	P2PRetrieveGBps  float64 `json:"p2p_retrieve_gbps"`
 	P2PRetrieveRatio float64 `json:"p2p_retrieve_ratio"`
+
+	// PD: the daemon pushing the chunks to a second daemon (PUSH until
+	// the consumer's WAIT returns), and the plain loopback TCP stream
+	// measured in the same rounds.
+	PDStreamGBps float64 `json:"pd_stream_gbps"`
+	PDPushGBps   float64 `json:"pd_push_gbps"`
+	PDPushRatio  float64 `json:"pd_push_ratio"`
 }
 
 const benchToken = "bench-token"
@@ -100,6 +107,10 @@ func benchDaemon(ctx context.Context, f Options, r *Report, src, dst [][]byte, p
 	fmt.Fprintln(progress, "daemon: P2P pull by a second daemon and a plain TCP stream ...")
 	if err := benchP2P(ctx, f, r, d, eng, tln.Addr().String(), src, dst); err != nil {
 		return fmt.Errorf("p2p: %w", err)
+	}
+	fmt.Fprintln(progress, "daemon: PD push to a second daemon and a plain TCP stream ...")
+	if err := benchPD(ctx, f, r, d, eng, sock, src, dst); err != nil {
+		return fmt.Errorf("pd push: %w", err)
 	}
 	return nil
 }
@@ -406,6 +417,7 @@ func printDaemon(w io.Writer, d *DaemonReport) {
 	fmt.Fprintf(w, "%-28s %10.2f %10.2f %8.2f  (baseline: plain loopback TCP stream)\n", "TCP protocol store", d.TCPStoreGBps, d.TCPStreamGBps, d.TCPStoreRatio)
 	fmt.Fprintf(w, "%-28s %10.2f %10.2f %8.2f\n", "TCP protocol retrieve", d.TCPRetrieveGBps, d.TCPStreamGBps, d.TCPRetrieveRatio)
 	fmt.Fprintf(w, "%-28s %10.2f %10.2f %8.2f  (baseline: plain loopback TCP stream, same rounds)\n", "P2P retrieve (peer's RAM)", d.P2PRetrieveGBps, d.P2PStreamGBps, d.P2PRetrieveRatio)
+	fmt.Fprintf(w, "%-28s %10.2f %10.2f %8.2f  (baseline: plain loopback TCP stream, same rounds)\n", "PD push (daemon to daemon)", d.PDPushGBps, d.PDStreamGBps, d.PDPushRatio)
 	fmt.Fprintf(w, "LOOKUP of a %d-token prompt, %d clients: %.0f/s, p50 %.1f µs, p99 %.1f µs\n",
 		d.LookupPrompt, d.LookupClients, d.LookupsPerSec, d.LookupP50Micros, d.LookupP99Micros)
 }

@@ -87,6 +87,7 @@ type Client struct {
 	broken      error
 	hdr         [wire.HeaderSize]byte
 	vec         [2][]byte
+	bufs        net.Buffers // over vec; a field, so that WriteTo's pointer does not make it escape per call
 
 	sizes       []uint32 // Store's chunk sizes, reused
 	lookupReply wire.LookupReply
@@ -617,8 +618,8 @@ func (c *Client) Store(ctx context.Context, k wire.Keys, chunks [][]byte) (int, 
 func (c *Client) writeData(op wire.Op, flags wire.Flags, data []byte) error {
 	wire.Header{Len: uint32(len(data)), Op: op, Flags: flags, ID: c.id}.Put(c.hdr[:])
 	c.vec[0], c.vec[1] = c.hdr[:], data
-	bufs := net.Buffers(c.vec[:])
-	_, err := bufs.WriteTo(c.conn)
+	c.bufs = c.vec[:]
+	_, err := c.bufs.WriteTo(c.conn)
 	return err
 }
 

@@ -110,6 +110,10 @@ type Config struct {
 	// and stall can make the daemon hold.
 	MaxConnections int           `yaml:"max_connections"`
 	FrameTimeout   time.Duration `yaml:"frame_timeout"`
+	// PDReceiveBytes bounds the bytes of chunks other daemons push here
+	// (prefill/decode transfer) held for their readers at once; 0 means
+	// 1 GiB or half the RAM tier, whichever is less.
+	PDReceiveBytes Size `yaml:"pd_receive_bytes"`
 
 	// KVEventsEndpoint, when set, is the ZMQ address where the daemon
 	// publishes vLLM-format KV events for the chunks its RAM and disk

@@ -96,6 +96,9 @@ func (c Config) Validate() error {
 	if c.MaxConnections < 1 || c.MaxConnections > maxConnections {
 		bad("max_connections", "want 1 to %d, got %d", maxConnections, c.MaxConnections)
 	}
+	if c.PDReceiveBytes < 0 {
+		bad("pd_receive_bytes", "want 0 (automatic) or more, got %d", c.PDReceiveBytes)
+	}
 	if c.FrameTimeout <= 0 {
 		bad("frame_timeout", "want more than 0, got %v", c.FrameTimeout)
 	}

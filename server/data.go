@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"net"
 
 	"kvtier/wire"
 )
@@ -135,6 +134,9 @@ func (s *session) handleRetrieve(h wire.Header, body []byte) *requestError {
 	if err != nil && n == 0 {
 		return statusOf(err)
 	}
+	if !peer {
+		s.svc.pd.consumed(r.keys[r.first : r.first+n])
+	}
 	dh := wire.DataHeader{Tokens: r.tokensAfter(n), Sizes: s.sizes[:0]}
 	for j := range n {
 		dh.Sizes = append(dh.Sizes, uint32(rd.Size(j)))
@@ -167,9 +169,9 @@ func (s *session) handleRetrieve(h wire.Header, body []byte) *requestError {
 		data := rd.Bytes(j)
 		wire.Header{Len: uint32(len(data)), Op: h.Op, Flags: flags, ID: h.ID}.Put(s.hdr[:])
 		s.vec[0], s.vec[1] = s.hdr[:], data
-		bufs := net.Buffers(s.vec[:])
+		s.bufs = s.vec[:]
 		s.extendWriteDeadline()
-		if _, err := bufs.WriteTo(s.conn); err != nil {
+		if _, err := s.bufs.WriteTo(s.conn); err != nil {
 			return fatal(wire.StatusInternal, "writing chunk %d: %v", j, err)
 		}
 	}

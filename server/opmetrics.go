@@ -68,5 +68,6 @@ func (s *Service) Collectors() []prometheus.Collector {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvtier_leases_expired_total",
 			Help: "Client leases that expired before being released (their memory was reclaimed)."},
 			func() float64 { return float64(s.eng.LeasesExpired()) }),
+		s.pd.collector(),
 	}
 }

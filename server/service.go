@@ -43,6 +43,10 @@ type ServiceOptions struct {
 	// wire.SmallBody that all connections together may buffer (default
 	// 64 MiB: eight bodies of wire.MaxMetaBody may be read at once).
 	BodyBudget int
+	// PDReceiveBytes bounds the bytes of chunks pushed to this daemon
+	// (RECEIVE) that it holds for their readers at once (default 1 GiB,
+	// at most half the arena); a push over it waits.
+	PDReceiveBytes int64
 	// Events, when set, is told the vLLM block hashes of chunks stored by
 	// token ids, so it can announce them (see package announce).
 	Events *announce.Publisher
@@ -86,6 +90,7 @@ type Service struct {
 	opts    ServiceOptions
 	log     *slog.Logger
 	metrics *opMetrics
+	pd      *pd
 
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
@@ -114,6 +119,7 @@ func NewService(eng *engine.Engine, opts ServiceOptions) *Service {
 		stop:      make(chan struct{}),
 		refusing:  make(chan struct{}, maxRefusing),
 		bodies:    newBodyPool(opts.BodyBudget),
+		pd:        newPD(eng, opts.PDReceiveBytes, opts.Token, opts.Logger),
 	}
 	s.swept.Add(1)
 	go s.sweep()
@@ -302,6 +308,7 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	}
 	close(s.stop)
 	s.swept.Wait()
+	s.pd.close()
 	return err
 }
 
@@ -315,8 +322,9 @@ func (s *Service) sweep() {
 		select {
 		case <-s.stop:
 			return
-		case <-tick.C:
+		case now := <-tick.C:
 			s.bodies.returnMemory()
+			s.pd.sweep(now)
 		}
 	}
 }

@@ -52,6 +52,7 @@ type session struct {
 	byTier   []uint32
 	slots    wire.Slots
 	vec      [2][]byte
+	bufs     net.Buffers // over vec, kept here so that WriteTo does not allocate per chunk
 	hdr      [wire.HeaderSize]byte
 	lookup   wire.Lookup
 	prepS    wire.PrepareStore
@@ -61,6 +62,7 @@ type session struct {
 	store    wire.Store
 	digests  [][32]byte // vLLM block hashes, for the event publisher
 	blocks   []uint64
+	pd       pdScratch
 }
 
 type scopeEntry struct {
@@ -281,8 +283,11 @@ func (s *session) handle(h wire.Header) *requestError {
 	if h.Flags&wire.FlagReply != 0 {
 		return fatal(wire.StatusBadRequest, "a client sent a reply frame")
 	}
-	if h.Op == wire.OpStore {
+	switch h.Op {
+	case wire.OpStore:
 		return s.handleStore(h)
+	case wire.OpReceive:
+		return s.handleReceive(h)
 	}
 	if h.Flags&wire.FlagMore != 0 {
 		return fatal(wire.StatusBadRequest, "%s does not take data frames", h.Op)
@@ -319,6 +324,12 @@ func (s *session) handle(h wire.Header) *requestError {
 		return s.handleSizes(h, body)
 	case wire.OpFlush:
 		return s.handleFlush(h, body)
+	case wire.OpPush:
+		return s.handlePush(h, body)
+	case wire.OpPushStatus:
+		return s.handlePushStatus(h, body)
+	case wire.OpWait:
+		return s.handleWait(h, body)
 	}
 	return fail(wire.StatusUnknownOp, "%s is not a request", h.Op)
 }
@@ -529,6 +540,7 @@ func (s *session) handlePrepareRetrieve(h wire.Header, body []byte) *requestErro
 	if err != nil {
 		return statusOf(err)
 	}
+	s.svc.pd.consumed(r.keys[r.first : r.first+len(slots)])
 	return s.replySlots(h, id, r.tokensAfter(len(slots)))
 }
 

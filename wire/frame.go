@@ -56,7 +56,11 @@ const (
 	OpRetrieve        Op = 14
 	OpSizes           Op = 15
 	OpFlush           Op = 16
-	opLimit           Op = 17
+	OpPush            Op = 17 // see pd.go
+	OpPushStatus      Op = 18
+	OpReceive         Op = 19
+	OpWait            Op = 20
+	opLimit           Op = 21
 
 	// MaxOp is the highest operation of this version.
 	MaxOp = opLimit - 1
@@ -64,7 +68,7 @@ const (
 
 var opNames = [...]string{"", "HELLO", "PING", "SCOPE", "LOOKUP", "PREPARE_STORE",
 	"COMMIT_STORE", "PREPARE_RETRIEVE", "RELEASE", "RENEW", "PREFETCH", "CLEAR",
-	"STATS", "STORE", "RETRIEVE", "SIZES", "FLUSH"}
+	"STATS", "STORE", "RETRIEVE", "SIZES", "FLUSH", "PUSH", "PUSH_STATUS", "RECEIVE", "WAIT"}
 
 func (o Op) String() string {
 	if o > 0 && o < opLimit {

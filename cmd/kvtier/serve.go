@@ -97,7 +97,7 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 		return errors.Join(err, eng.Close())
 	}
 	svc := server.NewService(eng, server.ServiceOptions{Token: cfg.TCPToken, Events: events, Logger: log,
-		MaxConns: cfg.MaxConnections, FrameTimeout: cfg.FrameTimeout})
+		MaxConns: cfg.MaxConnections, FrameTimeout: cfg.FrameTimeout, PDReceiveBytes: int64(cfg.PDReceiveBytes)})
 	if err := adm.Register(svc.Collectors()...); err != nil {
 		return errors.Join(err, eng.Close())
 	}

@@ -281,6 +281,33 @@ class Client:
         body = self._call(p.OP_FLUSH, p.pack_flush(timeout_ms), timeout=wait + self.timeout)
         return p.unpack_flush_reply(body)
 
+    # ----- prefill/decode transfer (docs/pd.md) ------------------------------
+
+    def push(self, transfer: int, dest: str, keys: Keys, timeout_ms: int = 0, last: bool = False) -> int:
+        """Asks the daemon to push the chunks ``keys`` names (after the skip),
+        which it must hold, to the daemon whose TCP protocol is at ``dest``
+        (host:port), as transfer ``transfer``. Calls with the same id add
+        chunks in order; ``last`` says none follow. ``timeout_ms`` bounds the
+        whole transfer (0: the daemon's default, one minute). Returns how many
+        chunks the transfer has queued in all. A chunk the daemon lacks raises
+        NotFound and fails the transfer."""
+        return p.unpack_u32(self._call(p.OP_PUSH, p.pack_push(transfer, dest, keys, timeout_ms, last)), "push reply")
+
+    def push_status(self, transfer: int) -> p.PushStatus:
+        """Where a transfer stands: pending, done (every chunk is in the
+        destination) or failed (``message`` says why). NotFound for an id the
+        daemon does not know."""
+        return p.unpack_push_status(self._call(p.OP_PUSH_STATUS, p.pack_push_status(transfer)))
+
+    def wait(self, keys: Keys, timeout_ms: int, least: int = 0) -> p.WaitReply:
+        """Waits until at least ``least`` of the chunks ``keys`` names (after
+        the skip; 0 means all) are in the daemon's RAM as a leading run, or
+        ``timeout_ms`` passes; returns how many leading ones are there. A
+        consumer calls it before loading pushed chunks."""
+        body = self._call(p.OP_WAIT, p.pack_wait(keys, timeout_ms, least),
+                          timeout=timeout_ms / 1000.0 + self.timeout)
+        return p.unpack_wait_reply(body)
+
     # ----- conveniences -----------------------------------------------------
 
     def tokens(self, scope: int, tokens: Sequence[int], skip: int = 0) -> Keys:

@@ -42,6 +42,15 @@ OP_PREFETCH = 10
 OP_CLEAR = 11
 OP_STATS = 12
 OP_FLUSH = 16
+OP_PUSH = 17         # prefill/decode transfer, docs/pd.md
+OP_PUSH_STATUS = 18
+OP_RECEIVE = 19      # daemon to daemon only
+OP_WAIT = 20
+
+TRANSFER_PENDING = 0
+TRANSFER_DONE = 1
+TRANSFER_FAILED = 2
+TRANSFER_STATES = {TRANSFER_PENDING: "pending", TRANSFER_DONE: "done", TRANSFER_FAILED: "failed"}
 
 # Key kinds.
 KIND_TOKENS = 0
@@ -181,6 +190,20 @@ def pack_clear(scope: int) -> bytes:
 
 def pack_flush(timeout_ms: int) -> bytes:
     return struct.pack("<I", timeout_ms)
+
+
+def pack_push(transfer: int, dest: str, keys: Keys, timeout_ms: int = 0, last: bool = False) -> bytes:
+    if transfer <= 0:
+        raise ValueError("transfer id must be above 0")
+    return struct.pack("<QIB3x", transfer, timeout_ms, 1 if last else 0) + pack_str(dest) + keys.pack()
+
+
+def pack_push_status(transfer: int) -> bytes:
+    return struct.pack("<Q", transfer)
+
+
+def pack_wait(keys: Keys, timeout_ms: int, least: int = 0) -> bytes:
+    return struct.pack("<II", timeout_ms, least) + keys.pack()
 
 
 class _Reader:
@@ -328,3 +351,45 @@ def unpack_flush_reply(body: bytes) -> FlushReply:
         tiers.append(FlushTier(name, pending, redone, missing))
     r.end()
     return FlushReply(tiers)
+
+
+@dataclass
+class PushStatus:
+    """Where a transfer stands on the daemon pushing it."""
+    state: int    # TRANSFER_PENDING, TRANSFER_DONE or TRANSFER_FAILED
+    queued: int   # chunks queued in all
+    pushed: int   # chunks the destination has stored
+    message: str  # why it failed, else empty
+
+    @property
+    def done(self) -> bool:
+        return self.state == TRANSFER_DONE
+
+    @property
+    def failed(self) -> bool:
+        return self.state == TRANSFER_FAILED
+
+
+def unpack_push_status(body: bytes) -> PushStatus:
+    r = _Reader(body, "push status reply")
+    state, r1, r2, queued, pushed = r.unpack("BBHII")
+    if r1 or r2:
+        raise ProtocolError("push status reply: reserved bytes are not zero")
+    if state not in TRANSFER_STATES:
+        raise ProtocolError(f"push status reply: unknown state {state}")
+    message = r.string()
+    r.end()
+    return PushStatus(state, queued, pushed, message)
+
+
+@dataclass
+class WaitReply:
+    chunks: int  # leading chunks (after the skip) in the daemon's RAM
+    tokens: int  # tokens they cover (token keys; else 0)
+
+
+def unpack_wait_reply(body: bytes) -> WaitReply:
+    r = _Reader(body, "wait reply")
+    chunks, tokens = r.unpack("II")
+    r.end()
+    return WaitReply(chunks, tokens)

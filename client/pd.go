@@ -1,0 +1,127 @@
+package client
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+
+	"kvtier/chunk"
+	"kvtier/wire"
+)
+
+// The prefill/decode transfer operations (docs/pd.md).
+
+// Push asks the daemon to send the chunks k names (after the skip), which
+// it must hold, to the daemon at dest under transfer id; timeoutMS bounds
+// the whole transfer (0: the daemon's default). Calls with the same id add
+// chunks in order; last says none follow. It returns how many chunks the
+// transfer has queued in all.
+func (c *Client) Push(ctx context.Context, id uint64, dest string, k wire.Keys, timeoutMS uint32, last bool) (int, error) {
+	b, err := c.begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer c.end()
+	m := wire.Push{Transfer: id, TimeoutMS: timeoutMS, Last: last, Dest: dest, Keys: k}
+	_, body, err := c.roundTrip(m.Append(b), wire.OpPush, 0)
+	if err != nil {
+		return 0, err
+	}
+	if len(body) != 4 {
+		return 0, c.breakConn(fmt.Errorf("PUSH reply of %d bytes", len(body)))
+	}
+	return int(binary.LittleEndian.Uint32(body)), nil
+}
+
+// PushStatus returns where transfer id stands on the daemon pushing it.
+// An id the daemon does not know (never pushed, or ended long ago) is a
+// NOT_FOUND StatusError.
+func (c *Client) PushStatus(ctx context.Context, id uint64) (wire.PushStatusReply, error) {
+	b, err := c.begin(ctx)
+	if err != nil {
+		return wire.PushStatusReply{}, err
+	}
+	defer c.end()
+	m := wire.PushStatus{Transfer: id}
+	_, body, err := c.roundTrip(m.Append(b), wire.OpPushStatus, 0)
+	if err != nil {
+		return wire.PushStatusReply{}, err
+	}
+	var r wire.PushStatusReply
+	if err := r.Decode(body); err != nil {
+		return r, c.breakConn(err)
+	}
+	return r, nil
+}
+
+// Wait blocks until at least least of the chunks k names (after the
+// skip; 0 means all of them) are in the daemon's RAM, as a leading run,
+// or timeoutMS passes, and returns how many leading ones are there. Give
+// the context a deadline beyond timeoutMS.
+func (c *Client) Wait(ctx context.Context, k wire.Keys, least, timeoutMS uint32) (wire.WaitReply, error) {
+	b, err := c.begin(ctx)
+	if err != nil {
+		return wire.WaitReply{}, err
+	}
+	defer c.end()
+	m := wire.Wait{TimeoutMS: timeoutMS, MinChunks: least, Keys: k}
+	_, body, err := c.roundTrip(m.Append(b), wire.OpWait, 0)
+	if err != nil {
+		return wire.WaitReply{}, err
+	}
+	var r wire.WaitReply
+	if err := r.Decode(body); err != nil {
+		return r, c.breakConn(err)
+	}
+	return r, nil
+}
+
+// Receive sends chunks[j] under keys[j] to the daemon as part of transfer
+// id, with sums[j] the wire.Checksum of chunks[j]; the daemon keeps them
+// in RAM for up to holdMS or until they are read. It returns how many
+// leading chunks the daemon stored. This is what one daemon sends another;
+// a connector uses Push.
+func (c *Client) Receive(ctx context.Context, id uint64, holdMS uint32, keys []chunk.Key, chunks [][]byte, sums []uint64) (int, error) {
+	if len(chunks) != len(sums) || len(chunks) > len(keys) {
+		return 0, fmt.Errorf("kvtier client: %d chunks, %d checksums, %d keys", len(chunks), len(sums), len(keys))
+	}
+	b, err := c.begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer c.end()
+	c.sizes = c.sizes[:0]
+	for j, ch := range chunks {
+		if len(ch) > wire.MaxChunkBody {
+			return 0, fmt.Errorf("kvtier client: chunk %d of %d bytes, limit %d", j, len(ch), wire.MaxChunkBody)
+		}
+		c.sizes = append(c.sizes, uint32(len(ch)))
+	}
+	m := wire.Receive{Transfer: id, HoldMS: holdMS, Keys: wire.Keys{Kind: wire.KindRaw, Raw: keys[:len(chunks)]},
+		Sizes: c.sizes, Sums: sums}
+	flags := wire.Flags(0)
+	if len(chunks) > 0 {
+		flags = wire.FlagMore
+	}
+	c.out = wire.Finish(m.Append(b), wire.OpReceive, flags, c.id, wire.StatusOK)
+	if _, err := c.conn.Write(c.out); err != nil {
+		return 0, c.breakConn(err)
+	}
+	for j, ch := range chunks {
+		flags := wire.FlagMore
+		if j == len(chunks)-1 {
+			flags = 0
+		}
+		if err := c.writeData(wire.OpReceive, flags, ch); err != nil {
+			return 0, c.breakConn(err)
+		}
+	}
+	_, body, err := c.readReply(wire.OpReceive)
+	if err != nil {
+		return 0, err
+	}
+	if len(body) != 4 {
+		return 0, c.breakConn(fmt.Errorf("RECEIVE reply of %d bytes", len(body)))
+	}
+	return int(binary.LittleEndian.Uint32(body)), nil
+}

@@ -1,0 +1,289 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"kvtier/chunk"
+	"kvtier/client"
+	"kvtier/engine"
+)
+
+// Prefill/decode transfer (docs/pd.md). A producer daemon pushes the
+// chunks its connector names (PUSH) to a consumer daemon (RECEIVE); the
+// consumer keeps them in RAM, held, until they are read or their hold
+// runs out, within a byte budget that makes a full consumer slow the
+// producer down instead of evicting or growing.
+
+// Transfer defaults and limits.
+const (
+	DefaultPDTimeout = time.Minute      // a PUSH that names no timeout
+	maxPDTimeout     = 10 * time.Minute // longest transfer, hold and WAIT
+	maxActivePushes  = 1024             // transfers being pushed at once
+	maxEndedPushes   = 4096             // ended transfers remembered for PUSH_STATUS
+	keepEnded        = 10 * time.Minute // how long an ended transfer is remembered
+	defaultPDBudget  = 1 << 30          // pd_receive_bytes when unset, at most half the arena
+)
+
+// pdTimeout applies the rule to a duration asked in milliseconds.
+func pdTimeout(ms uint32) time.Duration {
+	if ms == 0 {
+		return DefaultPDTimeout
+	}
+	return min(time.Duration(ms)*time.Millisecond, maxPDTimeout)
+}
+
+// pd is the daemon's transfer state: chunks it pushes and chunks pushed
+// to it.
+type pd struct {
+	eng   *engine.Engine
+	log   *slog.Logger
+	token string
+
+	budget  budget
+	arrived signal // a pushed chunk became visible
+
+	mu    sync.Mutex
+	holds map[chunk.Key]hold
+	nheld atomic.Int64
+
+	pushMu    sync.Mutex
+	transfers map[uint64]*transfer
+	active    int
+	conns     map[string][]*client.Client // idle connections by destination
+	ended     []endedTransfer             // oldest first
+	done      atomic.Uint64               // transfers that ended, by outcome
+	failed    atomic.Uint64
+
+	ctx    context.Context // cancelled at shutdown: ends every push
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// hold keeps one received chunk in RAM until it is read or its deadline.
+type hold struct {
+	ref      engine.Held
+	size     int64
+	deadline time.Time
+}
+
+type endedTransfer struct {
+	id uint64
+	at time.Time
+}
+
+func newPD(eng *engine.Engine, budgetBytes int64, token string, log *slog.Logger) *pd {
+	if budgetBytes <= 0 {
+		budgetBytes = defaultPDBudget
+		if eng != nil { // (tests make services of no engine to list their metrics)
+			budgetBytes = min(budgetBytes, eng.ArenaBytes()/2)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &pd{eng: eng, log: log, token: token, budget: budget{limit: budgetBytes},
+		holds: make(map[chunk.Key]hold), transfers: make(map[uint64]*transfer),
+		conns: make(map[string][]*client.Client), ctx: ctx, cancel: cancel}
+}
+
+// hold keeps key's chunk resident for ttl, charging size bytes that the
+// caller already took from the budget; it gives them back when the chunk
+// cannot be held (gone already) or is held already.
+func (p *pd) hold(key chunk.Key, size int64, ttl time.Duration, refs *engine.Refs, scratch []engine.Held) []engine.Held {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.holds[key]; ok || !refs.AcquireRAMKey(p.eng, key) {
+		p.budget.release(size)
+		return scratch
+	}
+	scratch = refs.Detach(scratch[:0])
+	p.holds[key] = hold{ref: scratch[0], size: size, deadline: time.Now().Add(ttl)}
+	p.nheld.Add(1)
+	return scratch
+}
+
+// consumed ends the holds of keys a client has just read.
+func (p *pd) consumed(keys []chunk.Key) {
+	if p.nheld.Load() == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, k := range keys {
+		if h, ok := p.holds[k]; ok {
+			p.dropLocked(k, h)
+		}
+	}
+}
+
+func (p *pd) dropLocked(k chunk.Key, h hold) {
+	delete(p.holds, k)
+	p.nheld.Add(-1)
+	p.eng.Unhold(h.ref)
+	p.budget.release(h.size)
+}
+
+// sweep ends holds past their deadline and forgets transfers that ended
+// long ago.
+func (p *pd) sweep(now time.Time) {
+	if p.nheld.Load() > 0 {
+		p.mu.Lock()
+		for k, h := range p.holds {
+			if now.After(h.deadline) {
+				p.dropLocked(k, h)
+			}
+		}
+		p.mu.Unlock()
+	}
+	p.pushMu.Lock()
+	n := 0
+	for n < len(p.ended) && (now.Sub(p.ended[n].at) > keepEnded || len(p.ended)-n > maxEndedPushes) {
+		delete(p.transfers, p.ended[n].id)
+		n++
+	}
+	p.ended = p.ended[:copy(p.ended, p.ended[n:])]
+	p.pushMu.Unlock()
+}
+
+// close ends every push (as failed) and every hold; the service calls it
+// once its sessions are gone.
+func (p *pd) close() {
+	p.cancel()
+	p.wg.Wait()
+	p.pushMu.Lock()
+	for dest, cs := range p.conns {
+		for _, c := range cs {
+			c.Close()
+		}
+		delete(p.conns, dest)
+	}
+	p.pushMu.Unlock()
+	p.mu.Lock()
+	for k, h := range p.holds {
+		p.dropLocked(k, h)
+	}
+	p.mu.Unlock()
+}
+
+// HeldBytes returns the bytes of pushed chunks this daemon holds for
+// readers, within the pd_receive_bytes budget.
+func (s *Service) HeldBytes() int64 { return s.pd.budget.used() }
+
+// budget bounds the bytes of pushed chunks being received or held. A
+// receiver over it waits for readers to free some, which stalls the
+// pushing daemon through TCP's own flow control.
+type budget struct {
+	limit int64
+
+	mu    sync.Mutex
+	inUse int64
+	freed signal
+}
+
+var errBudget = errors.New("pd_receive_bytes is full")
+
+// acquire takes n bytes, waiting until deadline for them; wake is the
+// caller's own channel of capacity 1, for the wait.
+func (b *budget) acquire(ctx context.Context, n int64, deadline time.Time, wake chan struct{}) error {
+	if n > b.limit {
+		return fmt.Errorf("a chunk of %d bytes is larger than pd_receive_bytes (%d)", n, b.limit)
+	}
+	if b.take(n) {
+		return nil
+	}
+	b.freed.add(wake)
+	defer b.freed.remove(wake)
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		if b.take(n) {
+			return nil
+		}
+		ch := wake
+		if timer == nil {
+			timer = time.NewTimer(time.Until(deadline))
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			return fmt.Errorf("%w: no room for %d more bytes before the transfer's deadline", errBudget, n)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// take takes n bytes if they are free.
+func (b *budget) take(n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.inUse+n > b.limit {
+		return false
+	}
+	b.inUse += n
+	return true
+}
+
+func (b *budget) release(n int64) {
+	b.mu.Lock()
+	b.inUse -= n
+	b.mu.Unlock()
+	b.freed.broadcast()
+}
+
+func (b *budget) used() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.inUse
+}
+
+// signal wakes waiters, each on a channel of its own made once (a
+// session's), so that waking them for every chunk allocates nothing.
+type signal struct {
+	mu      sync.Mutex
+	waiters []chan struct{}
+}
+
+// add registers ch (capacity 1) to be woken; call it before checking
+// what is waited for, so that a change in between is not missed.
+func (s *signal) add(ch chan struct{}) {
+	select { // a wake-up left from an earlier wait
+	case <-ch:
+	default:
+	}
+	s.mu.Lock()
+	s.waiters = append(s.waiters, ch)
+	s.mu.Unlock()
+}
+
+func (s *signal) remove(ch chan struct{}) {
+	s.mu.Lock()
+	for i, w := range s.waiters {
+		if w == ch {
+			last := len(s.waiters) - 1
+			s.waiters[i], s.waiters[last] = s.waiters[last], nil
+			s.waiters = s.waiters[:last]
+			break
+		}
+	}
+	s.mu.Unlock()
+}
+
+func (s *signal) broadcast() {
+	s.mu.Lock()
+	for _, ch := range s.waiters {
+		select {
+		case ch <- struct{}{}:
+		default: // it has one pending already
+		}
+	}
+	s.mu.Unlock()
+}

@@ -1,0 +1,297 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"kvtier/chunk"
+	"kvtier/client"
+	"kvtier/engine"
+	"kvtier/wire"
+)
+
+// Batches of one RECEIVE: the chunks queued when the pusher looks, up to
+// these bounds, so that a long prompt streams without a round trip per
+// chunk and a chunk saved alone goes out at once.
+const (
+	pushBatchChunks = 64
+	pushBatchBytes  = 256 << 20
+	// pushConnsPerDest bounds the idle connections kept per consumer.
+	pushConnsPerDest = 4
+)
+
+// transfer is one PUSH transfer on the producer: the chunks queued (held
+// by references until the consumer has them) and how far it got. One
+// goroutine (run) sends them; PUSH requests add to the queue.
+type transfer struct {
+	id      uint64
+	dest    string
+	timeout time.Duration
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wake    chan struct{} // cap 1: the queue grew, or it was marked last
+
+	mu     sync.Mutex
+	keys   []chunk.Key // queued and not yet sent; refs holds them in the same order
+	refs   engine.Refs
+	last   bool
+	state  wire.TransferState
+	queued uint32
+	pushed uint32
+	msg    string
+}
+
+// push adds keys to transfer m.Transfer, starting it if it is new, and
+// returns how many chunks it has queued in all.
+func (p *pd) push(m *wire.Push, keys []chunk.Key) (int, *requestError) {
+	if m.Dest == "" {
+		return 0, fail(wire.StatusBadRequest, "push: no destination address")
+	}
+	t, rerr := p.transferFor(m)
+	if rerr != nil {
+		return 0, rerr
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case t.state != wire.TransferPending:
+		return 0, fail(wire.StatusBadRequest, "transfer %d has ended (%s)", t.id, t.state)
+	case t.last:
+		return 0, fail(wire.StatusBadRequest, "transfer %d was marked last; it takes no more chunks", t.id)
+	}
+	n, _ := t.refs.AcquireLocal(t.ctx, p.eng, keys)
+	if n < len(keys) {
+		t.failLocked(fmt.Sprintf("chunk %d of %d named by a PUSH is not cached on the producer", n, len(keys)))
+		return 0, fail(wire.StatusNotFound, "transfer %d: chunk %d of %d is not cached here; the transfer failed", t.id, n, len(keys))
+	}
+	t.keys = append(t.keys, keys...)
+	t.queued += uint32(n)
+	t.last = m.Last
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+	return int(t.queued), nil
+}
+
+// transferFor returns transfer m.Transfer, made and started if new.
+func (p *pd) transferFor(m *wire.Push) (*transfer, *requestError) {
+	p.pushMu.Lock()
+	defer p.pushMu.Unlock()
+	if t, ok := p.transfers[m.Transfer]; ok {
+		if t.dest != m.Dest {
+			return nil, fail(wire.StatusBadRequest, "transfer %d goes to %s, not %s", m.Transfer, t.dest, m.Dest)
+		}
+		return t, nil
+	}
+	if p.active >= maxActivePushes {
+		return nil, fail(wire.StatusNoSpace, "%d transfers are being pushed; retry later", p.active)
+	}
+	timeout := pdTimeout(m.TimeoutMS)
+	ctx, cancel := context.WithTimeout(p.ctx, timeout)
+	t := &transfer{id: m.Transfer, dest: m.Dest, timeout: timeout, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1)}
+	p.transfers[t.id] = t
+	p.active++
+	p.wg.Add(1)
+	go p.run(t)
+	return t, nil
+}
+
+// status returns transfer id's state.
+func (p *pd) status(id uint64) (wire.PushStatusReply, bool) {
+	p.pushMu.Lock()
+	t, ok := p.transfers[id]
+	p.pushMu.Unlock()
+	if !ok {
+		return wire.PushStatusReply{}, false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return wire.PushStatusReply{State: t.state, Queued: t.queued, Pushed: t.pushed, Message: t.msg}, true
+}
+
+// failLocked ends the transfer as failed.
+func (t *transfer) failLocked(msg string) {
+	if t.state != wire.TransferPending {
+		return
+	}
+	t.state, t.msg = wire.TransferFailed, msg
+	t.cancel() // run lets the chunks go once it stops sending them
+}
+
+// pusher is the scratch of one transfer's sending goroutine.
+type pusher struct {
+	c      *client.Client
+	pooled bool
+	keys   []chunk.Key
+	bufs   [][]byte
+	sums   []uint64
+}
+
+// run sends t's queued chunks as they come until t is done or fails, then
+// marks it ended.
+func (p *pd) run(t *transfer) {
+	defer p.wg.Done()
+	ps := pusher{keys: make([]chunk.Key, 0, pushBatchChunks), bufs: make([][]byte, 0, pushBatchChunks),
+		sums: make([]uint64, pushBatchChunks)}
+	err := p.send(t, &ps)
+	if ps.c != nil {
+		if err == nil {
+			p.putConn(t.dest, ps.c)
+		} else {
+			ps.c.Close() // mid-request, or the consumer is gone
+		}
+	}
+	t.mu.Lock()
+	switch {
+	case err == nil:
+		t.state = wire.TransferDone
+	case t.ctx.Err() == context.DeadlineExceeded:
+		t.failLocked(fmt.Sprintf("timed out after %v with %d of %d chunks pushed: %v", t.timeout, t.pushed, t.queued, err))
+	default:
+		t.failLocked(fmt.Sprintf("pushing to %s: %v", t.dest, err))
+	}
+	t.refs.Release()
+	t.keys = t.keys[:0]
+	failed, msg := t.state == wire.TransferFailed, t.msg
+	t.mu.Unlock()
+	t.cancel()
+	if failed {
+		p.failed.Add(1)
+		p.log.Info("push failed", "transfer", t.id, "dest", t.dest, "err", msg)
+	} else {
+		p.done.Add(1)
+	}
+	p.pushMu.Lock()
+	p.active--
+	p.ended = append(p.ended, endedTransfer{id: t.id, at: time.Now()})
+	p.pushMu.Unlock()
+}
+
+// send is run's loop; it returns nil once a last-flagged transfer is all
+// pushed.
+func (p *pd) send(t *transfer, ps *pusher) error {
+	for {
+		n, last, err := p.nextBatch(t, ps)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			if last {
+				return nil
+			}
+			select {
+			case <-t.wake:
+				continue
+			case <-t.ctx.Done():
+				return t.ctx.Err()
+			}
+		}
+		for j := range n {
+			ps.sums[j] = wire.Checksum(ps.bufs[j])
+		}
+		stored, err := p.receive(t, ps, n)
+		if err != nil {
+			return err
+		}
+		if stored != n {
+			return fmt.Errorf("the consumer stored %d of %d chunks", stored, n)
+		}
+		t.mu.Lock()
+		t.refs.DropFront(n)
+		t.keys = t.keys[:copy(t.keys, t.keys[n:])]
+		t.pushed += uint32(n)
+		t.mu.Unlock()
+	}
+}
+
+// receive sends the batch in ps with one RECEIVE. A pooled connection
+// the consumer has closed since (restarted, idle too long) is replaced
+// once: chunks it may have stored already are taken again harmlessly.
+func (p *pd) receive(t *transfer, ps *pusher, n int) (int, error) {
+	hold := uint32(t.timeout / time.Millisecond)
+	for attempt := 0; ; attempt++ {
+		fresh := ps.c == nil
+		if fresh {
+			var err error
+			if ps.c, ps.pooled, err = p.conn(t); err != nil {
+				return 0, err
+			}
+			fresh = !ps.pooled
+		}
+		stored, err := ps.c.Receive(t.ctx, t.id, hold, ps.keys[:n], ps.bufs[:n], ps.sums[:n])
+		if err == nil || fresh || attempt > 0 || !errors.Is(err, client.ErrClosed) || t.ctx.Err() != nil {
+			return stored, err
+		}
+		ps.c.Close()
+		ps.c, ps.pooled = nil, false
+		p.dropConns(t.dest)
+	}
+}
+
+// conn returns a connection to t's destination: an idle pooled one, or
+// a new one.
+func (p *pd) conn(t *transfer) (*client.Client, bool, error) {
+	p.pushMu.Lock()
+	if cs := p.conns[t.dest]; len(cs) > 0 {
+		c := cs[len(cs)-1]
+		p.conns[t.dest] = cs[:len(cs)-1]
+		p.pushMu.Unlock()
+		return c, true, nil
+	}
+	p.pushMu.Unlock()
+	c, err := client.DialTCP(t.ctx, t.dest, client.Options{Token: p.token, Name: "kvtier-pd", Timeout: t.timeout})
+	return c, false, err
+}
+
+// putConn keeps a healthy connection for the next transfer to its
+// destination, up to a few per destination.
+func (p *pd) putConn(dest string, c *client.Client) {
+	p.pushMu.Lock()
+	if p.ctx.Err() == nil && len(p.conns[dest]) < pushConnsPerDest {
+		p.conns[dest] = append(p.conns[dest], c)
+		c = nil
+	}
+	p.pushMu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+}
+
+// dropConns closes the idle connections to dest: one was found closed,
+// so the others likely are too.
+func (p *pd) dropConns(dest string) {
+	p.pushMu.Lock()
+	cs := p.conns[dest]
+	delete(p.conns, dest)
+	p.pushMu.Unlock()
+	for _, c := range cs {
+		c.Close()
+	}
+}
+
+// nextBatch fills ps with the leading queued chunks (their bytes stay
+// valid: only this goroutine drops their references) and reports whether
+// the queue is complete.
+func (p *pd) nextBatch(t *transfer, ps *pusher) (int, bool, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.state != wire.TransferPending {
+		return 0, false, fmt.Errorf("transfer %s", t.state)
+	}
+	ps.keys, ps.bufs = ps.keys[:0], ps.bufs[:0]
+	bytes := 0
+	for j := 0; j < len(t.keys) && j < pushBatchChunks; j++ {
+		b := t.refs.Bytes(j)
+		if j > 0 && bytes+len(b) > pushBatchBytes {
+			break
+		}
+		bytes += len(b)
+		ps.keys = append(ps.keys, t.keys[j])
+		ps.bufs = append(ps.bufs, b)
+	}
+	return len(ps.keys), t.last && len(t.keys) == 0, nil
+}
