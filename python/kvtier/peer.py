@@ -35,7 +35,7 @@ def parse_addr(addr: str) -> Tuple[str, int]:
 
 
 class Peer:
-    """One TCP connection to a daemon: HELLO, SCOPE, LOOKUP, STORE, RETRIEVE.
+    """One TCP connection to a daemon: HELLO, SCOPE, LOOKUP, STORE, RETRIEVE, PUSH_STATUS.
 
     Safe to share between threads: one request is in flight at a time.
     """
@@ -159,6 +159,10 @@ class Peer:
         frames = [(meta, p.FLAG_MORE if chunks else 0)]
         frames += [(c, p.FLAG_MORE if i + 1 < len(chunks) else 0) for i, c in enumerate(chunks)]
         return p.unpack_u32(bytes(self._exchange(OP_STORE, frames)[0]), "store reply")
+
+    def push_status(self, transfer: int) -> p.PushStatus:
+        """Where a transfer this daemon pushes stands (NotFound: it never saw it, or forgot it)."""
+        return p.unpack_push_status(bytes(self._call(p.OP_PUSH_STATUS, p.pack_push_status(transfer))))
 
     def retrieve(self, keys: p.Keys) -> Tuple[int, List[bytearray]]:
         """(tokens covered, chunk bytes) of the leading cached chunks after the skip."""

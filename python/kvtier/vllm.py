@@ -873,7 +873,8 @@ class KVTierConnector(KVConnectorBase_V1):
         with self._lock:  # asynchronous loads may ask first, from their own threads
             if self._transport is None:
                 s = self.settings
-                self._transport = pd.PeerTransport(self._new_link(self.link.scope_args), s.tcp_token, s.timeout)
+                self._transport = pd.DaemonTransport(self._new_link(self.link.scope_args), s.tcp_token, s.timeout,
+                                                     push_timeout=s.pd_timeout)
             return self._transport
 
     def _start_send(self, send: SendMeta) -> None:

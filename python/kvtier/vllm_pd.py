@@ -21,6 +21,7 @@ This module holds what is specific to that: the roles (and LMCache's
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import queue
@@ -32,7 +33,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from . import protocol as p
-from .client import KVTierError
+from .client import KVTierError, NotFound, StatusError
 from .link import Link
 from .peer import Peer, parse_addr
 
@@ -389,3 +390,148 @@ class PeerTransport(Transport):
         for addr in list(self._peers):
             self._drop_peer(addr)
 
+
+
+def transfer_number(transfer_id: str) -> int:
+    """The daemon's u64 transfer id for the proxy's: a decimal id as it is, any other string hashed."""
+    if transfer_id.isdigit() and 0 < int(transfer_id) < 1 << 64:
+        return int(transfer_id)
+    n = int.from_bytes(hashlib.blake2b(transfer_id.encode(), digest_size=8).digest(), "little")
+    return n or 1
+
+
+_UNKNOWN_OP = 2  # a daemon from before the transfer operations
+
+
+def _old_daemon(e: BaseException) -> bool:
+    return isinstance(e, StatusError) and e.status in (_UNKNOWN_OP, 6)
+
+
+class DaemonTransport(PeerTransport):
+    """Moves chunks with the daemons' transfer operations (docs/pd.md): ``PUSH`` makes
+    the producer's daemon stream them to the consumer's (checksummed, within the
+    consumer's receive budget), ``PUSH_STATUS`` says how it went, and the consumer
+    ``WAIT``s for them, asking the producer's daemon meanwhile whether the push
+    failed, so it stops waiting early. A daemon without these operations gets
+    :class:`PeerTransport`'s behaviour instead."""
+
+    slice_s = 0.1  # one WAIT at most this long: the connection is shared with other loads
+    ask_s = 0.5    # how often a waiting consumer asks the producer's daemon about the push
+
+    def __init__(self, link: Link, token: str = "", timeout: float = 5.0, push_timeout: float = 60.0):
+        super().__init__(link, token, timeout)
+        self.push_timeout_ms = int(min(max(push_timeout, 0.001), 600.0) * 1000)
+        self._fallback: set = set()  # transfers pushed by PeerTransport (old daemon)
+        self._old = False
+        self.connector_pushes = 0  # transfers pushed that way, for tests and logs
+
+    def push(self, job: Job) -> None:
+        if not self._old:
+            try:
+                self._push_daemon(job)
+                return
+            except _ABSORBED as e:
+                if not _old_daemon(e):
+                    log.warning("kvtier: push %s to %s: %s", job.transfer_id, job.peer, e)
+                    if not isinstance(e, StatusError):
+                        self.link.fail(e)
+                    with self._lock:
+                        self._states[job.transfer_id] = FAILED
+                    return
+                log.info("kvtier: the daemon has no PUSH; the connector pushes chunks itself")
+                self._old = True
+        with self._lock:
+            self._fallback.add(job.transfer_id)
+            self.connector_pushes += 1
+        super().push(job)
+
+    def _push_daemon(self, job: Job) -> None:
+        c = self.link.get()
+        chunk = c.chunk_tokens
+        n = job.tokens // chunk
+        with self._lock:
+            self._states[job.transfer_id] = PENDING
+        if n == 0:
+            with self._lock:
+                self._states[job.transfer_id] = DONE
+            return
+        model, fmt, world, rank = self.link.scope_args
+        scope = c.scope(model, fmt, world_size=world, rank=rank, namespace=job.namespace)
+        c.push(transfer_number(job.transfer_id), job.peer, job.keys.build(c, scope, n * chunk, 0),
+               timeout_ms=self.push_timeout_ms, last=True)
+
+    def state(self, transfer_id: str) -> str:
+        with self._lock:
+            local = self._states.get(transfer_id, FAILED)
+            fallback = transfer_id in self._fallback
+        if fallback or local != PENDING:
+            return local
+        try:
+            st = self.link.get().push_status(transfer_number(transfer_id))
+        except NotFound:
+            return FAILED
+        except _ABSORBED as e:
+            if not isinstance(e, StatusError):
+                self.link.fail(e)
+            return PENDING  # the daemon is unreachable: ask again, until the connector's deadline
+        if st.failed:
+            log.warning("kvtier: push %s failed: %s", transfer_id, st.message)
+        return DONE if st.done else FAILED if st.failed else PENDING
+
+    def forget(self, transfer_id: str) -> None:
+        super().forget(transfer_id)
+        with self._lock:
+            self._fallback.discard(transfer_id)
+
+    def fetch(self, job: Job, link: Link, deadline: float, wait_push: bool) -> int:
+        if self._old:
+            return super().fetch(job, link, deadline, wait_push)
+        c = link.get()
+        chunk = c.chunk_tokens
+        want = job.tokens // chunk * chunk
+        if want == 0:
+            return 0
+        model, fmt, world, rank = link.scope_args
+        local = c.scope(model, fmt, world_size=world, rank=rank, namespace=job.namespace)
+        keys = job.keys.build(c, local, want, 0)
+        try:
+            have = self._wait(c, keys, job, deadline if wait_push else time.monotonic())
+        except StatusError as e:
+            if not _old_daemon(e):
+                raise
+            self._old = True
+            return super().fetch(job, link, deadline, wait_push)
+        if have < want and job.peer:
+            try:
+                have = self._pull(c, link, job, local, have, want)
+            except _ABSORBED as e:
+                log.warning("kvtier: pulling %s from %s: %s", job.transfer_id, job.peer, e)
+        return have
+
+    def _wait(self, c: Any, keys: p.Keys, job: Job, deadline: float) -> int:
+        """WAITs in short slices until every chunk is here, the deadline, or the producer's
+        daemon says the push failed (asked every ``ask_s``: a dead producer ends the wait)."""
+        number = transfer_number(job.transfer_id)
+        chunk = c.chunk_tokens
+        want = len(keys.items) // chunk if keys.kind == p.KIND_TOKENS else len(keys.items)
+        next_ask = time.monotonic() + self.ask_s
+        while True:
+            left = deadline - time.monotonic()
+            got = c.wait(keys, int(max(0.0, min(left, self.slice_s)) * 1000)).chunks
+            if got >= want or left <= self.slice_s:
+                return got * chunk
+            if job.peer and time.monotonic() >= next_ask:
+                if not self._producer_pushing(job.peer, number):
+                    return got * chunk
+                next_ask = time.monotonic() + self.ask_s
+
+    def _producer_pushing(self, source: str, number: int) -> bool:
+        """False once the producer's daemon says the push failed, or cannot say (it is gone)."""
+        try:
+            with Peer(source, self.token, self.timeout) as peer:
+                st = peer.push_status(number)
+        except NotFound:
+            return True  # not started yet: the producer pushes after its step
+        except _ABSORBED:
+            return False
+        return not st.failed

@@ -86,10 +86,19 @@ def all_blocks_free(eng):
 # ------------------------------------------------------------- round trip
 
 
-def test_decode_loads_the_pushed_prompt_and_matches_one_engine(daemons):
+def transports_of(*engines):
+    return [e.worker_connector._pd() for e in engines]
+
+
+@pytest.mark.parametrize("daemon_ops", [True, False], ids=["daemon-push", "connector-push"])
+def test_decode_loads_the_pushed_prompt_and_matches_one_engine(daemons, daemon_ops):
+    """The daemons' PUSH/WAIT, and the connector's own STORE/LOOKUP path kept for daemons without them."""
     pdaemon, ddaemon = daemons
     p = prompt(300, 5 * CHUNK + 7)  # 87 tokens: 5 whole chunks
     prod = producer(pdaemon, "pd-rt")
+    cons = consumer(ddaemon, "pd-rt")
+    for t in transports_of(prod, cons):
+        t._old = not daemon_ops
     r = prod.add_request(p, "P", max_tokens=1, kv_transfer_params=prefill_params(ddaemon.tcp_addr))
     prod.run()
     assert r.status == Status.FINISHED
@@ -99,8 +108,8 @@ def test_decode_loads_the_pushed_prompt_and_matches_one_engine(daemons):
     assert params["kvtier_source"] == pdaemon.tcp_addr and params["kvtier_pushed"]
     assert prod.freed_by["P"] == "finished_sending" and all_blocks_free(prod)
     assert prod.worker_connector.send_outcomes["P"] == "pushed"
+    assert (prod.worker_connector._pd().connector_pushes > 0) != daemon_ops
 
-    cons = consumer(ddaemon, "pd-rt")
     d = cons.add_request(p, "D", max_tokens=4, kv_transfer_params=params)
     cons.run()
     assert d.status == Status.FINISHED
