@@ -77,6 +77,7 @@ class ReqMeta:
     save_start: int = 0  # chunks [save_start, save_end) are to be stored
     save_end: int = 0
     remote: Optional[pd.RemotePrefill] = None  # a decode request's prompt, computed by a producer
+    push: Optional[pd.PushRequest] = None  # a prefill decoded elsewhere: push its chunks once saved
 
 
 @dataclass
@@ -323,6 +324,7 @@ class KVTierConnector(KVConnectorBase_V1):
         self._done_recving: Set[str] = set()
         self._transport: Optional[pd.Transport] = None
         self._sends: Dict[str, Tuple[pd.Job, float, bool]] = {}  # req id -> (job, deadline, pushing)
+        self._pushed: Dict[str, int] = {}  # req id -> tokens pushed as they were saved
         self.send_outcomes: Dict[str, str] = {}  # req id -> pushed / failed / expired (last 1024)
 
     def _new_link(self, scope: Tuple[str, str, int, int]) -> Link:
@@ -568,6 +570,10 @@ class KVTierConnector(KVConnectorBase_V1):
             load_start = load_end = 0  # shipped already
         req = ReqMeta(req_id, state.namespace, state.tokens, list(state.block_ids), load_start, load_end)
         self._add_save(req, state)
+        if req.save_end > req.save_start:
+            push = pd.PushRequest.of(getattr(state.request, "kv_transfer_params", None), req_id,
+                                     self.settings.push_to)
+            req.push = push if push is not None and push.push_to else None
         if req.load_end or req.save_end:
             meta.requests.append(req)
 
@@ -865,6 +871,8 @@ class KVTierConnector(KVConnectorBase_V1):
         with self._lock:
             done, self._done_recving = self._done_recving, set()
         self._async_threads = [t for t in self._async_threads if t.is_alive()]
+        for rid in finished_req_ids or ():
+            self._pushed.pop(rid, None)  # finished without a send (aborted): its push just times out
         return (self._finished_sends() or None), (done or None)
 
     # ----- disaggregation (docs/pd.md)
@@ -877,12 +885,25 @@ class KVTierConnector(KVConnectorBase_V1):
                                                      push_timeout=s.pd_timeout)
             return self._transport
 
+    def _push_saved(self, req: ReqMeta) -> None:
+        """Pushes chunks as soon as they are committed, so the transfer overlaps the rest of the prefill."""
+        start = self._pushed.get(req.req_id, 0)
+        job = pd.Job(req.push.transfer_id, req.namespace, req.keys, req.save_end, req.push.push_to)
+        try:
+            self._pd().push(job, start=start, last=False)
+        except _ABSORBED as e:  # the last push, at request_finished, settles the transfer
+            log.warning("kvtier: pushing %s: %s", req.req_id, e)
+            return
+        self._pushed[req.req_id] = req.save_end
+
     def _start_send(self, send: SendMeta) -> None:
-        """Starts pushing a finished prefill's chunks; without a consumer address they wait to be pulled."""
+        """Ends a finished prefill's push (its last chunks, flagged last); without a consumer
+        address its chunks wait in this daemon to be pulled."""
         job = send.job
         pushing = bool(job.peer)
+        start = self._pushed.pop(send.req_id, 0)
         if pushing:
-            self._pd().push(job)
+            self._pd().push(job, start=start, last=True)
         self._sends[send.req_id] = (job, time.monotonic() + self.settings.pd_timeout, pushing)
 
     def _finished_sends(self) -> Set[str]:
@@ -1008,6 +1029,9 @@ class KVTierConnector(KVConnectorBase_V1):
                     self.stats.save_bytes += save.nbytes
             except _ABSORBED as e:
                 self.link.fail(e)
+                complete = False
+            if complete and save.req.push is not None:
+                self._push_saved(save.req)
         self.stats.save_seconds += time.perf_counter() - t0
 
     def _finish_saves(self, saves: List[_Save]) -> List[bool]:

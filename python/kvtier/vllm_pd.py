@@ -237,14 +237,16 @@ PENDING, DONE, FAILED = "pending", "done", "failed"
 class Transport:
     """What the connector asks of the daemons to move a request's chunks.
 
-    ``push`` starts sending chunks the producer's daemon holds to the
-    consumer's and returns at once; ``state`` says how it went. ``fetch``
+    ``push`` starts sending chunks ``[start, job.tokens)`` the producer's
+    daemon holds to the consumer's and returns at once (calls for one
+    transfer add chunks in order, ``last`` on the final one); ``state`` says
+    how it went. ``fetch``
     (consumer, run on a background thread) returns once the chunks are in
     the consumer's daemon — pushed there, or pulled from the producer's —
     or ``deadline`` passed, with the leading tokens it has.
     """
 
-    def push(self, job: Job) -> None:
+    def push(self, job: Job, start: int = 0, last: bool = True) -> None:
         raise NotImplementedError
 
     def state(self, transfer_id: str) -> str:
@@ -280,7 +282,10 @@ class PeerTransport(Transport):
 
     # ----- push (producer)
 
-    def push(self, job: Job) -> None:
+    def push(self, job: Job, start: int = 0, last: bool = True) -> None:
+        """Pushes the whole transfer once its last part is named (chunks are not streamed this way)."""
+        if not last:
+            return
         with self._lock:
             self._states[job.transfer_id] = PENDING
             if self._thread is None:
@@ -425,10 +430,10 @@ class DaemonTransport(PeerTransport):
         self._old = False
         self.connector_pushes = 0  # transfers pushed that way, for tests and logs
 
-    def push(self, job: Job) -> None:
+    def push(self, job: Job, start: int = 0, last: bool = True) -> None:
         if not self._old:
             try:
-                self._push_daemon(job)
+                self._push_daemon(job, start, last)
                 return
             except _ABSORBED as e:
                 if not _old_daemon(e):
@@ -440,25 +445,28 @@ class DaemonTransport(PeerTransport):
                     return
                 log.info("kvtier: the daemon has no PUSH; the connector pushes chunks itself")
                 self._old = True
+        if not last:
+            return
         with self._lock:
             self._fallback.add(job.transfer_id)
             self.connector_pushes += 1
         super().push(job)
 
-    def _push_daemon(self, job: Job) -> None:
+    def _push_daemon(self, job: Job, start: int, last: bool) -> None:
         c = self.link.get()
         chunk = c.chunk_tokens
-        n = job.tokens // chunk
+        end, skip = job.tokens // chunk * chunk, start // chunk * chunk
         with self._lock:
             self._states[job.transfer_id] = PENDING
-        if n == 0:
-            with self._lock:
-                self._states[job.transfer_id] = DONE
+            if end == 0:  # nothing was ever saved: nothing to send
+                self._states[job.transfer_id] = DONE if last else PENDING
+                return
+        if skip >= end and not last:
             return
         model, fmt, world, rank = self.link.scope_args
         scope = c.scope(model, fmt, world_size=world, rank=rank, namespace=job.namespace)
-        c.push(transfer_number(job.transfer_id), job.peer, job.keys.build(c, scope, n * chunk, 0),
-               timeout_ms=self.push_timeout_ms, last=True)
+        c.push(transfer_number(job.transfer_id), job.peer, job.keys.build(c, scope, end, min(skip, end)),
+               timeout_ms=self.push_timeout_ms, last=last)
 
     def state(self, transfer_id: str) -> str:
         with self._lock:

@@ -144,6 +144,26 @@ def test_consumer_pulls_when_nothing_was_pushed(daemons):
     assert_close(d.logits[0], reference(p))
 
 
+def test_chunks_are_pushed_as_they_are_saved(daemons):
+    """Chunked prefill: the chunks of the first step reach the consumer's daemon before the
+    prefill has finished (the push overlaps the rest of the prompt)."""
+    from kvtier.client import Client
+    pdaemon, ddaemon = daemons
+    p = prompt(308, 5 * CHUNK + 3)
+    prod = producer(pdaemon, "pd-stream", token_budget=2 * CHUNK)
+    prod.add_request(p, "P", kv_transfer_params=prefill_params(ddaemon.tcp_addr))
+    prod.step()  # 32 tokens: 2 chunks saved, then pushed
+    assert "P" not in prod.output_params
+    with Client(ddaemon.socket_path) as c:
+        model, fmt, world, rank = prod.worker_connector.link.scope_args
+        s = c.scope(model, fmt, world_size=world, rank=rank)
+        assert c.wait(c.tokens(s, p[:5 * CHUNK]), 10000, least=2).chunks >= 2
+        assert "P" not in prod.output_params
+        prod.run()
+        assert c.wait(c.tokens(s, p[:5 * CHUNK]), 10000).chunks == 5
+    assert prod.worker_connector.send_outcomes["P"] == "pushed" and all_blocks_free(prod)
+
+
 # ------------------------------------------------------ producer's blocks
 
 
@@ -238,14 +258,18 @@ def test_params_of_another_model_are_not_trusted(daemons):
 def test_preemption_on_the_consumer_while_a_request_waits(daemons):
     """While A waits for its pushed KV (WAITING_FOR_REMOTE_KVS, blocks allocated), the consumer
     runs out of blocks and preempts B; A's blocks are not touched, its load lands after the
-    preemption, and every request's logits and A's KV bytes are exact."""
+    preemption, and every request's logits and A's KV bytes are exact.
+
+    Pushes start as chunks are saved, so to make A wait the decode request is sent before its
+    prefill runs: the parameters come from an earlier prefill of the same prompt, marked as
+    pushed and with no producer to pull from, and the prefill that pushes runs later.
+    """
     pdaemon, ddaemon = daemons
     pa, pb, pc = prompt(310, 5 * CHUNK), prompt(311, 8), prompt(312, 8)
-    prod = producer(pdaemon, "pd-preempt")
-    prod.add_request(pa, "PA", kv_transfer_params=prefill_params(ddaemon.tcp_addr))
-    while "PA" not in prod.output_params:  # finished, but the push starts only on the next step
-        prod.step()
-    params = prod.output_params["PA"]
+    early = producer(pdaemon, "pd-preempt", pd_timeout=0.1)
+    early.add_request(pa, "P0", kv_transfer_params=prefill_params("", "t0"))
+    early.run()
+    params = dict(early.output_params["P0"], kvtier_pushed=True, kvtier_source="")
 
     cons = consumer(ddaemon, "pd-preempt", num_blocks=15)
     c = cons.add_request(pc, "C", max_tokens=40)
@@ -258,6 +282,8 @@ def test_preemption_on_the_consumer_while_a_request_waits(daemons):
         if b.num_preemptions:
             break
     assert b.num_preemptions >= 1, "the test did not provoke a preemption"
+    prod = producer(pdaemon, "pd-preempt")
+    prod.add_request(pa, "PA", kv_transfer_params=prefill_params(ddaemon.tcp_addr))
     prod.run()  # now the push
     assert prod.worker_connector.send_outcomes["PA"] == "pushed"
     cons.run()
