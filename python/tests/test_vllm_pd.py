@@ -353,25 +353,23 @@ BENCH_MODEL = MODEL.__class__(vocab_size=256, hidden=128, layers=4, heads=4, kv_
 BENCH_TOKENS = 512
 
 
-def _median_prefill_step(eng, prompts, params_of):
-    """Median wall time of the steps that prefill one prompt each, requests sent one after another."""
-    times = []
-    for i, p in enumerate(prompts):
-        eng.add_request(p, f"r{i}", kv_transfer_params=params_of(i))
-        t0 = time.perf_counter()
-        eng.step()
-        times.append(time.perf_counter() - t0)
-    eng.run(timeout=60)
-    times.sort()
-    return times[len(times) // 2]
+def _timed_prefill(eng, req_id, p, params=None):
+    """Wall time of the step that prefills one prompt (with whatever transfer work rides on it)."""
+    eng.add_request(p, req_id, kv_transfer_params=params)
+    t0 = time.perf_counter()
+    eng.step()
+    return time.perf_counter() - t0
 
 
 def test_producer_step_time_with_pushing_against_the_connector_off(kvtier_bin, tmp_path):
     """Printed, not asserted (timing on a shared machine): issue 14's target is <= 1.1x.
 
-    Each step prefills one 512-token prompt; with the connector on its
-    chunks are saved during the pass and the previous prompt's chunks are
-    pushed to the consumer's daemon in the background.
+    Each step prefills one 512-token prompt, requests one after another; with
+    the connector on, its chunks are saved during the pass and pushed to the
+    consumer's daemon as they commit, and the previous prompt's transfer is
+    closed and polled. The two engines take turns, prompt by prompt (which
+    goes first alternates), so the machine's drifting load hits both alike;
+    the figure is the median of the per-prompt ratios.
     """
     def bench_daemon(name):
         addr = f"127.0.0.1:{free_port()}"
@@ -382,31 +380,32 @@ def test_producer_step_time_with_pushing_against_the_connector_off(kvtier_bin, t
 
     pdaemon, ddaemon = bench_daemon("p"), bench_daemon("d")
     try:
-        n, rounds, blocks = 4, 3, 2 * BENCH_TOKENS // 16 + 8
+        n, blocks = 16, 2 * BENCH_TOKENS // 16 + 8
         off = Engine(BENCH_MODEL, num_blocks=blocks, block_size=16, prefix_caching=False)
         on = engine(pdaemon.socket_path, "pd-bench", model=BENCH_MODEL, block_size=16,
                     num_blocks=blocks, prefix_caching=False, kv_role="kv_producer",
                     tcp_addr=pdaemon.tcp_addr)
-        for eng in (off, on):  # warm up torch and the daemon connections
-            _median_prefill_step(eng, [prompt(999, BENCH_TOKENS)], lambda i: None)
+        _timed_prefill(off, "w", prompt(999, BENCH_TOKENS))  # warm up torch and the daemon connection
+        _timed_prefill(on, "w", prompt(999, BENCH_TOKENS))
         ratios = []
-        for k in range(rounds):
-            prompts = [prompt(1000 + k * n + i, BENCH_TOKENS) for i in range(n)]
-            runs = [lambda: _median_prefill_step(off, prompts, lambda i: None),
-                    lambda: _median_prefill_step(on, prompts,
-                                                 lambda i, k=k: prefill_params(ddaemon.tcp_addr, f"b{k}-{i}"))]
-            if k % 2:  # alternate which goes first: the machine's load drifts
-                t_on, t_off = runs[1](), runs[0]()
+        for i in range(n):
+            p = prompt(1000 + i, BENCH_TOKENS)
+            params = prefill_params(ddaemon.tcp_addr, f"b{i}")
+            if i % 2:
+                t_on = _timed_prefill(on, f"r{i}", p, params)
+                t_off = _timed_prefill(off, f"r{i}", p)
             else:
-                t_off, t_on = runs[0](), runs[1]()
+                t_off = _timed_prefill(off, f"r{i}", p)
+                t_on = _timed_prefill(on, f"r{i}", p, params)
             ratios.append(t_on / t_off)
-            print(f"\nround {k}: median prefill step {t_off * 1e3:.1f} ms off, {t_on * 1e3:.1f} ms pushing "
-                  f"({t_on / t_off:.3f}x)")
+        on.run(timeout=60)
+        off.run(timeout=60)
         outcomes = {v for k, v in on.worker_connector.send_outcomes.items() if k.startswith("r")}
         assert outcomes == {"pushed"}, on.worker_connector.send_outcomes
         ratios.sort()
-        print(f"producer step with pushing / connector off: median {ratios[len(ratios) // 2]:.3f}x "
-              f"over {rounds} rounds of {n} prefills")
+        q = lambda f: ratios[int(f * (len(ratios) - 1))]  # noqa: E731
+        print(f"\nproducer prefill step with pushing / connector off, {n} prompts of {BENCH_TOKENS} tokens: "
+              f"median {q(0.5):.3f}x (quartiles {q(0.25):.3f}x-{q(0.75):.3f}x)")
         on.close()
     finally:
         pdaemon.kill()
