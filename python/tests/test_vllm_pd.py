@@ -210,6 +210,38 @@ def test_requests_without_transfer_params_free_blocks_at_once(daemons):
     assert prod.output_params["P"] is None and prod.freed_by["P"] == "finished"
 
 
+def test_an_aborted_prefill_frees_its_blocks_at_once(daemons):
+    pdaemon, ddaemon = daemons
+    prod = producer(pdaemon, "pd-abort-p", token_budget=2 * CHUNK, pd_timeout=0.5)
+    prod.add_request(prompt(309, 5 * CHUNK), "P", kv_transfer_params=prefill_params(ddaemon.tcp_addr))
+    prod.step()  # some chunks saved and pushed
+    prod.abort("P")
+    assert prod.output_params["P"] is None and prod.freed_by["P"] == "finished" and all_blocks_free(prod)
+    prod.run(timeout=10)
+    assert not prod.scheduler_connector.has_pending_push_work() and not prod.worker_connector._pushed
+
+
+def test_an_aborted_decode_keeps_its_blocks_until_its_load_ends(daemons):
+    """vLLM frees a parked request's blocks only once its load is reported: the load is writing them."""
+    pdaemon, ddaemon = daemons
+    p = prompt(313, 3 * CHUNK + 1)
+    early = producer(pdaemon, "pd-abort-d", pd_timeout=0.1)
+    early.add_request(p, "P0", kv_transfer_params=prefill_params("", "t0"))
+    early.run()
+    params = dict(early.output_params["P0"], kvtier_pushed=True, kvtier_source="")  # a push that never comes
+    cons = consumer(ddaemon, "pd-abort-d", pd_timeout=0.5)
+    d = cons.add_request(p, "D", kv_transfer_params=params)
+    cons.step()
+    assert d.status == Status.WAITING_FOR_REMOTE_KVS
+    cons.abort("D")
+    assert "D" in cons.delayed and not all_blocks_free(cons)
+    deadline = time.monotonic() + 10
+    while "D" in cons.delayed and time.monotonic() < deadline:
+        cons.step()
+        time.sleep(0.01)
+    assert cons.freed_by["D"] == "finished_recving" and all_blocks_free(cons)
+
+
 # ------------------------------------------------------- consumer fallback
 
 

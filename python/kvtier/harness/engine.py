@@ -141,6 +141,7 @@ class Status(enum.Enum):
     PREEMPTED = "preempted"
     FINISHED = "finished"
     FINISHED_ERROR = "finished_error"
+    FINISHED_ABORTED = "finished_aborted"
 
 
 @dataclass
@@ -459,6 +460,12 @@ class Engine:
             if not self.step():
                 time.sleep(0.001)  # nothing scheduled: requests wait for their KV
         return self.requests
+
+    def abort(self, req_id: str) -> None:
+        """vLLM's finish_requests(..., FINISHED_ABORTED): the client went away."""
+        r = self.requests[req_id]
+        if r.status not in (Status.FINISHED, Status.FINISHED_ERROR, Status.FINISHED_ABORTED):
+            self._finish(r, Status.FINISHED_ABORTED)
 
     def has_requests(self) -> bool:
         sc = self.scheduler_connector
