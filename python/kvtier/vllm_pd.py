@@ -431,6 +431,9 @@ class DaemonTransport(PeerTransport):
         self.connector_pushes = 0  # transfers pushed that way, for tests and logs
 
     def push(self, job: Job, start: int = 0, last: bool = True) -> None:
+        with self._lock:
+            if self._states.get(job.transfer_id) == FAILED:
+                return  # an earlier part failed: the transfer is over, the consumer pulls or recomputes
         if not self._old:
             try:
                 self._push_daemon(job, start, last)

@@ -257,7 +257,8 @@ def test_consumer_falls_back_when_the_chunks_never_come(daemons, policy):
     assert params["kvtier_pushed"] and prod.worker_connector.send_outcomes["P"] == "failed"
     pdaemon.kill()  # nothing to pull either
 
-    cons = consumer(ddaemon, "pd-never", pd_timeout=0.3, fail_policy=policy)
+    # A minute's pd_timeout: the consumer must notice on its own that the producer's daemon is gone.
+    cons = consumer(ddaemon, "pd-never", pd_timeout=60, fail_policy=policy)
     d = cons.add_request(p, "D", max_tokens=2, kv_transfer_params=params)
     cons.run(timeout=20)
     assert all_blocks_free(cons) and not cons.delayed
@@ -412,7 +413,7 @@ def test_producer_step_time_with_pushing_against_the_connector_off(kvtier_bin, t
 
     pdaemon, ddaemon = bench_daemon("p"), bench_daemon("d")
     try:
-        n, blocks = 16, 2 * BENCH_TOKENS // 16 + 8
+        n, blocks = 12, 2 * BENCH_TOKENS // 16 + 8
         off = Engine(BENCH_MODEL, num_blocks=blocks, block_size=16, prefix_caching=False)
         on = engine(pdaemon.socket_path, "pd-bench", model=BENCH_MODEL, block_size=16,
                     num_blocks=blocks, prefix_caching=False, kv_role="kv_producer",
