@@ -443,3 +443,30 @@ def test_producer_step_time_with_pushing_against_the_connector_off(kvtier_bin, t
     finally:
         pdaemon.kill()
         ddaemon.kill()
+
+
+def test_decoders_take_any_input_without_crashing():
+    """Retrieve replies from another daemon and transfer parameters from the network: random input
+    gives a clear error or a refusal, never another exception."""
+    import random
+    from kvtier import peer, protocol
+    rng = random.Random(14)
+    for _ in range(3000):
+        body = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 40)))
+        try:
+            tokens, sizes = peer._unpack_sizes(body)
+            assert len(body) == 8 + 4 * len(sizes)
+        except protocol.ProtocolError:
+            pass
+    values = [None, True, 0, -5, 2 ** 70, 1.5, "", "x", "127.0.0.1:1", "[::1]:80", "h:99999", [], {}, [1], {"a": 1}]
+    keys = ["do_remote_prefill", "do_remote_decode", "kvtier_transfer_id", "kvtier_tokens", "kvtier_source",
+            "kvtier_pushed", "kvtier_push_to", "kvtier_model", "kvtier_chunk_size", "kvtier_namespace"]
+    scope = ("m", "float32/KV_2LTD", 1, 0)
+    for _ in range(3000):
+        params = {k: rng.choice(values) for k in rng.sample(keys, rng.randrange(len(keys)))}
+        r = pd.RemotePrefill.of(params, scope, "", 16, "r")
+        assert r is None or (r.tokens >= 0 and isinstance(r.transfer_id, str))
+        q = pd.PushRequest.of(params, "r")
+        assert q is None or isinstance(q.push_to, str)
+    assert pd.transfer_number("12") == 12 and pd.transfer_number("0") > 0
+    assert pd.transfer_number("ab" * 16) == pd.transfer_number("ab" * 16) != pd.transfer_number("cd" * 16)
