@@ -122,6 +122,14 @@ func (t *transfer) failLocked(msg string) {
 	t.cancel() // run lets the chunks go once it stops sending them
 }
 
+// pastDeadline reports whether the transfer's time is up. The
+// connection's deadline is the context's, and may fire first: an I/O
+// timeout then is the transfer timing out.
+func (t *transfer) pastDeadline() bool {
+	d, _ := t.ctx.Deadline()
+	return t.ctx.Err() == context.DeadlineExceeded || !time.Now().Before(d)
+}
+
 // pusher is the scratch of one transfer's sending goroutine.
 type pusher struct {
 	c      *client.Client
@@ -149,7 +157,7 @@ func (p *pd) run(t *transfer) {
 	switch {
 	case err == nil:
 		t.state = wire.TransferDone
-	case t.ctx.Err() == context.DeadlineExceeded:
+	case t.pastDeadline():
 		t.failLocked(fmt.Sprintf("timed out after %v with %d of %d chunks pushed: %v", t.timeout, t.pushed, t.queued, err))
 	default:
 		t.failLocked(fmt.Sprintf("pushing to %s: %v", t.dest, err))

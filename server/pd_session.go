@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"time"
@@ -95,8 +96,11 @@ func (s *session) receiveOne(dh wire.Header, key chunk.Key, sum uint64, ttl time
 	s.pd.consumedData = false
 	size := int64(dh.Len)
 	if err := p.budget.acquire(p.ctx, size, deadline, s.wakeChan()); err != nil {
-		if errors.Is(err, errBudget) {
+		switch {
+		case errors.Is(err, errBudget):
 			return fail(wire.StatusNoSpace, "%v", err)
+		case errors.Is(err, context.Canceled):
+			return fail(wire.StatusShuttingDown, "the daemon is shutting down")
 		}
 		return fail(wire.StatusTooLarge, "%v", err)
 	}

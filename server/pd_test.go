@@ -344,3 +344,34 @@ func TestPushRedialsAStaleConnection(t *testing.T) {
 		t.Fatalf("transfer to the restarted consumer: %+v", st)
 	}
 }
+
+// TestShutdownEndsWaitingReceives: a consumer whose budget is full, with
+// a push waiting for room, shuts down cleanly instead of waiting for the
+// transfer's deadline; the producer reports the transfer failed.
+func TestShutdownEndsWaitingReceives(t *testing.T) {
+	prod := startService(t, 64<<20, server.ServiceOptions{})
+	pc := prod.local(t)
+	ctx := context.Background()
+	keys := pdKeys(8, 50)
+	storeRaw(t, prod.remote(t), keys, 51, pChunkBytes)
+	cons, _, err := newDaemon(16<<20, server.ServiceOptions{PDReceiveBytes: 2 * pChunkBytes}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cons.eng.Close()
+	if _, err := pc.Push(ctx, 1, cons.tcp, client.Raw(keys), 600000, true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the consumer's budget to fill", func() bool { return cons.svc.HeldBytes() == 2*pChunkBytes })
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := cons.svc.Shutdown(sctx); err != nil {
+		t.Fatalf("shutdown with a RECEIVE waiting for budget: %v", err)
+	}
+	if held := cons.svc.HeldBytes(); held != 0 {
+		t.Fatalf("the consumer still holds %d bytes after shutdown", held)
+	}
+	if st := waitPushed(t, pc, 1); st.State != wire.TransferFailed {
+		t.Fatalf("transfer: %+v", st)
+	}
+}

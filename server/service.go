@@ -284,6 +284,7 @@ func (s *Service) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	s.closing = true
+	s.pd.cancel() // wakes RECEIVEs waiting for budget and WAITs; pending pushes fail
 	for ln := range s.listeners {
 		ln.Close()
 	}
