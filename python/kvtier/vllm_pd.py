@@ -28,7 +28,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -75,7 +75,7 @@ def take_lmcache_settings(extra: Dict[str, Any], environ: Optional[Dict[str, str
     """
     env = os.environ if environ is None else environ
     out: Dict[str, Any] = {}
-    for key in _LMCACHE_KEYS + tuple(_LMCACHE_ALIASES):
+    for key in tuple(_LMCACHE_ALIASES) + _LMCACHE_KEYS:  # current names over old ones
         value = env.get("LMCACHE_" + key.upper())
         if value is not None:
             out[_LMCACHE_ALIASES.get(key, key)] = value
