@@ -333,27 +333,17 @@ def test_preemption_on_the_consumer_while_a_request_waits(daemons):
 # ----------------------------------------------------------- configuration
 
 
-def _role(kv_role, extra, env=None):
+def _role(kv_role, extra):
+    from kvtier.vllm import Settings
     cfg = Engine(MODEL).vllm_config
     cfg.kv_transfer_config = KVTransferConfig(kv_role=kv_role, kv_connector_extra_config=dict(extra))
-    from kvtier.vllm import Settings
-    if env is not None:
-        import os
-        old = dict(os.environ)
-        os.environ.update(env)
-        try:
-            return Settings.with_role(cfg)
-        finally:
-            os.environ.clear()
-            os.environ.update(old)
     return Settings.with_role(cfg)
 
 
-def test_lmcache_pd_settings_map_to_roles():
+def test_lmcache_pd_settings_map_to_roles(monkeypatch):
     assert _role("kv_both", {"enable_pd": True, "pd_role": "sender"})[1] == "kv_producer"
     assert _role(None, {"lmcache.enable_pd": "true", "lmcache.pd_role": "receiver"})[1] == "kv_consumer"
     assert _role("kv_both", {"enable_xpyd": True, "nixl_role": "receiver"})[1] == "kv_consumer"
-    assert _role("kv_both", {}, {"LMCACHE_ENABLE_PD": "True", "LMCACHE_PD_ROLE": "sender"})[1] == "kv_producer"
     assert _role("kv_consumer", {"pd_role": "sender"})[1] == "kv_consumer"  # without enable_pd it is ignored
     s, role = _role("kv_producer", {"enable_pd": True, "pd_role": "sender", "pd_peer_host": "10.0.0.2",
                                     "pd_peer_init_port": [7100], "pd_buffer_size": 1 << 30})
@@ -364,6 +354,12 @@ def test_lmcache_pd_settings_map_to_roles():
         _role("kv_both", {"enable_pd": True})
     with pytest.raises(ValueError, match="kv_role"):
         _role("kv_prefill", {})
+    with pytest.raises(ValueError, match="pd_timeout"):
+        _role("kv_both", {"pd_timeout": 0})
+    monkeypatch.setenv("LMCACHE_ENABLE_PD", "True")
+    monkeypatch.setenv("LMCACHE_PD_ROLE", "sender")
+    assert _role("kv_both", {})[1] == "kv_producer"
+    assert _role("kv_both", {"pd_role": "receiver"})[1] == "kv_consumer"  # the engine's config over the variable
 
 
 def test_bad_transfer_params_are_clear_and_harmless():
