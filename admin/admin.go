@@ -72,6 +72,7 @@ func New(eng *engine.Engine, cfg config.Config, log *slog.Logger) (*API, error) 
 	mux.HandleFunc("POST /api/v1/flush", a.flush)
 	mux.HandleFunc("GET /api/v1/scopes", a.scopes)
 	mux.HandleFunc("GET /api/v1/keys", a.keys)
+	a.routeClusterOps(mux)
 	// The dashboard at the root (and /dashboard/): exactly "/" so that
 	// unknown paths keep answering 404 from the mux, not the dashboard.
 	dash := dashboard.Handler()

@@ -9,26 +9,51 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 )
 
 // ErrUnknown is returned by Heartbeat when the controller does not know
 // the session (it restarted, or dropped the daemon): register again.
 var ErrUnknown = errors.New("cluster: the controller does not know this instance")
 
-// Client talks to a controller's registry API.
+// Client talks to a controller's registry API: one controller, or
+// several replicas sharing one registry (docs/cluster.md, "High
+// availability"), of which it asks one at a time.
 type Client struct {
-	base string
-	hc   *http.Client
+	bases []string
+	cur   atomic.Int32 // the replica that answered last
+	hc    *http.Client
 }
 
 // NewClient returns a client of the controller at base
 // ("http://host:port"); hc nil means http.DefaultClient. Bound each
 // call with its context.
 func NewClient(base string, hc *http.Client) *Client {
+	return NewFailoverClient([]string{base}, hc)
+}
+
+// NewFailoverClient returns a client of the controller replicas at
+// bases (at least one). A call goes to the replica that answered last;
+// when it cannot be reached or answers 5xx, the call is tried on the
+// next ones in turn, within the call's context, and the first that
+// answers becomes the one asked first.
+func NewFailoverClient(bases []string, hc *http.Client) *Client {
 	if hc == nil {
 		hc = http.DefaultClient
 	}
-	return &Client{base: strings.TrimRight(base, "/"), hc: hc}
+	c := &Client{hc: hc}
+	for _, b := range bases {
+		c.bases = append(c.bases, strings.TrimRight(b, "/"))
+	}
+	return c
+}
+
+// Current returns the base URL of the replica asked first.
+func (c *Client) Current() string {
+	if len(c.bases) == 0 {
+		return ""
+	}
+	return c.bases[int(c.cur.Load())%len(c.bases)]
 }
 
 // Register registers a daemon.
@@ -106,17 +131,54 @@ func (c *Client) post(ctx context.Context, path string, in, out any) error {
 	return c.do(ctx, path, body, out)
 }
 
-// do posts body and decodes a 200 reply into out (if not nil). A 404 is
-// ErrUnknown; other statuses carry the controller's message.
+// do posts body to the replica that answered last, failing over to the
+// others in turn while the error is the replica's (unreachable, 5xx),
+// not the request's; see post1 for the reply.
 func (c *Client) do(ctx context.Context, path string, body []byte, out any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+path, bytes.NewReader(body))
+	start := int(c.cur.Load())
+	var errs []error
+	for i := range c.bases {
+		at := (start + i) % len(c.bases)
+		err := c.post1(ctx, c.bases[at], path, body, out)
+		if err == nil || !failover(err) {
+			c.cur.Store(int32(at))
+			return err
+		}
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if len(errs) == 0 {
+		return errors.New("cluster: no controller URL")
+	}
+	return errors.Join(errs...)
+}
+
+// replicaError is a failure of the replica rather than of the request:
+// another replica may answer.
+type replicaError struct{ err error }
+
+func (e replicaError) Error() string { return e.err.Error() }
+func (e replicaError) Unwrap() error { return e.err }
+
+func failover(err error) bool {
+	var re replicaError
+	return errors.As(err, &re)
+}
+
+// post1 posts body to one replica and decodes a 200 reply into out (if
+// not nil). A 404 is ErrUnknown; other statuses carry the controller's
+// message.
+func (c *Client) post1(ctx context.Context, base, path string, body []byte, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, bytes.NewReader(body))
 	if err != nil {
 		return fmt.Errorf("cluster: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("cluster: %s: %w", path, err)
+		return replicaError{fmt.Errorf("cluster: %s%s: %w", base, path, err)}
 	}
 	defer resp.Body.Close()
 	switch {
@@ -125,7 +187,11 @@ func (c *Client) do(ctx context.Context, path string, body []byte, out any) erro
 		return fmt.Errorf("%w (%s)", ErrUnknown, path)
 	case resp.StatusCode != http.StatusOK:
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("cluster: %s: %s: %s", path, resp.Status, bytes.TrimSpace(msg))
+		err := fmt.Errorf("cluster: %s%s: %s: %s", base, path, resp.Status, bytes.TrimSpace(msg))
+		if resp.StatusCode >= 500 {
+			return replicaError{err}
+		}
+		return err
 	case out == nil:
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 		return nil

@@ -262,7 +262,7 @@ func (c Config) validateCluster(bad func(key, format string, args ...any)) {
 	if c.ControllerURL == "" {
 		return
 	}
-	if _, err := c.ControllerBase(); err != nil {
+	if _, err := c.ControllerBases(); err != nil {
 		bad("controller_url", "%w", err)
 	}
 	if c.ClusterEventsEndpoint == "" {
@@ -273,17 +273,34 @@ func (c Config) validateCluster(bad func(key, format string, args ...any)) {
 	}
 }
 
-// ControllerBase returns controller_url as a base URL. LMCache's
-// controller_pull_url, which maps here, is a bare host:port: it is read
-// as http://host:port.
+// ControllerBase returns the first of controller_url's base URLs (see
+// ControllerBases).
 func (c Config) ControllerBase() (string, error) {
-	raw := c.ControllerURL
-	if !strings.Contains(raw, "://") {
-		raw = "http://" + raw
+	bases, err := c.ControllerBases()
+	if err != nil {
+		return "", err
 	}
-	u, err := url.Parse(raw)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return "", fmt.Errorf("want http://host:port (or host:port) of the kvtier controller, got %q", c.ControllerURL)
+	return bases[0], nil
+}
+
+// ControllerBases returns controller_url as base URLs: one controller,
+// or several replicas sharing one registry, separated by commas, asked
+// in turn when one fails (docs/cluster.md, "High availability").
+// LMCache's controller_pull_url, which maps here, is a bare host:port:
+// it is read as http://host:port.
+func (c Config) ControllerBases() ([]string, error) {
+	var out []string
+	for _, raw := range strings.Split(c.ControllerURL, ",") {
+		raw = strings.TrimSpace(raw)
+		orig := raw
+		if !strings.Contains(raw, "://") {
+			raw = "http://" + raw
+		}
+		u, err := url.Parse(raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("want http://host:port (or host:port) of the kvtier controller, or several separated by commas, got %q", orig)
+		}
+		out = append(out, strings.TrimRight(raw, "/"))
 	}
-	return strings.TrimRight(raw, "/"), nil
+	return out, nil
 }

@@ -183,4 +183,16 @@ func TestValidateClusterKeys(t *testing.T) {
 			t.Errorf("ControllerBase(%q) = %q, %v; want %q", raw, got, err, want)
 		}
 	}
+	// Several controller replicas, asked in turn.
+	c.ControllerURL = "http://a:7481/, b:7481,https://c"
+	got, err := c.ControllerBases()
+	if err != nil || strings.Join(got, " ") != "http://a:7481 http://b:7481 https://c" {
+		t.Errorf("ControllerBases(%q) = %q, %v", c.ControllerURL, got, err)
+	}
+	for _, bad := range []string{"http://a:7481,", "http://a:7481,ftp://b", ",http://a"} {
+		c.ControllerURL = bad
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "controller_url") {
+			t.Errorf("controller_url %q: %v, want an error naming controller_url", bad, err)
+		}
+	}
 }

@@ -100,6 +100,7 @@ func (r *registry) serveLookup(w http.ResponseWriter, req *http.Request) {
 // once sc is warm: holders are read as packed words, one per pod.
 func (r *registry) appendLookup(dst []byte, sc *lookupScratch) []byte {
 	table := *r.daemons.Load()
+	ix := r.reader(sc.keys)
 	sc.seen = sc.seen[:0]
 	dst = append(dst, `{"holders":[`...)
 	for i, k := range sc.keys {
@@ -107,7 +108,7 @@ func (r *registry) appendLookup(dst []byte, sc *lookupScratch) []byte {
 			dst = append(dst, ',')
 		}
 		dst = append(dst, '[')
-		sc.words = r.ix.HolderWords(k, sc.words[:0])
+		sc.words = ix.HolderWords(k, sc.words[:0])
 		n := 0
 		for _, w := range sc.words {
 			pod, tiers := index.HolderOf(w)

@@ -68,6 +68,17 @@ type Config struct {
 
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log_level"`
+
+	// The prefill/decode proxy (proxy.go, docs/pd.md), on when
+	// PrefillInstances and DecodeInstances are set: the first are NAME=URL
+	// specs, NAME the pod's name in the index; the second NAME=URL=DAEMON_ADDR specs, DAEMON_ADDR the
+	// TCP address of the instance's kvtier daemon. ProxyListen is its own
+	// HTTP address; empty serves it on Listen.
+	ProxyListen      string        `yaml:"proxy_listen"`
+	PrefillInstances []string      `yaml:"prefill"`
+	DecodeInstances  []string      `yaml:"decode"`
+	PrefillTimeout   time.Duration `yaml:"prefill_timeout"`
+	DecodeTimeout    time.Duration `yaml:"decode_timeout"`
 }
 
 // Default returns the built-in defaults. HashSeed and the pods have none:
@@ -82,13 +93,16 @@ func Default() Config {
 		HeartbeatInterval: DefaultHeartbeatInterval,
 		MissedHeartbeats:  DefaultMissedHeartbeats,
 		LogLevel:          "info",
+		PrefillTimeout:    DefaultPrefillTimeout,
+		DecodeTimeout:     DefaultDecodeTimeout,
 	}
 }
 
 // Keys lists the configuration keys in the order Config declares them.
 func Keys() []string {
 	return []string{"listen", "grpc_listen", "grpc_special_tokens", "pods", "pods_file", "hash_seed", "block_size",
-		"max_blocks", "index_redis", "scorer", "tokenizers", "heartbeat_interval", "missed_heartbeats", "log_level"}
+		"max_blocks", "index_redis", "scorer", "tokenizers", "heartbeat_interval", "missed_heartbeats", "log_level",
+		"proxy_listen", "prefill", "decode", "prefill_timeout", "decode_timeout"}
 }
 
 // Flag is the `kvtier controller` flag that sets key: the key with '-'
@@ -207,6 +221,7 @@ func (c Config) Validate() error {
 	if err := level.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		bad("log_level", "want debug, info, warn or error, got %q", c.LogLevel)
 	}
+	errs = append(errs, c.validateProxy()...)
 	return errors.Join(errs...)
 }
 

@@ -11,6 +11,14 @@
 // into the same index, keyed by chunk.Key.Index under the pod
 // "daemon:<instance>", so that one index answers both which pod to route
 // to and which daemons hold a chunk (POST /v1/cluster/lookup).
+// With index_redis the registry lives in Redis beside the index
+// (shared.go), so that controller replicas answer alike and any of them
+// can die (docs/cluster.md, "High availability").
+//
+// With prefill and decode instances configured it is also the
+// prefill/decode proxy (proxy.go, docs/pd.md): an OpenAI-compatible
+// endpoint that prefills each request on the instance the same index
+// scores best and decodes it on the least-loaded one.
 //
 // The router packages each hold one idea and know nothing of each other's
 // lifecycle; this package decides the order in which they start and stop:
@@ -55,7 +63,10 @@ type controller struct {
 	pods         *index.Pods
 	handler      *api.Handler
 	sub          *ingest.Subscriber
-	reg          *registry
+	reg          membership
+	rdb          goredis.UniversalClient // with index_redis: the index's and the registry's
+	ops          *opTracker
+	proxy        *proxy // nil without prefill and decode instances
 	closeIndex   func()
 }
 
@@ -90,7 +101,7 @@ func open(cfg Config, log *slog.Logger) (*controller, error) {
 	if c.endpoints, c.podsFileData, err = loadPods(cfg.Pods, cfg.PodsFile); err != nil {
 		return nil, err
 	}
-	if c.ix, c.closeIndex, err = openIndex(cfg, c.pods); err != nil {
+	if c.ix, c.rdb, c.closeIndex, err = openIndex(cfg, c.pods); err != nil {
 		return nil, err
 	}
 	if c.handler, err = newHandler(cfg, c.ix, c.pods, log); err != nil {
@@ -99,12 +110,23 @@ func open(cfg Config, log *slog.Logger) (*controller, error) {
 	}
 	// The registry and the subscriber refer to each other: the registry
 	// follows daemons' streams, and streams ask the registry for resyncs.
-	c.reg = newRegistry(nil, c.ix, c.pods, cfg.HeartbeatInterval, cfg.MissedHeartbeats, log)
+	// With the index in Redis, so is the registry: replicas share both.
+	if c.rdb != nil {
+		c.reg = newSharedRegistry(c.rdb, c.ix, c.pods, cfg.HeartbeatInterval, cfg.MissedHeartbeats, log)
+	} else {
+		c.reg = newRegistry(nil, c.ix, c.pods, cfg.HeartbeatInterval, cfg.MissedHeartbeats, log)
+	}
 	if c.sub, err = ingest.New(ingest.Config{Endpoints: c.endpoints, OnResync: c.reg.onResync}, c.ix, c.pods); err != nil {
 		c.closeIndex()
 		return nil, err
 	}
-	c.reg.sub = c.sub
+	c.reg.attach(c.sub)
+	c.ops = newOpTracker(c.reg.registered, log)
+	if c.proxy, err = openProxy(cfg, c.handler, log); err != nil {
+		c.sub.Close()
+		c.closeIndex()
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -146,10 +168,18 @@ func (c *controller) serve(ctx context.Context, unsignal func()) error {
 	if err != nil {
 		return errors.Join(err, ln.Close(), c.sub.Close())
 	}
-	go c.reg.reap(ctx)
 	mux := http.NewServeMux()
 	mux.Handle("/v1/cluster/", c.reg)
+	mux.Handle("/v1/cluster/ops", c.ops)
+	mux.Handle("/v1/cluster/ops/", c.ops)
 	mux.Handle("/", c.handler)
+	stopProxy, err := c.startProxy(mux)
+	if err != nil {
+		stopGRPC()
+		return errors.Join(err, ln.Close(), c.sub.Close())
+	}
+	defer stopProxy()
+	go c.reg.run(ctx)
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -211,32 +241,33 @@ func (c *controller) stop(srv *http.Server) error {
 
 // openIndex returns the block index: in memory, or in Redis with
 // index_redis (shared by replicas; max_blocks does not apply, entries
-// expire a day after their last update instead).
-func openIndex(cfg Config, pods *index.Pods) (index.Store, func(), error) {
+// expire a day after their last update instead), with the Redis client
+// then (nil in memory).
+func openIndex(cfg Config, pods *index.Pods) (index.Store, goredis.UniversalClient, func(), error) {
 	if cfg.IndexRedis == "" {
 		ix, err := index.New(index.Config{MaxBlocks: cfg.MaxBlocks})
 		if err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", which("max_blocks"), err)
+			return nil, nil, nil, fmt.Errorf("%s: %w", which("max_blocks"), err)
 		}
-		return ix, func() {}, nil
+		return ix, nil, func() {}, nil
 	}
 	opts, err := goredis.ParseURL(cfg.IndexRedis)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", which("index_redis"), err)
+		return nil, nil, nil, fmt.Errorf("%s: %w", which("index_redis"), err)
 	}
 	rdb := goredis.NewClient(opts)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		rdb.Close()
-		return nil, nil, fmt.Errorf("%s: %w", which("index_redis"), err)
+		return nil, nil, nil, fmt.Errorf("%s: %w", which("index_redis"), err)
 	}
 	ix, err := redisindex.New(redisindex.Config{Client: rdb}, pods)
 	if err != nil {
 		rdb.Close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return ix, func() { rdb.Close() }, nil
+	return ix, rdb, func() { rdb.Close() }, nil
 }
 
 // parseTokenizers loads the tokenizer specs into pools, by model; "" is

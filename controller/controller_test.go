@@ -5,13 +5,13 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -36,11 +36,12 @@ func TestParsePods(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := fmt.Sprintf("%+v", eps)
-	want := "[{Pod:pod-a Model:meta-llama/Llama-3.1-8B Address:tcp://10.0.0.7:5557 Replay: Topic: FixedPod:false} " +
-		"{Pod:pod-b Model:org/m@v=2 Address:tcp://10.0.0.8:5557 Replay:tcp://10.0.0.8:5558 Topic: FixedPod:false}]"
-	if got != want {
-		t.Errorf("parsePods =\n%s, want\n%s", got, want)
+	want := []ingest.Endpoint{
+		{Pod: "pod-a", Model: "meta-llama/Llama-3.1-8B", Address: "tcp://10.0.0.7:5557"},
+		{Pod: "pod-b", Model: "org/m@v=2", Address: "tcp://10.0.0.8:5557", Replay: "tcp://10.0.0.8:5558"},
+	}
+	if !slices.Equal(eps, want) {
+		t.Errorf("parsePods =\n%+v, want\n%+v", eps, want)
 	}
 	if eps, err := parsePods(nil); err != nil || len(eps) != 0 {
 		t.Errorf("no pods (daemons register instead): %v %v", eps, err)

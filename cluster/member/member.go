@@ -21,6 +21,11 @@ import (
 type Options struct {
 	// Controller is the controller's base URL, e.g. "http://10.0.0.2:7481".
 	Controller string
+	// Controllers, when set, replaces Controller: the base URLs of
+	// controller replicas sharing one registry. Registration and beats
+	// go to one of them and fail over to the next when it cannot be
+	// reached or answers 5xx (cluster.NewFailoverClient).
+	Controllers []string
 	// Register is what the daemon registers as.
 	Register cluster.Register
 	// Interval is the heartbeat interval until the controller names its own.
@@ -47,7 +52,10 @@ func New(o Options) *Member {
 	}
 	// A beat that takes longer than the interval is as good as missed.
 	hc := &http.Client{Timeout: max(o.Interval, time.Second)}
-	return &Member{opts: o, client: cluster.NewClient(o.Controller, hc)}
+	if len(o.Controllers) == 0 {
+		o.Controllers = []string{o.Controller}
+	}
+	return &Member{opts: o, client: cluster.NewFailoverClient(o.Controllers, hc)}
 }
 
 // StartResync publishes the inventory again in the background. A request
@@ -111,14 +119,14 @@ func (m *Member) register(ctx context.Context, interval time.Duration) (string, 
 	reply, err := m.client.Register(ctx, m.opts.Register)
 	if err != nil {
 		if ctx.Err() == nil {
-			m.opts.Log.Warn("cluster registration failed; retrying", "controller", m.opts.Controller, "err", err)
+			m.opts.Log.Warn("cluster registration failed; retrying", "controllers", m.opts.Controllers, "err", err)
 		}
 		return "", interval
 	}
 	if reply.HeartbeatIntervalMS > 0 {
 		interval = time.Duration(reply.HeartbeatIntervalMS) * time.Millisecond
 	}
-	m.opts.Log.Info("registered with the controller", "controller", m.opts.Controller,
+	m.opts.Log.Info("registered with the controller", "controller", m.client.Current(),
 		"instance", m.opts.Register.Instance, "heartbeat_interval", interval)
 	return reply.Session, interval
 }

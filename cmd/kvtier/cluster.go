@@ -24,7 +24,7 @@ func startCluster(cfg config.Config, eng *engine.Engine, opts engine.Options, ad
 	if cfg.ControllerURL == "" {
 		return nil, nil, nil
 	}
-	base, err := cfg.ControllerBase()
+	bases, err := cfg.ControllerBases()
 	if err != nil {
 		return nil, nil, fmt.Errorf("controller_url: %w", err)
 	}
@@ -41,10 +41,10 @@ func startCluster(cfg config.Config, eng *engine.Engine, opts engine.Options, ad
 		Admin:    "http://" + advertise(adminAddr, host),
 		Tiers:    tiersOf(eng, opts),
 	}
-	m := member.New(member.Options{Controller: base, Register: reg, Interval: cfg.HeartbeatInterval,
+	m := member.New(member.Options{Controllers: bases, Register: reg, Interval: cfg.HeartbeatInterval,
 		Stream: stream, Lister: eng, Log: log})
 	adm.HandleClusterResync(m.StartResync)
-	log.Info("cluster chunk stream publishing", "endpoint", reg.Events, "instance", instance, "controller", base)
+	log.Info("cluster chunk stream publishing", "endpoint", reg.Events, "instance", instance, "controllers", bases)
 	return m, stream, nil
 }
 

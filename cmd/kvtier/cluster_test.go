@@ -52,14 +52,16 @@ func freePort(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func startController(t *testing.T, addr string) *controllerProc {
+// startController runs a controller on addr with 250 ms beats, plus
+// extra flags.
+func startController(t *testing.T, addr string, extra ...string) *controllerProc {
 	t.Helper()
 	bin, err := servetest.Binary()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &controllerProc{cmd: exec.Command(bin, "controller", "--listen", addr, "--hash-seed", "0",
-		"--heartbeat-interval", "250ms"),
+	args := append([]string{"controller", "--listen", addr, "--hash-seed", "0", "--heartbeat-interval", "250ms"}, extra...)
+	p := &controllerProc{cmd: exec.Command(bin, args...),
 		stderr: &servetest.Log{}, exited: make(chan error, 1)}
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {

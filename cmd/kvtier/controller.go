@@ -42,7 +42,12 @@ vLLM pods must run with the same PYTHONHASHSEED as --hash-seed, with
 written in a YAML file given with --config (the keys are the flags' names with
 '_' for '-', pods and tokenizers as lists); a flag given on the command line
 replaces the file's value. SIGTERM or SIGINT shuts it down cleanly; a second
-signal kills it. See docs/router.md.`,
+signal kills it. See docs/router.md.
+
+With --prefill and --decode instances it is also a prefill/decode proxy: an
+OpenAI-compatible /v1/completions and /v1/chat/completions (on --proxy-listen,
+or on --listen) that prefills each request on the instance holding most of its
+prompt and decodes it on the least-loaded one. See docs/pd.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := f.load(cmd.Flags().Changed)
@@ -70,6 +75,11 @@ signal kills it. See docs/router.md.`,
 	fl.DurationVar(&v.HeartbeatInterval, "heartbeat-interval", v.HeartbeatInterval, "how often registered kvtier daemons beat (docs/cluster.md)")
 	fl.IntVar(&v.MissedHeartbeats, "missed-heartbeats", v.MissedHeartbeats, "beats a daemon may miss before it is dropped with its chunks")
 	fl.StringArrayVar(&v.Tokenizers, "tokenizer", nil, "tokenizer for prompt strings: [MODEL=]tiktoken:ENCODING or [MODEL=]hf:/path/tokenizer.json (repeatable; without MODEL= it serves every model without its own)")
+	fl.StringVar(&v.ProxyListen, "proxy-listen", "", "serve the prefill/decode proxy on this address instead of --listen (docs/pd.md)")
+	fl.StringArrayVar(&v.PrefillInstances, "prefill", nil, "a prefill vLLM instance for the proxy, NAME=http://HOST:PORT, NAME its pod in the index (repeatable)")
+	fl.StringArrayVar(&v.DecodeInstances, "decode", nil, "a decode vLLM instance for the proxy, NAME=http://HOST:PORT=DAEMON_HOST:PORT, the last its kvtier daemon's tcp_addr (repeatable)")
+	fl.DurationVar(&v.PrefillTimeout, "prefill-timeout", v.PrefillTimeout, "how long the proxy waits for a prefill instance's answer")
+	fl.DurationVar(&v.DecodeTimeout, "decode-timeout", v.DecodeTimeout, "how long the proxy relays a decode instance's answer, to its last byte")
 	return cmd, f
 }
 
@@ -122,6 +132,16 @@ func setKey(dst *controller.Config, src controller.Config, key string) {
 		dst.MissedHeartbeats = src.MissedHeartbeats
 	case "log_level":
 		dst.LogLevel = src.LogLevel
+	case "proxy_listen":
+		dst.ProxyListen = src.ProxyListen
+	case "prefill":
+		dst.PrefillInstances = src.PrefillInstances
+	case "decode":
+		dst.DecodeInstances = src.DecodeInstances
+	case "prefill_timeout":
+		dst.PrefillTimeout = src.PrefillTimeout
+	case "decode_timeout":
+		dst.DecodeTimeout = src.DecodeTimeout
 	default:
 		panic("kvtier controller: no flag for key " + key) // caught by TestControllerFlags
 	}

@@ -32,6 +32,11 @@ tokenizers: [tiktoken:cl100k_base]
 heartbeat_interval: 2s
 missed_heartbeats: 5
 log_level: debug
+proxy_listen: 127.0.0.1:9003
+prefill: [p=http://127.0.0.1:8100]
+decode: [d=http://127.0.0.1:8200=127.0.0.1:7470]
+prefill_timeout: 1m
+decode_timeout: 5m
 `
 
 // TestControllerFlags checks that `kvtier controller` reads every key from
@@ -47,7 +52,9 @@ func TestControllerFlags(t *testing.T) {
 		Pods: []string{"a=m=tcp://127.0.0.1:1", "b=m=tcp://127.0.0.1:2"}, PodsFile: "/file/pods",
 		HashSeed: &fileSeed, BlockSize: 32, MaxBlocks: 1000, IndexRedis: "redis://127.0.0.1:6379/1",
 		Scorer: "coverage", Tokenizers: []string{"tiktoken:cl100k_base"}, HeartbeatInterval: 2 * time.Second,
-		MissedHeartbeats: 5, LogLevel: "debug"}
+		MissedHeartbeats: 5, LogLevel: "debug",
+		ProxyListen: "127.0.0.1:9003", PrefillInstances: []string{"p=http://127.0.0.1:8100"},
+		DecodeInstances: []string{"d=http://127.0.0.1:8200=127.0.0.1:7470"}, PrefillTimeout: time.Minute, DecodeTimeout: 5 * time.Minute}
 	if !reflect.DeepEqual(fromFile, want) {
 		t.Errorf("from the file:\n%+v, want\n%+v", fromFile, want)
 	}
@@ -56,13 +63,17 @@ func TestControllerFlags(t *testing.T) {
 		"--grpc-special-tokens=true", "--pod", "c=m=tcp://127.0.0.1:3", "--pods-file", "/flag/pods", "--hash-seed", "", "--block-size", "16",
 		"--max-blocks", "2000", "--index-redis", "redis://127.0.0.1:6380", "--scorer", "block-hits",
 		"--tokenizer", "m=tiktoken:o200k_base", "--tokenizer", "tiktoken:cl100k_base", "--heartbeat-interval", "500ms",
-		"--missed-heartbeats", "2", "--log-level", "warn")
+		"--missed-heartbeats", "2", "--log-level", "warn", "--proxy-listen", "127.0.0.1:0",
+		"--prefill", "q=http://127.0.0.1:8101", "--decode", "e=http://127.0.0.1:8201=127.0.0.1:7471",
+		"--prefill-timeout", "3s", "--decode-timeout", "4s")
 	emptySeed := ""
 	want = controller.Config{Listen: "127.0.0.1:0", GRPCListen: "127.0.0.1:0", GRPCSpecialTokens: true,
 		Pods: []string{"c=m=tcp://127.0.0.1:3"}, PodsFile: "/flag/pods", HashSeed: &emptySeed, BlockSize: 16,
 		MaxBlocks: 2000, IndexRedis: "redis://127.0.0.1:6380", Scorer: "block-hits",
 		Tokenizers: []string{"m=tiktoken:o200k_base", "tiktoken:cl100k_base"}, HeartbeatInterval: 500 * time.Millisecond,
-		MissedHeartbeats: 2, LogLevel: "warn"}
+		MissedHeartbeats: 2, LogLevel: "warn",
+		ProxyListen: "127.0.0.1:0", PrefillInstances: []string{"q=http://127.0.0.1:8101"},
+		DecodeInstances: []string{"e=http://127.0.0.1:8201=127.0.0.1:7471"}, PrefillTimeout: 3 * time.Second, DecodeTimeout: 4 * time.Second}
 	if !reflect.DeepEqual(fromFlags, want) {
 		t.Errorf("with every flag:\n%+v, want\n%+v", fromFlags, want)
 	}

@@ -1,6 +1,7 @@
 // Command kvtier is kvtier's single binary: `serve` runs the node daemon
 // (the engine behind the cache protocols and an HTTP admin API),
-// `controller` runs the KV-aware router over vLLM's KV events, `bench`
+// `controller` runs the KV-aware router over vLLM's KV events, `cluster`
+// runs operations on a controller's daemons (clear, pin, copy, move), `bench`
 // measures the tiers against raw baselines in one run, and `replay` drives
 // a request trace through the real engine.
 //
@@ -25,6 +26,7 @@ func main() {
 		SilenceErrors: true,
 	}
 	root.AddCommand(serveCmd(), controllerCmd(), benchCmd(), replayCmd(), versionCmd())
+	root.AddCommand(clusterCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "kvtier:", err)
 		os.Exit(1)

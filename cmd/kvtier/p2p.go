@@ -41,7 +41,7 @@ func p2pResolver(cfg config.Config, log *slog.Logger) *controllerPeers {
 		log.Info("p2p tier asks the listed p2p_peers, not the controller", "peers", cfg.P2PPeers)
 		return nil
 	}
-	base, err := cfg.ControllerBase()
+	bases, err := cfg.ControllerBases()
 	if err != nil {
 		return nil // validation reports controller_url
 	}
@@ -52,8 +52,8 @@ func p2pResolver(cfg config.Config, log *slog.Logger) *controllerPeers {
 	// The client's own timeout is a backstop: each call already carries
 	// its deadline.
 	hc := &http.Client{Timeout: 4 * timeout}
-	log.Info("p2p tier finds peers through the controller", "controller", base, "timeout", timeout)
-	return &controllerPeers{client: cluster.NewClient(base, hc), timeout: timeout}
+	log.Info("p2p tier finds peers through the controller", "controllers", bases, "timeout", timeout)
+	return &controllerPeers{client: cluster.NewFailoverClient(bases, hc), timeout: timeout}
 }
 
 // setSelf names this daemon, so that lookups never list it.

@@ -1,7 +1,7 @@
 // Package redistest starts real redis-server processes for tests, on free
 // loopback ports. A test that needs one skips when redis-server is not
-// installed, except under CI (the CI environment variable set), where the
-// missing binary is a failure: CI installs it.
+// installed, except under CI (internal/citest), where the missing binary
+// is a failure: CI installs it.
 package redistest
 
 import (
@@ -11,6 +11,8 @@ import (
 	"os/exec"
 	"testing"
 	"time"
+
+	"kvtier/internal/citest"
 )
 
 // Server is one running redis-server.
@@ -40,10 +42,7 @@ func StartOn(t testing.TB, port int) *Server {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("redis-server not installed (CI installs apt redis-server): %v", err)
-		}
-		t.Skip("redis-server not installed")
+		citest.Missing(t, "redis-server not installed (apt-get install redis-server): %v", err)
 	}
 	s := &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port)}
 	s.cmd = exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1",

@@ -40,6 +40,7 @@ type stream struct {
 	counters *counterSet
 	fallback string // the endpoint's configured pod name
 	fixed    bool   // Endpoint.FixedPod: topics are not parsed
+	shared   bool   // Endpoint.Shared: clears drop every tier of the pod
 	replay   replayFunc
 	onResync func(pod, reason string)
 
@@ -253,6 +254,10 @@ func addSaturating(c *atomic.Uint64, n uint64) {
 // vLLM announces its GPU blocks — and a restart or a loss on one stream
 // says nothing about what the other reported.
 func (s *stream) clearOwn(p podRef) {
+	if s.shared {
+		s.ix.ClearPod(p.id)
+		return
+	}
 	mask := s.wrote[p.id]
 	for t := index.Tier(0); t < index.NumTiers; t++ {
 		if mask&(1<<t) != 0 {

@@ -72,6 +72,15 @@ type Endpoint struct {
 	// a kvtier daemon's chunk stream, whose topic is not llm-d's
 	// convention, and whose pod a topic must not be able to change.
 	FixedPod bool
+	// Shared marks a FixedPod stream that is its pod's only source, in an
+	// index shared with other controller replicas that follow the same
+	// stream (docs/cluster.md, "High availability"). A clear, a loss or
+	// a restart then drops every tier of the pod, including entries
+	// written before this subscription (by another replica, or an
+	// earlier process); and stopping the stream leaves the entries in
+	// place, since the other replicas still follow it: whoever drops the
+	// pod for good clears it.
+	Shared bool
 }
 
 // Config configures a Subscriber.

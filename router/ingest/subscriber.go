@@ -89,6 +89,7 @@ func (s *Subscriber) startLocked(ep Endpoint) {
 	st := newStream(s.ix, s.pods, &s.counters, ep.Pod, replay)
 	st.onResync = s.cfg.OnResync
 	st.fixed = ep.FixedPod
+	st.shared = ep.Shared && ep.FixedPod
 	if p, ok := st.pod(ep.Pod); ok && ep.Model != "" {
 		s.pods.SetModel(p.id, ep.Model)
 	}
@@ -156,7 +157,9 @@ func (s *Subscriber) stopLocked(name string, r *running, keep map[string]Endpoin
 	delete(s.running, name)
 	for pod := range r.st.byName {
 		if id, ok := s.pods.ID(pod); ok {
-			s.ix.ClearPod(id)
+			if !r.st.shared {
+				s.ix.ClearPod(id)
+			}
 			if _, still := keep[pod]; !still {
 				s.pods.Remove(pod)
 			}
@@ -197,7 +200,8 @@ func (s *Subscriber) Add(ep Endpoint) error {
 	return nil
 }
 
-// Remove stops following a pod of Add and drops its entries and name.
+// Remove stops following a pod of Add and drops its entries (unless the
+// endpoint is Shared) and name.
 // It reports whether the pod was followed.
 func (s *Subscriber) Remove(pod string) bool {
 	s.mu.Lock()

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"kvtier/router/index"
 )
 
 // hang bounds every wait in these tests. It is a hang detector, not a
@@ -449,5 +451,40 @@ func TestSubscriberAddRemoveAndResync(t *testing.T) {
 	}
 	if s.Remove("daemon:d1") {
 		t.Error("a second Remove found the pod")
+	}
+}
+
+// A Shared stream owns its pod in an index other replicas write too: a
+// clear drops entries it never wrote, and stopping it leaves them.
+func TestSubscriberSharedPod(t *testing.T) {
+	enc := encodings[0]
+	f := newFixture(t)
+	s := startSubscriberConfig(t, f, Config{})
+	// Another replica (or an earlier process) wrote d1's disk tier.
+	id, err := f.pods.Intern("daemon:d1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.ix.Add(id, index.Disk, []uint64{5}); err != nil {
+		t.Fatal(err)
+	}
+	p := newPublisher(t, "tcp://127.0.0.1:0", "kvtier@d1@chunks", 0)
+	ep := Endpoint{Pod: "daemon:d1", Address: p.addr, Topic: "kvtier@d1@chunks", FixedPod: true, Shared: true}
+	if err := s.Add(ep); err != nil {
+		t.Fatal(err)
+	}
+	p.warmUp(enc, "the first message", func() bool { return s.Stats()["daemon:d1"].Messages > 0 })
+	wantHoldings(t, f, 5, "daemon:d1/disk") // joining clears nothing
+	p.send(batch(t, enc, cleared(enc), stored(enc, "CPU", 7)))
+	waitFor(t, "the daemon's chunk", f.heldBy(7, "daemon:d1/cpu"))
+	wantHoldings(t, f, 5) // the clear took the tier this stream never wrote
+
+	if !s.Remove("daemon:d1") {
+		t.Fatal("Remove did not find the pod")
+	}
+	// The name goes (other replicas' entries name it again when read);
+	// the entry stays.
+	if got := f.ix.HolderWords(7, nil); len(got) != 1 {
+		t.Fatalf("holders of 7 after Remove of a shared stream: %v, want d1's entry kept", got)
 	}
 }
