@@ -175,8 +175,8 @@ func TestLMCacheNonDefaultValues(t *testing.T) {
 		{"enable_p2p: true", outcome{false, "enable_p2p", "f.yaml:1", "P2P"}},
 		{"enable_controller: true", outcome{true, "enable_controller", "f.yaml:1", "controller_url"}},
 		{"controller_reply_url: tcp://c:8301", outcome{true, "controller_reply_url", "f.yaml:1", "no reply address"}},
-		{"enable_pd: true", outcome{false, "enable_pd", "f.yaml:1", "disaggregation"}},
-		{"enable_xpyd: true", outcome{false, "enable_xpyd", "f.yaml:1", "disaggregation"}},
+		{"enable_pd: true", outcome{true, "enable_pd", "f.yaml:1", "vLLM connector"}},
+		{"enable_xpyd: true", outcome{true, "enable_xpyd", "f.yaml:1", "vLLM connector"}},
 		{"gds_path: /mnt/gds", outcome{false, "gds_path", "f.yaml:1", "set local_disk to it"}},
 		{"maru_path: /dev/dax0.0", outcome{false, "maru_path", "f.yaml:1", "set it to null"}},
 		{"storage_plugins: [mooncake]", outcome{false, "storage_plugins", "f.yaml:1", "remote_url"}},
@@ -203,7 +203,7 @@ func TestLMCacheNonDefaultValues(t *testing.T) {
 		{"LMCACHE_EC_LOCAL_CPU=false", outcome{true, "ec_local_cpu", "env LMCACHE_EC_LOCAL_CPU", "encoder-cache"}},
 		{"KVTIER_NUMA_MODE=auto", outcome{true, "numa_mode", "env KVTIER_NUMA_MODE", "NUMA"}},
 		{"LMCACHE_CHUNK_SIZ=128", outcome{true, "chunk_siz", "env LMCACHE_CHUNK_SIZ", "did you mean LMCACHE_CHUNK_SIZE?"}},
-		{"LMCACHE_ENABLE_PD=True", outcome{false, "enable_pd", "env LMCACHE_ENABLE_PD", "disaggregation"}},
+		{"LMCACHE_ENABLE_PD=True", outcome{true, "enable_pd", "env LMCACHE_ENABLE_PD", "vLLM connector"}},
 		{"KVTIER_ENABLE_CONTROLLER=1", outcome{true, "enable_controller", "env KVTIER_ENABLE_CONTROLLER", "controller_url"}},
 		{"LMCACHE_MP_PORT=x", outcome{false, "mp_port", "env LMCACHE_MP_PORT", `want an integer, got "x"`}},
 		{"LMCACHE_BLEND_CHECK_LAYERS=1,b", outcome{false, "blend_check_layers", "env LMCACHE_BLEND_CHECK_LAYERS", "want a list of integers"}},
@@ -249,35 +249,27 @@ func TestLMCacheRefusalsAreErrUnsupported(t *testing.T) {
 	}
 }
 
-func TestLMCachePDConfigIsRefusedAtTheSwitch(t *testing.T) {
-	_, _, err := loadWarn(t, "testdata/lmcache_pd.yaml")
-	kes := keyErrors(err)
-	if len(kes) != 1 || kes[0].Key != "enable_pd" || kes[0].Source != "testdata/lmcache_pd.yaml:6" ||
-		!errors.Is(err, ErrUnsupported) {
-		t.Fatalf("want exactly one error, for enable_pd at line 6; got %v", err)
-	}
-	if !strings.Contains(err.Error(), "key enable_pd: is an LMCache option kvtier does not support yet") {
-		t.Errorf("message does not say what is wrong: %v", err)
-	}
-	// With the switch off, its settings only warn: each once, by line.
-	if _, _, err := loadWarn(t, "testdata/lmcache_pd.yaml", "LMCACHE_ENABLE_PD=false"); err == nil {
-		t.Fatal("an LMCACHE_ variable must not undo an error in the file")
-	}
-	doc := strings.Replace(mustRead(t, "testdata/lmcache_pd.yaml"), "enable_pd: true", "enable_pd: false", 1)
-	_, ws, err := parse([]byte(doc), "pd.yaml")
+// An LMCache prefill/decode file is the engine's business: the daemon serves
+// both roles, so it starts and says, key by key, that the connector reads them.
+func TestLMCachePDConfigIsAcceptedWithWarnings(t *testing.T) {
+	_, ws, err := loadWarn(t, "testdata/lmcache_pd.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := map[string]string{}
 	for _, w := range ws {
 		got[w.Key] = w.Source
+		if !strings.Contains(w.Reason, "docs/pd.md") {
+			t.Errorf("%s: reason %q does not point to docs/pd.md", w.Key, w.Reason)
+		}
 	}
 	want := map[string]string{
-		"pd_role": "pd.yaml:7", "pd_buffer_size": "pd.yaml:8", "pd_buffer_device": "pd.yaml:9",
-		"pd_proxy_host": "pd.yaml:10", "pd_proxy_port": "pd.yaml:11",
+		"enable_pd": "testdata/lmcache_pd.yaml:6", "pd_role": "testdata/lmcache_pd.yaml:7",
+		"pd_buffer_size": "testdata/lmcache_pd.yaml:8", "pd_buffer_device": "testdata/lmcache_pd.yaml:9",
+		"pd_proxy_host": "testdata/lmcache_pd.yaml:10", "pd_proxy_port": "testdata/lmcache_pd.yaml:11",
 	}
 	if !reflect.DeepEqual(got, want) {
-		t.Errorf("warningSet by key:\n got %v\nwant %v", got, want)
+		t.Errorf("warnings by key:\n got %v\nwant %v", got, want)
 	}
 }
 

@@ -48,6 +48,7 @@ import torch
 from . import defaults
 from . import protocol as p
 from . import vllm_kv as kvl
+from . import vllm_pd as pd
 from ._vllm_compat import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorStats
 from .client import Client, KVTierError, default_socket_path
 from .link import Link
@@ -75,11 +76,22 @@ class ReqMeta:
     load_async: bool = False  # load in the background, report in get_finished
     save_start: int = 0  # chunks [save_start, save_end) are to be stored
     save_end: int = 0
+    remote: Optional[pd.RemotePrefill] = None  # a decode request's prompt, computed by a producer
+    push: Optional[pd.PushRequest] = None  # a prefill decoded elsewhere: push its chunks once saved
+
+
+@dataclass
+class SendMeta:
+    """A finished prefill whose blocks vLLM keeps until the worker reports it in finished_sending."""
+
+    req_id: str
+    job: pd.Job
 
 
 @dataclass
 class KVTierConnectorMetadata(KVConnectorMetadata):
     requests: List[ReqMeta] = field(default_factory=list)
+    sends: List[SendMeta] = field(default_factory=list)
 
 
 @dataclass
@@ -102,6 +114,13 @@ class Settings:
     # "tokens": keys from token ids (reproducible everywhere); "block_hashes":
     # vLLM's own block hashes (cheaper for long prompts; needs PYTHONHASHSEED).
     key_mode: str = "tokens"
+    # Disaggregation (docs/pd.md). pd_timeout bounds both how long a producer
+    # keeps a finished prefill's blocks for its transfer and how long a
+    # consumer waits for pushed chunks before pulling or giving up.
+    pd_timeout: float = 30.0
+    tcp_addr: str = ""   # this node's daemon TCP address, handed to consumers to pull from
+    tcp_token: str = ""  # the token other daemons' TCP ports want
+    push_to: str = ""    # the consumer daemon when a request names none (LMCache: pd_peer_host:pd_peer_init_port)
 
     @classmethod
     def from_extra(cls, extra: Dict[str, Any]) -> "Settings":
@@ -125,8 +144,20 @@ class Settings:
 
     @classmethod
     def from_config(cls, vllm_config: Any) -> "Settings":
+        return cls.with_role(vllm_config)[0]
+
+    @classmethod
+    def with_role(cls, vllm_config: Any) -> Tuple["Settings", str]:
+        """The settings and the connector's role: vLLM's kv_role, or LMCache's enable_pd / pd_role."""
         ktc = getattr(vllm_config, "kv_transfer_config", None)
-        return cls.from_extra(dict(getattr(ktc, "kv_connector_extra_config", None) or {}))
+        extra = dict(getattr(ktc, "kv_connector_extra_config", None) or {})
+        lmcache = pd.take_lmcache_settings(extra)
+        s = cls.from_extra(extra)
+        role = pd.resolve_role(getattr(ktc, "kv_role", None), lmcache)
+        s.push_to = s.push_to or pd.lmcache_push_to(lmcache)
+        if s.pd_timeout <= 0:
+            raise ValueError(f"pd_timeout {s.pd_timeout}: want seconds > 0")
+        return s, role
 
 
 def _truthy(v: Any) -> bool:
@@ -254,14 +285,12 @@ class KVTierConnector(KVConnectorBase_V1):
         else:
             super().__init__(vllm_config, role)
         _refuse_hybrid(kv_cache_config)
-        self.settings = Settings.from_config(vllm_config)
+        self.settings, self.kv_role = Settings.with_role(vllm_config)
         self.vllm_config = vllm_config
         self.use_mla = _use_mla(vllm_config)
         self.link = self._new_link(scope_of(vllm_config, self._format_tag()))
-        ktc = getattr(vllm_config, "kv_transfer_config", None)
-        kv_role = getattr(ktc, "kv_role", None) or "kv_both"
-        self.can_save = kv_role in ("kv_both", "kv_producer")
-        self.can_load = kv_role in ("kv_both", "kv_consumer")
+        self.can_save = self.kv_role in (pd.BOTH, pd.PRODUCER)
+        self.can_load = self.kv_role in (pd.BOTH, pd.CONSUMER)
         self.block_size = int(vllm_config.cache_config.block_size)
         self._chunk = 0
         self._scopes: Dict[Tuple[int, str], int] = {}
@@ -273,6 +302,9 @@ class KVTierConnector(KVConnectorBase_V1):
         self._loads: Dict[str, Tuple[int, int, bool]] = {}  # req id -> (load_start, load_end, async), this step
         self._tracked: Dict[str, _Tracked] = {}
         self._async_loaded: Set[str] = set()  # loaded in the background; vLLM resumes them with the tokens counted
+        self._remotes: Dict[str, pd.RemotePrefill] = {}  # decode requests matched to a producer's chunks
+        self._new_sends: List[SendMeta] = []  # finished prefills to hand to the workers next step
+        self._sending: Set[str] = set()  # finished prefills whose blocks vLLM keeps for us
         # worker side
         self._layer_index: Dict[str, int] = {}
         self._kv: List[torch.Tensor] = []
@@ -290,6 +322,10 @@ class KVTierConnector(KVConnectorBase_V1):
         self._async_copy_lock = threading.Lock()
         self._async_threads: List[threading.Thread] = []
         self._done_recving: Set[str] = set()
+        self._transport: Optional[pd.Transport] = None
+        self._sends: Dict[str, Tuple[pd.Job, float, bool]] = {}  # req id -> (job, deadline, pushing)
+        self._pushed: Dict[str, int] = {}  # req id -> tokens pushed as they were saved
+        self.send_outcomes: Dict[str, str] = {}  # req id -> pushed / failed / expired (last 1024)
 
     def _new_link(self, scope: Tuple[str, str, int, int]) -> Link:
         s = self.settings
@@ -360,11 +396,16 @@ class KVTierConnector(KVConnectorBase_V1):
         self._release_lookup(request.request_id)
         self._requests[request.request_id] = request
         namespace = namespace_of(self.settings.namespace, request)
+        self._remotes.pop(request.request_id, None)
         try:
             c = self._client()
             tokens = self._key_tokens(request)
             if tokens is None or not self.can_load:  # prompt embeddings: nothing to key by
                 return 0, False
+            remote = pd.RemotePrefill.of(getattr(request, "kv_transfer_params", None), self.link.scope_args,
+                                         namespace, self._chunk, request.request_id)
+            if remote is not None:
+                return self._match_remote(request, remote, num_computed_tokens, len(tokens))
             skip = chunk_floor(num_computed_tokens, self._chunk)
             if isinstance(tokens, HashKeys):
                 skip = 0  # hash keys always start at the prompt's first chunk
@@ -382,6 +423,20 @@ class KVTierConnector(KVConnectorBase_V1):
         n = max(0, usable - num_computed_tokens)
         self.stats.hit_tokens += n
         return n, bool(n and not in_ram and self.settings.load_async)
+
+    def _match_remote(self, request: Any, remote: pd.RemotePrefill, num_computed_tokens: int,
+                      prompt_len: int) -> Tuple[int, bool]:
+        """A decode request: the producer's whole chunks beyond what vLLM holds, always loaded asynchronously."""
+        total = int(getattr(request, "num_tokens", 0) or prompt_len)
+        usable = min(chunk_floor(remote.tokens, self._chunk), chunk_floor(total - 1, self._chunk))
+        n = max(0, usable - num_computed_tokens)
+        self.stats.queries += 1
+        if n == 0:
+            return 0, False
+        self._remotes[request.request_id] = remote
+        self._lookups[request.request_id] = _Lookup(usable, 0, num_computed_tokens, False)
+        self.stats.hit_tokens += n
+        return n, True
 
     def _key_tokens(self, request: Any) -> Any:
         """The request's chunk keys (TokenKeys or HashKeys), computed once per request; None if it has none."""
@@ -412,11 +467,17 @@ class KVTierConnector(KVConnectorBase_V1):
         then with 0 once the load has finished.
         """
         rid = request.request_id
+        params = getattr(request, "kv_transfer_params", None)
+        if self.can_load and isinstance(params, dict) and params.get("do_remote_prefill"):
+            # One transfer per request: if the load fails and vLLM asks
+            # again, the request is served from what is here (or recomputed).
+            params["do_remote_prefill"] = False
         if num_external_tokens <= 0:
+            self._remotes.pop(rid, None)
             self._release_lookup(rid, keep_hit=True)
             return
         look = self._lookups.get(rid) or _Lookup(0, 0, 0, True)
-        is_async = not look.in_ram and self.settings.load_async
+        is_async = rid in self._remotes or (not look.in_ram and self.settings.load_async)
         self._loads[rid] = (look.local, look.local + num_external_tokens, is_async)
         if is_async:
             self._plan_async(request, blocks, look)
@@ -434,6 +495,7 @@ class KVTierConnector(KVConnectorBase_V1):
         meta = KVTierConnectorMetadata()
         for req_id in getattr(scheduler_output, "finished_req_ids", ()) or ():
             self._forget(req_id)
+        meta.sends, self._new_sends = self._new_sends, []
         self._ship_async_loads(meta)
         for new in scheduler_output.scheduled_new_reqs:
             self._track_new(new, scheduler_output.num_scheduled_tokens[new.req_id], meta)
@@ -450,7 +512,7 @@ class KVTierConnector(KVConnectorBase_V1):
             if not is_async or state is None:
                 continue
             meta.requests.append(ReqMeta(rid, state.namespace, state.tokens, list(state.block_ids),
-                                         start, end, load_async=True))
+                                         start, end, load_async=True, remote=self._remotes.pop(rid, None)))
             del self._loads[rid]
 
     def _track_new(self, new: Any, scheduled: int, meta: KVTierConnectorMetadata) -> None:
@@ -508,6 +570,10 @@ class KVTierConnector(KVConnectorBase_V1):
             load_start = load_end = 0  # shipped already
         req = ReqMeta(req_id, state.namespace, state.tokens, list(state.block_ids), load_start, load_end)
         self._add_save(req, state)
+        if req.save_end > req.save_start:
+            push = pd.PushRequest.of(getattr(state.request, "kv_transfer_params", None), req_id,
+                                     self.settings.push_to)
+            req.push = push if push is not None and push.push_to else None
         if req.load_end or req.save_end:
             meta.requests.append(req)
 
@@ -524,9 +590,39 @@ class KVTierConnector(KVConnectorBase_V1):
             state.saved_upto = end
 
     def request_finished(self, request: Any, block_ids: List[int]) -> Tuple[bool, Optional[dict]]:
-        """Saves happen inside the step (wait_for_save), so blocks can be freed at once."""
-        self._forget(request.request_id)
-        return False, None
+        """Saves happen inside the step (wait_for_save), so blocks can be freed at once — except
+        for a prefill to be decoded elsewhere (``do_remote_decode``).
+
+        That request's chunks are sent to the consumer's daemon after this
+        step; vLLM keeps its blocks until the worker reports it in
+        ``finished_sending`` (the push is done, failed, or ``pd_timeout``
+        passed), and the answer tells the decode side where the chunks are.
+        """
+        rid = request.request_id
+        state = self._tracked.get(rid)
+        self._forget(rid)
+        push = pd.PushRequest.of(getattr(request, "kv_transfer_params", None), rid, self.settings.push_to)
+        if push is None or not self.can_save or _aborted(request):
+            return False, None
+        namespace = namespace_of(self.settings.namespace, request)
+        saved = state.saved_upto if state is not None else 0
+        params = pd.decode_params(push, self.link.scope_args, namespace, self._chunk, saved,
+                                  self.settings.tcp_addr, bool(push.push_to))
+        if saved <= 0:
+            return False, params  # nothing stored (a prompt under one chunk): the consumer computes it
+        self._new_sends.append(SendMeta(rid, pd.Job(push.transfer_id, namespace, state.tokens, saved,
+                                                    push.push_to)))
+        self._sending.add(rid)
+        return True, params
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        """vLLM passes the workers' finished transfers; sends reported done no longer keep the engine stepping."""
+        for rid in getattr(connector_output, "finished_sending", None) or ():
+            self._sending.discard(rid)
+
+    def has_pending_push_work(self) -> bool:
+        """True while a finished prefill's transfer is unreported: vLLM keeps stepping so get_finished runs."""
+        return bool(self._sending or self._new_sends)
 
     def _forget(self, req_id: str) -> None:
         self._release_lookup(req_id)
@@ -630,6 +726,8 @@ class KVTierConnector(KVConnectorBase_V1):
         self._saves = []
         self._layer_ready = []
         meta = self._get_connector_metadata()
+        for send in meta.sends:
+            self._start_send(send)
         reqs = [r for r in meta.requests if r.load_end > r.load_start]
         for r in reqs:
             if r.load_async:
@@ -754,6 +852,8 @@ class KVTierConnector(KVConnectorBase_V1):
         """Promotes the request's chunks (PREPARE_RETRIEVE waits for disk or remote), copies them in."""
         link = self._async_link
         try:
+            if req.remote is not None:
+                self._fetch_remote(req, link)
             load = self._prepare_load(req, link)
             if load is not None:
                 if self._async_copier is None:
@@ -771,7 +871,74 @@ class KVTierConnector(KVConnectorBase_V1):
         with self._lock:
             done, self._done_recving = self._done_recving, set()
         self._async_threads = [t for t in self._async_threads if t.is_alive()]
-        return None, (done or None)
+        for rid in finished_req_ids or ():
+            self._pushed.pop(rid, None)  # finished without a send (aborted): its push just times out
+        return (self._finished_sends() or None), (done or None)
+
+    # ----- disaggregation (docs/pd.md)
+
+    def _pd(self) -> pd.Transport:
+        with self._lock:  # asynchronous loads may ask first, from their own threads
+            if self._transport is None:
+                s = self.settings
+                self._transport = pd.DaemonTransport(self._new_link(self.link.scope_args), s.tcp_token, s.timeout,
+                                                     push_timeout=s.pd_timeout)
+            return self._transport
+
+    def _push_saved(self, req: ReqMeta) -> None:
+        """Pushes chunks as soon as they are committed, so the transfer overlaps the rest of the prefill."""
+        start = self._pushed.get(req.req_id, 0)
+        job = pd.Job(req.push.transfer_id, req.namespace, req.keys, req.save_end, req.push.push_to)
+        try:
+            self._pd().push(job, start=start, last=False)
+        except _ABSORBED as e:  # the last push, at request_finished, settles the transfer
+            log.warning("kvtier: pushing %s: %s", req.req_id, e)
+            return
+        self._pushed[req.req_id] = req.save_end
+
+    def _start_send(self, send: SendMeta) -> None:
+        """Ends a finished prefill's push (its last chunks, flagged last); without a consumer
+        address its chunks wait in this daemon to be pulled."""
+        job = send.job
+        pushing = bool(job.peer)
+        start = self._pushed.pop(send.req_id, 0)
+        if pushing:
+            self._pd().push(job, start=start, last=True)
+        self._sends[send.req_id] = (job, time.monotonic() + self.settings.pd_timeout, pushing)
+
+    def _finished_sends(self) -> Set[str]:
+        """Sends whose blocks vLLM may free: pushed, failed (nobody will read them), or past pd_timeout."""
+        out: Set[str] = set()
+        now = time.monotonic()
+        for rid, (job, deadline, pushing) in list(self._sends.items()):
+            state = self._pd().state(job.transfer_id) if pushing else pd.PENDING
+            if state == pd.PENDING and now < deadline:
+                continue
+            outcome = {pd.DONE: "pushed", pd.FAILED: "failed"}.get(state, "expired")
+            if outcome != "pushed":
+                log.warning("kvtier: transfer %s of %s %s; its blocks are freed", job.transfer_id, rid, outcome)
+            if pushing:
+                self._pd().forget(job.transfer_id)
+            del self._sends[rid]
+            if len(self.send_outcomes) >= 1024:
+                self.send_outcomes.pop(next(iter(self.send_outcomes)))
+            self.send_outcomes[rid] = outcome
+            out.add(rid)
+        return out
+
+    def _fetch_remote(self, req: ReqMeta, link: Link) -> None:
+        """Waits for a producer's chunks in this daemon (pushed), pulls what did not come; what is
+        still missing then fails in _prepare_load and becomes load errors."""
+        r = req.remote
+        job = pd.Job(r.transfer_id, req.namespace, req.keys, req.load_end, r.source)
+        try:
+            have = self._pd().fetch(job, link, time.monotonic() + self.settings.pd_timeout, r.pushed)
+        except _ABSORBED as e:
+            link.fail(e)
+            return
+        if have < req.load_end:
+            log.warning("kvtier: transfer %s of %s: %d of %d tokens arrived; the rest is recomputed "
+                        "(kv_load_failure_policy decides)", r.transfer_id, req.req_id, have, req.load_end)
 
     # ----- layer hooks
 
@@ -862,6 +1029,9 @@ class KVTierConnector(KVConnectorBase_V1):
                     self.stats.save_bytes += save.nbytes
             except _ABSORBED as e:
                 self.link.fail(e)
+                complete = False
+            if complete and save.req.push is not None:
+                self._push_saved(save.req)
         self.stats.save_seconds += time.perf_counter() - t0
 
     def _finish_saves(self, saves: List[_Save]) -> List[bool]:
@@ -903,11 +1073,20 @@ class KVTierConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         if self._loader is not None:
             self._loader.join()
+        if self._transport is not None:
+            self._transport.close()
         for t in self._async_threads:
             t.join(timeout=self.settings.timeout * 2)
         self.link.close()
         if self._async_link is not None:
             self._async_link.close()
+
+
+def _aborted(request: Any) -> bool:
+    """A request that did not finish normally (aborted, failed, ignored) has no KV worth sending."""
+    status = getattr(request, "status", None)
+    name = str(getattr(status, "name", status) or "").upper()
+    return name in ("FINISHED_ABORTED", "FINISHED_ERROR", "FINISHED_IGNORED")
 
 
 def _refuse_hybrid(kv_cache_config: Any) -> None:

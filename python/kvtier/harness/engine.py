@@ -15,7 +15,13 @@ output.py; facts in ../shared/conformance/vllm_kv_connector_v1.json):
   ``resumed_req_ids`` whose ``new_block_ids`` replace its blocks (or, with
   ``legacy_preemption``, flagged in ``resumed_from_preemption``);
 - asynchronous loads (``WAITING_FOR_REMOTE_KVS`` until the worker reports
-  the request in ``get_finished``), load errors and ``kv_load_failure_policy``;
+  the request in ``get_finished``), load errors and ``kv_load_failure_policy``
+  (a failed asynchronous load keeps the tokens before its first bad block, or
+  frees the blocks and asks the connector again);
+- disaggregation: ``Request.kv_transfer_params``; ``request_finished``'s
+  ``(delay_free, params)`` keeps a finished request's blocks until the worker
+  names it in ``finished_sending``; ``update_connector_output`` and
+  ``has_pending_push_work`` (the loop keeps stepping while it is True);
 - every KV layout vLLM has used: per-layer legacy 5-D, packed, the
   standardized physical permutations, cross-layer blocks, and MLA.
 
@@ -135,6 +141,7 @@ class Status(enum.Enum):
     PREEMPTED = "preempted"
     FINISHED = "finished"
     FINISHED_ERROR = "finished_error"
+    FINISHED_ABORTED = "finished_aborted"
 
 
 @dataclass
@@ -154,6 +161,7 @@ class Request:
     block_hashes: List[bytes] = field(default_factory=list)
     logits: List[torch.Tensor] = field(default_factory=list)  # one per sampled token
     publishable: Optional[int] = None  # fewer publishable blocks than full ones (EAGLE drafts)
+    kv_transfer_params: Optional[Dict[str, Any]] = None  # vLLM takes them from sampling_params.extra_args
 
     @property
     def prompt(self) -> List[int]:
@@ -228,6 +236,15 @@ class SchedulerOutput:
     finished_req_ids: Set[str]
     preempted_req_ids: Set[str] = field(default_factory=set)
     kv_connector_metadata: Any = None
+
+
+@dataclass
+class KVConnectorOutput:
+    """The workers' transfer report, as vLLM hands it to update_connector_output."""
+
+    finished_sending: Optional[Set[str]] = None
+    finished_recving: Optional[Set[str]] = None
+    invalid_block_ids: Set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -375,6 +392,10 @@ class Engine:
         self.running: List[Request] = []
         self._finished_ids: Set[str] = set()
         self._finished_recving: Set[str] = set()
+        self._failed_recving: Set[str] = set()
+        self.delayed: Dict[str, Request] = {}  # finished, blocks kept for the connector (delay_free)
+        self.output_params: Dict[str, Optional[Dict[str, Any]]] = {}  # kv_transfer_params returned per request
+        self.freed_by: Dict[str, str] = {}  # req id -> what released its blocks: finished / finished_sending / finished_recving
         self.kv_snapshots: Dict[str, torch.Tensor] = {}
         self.async_loaded: Dict[str, int] = {}  # req id -> tokens loaded in the background
         self._next_id = 0
@@ -415,26 +436,41 @@ class Engine:
     def add_request(self, prompt: Optional[List[int]], req_id: Optional[str] = None, max_tokens: int = 1,
                     lora: Optional[str] = None, cache_salt: Optional[str] = None,
                     mm: Optional[List[Tuple[str, int, int]]] = None,
-                    prompt_embeds: Optional[torch.Tensor] = None) -> Request:
+                    prompt_embeds: Optional[torch.Tensor] = None,
+                    kv_transfer_params: Optional[Dict[str, Any]] = None) -> Request:
         self._next_id += 1
         req = Request(req_id or f"req-{self._next_id}", list(prompt) if prompt is not None else None, max_tokens,
                       LoRARequest(lora, 1 + self._next_id) if lora else None, cache_salt,
                       [MultiModalFeatureSpec(i, PlaceholderRange(o, n)) for i, o, n in (mm or [])], prompt_embeds)
+        req.kv_transfer_params = dict(kv_transfer_params) if kv_transfer_params is not None else None
         req.block_hashes = block_hashes(req, self.block_size)
         self.requests[req.request_id] = req
         self.waiting.append(req)
         return req
 
     def run(self, timeout: float = 60.0) -> Dict[str, Request]:
-        """Steps until every request has finished; like vLLM's engine loop, it keeps
-        stepping while requests wait for asynchronous loads."""
+        """Steps until every request has finished; like vLLM's engine loop
+        (Scheduler.has_requests), it keeps stepping while requests wait for
+        asynchronous loads, finished requests are still to be announced, or
+        the connector has push work pending."""
         deadline = time.monotonic() + timeout
-        while self.waiting or self.running:
+        while self.has_requests():
             if time.monotonic() > deadline:
                 raise RuntimeError("harness: requests did not finish")
             if not self.step():
                 time.sleep(0.001)  # nothing scheduled: requests wait for their KV
         return self.requests
+
+    def abort(self, req_id: str) -> None:
+        """vLLM's finish_requests(..., FINISHED_ABORTED): the client went away."""
+        r = self.requests[req_id]
+        if r.status not in (Status.FINISHED, Status.FINISHED_ERROR, Status.FINISHED_ABORTED):
+            self._finish(r, Status.FINISHED_ABORTED)
+
+    def has_requests(self) -> bool:
+        sc = self.scheduler_connector
+        pending_push = sc is not None and bool(getattr(sc, "has_pending_push_work", lambda: False)())
+        return bool(self.waiting or self.running or self._finished_ids or pending_push)
 
     def prefill(self, prompt: List[int], req_id: Optional[str] = None, **kw) -> torch.Tensor:
         """Runs one request to its first token and returns that token's logits."""
@@ -453,12 +489,12 @@ class Engine:
         if self.scheduler_connector is not None:
             meta = out.kv_connector_metadata = self.scheduler_connector.build_connector_meta(out)
         before = {r.request_id: r.num_computed_tokens for r in scheduled}
-        logits, errors, done_recving = self._execute(scheduled, out)
+        logits, errors, done_sending, done_recving = self._execute(scheduled, out)
         for r in scheduled:
             self.steps.append(StepRecord(r.request_id, before[r.request_id], out.num_scheduled_tokens[r.request_id],
                                          external.get(r.request_id, 0), errors, r.request_id in resumed))
-        self._finished_recving |= done_recving
         self._update_from_output(scheduled, out, logits, errors)
+        self._update_from_kv_xfer_finished(KVConnectorOutput(done_sending, done_recving, errors))
         del meta
         return bool(scheduled)
 
@@ -568,15 +604,26 @@ class Engine:
         return budget
 
     def _remote_kv_ready(self, req: Request) -> bool:
-        """vLLM's _update_waiting_for_remote_kv: the blocks now hold the loaded tokens."""
+        """vLLM's _update_waiting_for_remote_kv: the blocks now hold the loaded tokens.
+
+        After a failed load the tokens before the first bad block count (the
+        request keeps its blocks), or, with none, its blocks are freed and the
+        connector is asked again as for a new request."""
         if req.request_id not in self._finished_recving:
             return False
         self._finished_recving.discard(req.request_id)
-        computed = min(len(req.block_ids) * self.block_size, req.num_tokens)
-        if computed == req.num_tokens:
-            computed -= 1
-        req.num_computed_tokens = computed
-        self.pool.cache_full_blocks(req)
+        if req.request_id in self._failed_recving:
+            self._failed_recving.discard(req.request_id)
+            if req.num_computed_tokens:
+                self.pool.cache_full_blocks(req)
+            else:
+                self.pool.release(req)
+        else:
+            computed = min(len(req.block_ids) * self.block_size, req.num_tokens)
+            if computed == req.num_tokens:
+                computed -= 1
+            req.num_computed_tokens = computed
+            self.pool.cache_full_blocks(req)
         req.status = Status.PREEMPTED if req.num_preemptions else Status.WAITING
         return True
 
@@ -594,29 +641,62 @@ class Engine:
             [r.num_computed_tokens for r in reqs], [len(r.output_token_ids) for r in reqs])
 
     def _update_from_output(self, scheduled, out, logits, errors) -> None:
-        failed_reqs = {r.request_id for r in scheduled if errors.intersection(r.block_ids)}
-        for r in self._waiting_with_errors(errors):
-            self._handle_failed(r, errors)
+        failed = self._handle_invalid_blocks(errors) if errors else set()
         for r in scheduled:
             n = out.num_scheduled_tokens[r.request_id]
-            if r.request_id in failed_reqs:
-                self._handle_failed(r, errors)
+            if r.request_id in failed or r.status != Status.RUNNING:
                 continue
             r.num_computed_tokens += n
             self.pool.cache_full_blocks(r)
             if r.num_computed_tokens == r.num_tokens:
                 self._sample(r, logits[r.request_id])
 
-    def _waiting_with_errors(self, errors: Set[int]) -> List[Request]:
-        return [r for r in self.waiting if r.status == Status.WAITING_FOR_REMOTE_KVS and errors.intersection(r.block_ids)]
-
-    def _handle_failed(self, r: Request, errors: Set[int]) -> None:
-        """vLLM's policies: recompute from the first failed block, or fail the request."""
+    def _handle_invalid_blocks(self, errors: Set[int]) -> Set[str]:
+        """vLLM's _handle_invalid_blocks: requests waiting for asynchronous loads keep the tokens
+        before their first failed block; running ones recompute from it; under the ``fail`` policy
+        all of them fail. Returns the running requests this step's output must skip."""
+        waiting = [r for r in self.waiting if r.status == Status.WAITING_FOR_REMOTE_KVS]
+        async_failed = {r.request_id for r in waiting if self._truncate_at_error(r, errors, True)}
+        sync_failed = {r.request_id for r in self.running if self._truncate_at_error(r, errors, False)}
         if self.fail_policy == "fail":
-            self._finish(r, Status.FINISHED_ERROR)
-            return
-        first = next(i for i, b in enumerate(r.block_ids) if b in errors)
-        r.num_computed_tokens = min(r.num_computed_tokens, first * self.block_size)
+            for rid in async_failed | sync_failed:
+                self._finish(self.requests[rid], Status.FINISHED_ERROR)
+            return async_failed | sync_failed
+        self._failed_recving |= async_failed
+        return sync_failed
+
+    def _truncate_at_error(self, r: Request, errors: Set[int], is_async: bool) -> bool:
+        if is_async:
+            upto = r.num_computed_tokens if r.request_id in self._failed_recving else len(r.block_ids) * self.block_size
+        else:
+            upto = len(r.block_ids) * self.block_size
+        for i, b in enumerate(r.block_ids[: -(-upto // self.block_size)]):
+            if b in errors:
+                r.num_computed_tokens = i * self.block_size if is_async else min(r.num_computed_tokens,
+                                                                                 i * self.block_size)
+                return True
+        return False
+
+    def _update_from_kv_xfer_finished(self, output: KVConnectorOutput) -> None:
+        """vLLM's _update_from_kv_xfer_finished: loads done wake their requests (or free a finished
+        one's blocks); sends done free the blocks request_finished kept."""
+        sc = self.scheduler_connector
+        if sc is not None and hasattr(sc, "update_connector_output"):
+            sc.update_connector_output(output)
+        for rid in output.finished_recving or ():
+            r = self.requests[rid]
+            if r.status == Status.WAITING_FOR_REMOTE_KVS:
+                self._finished_recving.add(rid)
+            elif rid in self.delayed:
+                self._free_blocks(self.delayed.pop(rid), "finished_recving")
+        for rid in output.finished_sending or ():
+            if rid not in self.delayed:
+                raise RuntimeError(f"harness: {rid} reported in finished_sending but its blocks were not kept")
+            self._free_blocks(self.delayed.pop(rid), "finished_sending")
+
+    def _free_blocks(self, r: Request, why: str) -> None:
+        self.pool.release(r)
+        self.freed_by[r.request_id] = why
 
     def _sample(self, r: Request, logits: torch.Tensor) -> None:
         r.logits.append(logits)
@@ -626,15 +706,28 @@ class Engine:
         r.output_token_ids.append(int(logits.argmax()))
 
     def _finish(self, r: Request, status: Status) -> None:
+        """vLLM's _free_request: the connector may keep the blocks (delay_free); a request still
+        waiting for its asynchronous load keeps them until the load is reported."""
+        delay = False
         if r.status == Status.RUNNING:
             self.running.remove(r)
         elif r in self.waiting:
             self.waiting.remove(r)
+            if r.status == Status.WAITING_FOR_REMOTE_KVS:
+                delay = r.request_id not in self._finished_recving
+                self._finished_recving.discard(r.request_id)
+                self._failed_recving.discard(r.request_id)
         r.status = status
         self.kv_snapshots[r.request_id] = self.kv_of(r, 0, r.num_computed_tokens)
+        params = None
         if self.scheduler_connector is not None:
-            self.scheduler_connector.request_finished(r, list(r.block_ids))
-        self.pool.release(r)
+            connector_delay, params = self.scheduler_connector.request_finished(r, list(r.block_ids))
+            delay |= connector_delay
+        self.output_params[r.request_id] = params
+        if delay:
+            self.delayed[r.request_id] = r
+        else:
+            self._free_blocks(r, "finished")
         self._finished_ids.add(r.request_id)
 
     def kv_of(self, r: Request, start: int, end: int) -> torch.Tensor:
@@ -665,14 +758,15 @@ class Engine:
         outs = self.model.forward_batch(batch, list(self.kv_caches.values()), self.layout, hooks) if batch else []
         logits = {r.request_id: o[-1] for r, o in zip(scheduled, outs)}
         errors: Set[int] = set()
+        done_sending: Set[str] = set()
         done_recving: Set[str] = set()
         if wc is not None:
             wc.wait_for_save()
-            _, recving = wc.get_finished(out.finished_req_ids)
-            done_recving = set(recving or ())
+            sending, recving = wc.get_finished(out.finished_req_ids)
+            done_sending, done_recving = set(sending or ()), set(recving or ())
             errors = wc.get_block_ids_with_load_errors()
             wc.clear_connector_metadata()
-        return logits, errors, done_recving
+        return logits, errors, done_sending, done_recving
 
     def _inputs(self, r: Request, start: int, end: int):
         blocks = torch.as_tensor(r.block_ids, dtype=torch.int64)

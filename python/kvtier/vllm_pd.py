@@ -1,0 +1,548 @@
+"""Prefill/decode disaggregation for the vLLM connector (docs/pd.md).
+
+A *producer* (prefill instance, ``kv_role: kv_producer``) computes a prompt's
+KV and saves its whole chunks into its daemon as usual. When the request's
+``kv_transfer_params`` say ``do_remote_decode``, the chunks are also sent to
+the consumer's daemon (``kvtier_push_to``), and ``request_finished`` keeps
+the request's blocks (``delay_free``) until that push is done or
+``pd_timeout`` passes, answering the parameters the decode side needs.
+
+A *consumer* (decode instance, ``kv_role: kv_consumer``) receives the request
+again with those parameters (``do_remote_prefill``): it reports the prompt's
+whole chunks as loadable asynchronously, waits for them in its daemon, pulls
+them from the producer's daemon if they do not come, and reports the chunks
+it could not get as load errors (vLLM then applies
+``kv_load_failure_policy``).
+
+This module holds what is specific to that: the roles (and LMCache's
+``enable_pd`` / ``pd_role``), the parameters exchanged through vLLM, and the
+:class:`Transport` the connector moves chunks between daemons with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+from . import protocol as p
+from .client import KVTierError, NotFound, StatusError
+from .link import Link
+from .peer import Peer, parse_addr
+
+log = logging.getLogger("kvtier.vllm")
+
+PRODUCER, CONSUMER, BOTH = "kv_producer", "kv_consumer", "kv_both"
+ROLES = (PRODUCER, CONSUMER, BOTH)
+
+# LMCache's disaggregation settings and their older names, as LMCache's own
+# configuration maps them (lmcache/v1/config.py, _CONFIG_ALIASES).
+_LMCACHE_ALIASES = {
+    "enable_xpyd": "enable_pd",
+    "nixl_role": "pd_role",
+    "nixl_peer_host": "pd_peer_host",
+    "nixl_peer_init_port": "pd_peer_init_port",
+}
+_LMCACHE_KEYS = ("enable_pd", "pd_role", "pd_peer_host", "pd_peer_init_port")
+# LMCache settings that only configure its own NIXL channel: kvtier moves
+# chunks between daemons over their TCP port, so these are accepted and unused.
+_LMCACHE_UNUSED = ("pd_buffer_size", "pd_buffer_device", "pd_peer_alloc_port", "pd_peer_query_port",
+                   "pd_proxy_host", "pd_proxy_port", "nixl_buffer_size", "nixl_buffer_device",
+                   "nixl_peer_alloc_port", "nixl_proxy_host", "nixl_proxy_port", "transfer_channel")
+_PD_ROLES = {"sender": PRODUCER, "receiver": CONSUMER}
+
+# Failures a transfer absorbs: a peer gone, a bad reply, a bad address.
+_ABSORBED = (KVTierError, OSError, p.ProtocolError, ValueError, RuntimeError)
+
+
+def _truthy(v: Any) -> bool:
+    return v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes", "on")
+
+
+def take_lmcache_settings(extra: Dict[str, Any], environ: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """Removes LMCache's disaggregation keys from ``extra`` and returns them by their current names.
+
+    Read, later ones winning: ``LMCACHE_<KEY>`` environment variables, the
+    keys in ``kv_connector_extra_config``, the same keys prefixed
+    ``lmcache.`` (how LMCache's own vLLM connector takes overrides).
+    """
+    env = os.environ if environ is None else environ
+    out: Dict[str, Any] = {}
+    for key in tuple(_LMCACHE_ALIASES) + _LMCACHE_KEYS:  # current names over old ones
+        value = env.get("LMCACHE_" + key.upper())
+        if value is not None:
+            out[_LMCACHE_ALIASES.get(key, key)] = value
+    for key in sorted(extra, key=lambda k: k.startswith("lmcache.")):  # prefixed keys last: they win
+        name = key[len("lmcache."):] if key.startswith("lmcache.") else key
+        if name in _LMCACHE_UNUSED:
+            log.info("kvtier: %s is LMCache's NIXL setting; kvtier transfers between daemons over TCP", key)
+            del extra[key]
+        elif name in _LMCACHE_KEYS or name in _LMCACHE_ALIASES:
+            out[_LMCACHE_ALIASES.get(name, name)] = extra.pop(key)
+    return out
+
+
+def resolve_role(kv_role: Optional[str], lmcache: Dict[str, Any]) -> str:
+    """The connector's role from vLLM's ``kv_role`` and LMCache's ``enable_pd`` / ``pd_role``.
+
+    ``pd_role`` (``sender`` = producer, ``receiver`` = consumer) decides when
+    ``kv_role`` is ``kv_both`` or unset; naming opposite roles is an error.
+    """
+    role = kv_role or BOTH
+    if role not in ROLES:
+        raise ValueError(f"kv_role {kv_role!r}: want kv_producer, kv_consumer or kv_both")
+    if not _truthy(lmcache.get("enable_pd", False)):
+        if lmcache.get("pd_role") is not None:
+            log.info("kvtier: pd_role is ignored without enable_pd")
+        return role
+    pd_role = str(lmcache.get("pd_role") or "").lower()
+    if pd_role not in _PD_ROLES:
+        raise ValueError(f"enable_pd needs pd_role sender (prefill) or receiver (decode), got {pd_role or 'none'!r}")
+    mapped = _PD_ROLES[pd_role]
+    if role not in (BOTH, mapped):
+        raise ValueError(f"kv_role {role} contradicts LMCache's pd_role {pd_role} (= {mapped})")
+    return mapped
+
+
+def lmcache_push_to(lmcache: Dict[str, Any]) -> str:
+    """The receiver's daemon as LMCache names its peer: ``pd_peer_host`` and the first ``pd_peer_init_port``."""
+    host = lmcache.get("pd_peer_host")
+    ports = lmcache.get("pd_peer_init_port")
+    if not host or ports in (None, "", []):
+        return ""
+    if isinstance(ports, str):
+        ports = [x for x in ports.replace("[", "").replace("]", "").split(",") if x.strip()]
+    if not isinstance(ports, (list, tuple)):
+        ports = [ports]
+    return f"{host}:{int(ports[0])}"
+
+
+# ------------------------------------------------------------ parameters
+
+
+@dataclass
+class PushRequest:
+    """What a prefill request's ``kv_transfer_params`` ask of the producer."""
+
+    transfer_id: str
+    push_to: str  # the consumer daemon's TCP address; "" = the consumer pulls
+
+    @classmethod
+    def of(cls, params: Any, request_id: str, default_push_to: str = "") -> Optional["PushRequest"]:
+        if not isinstance(params, dict) or not params.get("do_remote_decode"):
+            return None
+        tid = str(params.get("kvtier_transfer_id") or request_id)
+        push_to = str(params.get("kvtier_push_to") or default_push_to or "")
+        if push_to:
+            try:
+                parse_addr(push_to)
+            except ValueError as e:
+                log.warning("kvtier: request %s: kvtier_push_to: %s; the consumer will have to pull", request_id, e)
+                push_to = ""
+        return cls(tid, push_to)
+
+
+@dataclass
+class RemotePrefill:
+    """What a decode request's ``kv_transfer_params`` tell the consumer (what the producer answered)."""
+
+    transfer_id: str
+    source: str       # the producer daemon's TCP address ("" = no pull possible)
+    tokens: int       # prompt tokens whose chunks the producer saved
+    pushed: bool      # the producer pushes them here; else only a pull brings them
+
+    @classmethod
+    def of(cls, params: Any, scope: Tuple[str, str, int, int], namespace: str, chunk: int,
+           request_id: str) -> Optional["RemotePrefill"]:
+        """The remote prefill a request asks for, or None (no params, or params for another engine)."""
+        if not isinstance(params, dict) or not params.get("do_remote_prefill"):
+            return None
+        if "kvtier_transfer_id" not in params:
+            return None  # another connector's parameters: nothing kvtier can load
+        model, fmt, world, rank = scope
+        want = {"kvtier_model": model, "kvtier_format": fmt, "kvtier_world_size": world,
+                "kvtier_chunk_size": chunk, "kvtier_namespace": namespace}
+        for key, mine in want.items():
+            theirs = params.get(key)
+            if theirs is not None and theirs != mine:
+                log.warning("kvtier: request %s: the producer's %s is %r, this engine's %r: recomputing the prompt",
+                            request_id, key, theirs, mine)
+                return None
+        try:
+            tokens = int(params.get("kvtier_tokens", 0))
+        except (TypeError, ValueError):
+            log.warning("kvtier: request %s: kvtier_tokens %r is not a number", request_id, params.get("kvtier_tokens"))
+            return None
+        source = str(params.get("kvtier_source") or "")
+        if source:
+            try:
+                parse_addr(source)
+            except ValueError as e:
+                log.warning("kvtier: request %s: kvtier_source: %s", request_id, e)
+                source = ""
+        return cls(str(params["kvtier_transfer_id"]), source, max(tokens, 0), bool(params.get("kvtier_pushed")))
+
+
+def decode_params(push: PushRequest, scope: Tuple[str, str, int, int], namespace: str, chunk: int,
+                  tokens: int, source: str, pushed: bool) -> Dict[str, Any]:
+    """The ``kv_transfer_params`` a finished prefill returns, for the decode request.
+
+    ``do_remote_prefill`` / ``do_remote_decode`` are vLLM's own markers; the
+    ``kvtier_`` fields name the transfer, where the chunks are, and what the
+    consumer checks before trusting them (same model, format, parallel
+    layout, chunk size and namespace give the same keys).
+    """
+    model, fmt, world, rank = scope
+    return {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "kvtier_transfer_id": push.transfer_id,
+        "kvtier_source": source,
+        "kvtier_pushed": pushed,
+        "kvtier_tokens": tokens,
+        "kvtier_chunks": tokens // chunk if chunk else 0,
+        "kvtier_chunk_size": chunk,
+        "kvtier_model": model,
+        "kvtier_format": fmt,
+        "kvtier_world_size": world,
+        "kvtier_rank": rank,
+        "kvtier_namespace": namespace,
+    }
+
+
+# ------------------------------------------------------------- transfers
+
+
+@dataclass
+class Job:
+    """One request's chunks, as both daemons key them."""
+
+    transfer_id: str
+    namespace: str
+    keys: Any   # TokenKeys or HashKeys of the prompt
+    tokens: int  # chunks [0, tokens) are the transfer
+    peer: str   # push: the consumer's daemon; fetch: the producer's ("" = none)
+
+
+PENDING, DONE, FAILED = "pending", "done", "failed"
+
+
+class Transport:
+    """What the connector asks of the daemons to move a request's chunks.
+
+    ``push`` starts sending chunks ``[start, job.tokens)`` the producer's
+    daemon holds to the consumer's and returns at once (calls for one
+    transfer add chunks in order, ``last`` on the final one); ``state`` says
+    how it went. ``fetch``
+    (consumer, run on a background thread) returns once the chunks are in
+    the consumer's daemon — pushed there, or pulled from the producer's —
+    or ``deadline`` passed, with the leading tokens it has.
+    """
+
+    def push(self, job: Job, start: int = 0, last: bool = True) -> None:
+        raise NotImplementedError
+
+    def state(self, transfer_id: str) -> str:
+        raise NotImplementedError
+
+    def forget(self, transfer_id: str) -> None:
+        raise NotImplementedError
+
+    def fetch(self, job: Job, link: Link, deadline: float, wait_push: bool) -> int:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class PeerTransport(Transport):
+    """Moves chunks with the daemons' existing operations: the producer reads
+    them from its daemon's arena and stores them in the consumer's daemon
+    over TCP (``STORE``); the consumer polls its daemon (``LOOKUP``) and pulls
+    over TCP (``RETRIEVE``) what did not come.
+
+    Pushes run one at a time on a background thread with their own daemon
+    connection, so a push never holds up a forward pass.
+    """
+
+    def __init__(self, link: Link, token: str = "", timeout: float = 5.0, poll: float = 0.005):
+        self.link, self.token, self.timeout, self.poll = link, token, timeout, poll
+        self._states: Dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._queue: "queue.Queue[Optional[Job]]" = queue.Queue()
+        self._thread: Optional[threading.Thread] = None
+        self._peers: Dict[str, Peer] = {}
+
+    # ----- push (producer)
+
+    def push(self, job: Job, start: int = 0, last: bool = True) -> None:
+        """Pushes the whole transfer once its last part is named (chunks are not streamed this way)."""
+        if not last:
+            return
+        with self._lock:
+            self._states[job.transfer_id] = PENDING
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._pusher, name="kvtier-push", daemon=True)
+                self._thread.start()
+        self._queue.put(job)
+
+    def state(self, transfer_id: str) -> str:
+        with self._lock:
+            return self._states.get(transfer_id, FAILED)
+
+    def forget(self, transfer_id: str) -> None:
+        with self._lock:
+            self._states.pop(transfer_id, None)
+
+    def _pusher(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            ok = False
+            try:
+                ok = self._push_one(job)
+            except _ABSORBED as e:
+                log.warning("kvtier: push %s to %s: %s", job.transfer_id, job.peer, e)
+                self._drop_peer(job.peer)
+            except Exception as e:  # noqa: BLE001 - the thread must keep serving later pushes
+                log.error("kvtier: push %s: %s", job.transfer_id, e)
+            with self._lock:
+                if job.transfer_id in self._states:
+                    self._states[job.transfer_id] = DONE if ok else FAILED
+
+    def _push_one(self, job: Job) -> bool:
+        c = self.link.get()
+        chunk = c.chunk_tokens
+        n = job.tokens // chunk
+        if n == 0:
+            return True
+        model, fmt, world, rank = self.link.scope_args
+        local = c.scope(model, fmt, world_size=world, rank=rank, namespace=job.namespace)
+        slots = c.prepare_retrieve(job.keys.build(c, local, n * chunk, 0), 60000)
+        try:
+            if len(slots.slots) < n:
+                log.warning("kvtier: push %s: the daemon holds %d of %d chunks", job.transfer_id, len(slots.slots), n)
+            views = [memoryview(c.slot_tensor(s).numpy()) for s in slots.slots]
+            peer = self._peer(job.peer)
+            remote = peer.scope(model, fmt, world, rank, job.namespace)
+            stored = peer.store(job.keys.build(peer, remote, len(views) * chunk, 0), views) if views else 0
+        finally:
+            if slots.lease:
+                c.release(slots.lease)
+        return stored == n
+
+    def _peer(self, addr: str) -> Peer:
+        peer = self._peers.get(addr)
+        if peer is None or peer.closed:
+            peer = self._peers[addr] = Peer(addr, self.token, self.timeout)
+        return peer
+
+    def _drop_peer(self, addr: str) -> None:
+        peer = self._peers.pop(addr, None)
+        if peer is not None:
+            peer.close()
+
+    # ----- fetch (consumer)
+
+    def fetch(self, job: Job, link: Link, deadline: float, wait_push: bool) -> int:
+        c = link.get()
+        chunk = c.chunk_tokens
+        want = job.tokens // chunk * chunk
+        model, fmt, world, rank = link.scope_args
+        local = c.scope(model, fmt, world_size=world, rank=rank, namespace=job.namespace)
+        have = self._have(c, job, local, want)
+        delay = self.poll
+        while wait_push and have < want and time.monotonic() < deadline:
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.05)
+            have = self._have(c, job, local, want)
+        if have < want and job.peer:
+            try:
+                have = self._pull(c, link, job, local, have, want)
+            except _ABSORBED as e:
+                log.warning("kvtier: pulling %s from %s: %s", job.transfer_id, job.peer, e)
+        return have
+
+    @staticmethod
+    def _have(c: Any, job: Job, scope: int, want: int) -> int:
+        return min(c.lookup(job.keys.build(c, scope, want, 0)).tokens, want)
+
+    def _pull(self, c: Any, link: Link, job: Job, local: int, have: int, want: int) -> int:
+        model, fmt, world, rank = link.scope_args
+        with Peer(job.peer, self.token, self.timeout) as peer:
+            if peer.chunk_tokens != c.chunk_tokens:
+                raise ValueError(f"the producer's daemon has {peer.chunk_tokens}-token chunks, ours {c.chunk_tokens}")
+            remote = peer.scope(model, fmt, world, rank, job.namespace)
+            _, data = peer.retrieve(job.keys.build(peer, remote, want, have))
+        if not data:
+            return have
+        stored = c.store(job.keys.build(c, local, have + len(data) * c.chunk_tokens, have),
+                         [torch.frombuffer(d, dtype=torch.uint8) for d in data])
+        return have + stored * c.chunk_tokens
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=self.timeout * 2)
+        for addr in list(self._peers):
+            self._drop_peer(addr)
+
+
+
+def transfer_number(transfer_id: str) -> int:
+    """The daemon's u64 transfer id for the proxy's: a decimal id as it is, any other string hashed."""
+    if transfer_id.isdigit() and 0 < int(transfer_id) < 1 << 64:
+        return int(transfer_id)
+    n = int.from_bytes(hashlib.blake2b(transfer_id.encode(), digest_size=8).digest(), "little")
+    return n or 1
+
+
+_UNKNOWN_OP = 2  # a daemon from before the transfer operations
+
+
+def _old_daemon(e: BaseException) -> bool:
+    return isinstance(e, StatusError) and e.status in (_UNKNOWN_OP, 6)
+
+
+class DaemonTransport(PeerTransport):
+    """Moves chunks with the daemons' transfer operations (docs/pd.md): ``PUSH`` makes
+    the producer's daemon stream them to the consumer's (checksummed, within the
+    consumer's receive budget), ``PUSH_STATUS`` says how it went, and the consumer
+    ``WAIT``s for them, asking the producer's daemon meanwhile whether the push
+    failed, so it stops waiting early. A daemon without these operations gets
+    :class:`PeerTransport`'s behaviour instead."""
+
+    slice_s = 0.1  # one WAIT at most this long: the connection is shared with other loads
+    ask_s = 0.5    # how often a waiting consumer asks the producer's daemon about the push
+
+    def __init__(self, link: Link, token: str = "", timeout: float = 5.0, push_timeout: float = 60.0):
+        super().__init__(link, token, timeout)
+        self.push_timeout_ms = int(min(max(push_timeout, 0.001), 600.0) * 1000)
+        self._fallback: set = set()  # transfers pushed by PeerTransport (old daemon)
+        self._old = False
+        self.connector_pushes = 0  # transfers pushed that way, for tests and logs
+
+    def push(self, job: Job, start: int = 0, last: bool = True) -> None:
+        with self._lock:
+            if self._states.get(job.transfer_id) == FAILED:
+                return  # an earlier part failed: the transfer is over, the consumer pulls or recomputes
+        if not self._old:
+            try:
+                self._push_daemon(job, start, last)
+                return
+            except _ABSORBED as e:
+                if not _old_daemon(e):
+                    log.warning("kvtier: push %s to %s: %s", job.transfer_id, job.peer, e)
+                    if not isinstance(e, StatusError):
+                        self.link.fail(e)
+                    with self._lock:
+                        self._states[job.transfer_id] = FAILED
+                    return
+                log.info("kvtier: the daemon has no PUSH; the connector pushes chunks itself")
+                self._old = True
+        if not last:
+            return
+        with self._lock:
+            self._fallback.add(job.transfer_id)
+            self.connector_pushes += 1
+        super().push(job)
+
+    def _push_daemon(self, job: Job, start: int, last: bool) -> None:
+        c = self.link.get()
+        chunk = c.chunk_tokens
+        end, skip = job.tokens // chunk * chunk, start // chunk * chunk
+        with self._lock:
+            self._states[job.transfer_id] = PENDING
+            if end == 0:  # nothing was ever saved: nothing to send
+                self._states[job.transfer_id] = DONE if last else PENDING
+                return
+        if skip >= end and not last:
+            return
+        model, fmt, world, rank = self.link.scope_args
+        scope = c.scope(model, fmt, world_size=world, rank=rank, namespace=job.namespace)
+        c.push(transfer_number(job.transfer_id), job.peer, job.keys.build(c, scope, end, min(skip, end)),
+               timeout_ms=self.push_timeout_ms, last=last)
+
+    def state(self, transfer_id: str) -> str:
+        with self._lock:
+            local = self._states.get(transfer_id, FAILED)
+            fallback = transfer_id in self._fallback
+        if fallback or local != PENDING:
+            return local
+        try:
+            st = self.link.get().push_status(transfer_number(transfer_id))
+        except NotFound:
+            return FAILED
+        except _ABSORBED as e:
+            if not isinstance(e, StatusError):
+                self.link.fail(e)
+            return PENDING  # the daemon is unreachable: ask again, until the connector's deadline
+        if st.failed:
+            log.warning("kvtier: push %s failed: %s", transfer_id, st.message)
+        return DONE if st.done else FAILED if st.failed else PENDING
+
+    def forget(self, transfer_id: str) -> None:
+        super().forget(transfer_id)
+        with self._lock:
+            self._fallback.discard(transfer_id)
+
+    def fetch(self, job: Job, link: Link, deadline: float, wait_push: bool) -> int:
+        if self._old:
+            return super().fetch(job, link, deadline, wait_push)
+        c = link.get()
+        chunk = c.chunk_tokens
+        want = job.tokens // chunk * chunk
+        if want == 0:
+            return 0
+        model, fmt, world, rank = link.scope_args
+        local = c.scope(model, fmt, world_size=world, rank=rank, namespace=job.namespace)
+        keys = job.keys.build(c, local, want, 0)
+        try:
+            have = self._wait(c, keys, job, deadline if wait_push else time.monotonic())
+        except StatusError as e:
+            if not _old_daemon(e):
+                raise
+            self._old = True
+            return super().fetch(job, link, deadline, wait_push)
+        if have < want and job.peer:
+            try:
+                have = self._pull(c, link, job, local, have, want)
+            except _ABSORBED as e:
+                log.warning("kvtier: pulling %s from %s: %s", job.transfer_id, job.peer, e)
+        return have
+
+    def _wait(self, c: Any, keys: p.Keys, job: Job, deadline: float) -> int:
+        """WAITs in short slices until every chunk is here, the deadline, or the producer's
+        daemon says the push failed (asked every ``ask_s``: a dead producer ends the wait)."""
+        number = transfer_number(job.transfer_id)
+        chunk = c.chunk_tokens
+        want = len(keys.items) // chunk if keys.kind == p.KIND_TOKENS else len(keys.items)
+        next_ask = time.monotonic() + self.ask_s
+        while True:
+            left = deadline - time.monotonic()
+            got = c.wait(keys, int(max(0.0, min(left, self.slice_s)) * 1000)).chunks
+            if got >= want or left <= self.slice_s:
+                return got * chunk
+            if job.peer and time.monotonic() >= next_ask:
+                if not self._producer_pushing(job.peer, number):
+                    return got * chunk
+                next_ask = time.monotonic() + self.ask_s
+
+    def _producer_pushing(self, source: str, number: int) -> bool:
+        """False once the producer's daemon says the push failed, or cannot say (it is gone)."""
+        try:
+            with Peer(source, self.token, self.timeout) as peer:
+                st = peer.push_status(number)
+        except NotFound:
+            return True  # not started yet: the producer pushes after its step
+        except _ABSORBED:
+            return False
+        return not st.failed

@@ -1,0 +1,468 @@
+"""Prefill/decode disaggregation through the vLLM connector (docs/pd.md).
+
+Two harness engines — a producer (kv_producer) and a consumer (kv_consumer)
+— each with its own real ``kvtier serve`` listening on loopback TCP. The
+test plays the proxy: it sends the prompt to the producer with
+``do_remote_decode`` and the consumer's daemon address, then hands the
+``kv_transfer_params`` the producer answered to the consumer. Every load is
+checked by the KV bytes (the consumer's equal the producer's) and by logits
+(equal to one engine doing everything).
+"""
+
+import socket
+import time
+
+import pytest
+import torch
+
+from kvtier import vllm_pd as pd
+from kvtier.harness.engine import Engine, KVTransferConfig, Status
+from kvtier.testing import Daemon
+from harness_util import MODEL, assert_close, engine, prompt, reference
+
+CHUNK = 16
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def tcp_daemon(kvtier_bin, workdir):
+    addr = f"127.0.0.1:{free_port()}"
+    d = Daemon(kvtier_bin, str(workdir), chunk_size=CHUNK, extra_env={"KVTIER_TCP_ADDR": addr}).start()
+    d.tcp_addr = addr
+    return d
+
+
+@pytest.fixture
+def daemons(kvtier_bin, tmp_path):
+    p = tcp_daemon(kvtier_bin, tmp_path / "prefill")
+    d = tcp_daemon(kvtier_bin, tmp_path / "decode")
+    yield p, d
+    p.kill()
+    d.kill()
+
+
+def producer(d, model, **kw):
+    kw.setdefault("prefix_caching", False)
+    return engine(d.socket_path, model, kv_role="kv_producer", tcp_addr=d.tcp_addr, **kw)
+
+
+def consumer(d, model, **kw):
+    kw.setdefault("prefix_caching", False)
+    return engine(d.socket_path, model, kv_role="kv_consumer", **kw)
+
+
+def prefill_params(push_to, tid="t1"):
+    params = {"do_remote_decode": True, "kvtier_transfer_id": tid}
+    if push_to:
+        params["kvtier_push_to"] = push_to
+    return params
+
+
+def single_instance(p, max_tokens):
+    """Logits of every sampled token from one engine with no connector."""
+    e = Engine(MODEL, num_blocks=64, block_size=8, prefix_caching=False)
+    r = e.add_request(p, max_tokens=max_tokens)
+    e.run()
+    return r.logits
+
+
+def kv_equal(consumer_eng, cid, producer_eng, pid, tokens):
+    got = consumer_eng.kv_snapshots[cid][:, :tokens]
+    want = producer_eng.kv_snapshots[pid][:, :tokens]
+    assert got.numel() > 0 and got.shape == want.shape
+    assert torch.equal(got, want), "the consumer's KV differs from what the producer computed"
+
+
+def all_blocks_free(eng):
+    return eng.pool.num_free == len(eng.pool.refs)
+
+
+# ------------------------------------------------------------- round trip
+
+
+def transports_of(*engines):
+    return [e.worker_connector._pd() for e in engines]
+
+
+@pytest.mark.parametrize("daemon_ops", [True, False], ids=["daemon-push", "connector-push"])
+def test_decode_loads_the_pushed_prompt_and_matches_one_engine(daemons, daemon_ops):
+    """The daemons' PUSH/WAIT, and the connector's own STORE/LOOKUP path kept for daemons without them."""
+    pdaemon, ddaemon = daemons
+    p = prompt(300, 5 * CHUNK + 7)  # 87 tokens: 5 whole chunks
+    prod = producer(pdaemon, "pd-rt")
+    cons = consumer(ddaemon, "pd-rt")
+    for t in transports_of(prod, cons):
+        t._old = not daemon_ops
+    r = prod.add_request(p, "P", max_tokens=1, kv_transfer_params=prefill_params(ddaemon.tcp_addr))
+    prod.run()
+    assert r.status == Status.FINISHED
+    params = prod.output_params["P"]
+    assert params["do_remote_prefill"] and not params["do_remote_decode"]
+    assert params["kvtier_transfer_id"] == "t1" and params["kvtier_tokens"] == 80
+    assert params["kvtier_source"] == pdaemon.tcp_addr and params["kvtier_pushed"]
+    assert prod.freed_by["P"] == "finished_sending" and all_blocks_free(prod)
+    assert prod.worker_connector.send_outcomes["P"] == "pushed"
+    assert (prod.worker_connector._pd().connector_pushes > 0) != daemon_ops
+
+    d = cons.add_request(p, "D", max_tokens=4, kv_transfer_params=params)
+    cons.run()
+    assert d.status == Status.FINISHED
+    assert cons.async_loaded["D"] == 80
+    first = [s for s in cons.steps if s.req_id == "D"][0]
+    assert first.num_computed_before == 80, "the consumer computed prompt tokens it received"
+    kv_equal(cons, "D", prod, "P", 80)
+    want = single_instance(p, 4)
+    assert len(d.logits) == 4
+    for got, ref in zip(d.logits, want):
+        assert_close(got, ref)
+    assert_close(d.logits[0], r.logits[0])
+    assert all_blocks_free(cons) and not cons.delayed
+
+
+def test_consumer_pulls_when_nothing_was_pushed(daemons):
+    """No consumer address at prefill time: the consumer pulls from the producer's daemon."""
+    pdaemon, ddaemon = daemons
+    p = prompt(301, 3 * CHUNK + 1)
+    prod = producer(pdaemon, "pd-pull", pd_timeout=0.3)
+    prod.add_request(p, "P", kv_transfer_params=prefill_params(""))
+    prod.run()
+    params = prod.output_params["P"]
+    assert not params["kvtier_pushed"] and params["kvtier_tokens"] == 48
+    assert prod.worker_connector.send_outcomes["P"] == "expired" and all_blocks_free(prod)
+
+    cons = consumer(ddaemon, "pd-pull")
+    d = cons.add_request(p, "D", kv_transfer_params=params)
+    cons.run()
+    assert cons.async_loaded["D"] == 48
+    kv_equal(cons, "D", prod, "P", 48)
+    assert_close(d.logits[0], reference(p))
+
+
+def test_chunks_are_pushed_as_they_are_saved(daemons):
+    """Chunked prefill: the chunks of the first step reach the consumer's daemon before the
+    prefill has finished (the push overlaps the rest of the prompt)."""
+    from kvtier.client import Client
+    pdaemon, ddaemon = daemons
+    p = prompt(308, 5 * CHUNK + 3)
+    prod = producer(pdaemon, "pd-stream", token_budget=2 * CHUNK)
+    prod.add_request(p, "P", kv_transfer_params=prefill_params(ddaemon.tcp_addr))
+    prod.step()  # 32 tokens: 2 chunks saved, then pushed
+    assert "P" not in prod.output_params
+    with Client(ddaemon.socket_path) as c:
+        model, fmt, world, rank = prod.worker_connector.link.scope_args
+        s = c.scope(model, fmt, world_size=world, rank=rank)
+        assert c.wait(c.tokens(s, p[:5 * CHUNK]), 10000, least=2).chunks >= 2
+        assert "P" not in prod.output_params
+        prod.run()
+        assert c.wait(c.tokens(s, p[:5 * CHUNK]), 10000).chunks == 5
+    assert prod.worker_connector.send_outcomes["P"] == "pushed" and all_blocks_free(prod)
+
+
+# ------------------------------------------------------ producer's blocks
+
+
+def test_producer_keeps_blocks_until_finished_sending(daemons):
+    pdaemon, ddaemon = daemons
+    p = prompt(302, 4 * CHUNK)
+    prod = producer(pdaemon, "pd-hold")
+    prod.add_request(p, "P", kv_transfer_params=prefill_params(ddaemon.tcp_addr))
+    while "P" not in prod.output_params:
+        prod.step()
+    assert "P" in prod.delayed and not all_blocks_free(prod), "blocks were freed before the push"
+    assert prod.scheduler_connector.has_pending_push_work()
+    prod.run()
+    assert prod.freed_by["P"] == "finished_sending" and all_blocks_free(prod)
+    assert not prod.scheduler_connector.has_pending_push_work()
+
+
+def test_producer_frees_blocks_after_the_timeout_when_nobody_reads(daemons):
+    """Pull mode and a consumer that never comes: the blocks go after pd_timeout, not never."""
+    pdaemon, _ = daemons
+    prod = producer(pdaemon, "pd-timeout", pd_timeout=0.2)
+    prod.add_request(prompt(303, 2 * CHUNK + 3), "P", kv_transfer_params=prefill_params(""))
+    while "P" not in prod.output_params:
+        prod.step()
+    assert "P" in prod.delayed and not all_blocks_free(prod)
+    prod.run(timeout=10)
+    assert prod.worker_connector.send_outcomes["P"] == "expired"
+    assert prod.freed_by["P"] == "finished_sending" and all_blocks_free(prod)
+
+
+def test_push_to_a_dead_consumer_frees_blocks_at_once(daemons):
+    pdaemon, _ = daemons
+    prod = producer(pdaemon, "pd-dead", pd_timeout=60)
+    prod.add_request(prompt(304, 2 * CHUNK), "P", kv_transfer_params=prefill_params(f"127.0.0.1:{free_port()}"))
+    prod.run(timeout=20)
+    assert prod.worker_connector.send_outcomes["P"] == "failed" and all_blocks_free(prod)
+
+
+def test_requests_without_transfer_params_free_blocks_at_once(daemons):
+    pdaemon, _ = daemons
+    prod = producer(pdaemon, "pd-plain")
+    prod.add_request(prompt(305, 2 * CHUNK), "P")
+    prod.run()
+    assert prod.output_params["P"] is None and prod.freed_by["P"] == "finished"
+
+
+def test_an_aborted_prefill_frees_its_blocks_at_once(daemons):
+    pdaemon, ddaemon = daemons
+    prod = producer(pdaemon, "pd-abort-p", token_budget=2 * CHUNK, pd_timeout=0.5)
+    prod.add_request(prompt(309, 5 * CHUNK), "P", kv_transfer_params=prefill_params(ddaemon.tcp_addr))
+    prod.step()  # some chunks saved and pushed
+    prod.abort("P")
+    assert prod.output_params["P"] is None and prod.freed_by["P"] == "finished" and all_blocks_free(prod)
+    prod.run(timeout=10)
+    assert not prod.scheduler_connector.has_pending_push_work() and not prod.worker_connector._pushed
+
+
+def test_an_aborted_decode_keeps_its_blocks_until_its_load_ends(daemons):
+    """vLLM frees a parked request's blocks only once its load is reported: the load is writing them."""
+    pdaemon, ddaemon = daemons
+    p = prompt(313, 3 * CHUNK + 1)
+    early = producer(pdaemon, "pd-abort-d", pd_timeout=0.1)
+    early.add_request(p, "P0", kv_transfer_params=prefill_params("", "t0"))
+    early.run()
+    params = dict(early.output_params["P0"], kvtier_pushed=True, kvtier_source="")  # a push that never comes
+    cons = consumer(ddaemon, "pd-abort-d", pd_timeout=0.5)
+    d = cons.add_request(p, "D", kv_transfer_params=params)
+    cons.step()
+    assert d.status == Status.WAITING_FOR_REMOTE_KVS
+    cons.abort("D")
+    assert "D" in cons.delayed and not all_blocks_free(cons)
+    deadline = time.monotonic() + 10
+    while "D" in cons.delayed and time.monotonic() < deadline:
+        cons.step()
+        time.sleep(0.01)
+    assert cons.freed_by["D"] == "finished_recving" and all_blocks_free(cons)
+
+
+# ------------------------------------------------------- consumer fallback
+
+
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
+def test_consumer_falls_back_when_the_chunks_never_come(daemons, policy):
+    """The push never arrives and the producer's daemon is gone: recompute, or fail the request."""
+    pdaemon, ddaemon = daemons
+    p = prompt(306, 3 * CHUNK + 5)
+    prod = producer(pdaemon, "pd-never")
+    prod.add_request(p, "P", kv_transfer_params=prefill_params(f"127.0.0.1:{free_port()}"))
+    prod.run(timeout=20)
+    params = prod.output_params["P"]
+    assert params["kvtier_pushed"] and prod.worker_connector.send_outcomes["P"] == "failed"
+    pdaemon.kill()  # nothing to pull either
+
+    # A minute's pd_timeout: the consumer must notice on its own that the producer's daemon is gone.
+    cons = consumer(ddaemon, "pd-never", pd_timeout=60, fail_policy=policy)
+    d = cons.add_request(p, "D", max_tokens=2, kv_transfer_params=params)
+    cons.run(timeout=20)
+    assert all_blocks_free(cons) and not cons.delayed
+    if policy == "fail":
+        assert d.status == Status.FINISHED_ERROR
+        return
+    assert d.status == Status.FINISHED
+    computed = [s for s in cons.steps if s.req_id == "D"]
+    assert computed[0].num_computed_before == 0, "nothing arrived, so everything is computed"
+    for got, want in zip(d.logits, single_instance(p, 2)):
+        assert_close(got, want)
+
+
+def test_params_of_another_model_are_not_trusted(daemons):
+    pdaemon, ddaemon = daemons
+    p = prompt(307, 2 * CHUNK + 1)
+    prod = producer(pdaemon, "pd-model-a")
+    prod.add_request(p, "P", kv_transfer_params=prefill_params(ddaemon.tcp_addr))
+    prod.run()
+    cons = consumer(ddaemon, "pd-model-b")
+    d = cons.add_request(p, "D", kv_transfer_params=prod.output_params["P"])
+    cons.run()
+    assert "D" not in cons.async_loaded
+    assert_close(d.logits[0], reference(p))
+
+
+# ----------------------------------------------------------- preemption
+
+
+def test_preemption_on_the_consumer_while_a_request_waits(daemons):
+    """While A waits for its pushed KV (WAITING_FOR_REMOTE_KVS, blocks allocated), the consumer
+    runs out of blocks and preempts B; A's blocks are not touched, its load lands after the
+    preemption, and every request's logits and A's KV bytes are exact.
+
+    Pushes start as chunks are saved, so to make A wait the decode request is sent before its
+    prefill runs: the parameters come from an earlier prefill of the same prompt, marked as
+    pushed and with no producer to pull from, and the prefill that pushes runs later.
+    """
+    pdaemon, ddaemon = daemons
+    pa, pb, pc = prompt(310, 5 * CHUNK), prompt(311, 8), prompt(312, 8)
+    early = producer(pdaemon, "pd-preempt", pd_timeout=0.1)
+    early.add_request(pa, "P0", kv_transfer_params=prefill_params("", "t0"))
+    early.run()
+    params = dict(early.output_params["P0"], kvtier_pushed=True, kvtier_source="")
+
+    cons = consumer(ddaemon, "pd-preempt", num_blocks=15)
+    c = cons.add_request(pc, "C", max_tokens=40)
+    b = cons.add_request(pb, "B", max_tokens=40)
+    cons.step()
+    a = cons.add_request(pa, "A", max_tokens=2, kv_transfer_params=params)
+    for _ in range(200):
+        cons.step()
+        assert a.status == Status.WAITING_FOR_REMOTE_KVS, "A ran before its KV was pushed"
+        if b.num_preemptions:
+            break
+    assert b.num_preemptions >= 1, "the test did not provoke a preemption"
+    prod = producer(pdaemon, "pd-preempt")
+    prod.add_request(pa, "PA", kv_transfer_params=prefill_params(ddaemon.tcp_addr))
+    prod.run()  # now the push
+    assert prod.worker_connector.send_outcomes["PA"] == "pushed"
+    cons.run()
+    print(f"preemptions: A {a.num_preemptions}, B {b.num_preemptions}, C {c.num_preemptions}")
+    assert cons.async_loaded["A"] == 64
+    kv_equal(cons, "A", prod, "PA", 64)
+    for r, p in ((a, pa), (b, pb), (c, pc)):
+        assert r.status == Status.FINISHED
+        for got, want in zip(r.logits, single_instance(p, r.max_tokens)):
+            assert_close(got, want)
+    assert all_blocks_free(cons)
+
+
+# ----------------------------------------------------------- configuration
+
+
+def _role(kv_role, extra):
+    from kvtier.vllm import Settings
+    cfg = Engine(MODEL).vllm_config
+    cfg.kv_transfer_config = KVTransferConfig(kv_role=kv_role, kv_connector_extra_config=dict(extra))
+    return Settings.with_role(cfg)
+
+
+def test_lmcache_pd_settings_map_to_roles(monkeypatch):
+    assert _role("kv_both", {"enable_pd": True, "pd_role": "sender"})[1] == "kv_producer"
+    assert _role(None, {"lmcache.enable_pd": "true", "lmcache.pd_role": "receiver"})[1] == "kv_consumer"
+    assert _role("kv_both", {"enable_xpyd": True, "nixl_role": "receiver"})[1] == "kv_consumer"
+    assert _role("kv_consumer", {"pd_role": "sender"})[1] == "kv_consumer"  # without enable_pd it is ignored
+    s, role = _role("kv_producer", {"enable_pd": True, "pd_role": "sender", "pd_peer_host": "10.0.0.2",
+                                    "pd_peer_init_port": [7100], "pd_buffer_size": 1 << 30})
+    assert role == "kv_producer" and s.push_to == "10.0.0.2:7100"
+    with pytest.raises(ValueError, match="contradicts"):
+        _role("kv_consumer", {"enable_pd": True, "pd_role": "sender"})
+    with pytest.raises(ValueError, match="pd_role"):
+        _role("kv_both", {"enable_pd": True})
+    with pytest.raises(ValueError, match="kv_role"):
+        _role("kv_prefill", {})
+    with pytest.raises(ValueError, match="pd_timeout"):
+        _role("kv_both", {"pd_timeout": 0})
+    monkeypatch.setenv("LMCACHE_ENABLE_PD", "True")
+    monkeypatch.setenv("LMCACHE_PD_ROLE", "sender")
+    assert _role("kv_both", {})[1] == "kv_producer"
+    assert _role("kv_both", {"pd_role": "receiver"})[1] == "kv_consumer"  # the engine's config over the variable
+
+
+def test_bad_transfer_params_are_clear_and_harmless():
+    scope = ("m", "float32/KV_2LTD", 1, 0)
+    assert pd.RemotePrefill.of(None, scope, "", 16, "r") is None
+    assert pd.RemotePrefill.of({"do_remote_prefill": True, "remote_block_ids": [1]}, scope, "", 16, "r") is None
+    bad = {"do_remote_prefill": True, "kvtier_transfer_id": "t", "kvtier_tokens": "many"}
+    assert pd.RemotePrefill.of(bad, scope, "", 16, "r") is None
+    ok = {"do_remote_prefill": True, "kvtier_transfer_id": "t", "kvtier_tokens": 32, "kvtier_source": "nohost"}
+    got = pd.RemotePrefill.of(ok, scope, "", 16, "r")
+    assert got.tokens == 32 and got.source == ""
+    assert pd.PushRequest.of({"do_remote_decode": True, "kvtier_push_to": "x"}, "r").push_to == ""
+    assert pd.PushRequest.of({"do_remote_decode": True}, "r").transfer_id == "r"
+
+
+# ------------------------------------------------------------- step time
+
+BENCH_MODEL = MODEL.__class__(vocab_size=256, hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32,
+                              intermediate=256)
+BENCH_TOKENS = 512
+
+
+def _timed_prefill(eng, req_id, p, params=None):
+    """Wall time of the step that prefills one prompt (with whatever transfer work rides on it)."""
+    eng.add_request(p, req_id, kv_transfer_params=params)
+    t0 = time.perf_counter()
+    eng.step()
+    return time.perf_counter() - t0
+
+
+def test_producer_step_time_with_pushing_against_the_connector_off(kvtier_bin, tmp_path):
+    """Printed, not asserted (timing on a shared machine): issue 14's target is <= 1.1x.
+
+    Each step prefills one 512-token prompt, requests one after another; with
+    the connector on, its chunks are saved during the pass and pushed to the
+    consumer's daemon as they commit, and the previous prompt's transfer is
+    closed and polled. The two engines take turns, prompt by prompt (which
+    goes first alternates), so the machine's drifting load hits both alike;
+    the figure is the median of the per-prompt ratios.
+    """
+    def bench_daemon(name):
+        addr = f"127.0.0.1:{free_port()}"
+        d = Daemon(kvtier_bin, str(tmp_path / name), chunk_size=128, ram_gb=0.25,
+                   extra_env={"KVTIER_TCP_ADDR": addr}).start()
+        d.tcp_addr = addr
+        return d
+
+    pdaemon, ddaemon = bench_daemon("p"), bench_daemon("d")
+    try:
+        n, blocks = 12, 2 * BENCH_TOKENS // 16 + 8
+        off = Engine(BENCH_MODEL, num_blocks=blocks, block_size=16, prefix_caching=False)
+        on = engine(pdaemon.socket_path, "pd-bench", model=BENCH_MODEL, block_size=16,
+                    num_blocks=blocks, prefix_caching=False, kv_role="kv_producer",
+                    tcp_addr=pdaemon.tcp_addr)
+        _timed_prefill(off, "w", prompt(999, BENCH_TOKENS))  # warm up torch and the daemon connection
+        _timed_prefill(on, "w", prompt(999, BENCH_TOKENS))
+        ratios = []
+        for i in range(n):
+            p = prompt(1000 + i, BENCH_TOKENS)
+            params = prefill_params(ddaemon.tcp_addr, f"b{i}")
+            if i % 2:
+                t_on = _timed_prefill(on, f"r{i}", p, params)
+                t_off = _timed_prefill(off, f"r{i}", p)
+            else:
+                t_off = _timed_prefill(off, f"r{i}", p)
+                t_on = _timed_prefill(on, f"r{i}", p, params)
+            ratios.append(t_on / t_off)
+        on.run(timeout=60)
+        off.run(timeout=60)
+        outcomes = {v for k, v in on.worker_connector.send_outcomes.items() if k.startswith("r")}
+        assert outcomes == {"pushed"}, on.worker_connector.send_outcomes
+        ratios.sort()
+        q = lambda f: ratios[int(f * (len(ratios) - 1))]  # noqa: E731
+        print(f"\nproducer prefill step with pushing / connector off, {n} prompts of {BENCH_TOKENS} tokens: "
+              f"median {q(0.5):.3f}x (quartiles {q(0.25):.3f}x-{q(0.75):.3f}x)")
+        on.close()
+    finally:
+        pdaemon.kill()
+        ddaemon.kill()
+
+
+def test_decoders_take_any_input_without_crashing():
+    """Retrieve replies from another daemon and transfer parameters from the network: random input
+    gives a clear error or a refusal, never another exception."""
+    import random
+    from kvtier import peer, protocol
+    rng = random.Random(14)
+    for _ in range(3000):
+        body = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 40)))
+        try:
+            tokens, sizes = peer._unpack_sizes(body)
+            assert len(body) == 8 + 4 * len(sizes)
+        except protocol.ProtocolError:
+            pass
+    values = [None, True, 0, -5, 2 ** 70, 1.5, "", "x", "127.0.0.1:1", "[::1]:80", "h:99999", [], {}, [1], {"a": 1}]
+    keys = ["do_remote_prefill", "do_remote_decode", "kvtier_transfer_id", "kvtier_tokens", "kvtier_source",
+            "kvtier_pushed", "kvtier_push_to", "kvtier_model", "kvtier_chunk_size", "kvtier_namespace"]
+    scope = ("m", "float32/KV_2LTD", 1, 0)
+    for _ in range(3000):
+        params = {k: rng.choice(values) for k in rng.sample(keys, rng.randrange(len(keys)))}
+        r = pd.RemotePrefill.of(params, scope, "", 16, "r")
+        assert r is None or (r.tokens >= 0 and isinstance(r.transfer_id, str))
+        q = pd.PushRequest.of(params, "r")
+        assert q is None or isinstance(q.push_to, str)
+    assert pd.transfer_number("12") == 12 and pd.transfer_number("0") > 0
+    assert pd.transfer_number("ab" * 16) == pd.transfer_number("ab" * 16) != pd.transfer_number("cd" * 16)
