@@ -85,12 +85,12 @@ class Proc:
             self.proc.wait()
 
 
-def harness_server(workdir, role, daemon):
+def harness_server(workdir, role, daemon, policy="recompute"):
     extra = {"socket_path": daemon.socket_path, "timeout": 2.0, "reconnect_interval": 0.0}
     if role == "kv_producer":
         extra["tcp_addr"] = daemon.tcp_addr
     cfg = {"kv_connector": "KVTierConnector", "kv_connector_module_path": "kvtier.vllm", "kv_role": role,
-           "kv_connector_extra_config": extra}
+           "kv_connector_extra_config": extra, "kv_load_failure_policy": policy}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KVTIER_", "LMCACHE_"))}
     env["PYTHONPATH"] = PYTHON_DIR
     argv = [sys.executable, "-m", "kvtier.harness.openai_server", "--port", "0", "--model", MODEL,
@@ -110,7 +110,7 @@ def tcp_daemon(kvtier_bin, workdir):
 class Stack:
     """Daemons A and B, the prefill and decode servers, and the controller's proxy."""
 
-    def __init__(self, kvtier_bin, root):
+    def __init__(self, kvtier_bin, root, policy="recompute"):
         self.procs = []
         dirs = {n: os.path.join(root, n) for n in ("a", "b", "ctl")}
         for d in dirs.values():
@@ -120,7 +120,7 @@ class Stack:
         try:
             self.prefill = harness_server(dirs["a"], "kv_producer", self.daemon_a)
             self.procs.append(self.prefill)
-            self.decode = harness_server(dirs["b"], "kv_consumer", self.daemon_b)
+            self.decode = harness_server(dirs["b"], "kv_consumer", self.daemon_b, policy)
             self.procs.append(self.decode)
             argv = [kvtier_bin, "controller", "--listen", "127.0.0.1:0", "--hash-seed", "0",
                     "--proxy-listen", "127.0.0.1:0", "--prefill-timeout", "30s", "--decode-timeout", "60s",
@@ -148,10 +148,10 @@ def stack(kvtier_bin, tmp_path_factory):
     s.close()
 
 
-@pytest.fixture
-def own_stack(kvtier_bin, tmp_path):
-    """A stack a test may break."""
-    s = Stack(kvtier_bin, str(tmp_path))
+@pytest.fixture(params=["recompute"])
+def own_stack(kvtier_bin, tmp_path, request):
+    """A stack a test may break; the consumer's kv_load_failure_policy as the test's parameter."""
+    s = Stack(kvtier_bin, str(tmp_path), request.param)
     yield s
     s.close()
 
@@ -316,9 +316,11 @@ def test_models_and_health_through_the_proxy(stack):
         assert r.status == 200
 
 
+@pytest.mark.parametrize("own_stack", ["recompute", "fail"], indirect=True)
 def test_decode_daemon_killed(own_stack):
     """Daemon B is gone: the push fails at once (the producer frees its blocks), and the consumer,
-    whose connector cannot reach its own daemon, computes the prompt: the answer is still right."""
+    whose connector cannot reach its own daemon, matches nothing and computes the prompt — under
+    either kv_load_failure_policy, since no load was started to fail: the answer is still right."""
     s = own_stack
     s.daemon_b.kill()
     prompt, _ = prompt_of("ids", 3000, 4 * CHUNK + 3)
@@ -341,3 +343,12 @@ def test_prefill_engine_down_is_a_502(own_stack):
     err = json.loads(raw)["error"]
     assert err["type"] == "upstream_error" and err["stage"] == "prefill" and err["instance"] == "pf"
     assert "pf" in err["message"]
+
+
+def test_decode_engine_down_is_a_502(own_stack):
+    s = own_stack
+    s.decode.kill()
+    status, _, raw = post(s.proxy + "/v1/completions", {"model": MODEL, "prompt": [4, 5, 6], "max_tokens": 2})
+    assert status == 502, raw
+    err = json.loads(raw)["error"]
+    assert err["type"] == "upstream_error" and err["stage"] == "decode" and err["instance"] == "dec"

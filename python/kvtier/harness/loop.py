@@ -63,7 +63,7 @@ class EngineLoop(threading.Thread):
         super().__init__(name="harness-engine", daemon=True)
         self.engine, self.keep = engine, keep
         self._inbox: "queue.Queue[Callable[[], None]]" = queue.Queue()
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._watch: Dict[str, Pending] = {}
         self._done: "OrderedDict[str, None]" = OrderedDict()
         self._first: Dict[str, Dict[str, int]] = {}  # req id -> its first scheduled step
@@ -77,7 +77,7 @@ class EngineLoop(threading.Thread):
         return self.is_alive() and not self.error
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self._inbox.put(lambda: None)
         self.join(timeout=10)
 
@@ -120,7 +120,7 @@ class EngineLoop(threading.Thread):
     # -- the loop's thread
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             busy = not self.error and self.engine.has_requests()
             self._drain(block=not busy)
             if self.error or not self.engine.has_requests():

@@ -76,7 +76,9 @@ class BadRequest(Exception):
 
 def parse_prompt(raw: Any) -> List[int]:
     """A string (its UTF-8 bytes), token ids, or a batch of one of either."""
-    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], (str, list)):
+    if isinstance(raw, list) and raw and all(isinstance(x, (str, list)) for x in raw):
+        if len(raw) != 1:
+            raise BadRequest(400, "prompt: the harness serves one prompt per request")
         raw = raw[0]
     if isinstance(raw, str):
         tokens = list(raw.encode("utf-8"))
@@ -84,8 +86,6 @@ def parse_prompt(raw: Any) -> List[int]:
         tokens = raw
         if any(t < 0 or t >= VOCAB for t in tokens):
             raise BadRequest(400, f"prompt: token ids must be in [0, {VOCAB})")
-    elif isinstance(raw, list):
-        raise BadRequest(400, "prompt: the harness serves one prompt per request")
     else:
         raise BadRequest(400, "prompt: want a string or a list of token ids")
     if not tokens:
