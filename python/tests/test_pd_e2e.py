@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -112,6 +113,7 @@ class Stack:
 
     def __init__(self, kvtier_bin, root, policy="recompute"):
         self.procs = []
+        self.decode_policy = policy
         dirs = {n: os.path.join(root, n) for n in ("a", "b", "ctl")}
         for d in dirs.values():
             os.makedirs(d, exist_ok=True)
@@ -352,3 +354,76 @@ def test_decode_engine_down_is_a_502(own_stack):
     assert status == 502, raw
     err = json.loads(raw)["error"]
     assert err["type"] == "upstream_error" and err["stage"] == "decode" and err["instance"] == "dec"
+
+
+@pytest.mark.parametrize("own_stack", ["recompute", "fail"], indirect=True)
+def test_prefill_daemon_killed_after_start(own_stack):
+    """Daemon A dies while its engine runs. The producer's scheduler announces the chunks it asked
+    its worker to save (it cannot see the worker's failed saves), its push fails at once; the
+    consumer's WAIT finds nothing, it asks daemon A about the push, cannot reach it, and the
+    missing blocks become load errors: ``recompute`` computes the prompt and answers right,
+    ``fail`` ends the request, which the proxy answers as the decode instance's 500."""
+    s = own_stack
+    warm, _ = prompt_of("ids", 4000, 2 * CHUNK + 3)
+    assert post(s.proxy + "/v1/completions", {"model": MODEL, "prompt": warm, "max_tokens": 1})[0] == 200
+    s.daemon_a.kill()
+    prompt, _ = prompt_of("ids", 4001, 5 * CHUNK + 7)
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 3, "return_token_ids": True}
+    status, _, raw = post(s.proxy + "/v1/completions", body, request_id="e2e-dead-a")
+    pre, _ = request_stats(s.prefill, "e2e-dead-a", until=lambda r, x: r["freed_by"] is not None)
+    assert pre["kv_transfer_params_out"]["kvtier_tokens"] == 5 * CHUNK
+    assert pre["send_outcome"] == "failed" and pre["freed_by"] == "finished_sending"
+    dec, dstats = request_stats(s.decode, "e2e-dead-a", until=lambda r, x: r["status"] != "running")
+    assert dstats["connector"]["load_errors"] == 5 * CHUNK // BLOCK
+    if s.decode_policy == "recompute":
+        tokens, _ = answer_tokens(status, raw, False)
+        assert tokens == reference_tokens(prompt, 3)
+        assert dec["status"] == "finished" and dec["first_step"]["computed_before"] == 0
+        return
+    assert status == 500, raw
+    err = json.loads(raw)["error"]
+    assert err["stage"] == "decode" and "kv_load_failure_policy: fail" in err["message"]
+    assert dec["status"] == "finished_error"
+    # The same in a stream: the decode's answer has started, so the error is an event.
+    status, _, raw = post(s.proxy + "/v1/completions", dict(body, stream=True), request_id="e2e-dead-a2")
+    assert status == 200
+    events = sse_events(raw)
+    assert len(events) == 1 and "kv_load_failure_policy: fail" in events[0]["error"]["message"]
+
+
+def test_concurrent_completions(stack):
+    """Six at once, half streamed: each answer is its own prompt's, each loaded from its push."""
+    results = {}
+
+    def one(i):
+        p, _ = prompt_of("ids", 5000 + i, 3 * CHUNK + i)
+        status, _, raw = post(stack.proxy + "/v1/completions",
+                              {"model": MODEL, "prompt": p, "max_tokens": 4, "stream": i % 2 == 1,
+                               "return_token_ids": True}, request_id=f"e2e-many-{i}")
+        results[i] = (p, status, raw)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(results) == list(range(6))
+    for i, (p, status, raw) in results.items():
+        tokens, _ = answer_tokens(status, raw, i % 2 == 1)
+        assert tokens == reference_tokens(p, 4), f"request {i}"
+        dec, _ = request_stats(stack.decode, f"e2e-many-{i}", until=lambda r, x: r["status"] == "finished")
+        want = 3 * CHUNK if i else 2 * CHUNK  # whole chunks, never the prompt's last token
+        assert dec["async_loaded"] == want and dec["first_step"]["computed_before"] == want
+
+
+def test_prompt_under_one_chunk_is_computed_by_the_decode(stack):
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
+    status, _, raw = post(stack.proxy + "/v1/completions",
+                          {"model": MODEL, "prompt": prompt, "max_tokens": 3, "return_token_ids": True},
+                          request_id="e2e-short")
+    tokens, _ = answer_tokens(status, raw, False)
+    assert tokens == reference_tokens(prompt, 3)
+    pre, _ = request_stats(stack.prefill, "e2e-short", until=lambda r, x: r["freed_by"] is not None)
+    assert pre["kv_transfer_params_out"]["kvtier_tokens"] == 0 and pre["freed_by"] == "finished"
+    dec, _ = request_stats(stack.decode, "e2e-short", until=lambda r, x: r["status"] == "finished")
+    assert dec["async_loaded"] == 0 and dec["first_step"]["computed_before"] == 0
