@@ -606,8 +606,9 @@ class KVTierConnector(KVConnectorBase_V1):
             return False, None
         namespace = namespace_of(self.settings.namespace, request)
         saved = state.saved_upto if state is not None else 0
+        # kvtier_pushed: a push will come. None does for a prompt under one chunk.
         params = pd.decode_params(push, self.link.scope_args, namespace, self._chunk, saved,
-                                  self.settings.tcp_addr, bool(push.push_to))
+                                  self.settings.tcp_addr, bool(push.push_to) and saved > 0)
         if saved <= 0:
             return False, params  # nothing stored (a prompt under one chunk): the consumer computes it
         self._new_sends.append(SendMeta(rid, pd.Job(push.transfer_id, namespace, state.tokens, saved,

@@ -424,6 +424,7 @@ def test_prompt_under_one_chunk_is_computed_by_the_decode(stack):
     tokens, _ = answer_tokens(status, raw, False)
     assert tokens == reference_tokens(prompt, 3)
     pre, _ = request_stats(stack.prefill, "e2e-short", until=lambda r, x: r["freed_by"] is not None)
-    assert pre["kv_transfer_params_out"]["kvtier_tokens"] == 0 and pre["freed_by"] == "finished"
+    out = pre["kv_transfer_params_out"]
+    assert out["kvtier_tokens"] == 0 and not out["kvtier_pushed"] and pre["freed_by"] == "finished"
     dec, _ = request_stats(stack.decode, "e2e-short", until=lambda r, x: r["status"] == "finished")
     assert dec["async_loaded"] == 0 and dec["first_step"]["computed_before"] == 0
