@@ -156,3 +156,19 @@ def test_a_client_gone_mid_stream_aborts_the_request(server):
             break
         time.sleep(0.05)
     assert rec["status"] == "finished_aborted" and rec["output_tokens"] < 2000
+
+
+def test_the_loop_keeps_records_of_the_last_requests_only():
+    engine = Engine(model_config(3), model_name=MODEL, num_blocks=64, block_size=8, prefix_caching=False)
+    loop = EngineLoop(engine, keep=2)
+    loop.start()
+    try:
+        for i in range(5):
+            events = list(loop.submit(f"r{i}", [1, 2, 3, i], 2, None).events(60))
+            assert len(events) == 3 and events[-1].reason == "length"
+        assert sorted(loop.stats()["requests"]) == ["r3", "r4"]
+        assert sorted(engine.requests) == ["r3", "r4"] and sorted(engine.kv_snapshots) == ["r3", "r4"]
+        again = list(loop.submit("r4", [1, 2, 3, 4], 2, None).events(60))  # a finished id may come again
+        assert again[:2] == events[:2]
+    finally:
+        loop.stop()
