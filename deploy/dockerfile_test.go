@@ -1,0 +1,272 @@
+package deploy
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"kvtier/config"
+	"kvtier/internal/servetest"
+)
+
+// instruction is one Dockerfile instruction: its keyword in upper case and
+// the rest of its (continued) line.
+type instruction struct {
+	line int
+	cmd  string
+	args string
+}
+
+// stage is one FROM and the instructions under it.
+type stage struct {
+	base, name string
+	ins        []instruction
+}
+
+// parseDockerfile splits a Dockerfile into stages of instructions, joining
+// lines continued with a backslash and dropping comments as Docker does.
+// It knows only what the checks below need, not the whole syntax.
+func parseDockerfile(text string) ([]stage, map[string]string, error) {
+	var stages []stage
+	globalArgs := map[string]string{}
+	var cur strings.Builder
+	start := 0
+	flush := func(lineNo int) error {
+		s := strings.TrimSpace(cur.String())
+		cur.Reset()
+		if s == "" {
+			return nil
+		}
+		cmd, args, _ := strings.Cut(s, " ")
+		in := instruction{line: lineNo, cmd: strings.ToUpper(cmd), args: strings.TrimSpace(args)}
+		if in.cmd == "FROM" {
+			f := strings.Fields(in.args)
+			st := stage{base: f[0]}
+			if len(f) == 3 && strings.EqualFold(f[1], "AS") {
+				st.name = f[2]
+			} else if len(f) != 1 {
+				return fmt.Errorf("line %d: FROM %s", lineNo, in.args)
+			}
+			stages = append(stages, st)
+			return nil
+		}
+		if len(stages) == 0 {
+			if in.cmd != "ARG" {
+				return fmt.Errorf("line %d: %s before the first FROM", lineNo, in.cmd)
+			}
+			k, v, _ := strings.Cut(in.args, "=")
+			globalArgs[k] = v
+			return nil
+		}
+		stages[len(stages)-1].ins = append(stages[len(stages)-1].ins, in)
+		return nil
+	}
+	for i, line := range strings.Split(text, "\n") {
+		t := strings.TrimSpace(line)
+		if strings.HasPrefix(t, "#") {
+			continue
+		}
+		if cur.Len() == 0 {
+			start = i + 1
+		}
+		if body, ok := strings.CutSuffix(t, `\`); ok {
+			cur.WriteString(body + " ")
+			continue
+		}
+		cur.WriteString(t)
+		if err := flush(start); err != nil {
+			return nil, nil, err
+		}
+	}
+	return stages, globalArgs, flush(start)
+}
+
+// execForm decodes an instruction's JSON (exec) form.
+func execForm(t *testing.T, in instruction) []string {
+	t.Helper()
+	var argv []string
+	if err := json.Unmarshal([]byte(in.args), &argv); err != nil || len(argv) == 0 {
+		t.Fatalf("line %d: %s %s: want the exec form [\"...\"]: %v", in.line, in.cmd, in.args, err)
+	}
+	return argv
+}
+
+func find(st stage, cmd string) []instruction {
+	var out []instruction
+	for _, in := range st.ins {
+		if in.cmd == cmd {
+			out = append(out, in)
+		}
+	}
+	return out
+}
+
+// TestDockerfile checks deploy/Dockerfile without a Docker engine: the
+// default target is a distroless or scratch image running a static binary
+// as a non-root user; its entry point is where the binary was copied; the
+// HEALTHCHECK runs a subcommand and flags the binary really has, and it
+// passes against a running daemon; its environment is a valid
+// configuration; every file it copies from the tree exists.
+func TestDockerfile(t *testing.T) {
+	text, err := os.ReadFile("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stages, args, err := parseDockerfile(string(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]stage{}
+	for _, s := range stages {
+		byName[s.name] = s
+	}
+	final := stages[len(stages)-1] // the default target
+	if final.base != "scratch" && !strings.HasPrefix(final.base, "gcr.io/distroless/static") {
+		t.Errorf("final stage FROM %s: want scratch or distroless/static", final.base)
+	}
+
+	// Non-root: the last USER of the final stage.
+	users := find(final, "USER")
+	if len(users) == 0 {
+		t.Fatal("final stage has no USER")
+	}
+	user, _, _ := strings.Cut(users[len(users)-1].args, ":")
+	if user == "root" || user == "0" || user == "" {
+		t.Errorf("USER %s: want a non-root user", users[len(users)-1].args)
+	}
+
+	// The binary: built static in the build stage, copied to the entry point.
+	build, ok := byName["build"]
+	if !ok {
+		t.Fatal("no stage named build")
+	}
+	static := false
+	for _, in := range find(build, "RUN") {
+		if strings.Contains(in.args, "go build") {
+			static = strings.Contains(in.args, "CGO_ENABLED=0") && strings.Contains(in.args, "./cmd/kvtier")
+		}
+	}
+	if !static {
+		t.Error("build stage: want RUN CGO_ENABLED=0 ... go build ... ./cmd/kvtier")
+	}
+	goVersion := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindSubmatch(mustRead(t, "../go.mod"))
+	if args["GO_VERSION"] != string(goVersion[1]) || !strings.HasPrefix(build.base, "golang:${GO_VERSION}") {
+		t.Errorf("build image %s with GO_VERSION=%s, go.mod says go %s", build.base, args["GO_VERSION"], goVersion[1])
+	}
+	entry := execForm(t, find(final, "ENTRYPOINT")[0])
+	copied := false
+	for _, in := range find(final, "COPY") {
+		f := strings.Fields(in.args)
+		copied = copied || (strings.HasPrefix(in.args, "--from=build ") && f[len(f)-1] == entry[0])
+	}
+	if !copied {
+		t.Errorf("ENTRYPOINT %s: no COPY --from=build puts the binary there", entry[0])
+	}
+	for _, st := range stages {
+		for _, in := range find(st, "COPY") {
+			if strings.Contains(in.args, "--from=") {
+				continue
+			}
+			f := strings.Fields(in.args)
+			for _, src := range f[:len(f)-1] {
+				if _, err := os.Stat(filepath.Join("..", src)); err != nil {
+					t.Errorf("line %d: COPY %s: %v", in.line, src, err)
+				}
+			}
+		}
+	}
+
+	// The default command and the environment, read by the real binary
+	// and the real configuration loader.
+	bin, err := servetest.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmdArgs := execForm(t, find(final, "CMD")[0])
+	if out, err := exec.Command(bin, append(cmdArgs, "--help")...).CombinedOutput(); err != nil {
+		t.Errorf("kvtier %v --help: %v\n%s", cmdArgs, err, out)
+	}
+	var environ []string
+	for _, in := range find(final, "ENV") {
+		environ = append(environ, strings.Fields(strings.ReplaceAll(in.args, `\`, ""))...)
+	}
+	if _, err := config.FromEnv(environ); err != nil {
+		t.Errorf("ENV %v: %v", environ, err)
+	}
+
+	checkHealthcheck(t, final, entry[0], bin)
+}
+
+// checkHealthcheck checks the HEALTHCHECK names the image's binary, a
+// subcommand and flags it accepts, and the daemon's default admin address;
+// then runs it, pointed at a real daemon, and expects it to pass, and at
+// a closed port, and expects it to fail.
+func checkHealthcheck(t *testing.T, final stage, entry, bin string) {
+	t.Helper()
+	hcs := find(final, "HEALTHCHECK")
+	if len(hcs) != 1 {
+		t.Fatalf("final stage has %d HEALTHCHECKs", len(hcs))
+	}
+	_, rest, ok := strings.Cut(hcs[0].args, "CMD ")
+	if !ok {
+		t.Fatalf("HEALTHCHECK %s: no CMD", hcs[0].args)
+	}
+	argv := execForm(t, instruction{line: hcs[0].line, cmd: "HEALTHCHECK CMD", args: rest})
+	if argv[0] != entry {
+		t.Errorf("HEALTHCHECK runs %s, the binary is %s", argv[0], entry)
+	}
+	help, err := exec.Command(bin, argv[1], "--help").CombinedOutput()
+	if err != nil || !strings.Contains(string(help), "kvtier "+argv[1]) {
+		t.Fatalf("kvtier %s --help: %v\n%s", argv[1], err, help)
+	}
+	var target string
+	for i, a := range argv[2:] {
+		if strings.HasPrefix(a, "--") && !regexp.MustCompile(`(?m)^\s+`+regexp.QuoteMeta(a)+`\b`).Match(help) {
+			t.Errorf("HEALTHCHECK flag %s is not in kvtier %s --help", a, argv[1])
+		}
+		if a == "--url" {
+			target = argv[2+i+1]
+		}
+	}
+	u, err := url.Parse(target)
+	if err != nil || u.Host != config.Default().AdminAddr {
+		t.Errorf("HEALTHCHECK --url %s: want the daemon's default admin_addr %s", target, config.Default().AdminAddr)
+	}
+
+	d := servetest.Start(t, t.TempDir(), "max_local_cpu_size: 0.0625")
+	run := func(host string) error {
+		a := append([]string{}, argv[1:]...)
+		for i := range a {
+			if a[i] == target {
+				a[i] = strings.Replace(target, u.Host, host, 1)
+			}
+		}
+		out, err := exec.Command(bin, a...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	}
+	if err := run(strings.TrimPrefix(d.Admin, "http://")); err != nil {
+		t.Errorf("HEALTHCHECK against a running daemon: %v", err)
+	}
+	d.Kill()
+	if err := run(strings.TrimPrefix(d.Admin, "http://")); err == nil {
+		t.Error("HEALTHCHECK passed against a killed daemon")
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
