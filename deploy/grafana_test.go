@@ -86,9 +86,9 @@ func metricNames(expr string) []string {
 func TestMetricNames(t *testing.T) {
 	for expr, want := range map[string]string{
 		`sum by (tier) (rate(kvtier_tier_hits_total{instance=~"$instance",tier="p2p"}[$__rate_interval]))`: "kvtier_tier_hits_total",
-		`histogram_quantile(0.99, sum by (op, le) (rate(a_bucket{x="y{z}"}[5m]))) / on(op) b_count`:         "a_bucket b_count",
-		`max(x) > bool 1e3 and y offset 5m`:                                                                      "x y",
-		`label_values(kvtier_arena_capacity_bytes, instance)`:                                                    "kvtier_arena_capacity_bytes instance",
+		`histogram_quantile(0.99, sum by (op, le) (rate(a_bucket{x="y{z}"}[5m]))) / on(op) b_count`:        "a_bucket b_count",
+		`max(x) > bool 1e3 and y offset 5m`:                   "x y",
+		`label_values(kvtier_arena_capacity_bytes, instance)`: "kvtier_arena_capacity_bytes instance",
 	} {
 		if got := strings.Join(metricNames(expr), " "); got != want {
 			t.Errorf("%s: got %q, want %q", expr, got, want)
