@@ -13,6 +13,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	netv1 "k8s.io/api/networking/v1"
 	k8sjson "sigs.k8s.io/json"
 	sigsyaml "sigs.k8s.io/yaml"
 
@@ -63,6 +64,7 @@ type manifests struct {
 	services    []*corev1.Service
 	deployments map[string]*appsv1.Deployment
 	daemonSets  map[string]*appsv1.DaemonSet
+	policies    []*netv1.NetworkPolicy
 }
 
 // decodeAll splits a multi-document YAML stream and decodes each document
@@ -97,6 +99,8 @@ func decodeAll(stream string) (*manifests, error) {
 			obj = &appsv1.Deployment{}
 		case "apps/v1 DaemonSet":
 			obj = &appsv1.DaemonSet{}
+		case "networking.k8s.io/v1 NetworkPolicy":
+			obj = &netv1.NetworkPolicy{}
 		default:
 			errs = append(errs, fmt.Errorf("document %d: unexpected %s %s", i, head.APIVersion, head.Kind))
 			continue
@@ -116,6 +120,8 @@ func decodeAll(stream string) (*manifests, error) {
 			m.deployments[o.Name] = o
 		case *appsv1.DaemonSet:
 			m.daemonSets[o.Name] = o
+		case *netv1.NetworkPolicy:
+			m.policies = append(m.policies, o)
 		}
 	}
 	return m, errors.Join(errs...)
@@ -306,6 +312,25 @@ func checkWorkloads(t *testing.T, m *manifests) {
 	for n, d := range m.daemonSets {
 		checkSelector(t, n, d.Spec.Selector.MatchLabels, d.Spec.Template.Labels)
 	}
+	for _, np := range m.policies {
+		var target *corev1.PodTemplateSpec
+		for _, p := range pods {
+			if selects(np.Spec.PodSelector.MatchLabels, p.Labels) {
+				target = p
+			}
+		}
+		if target == nil {
+			t.Errorf("network policy %s selects no pods", np.Name)
+			continue
+		}
+		for _, in := range np.Spec.Ingress {
+			for _, pp := range in.Ports {
+				if !hasPort(target, pp.Port.String()) {
+					t.Errorf("network policy %s: port %s is no container port", np.Name, pp.Port.String())
+				}
+			}
+		}
+	}
 	for _, s := range m.services {
 		var target *corev1.PodTemplateSpec
 		for _, p := range pods {
@@ -318,17 +343,23 @@ func checkWorkloads(t *testing.T, m *manifests) {
 			continue
 		}
 		for _, sp := range s.Spec.Ports {
-			found := false
-			for _, c := range target.Spec.Containers {
-				for _, cp := range c.Ports {
-					found = found || cp.Name == sp.TargetPort.String()
-				}
-			}
-			if !found {
+			if !hasPort(target, sp.TargetPort.String()) {
 				t.Errorf("service %s: targetPort %s is no container port", s.Name, sp.TargetPort.String())
 			}
 		}
 	}
+}
+
+// hasPort reports whether a container of p has a port of that name.
+func hasPort(p *corev1.PodTemplateSpec, name string) bool {
+	for _, c := range p.Spec.Containers {
+		for _, cp := range c.Ports {
+			if cp.Name == name {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func checkSelector(t *testing.T, name string, sel, labels map[string]string) {
