@@ -262,6 +262,37 @@ func checkHealthcheck(t *testing.T, final stage, entry, bin string) {
 	}
 }
 
+// TestDockerignore checks the build context's ignore file leaves in every
+// package the binary is built from, and the Python package.
+func TestDockerignore(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", "kvtier/cmd/kvtier").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	needed := []string{"go.mod", "go.sum", "python"}
+	for _, pkg := range strings.Fields(string(out)) {
+		if rest, ok := strings.CutPrefix(pkg, "kvtier/"); ok {
+			needed = append(needed, rest)
+		}
+	}
+	for line := range strings.Lines(string(mustRead(t, "Dockerfile.dockerignore"))) {
+		pat := strings.TrimSpace(line)
+		if pat == "" || pat[0] == '#' {
+			continue
+		}
+		for _, path := range needed {
+			for p := path; p != "."; p = filepath.Dir(p) {
+				if ok, _ := filepath.Match(pat, p); ok {
+					t.Errorf("Dockerfile.dockerignore: %q leaves out %s, which the image needs", pat, path)
+				}
+			}
+		}
+	}
+	if len(needed) < 10 {
+		t.Fatalf("only %d packages found", len(needed))
+	}
+}
+
 func mustRead(t *testing.T, path string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(path)
