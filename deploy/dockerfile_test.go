@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"debug/elf"
 	"encoding/json"
 	"fmt"
 	"net/url"
@@ -8,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -146,14 +148,14 @@ func TestDockerfile(t *testing.T) {
 	if !ok {
 		t.Fatal("no stage named build")
 	}
-	static := false
+	var buildCmd string
 	for _, in := range find(build, "RUN") {
 		if strings.Contains(in.args, "go build") {
-			static = strings.Contains(in.args, "CGO_ENABLED=0") && strings.Contains(in.args, "./cmd/kvtier")
+			buildCmd = in.args
 		}
 	}
-	if !static {
-		t.Error("build stage: want RUN CGO_ENABLED=0 ... go build ... ./cmd/kvtier")
+	if !strings.Contains(buildCmd, "CGO_ENABLED=0") || !strings.Contains(buildCmd, "./cmd/kvtier") {
+		t.Errorf("build stage: RUN %q, want CGO_ENABLED=0 ... go build ... ./cmd/kvtier", buildCmd)
 	}
 	goVersion := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindSubmatch(mustRead(t, "../go.mod"))
 	if args["GO_VERSION"] != string(goVersion[1]) || !strings.HasPrefix(build.base, "golang:${GO_VERSION}") {
@@ -293,6 +295,101 @@ func TestDockerignore(t *testing.T) {
 	}
 }
 
+// TestDockerBuildIsStatic runs the Dockerfile's own `go build` line here
+// and checks the binary is static: no program interpreter and no shared
+// libraries, so it runs on distroless/static (or scratch), which has no
+// libc.
+func TestDockerBuildIsStatic(t *testing.T) {
+	stages, _, err := parseDockerfile(string(mustRead(t, "Dockerfile")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var line string
+	for _, st := range stages {
+		for _, in := range find(st, "RUN") {
+			if strings.Contains(in.args, "go build") {
+				line = in.args
+			}
+		}
+	}
+	// VAR=value words, then go build's arguments with -o pointed here.
+	words := shellWords(line)
+	var env []string
+	for len(words) > 0 && strings.Contains(words[0], "=") {
+		env, words = append(env, words[0]), words[1:]
+	}
+	if len(words) < 2 || words[0] != "go" || words[1] != "build" {
+		t.Fatalf("RUN %q: want VAR=value ... go build ...", line)
+	}
+	out := filepath.Join(t.TempDir(), "kvtier")
+	args := slices.Clone(words[1:])
+	for i := range args {
+		if args[i] == "-o" && i+1 < len(args) {
+			args[i+1] = out
+		}
+	}
+	cmd := exec.Command("go", args...)
+	cmd.Dir = ".."
+	cmd.Env = append(os.Environ(), env...)
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go %v: %v\n%s", args, err, msg)
+	}
+	f, err := elf.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP || p.Type == elf.PT_DYNAMIC {
+			t.Errorf("the image's binary has a %v program header: it is not static", p.Type)
+		}
+	}
+	if libs, _ := f.ImportedLibraries(); len(libs) > 0 {
+		t.Errorf("the image's binary needs %v", libs)
+	}
+	if help, err := exec.Command(out, "healthcheck", "--help").CombinedOutput(); err != nil {
+		t.Errorf("the static binary: %v\n%s", err, help)
+	}
+}
+
+// shellWords splits a command line into words as sh does for the simple
+// lines a Dockerfile's RUN holds: blanks separate words, double or single
+// quotes group blanks into one and are removed. It stops at the first
+// "&&", ";" or "|", since only the first command is wanted.
+func shellWords(line string) []string {
+	var words []string
+	var w strings.Builder
+	inWord := false
+	var quote rune
+	for _, r := range line {
+		switch {
+		case quote != 0 && r == quote:
+			quote = 0
+		case quote != 0:
+			w.WriteRune(r)
+		case r == '"' || r == '\'':
+			quote, inWord = r, true
+		case r == ' ' || r == '\t':
+			if inWord {
+				words, inWord = append(words, w.String()), false
+				w.Reset()
+			}
+		default:
+			w.WriteRune(r)
+			inWord = true
+		}
+	}
+	if inWord {
+		words = append(words, w.String())
+	}
+	for i, word := range words {
+		if word == "&&" || word == ";" || word == "|" {
+			return words[:i]
+		}
+	}
+	return words
+}
+
 func mustRead(t *testing.T, path string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -300,4 +397,12 @@ func mustRead(t *testing.T, path string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+func TestShellWords(t *testing.T) {
+	got := shellWords(`CGO_ENABLED=0 go build -ldflags="-s -w" -o '/out/a b' ./cmd/kvtier && echo x`)
+	want := []string{"CGO_ENABLED=0", "go", "build", "-ldflags=-s -w", "-o", "/out/a b", "./cmd/kvtier"}
+	if !slices.Equal(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
 }
