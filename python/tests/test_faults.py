@@ -19,6 +19,19 @@ def _wait_until(cond, what, limit=30.0):
         time.sleep(0.05)
 
 
+def _stopped(pid):
+    """Whether every thread of pid is stopped: kill(SIGSTOP) returns before a thread busy on
+    another CPU has taken the signal, and a busy machine can widen that gap."""
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except FileNotFoundError:
+            continue  # the thread exited
+    return bool(states) and all(s in ("T", "t") for s in states)
+
+
 def _tier_objects(client, name):
     return next(t["objects"] for t in client.stats()["tiers"] if t["name"] == name)
 
@@ -75,6 +88,7 @@ def test_frozen_daemon_times_out_instead_of_hanging(own_daemon):
     e = engine(own_daemon.socket_path, "frozen", timeout=0.3)
     os.kill(own_daemon.proc.pid, signal.SIGSTOP)
     try:
+        _wait_until(lambda: _stopped(own_daemon.proc.pid), "the daemon stopped", limit=10.0)
         assert_close(e.prefill(p), reference(p))
         assert e.steps[0].external_tokens == 0  # ... but cannot answer in time: a miss, not a hang
     finally:
