@@ -31,10 +31,11 @@ def free_port():
     return port
 
 
-def tcp_daemon(kvtier_bin, workdir):
+def tcp_daemon(kvtier_bin, workdir, **env):
     addr = f"127.0.0.1:{free_port()}"
-    d = Daemon(kvtier_bin, str(workdir), chunk_size=CHUNK, extra_env={"KVTIER_TCP_ADDR": addr}).start()
+    d = Daemon(kvtier_bin, str(workdir), chunk_size=CHUNK, extra_env=dict(env, KVTIER_TCP_ADDR=addr)).start()
     d.tcp_addr = addr
+    d.other = None  # the daemon of the other side, which the connector is configured to trust
     return d
 
 
@@ -42,19 +43,26 @@ def tcp_daemon(kvtier_bin, workdir):
 def daemons(kvtier_bin, tmp_path):
     p = tcp_daemon(kvtier_bin, tmp_path / "prefill")
     d = tcp_daemon(kvtier_bin, tmp_path / "decode")
+    p.other, d.other = d, p
     yield p, d
     p.kill()
     d.kill()
 
 
-def producer(d, model, **kw):
+def _trusting(d, kw):
+    """pd_peers: the other side's daemon, unless the test names its own."""
+    if "pd_peers" not in kw and d.other is not None:
+        kw["pd_peers"] = d.other.tcp_addr
     kw.setdefault("prefix_caching", False)
-    return engine(d.socket_path, model, kv_role="kv_producer", tcp_addr=d.tcp_addr, **kw)
+    return kw
+
+
+def producer(d, model, **kw):
+    return engine(d.socket_path, model, kv_role="kv_producer", tcp_addr=d.tcp_addr, **_trusting(d, kw))
 
 
 def consumer(d, model, **kw):
-    kw.setdefault("prefix_caching", False)
-    return engine(d.socket_path, model, kv_role="kv_consumer", **kw)
+    return engine(d.socket_path, model, kv_role="kv_consumer", **_trusting(d, kw))
 
 
 def prefill_params(push_to, tid="t1"):
@@ -125,9 +133,12 @@ def test_decode_loads_the_pushed_prompt_and_matches_one_engine(daemons, daemon_o
     assert all_blocks_free(cons) and not cons.delayed
 
 
-def test_consumer_pulls_when_nothing_was_pushed(daemons):
-    """No consumer address at prefill time: the consumer pulls from the producer's daemon."""
-    pdaemon, ddaemon = daemons
+def test_consumer_pulls_when_nothing_was_pushed(kvtier_bin, tmp_path, daemons):
+    """No consumer address at prefill time: the consumer's daemon reads the chunks from the
+    producer's through its P2P tier (p2p_peers), checksummed, when the connector loads them."""
+    pdaemon, _ = daemons
+    ddaemon = tcp_daemon(kvtier_bin, tmp_path / "decode-p2p", KVTIER_P2P_PEERS=pdaemon.tcp_addr)
+    ddaemon.other = pdaemon
     p = prompt(301, 3 * CHUNK + 1)
     prod = producer(pdaemon, "pd-pull", pd_timeout=0.3)
     prod.add_request(p, "P", kv_transfer_params=prefill_params(""))
@@ -138,8 +149,12 @@ def test_consumer_pulls_when_nothing_was_pushed(daemons):
 
     cons = consumer(ddaemon, "pd-pull")
     d = cons.add_request(p, "D", kv_transfer_params=params)
-    cons.run()
+    try:
+        cons.run()
+    finally:
+        ddaemon.kill()
     assert cons.async_loaded["D"] == 48
+    assert cons.worker_connector.stats.load_errors == 0
     kv_equal(cons, "D", prod, "P", 48)
     assert_close(d.logits[0], reference(p))
 
@@ -196,8 +211,9 @@ def test_producer_frees_blocks_after_the_timeout_when_nobody_reads(daemons):
 
 def test_push_to_a_dead_consumer_frees_blocks_at_once(daemons):
     pdaemon, _ = daemons
-    prod = producer(pdaemon, "pd-dead", pd_timeout=60)
-    prod.add_request(prompt(304, 2 * CHUNK), "P", kv_transfer_params=prefill_params(f"127.0.0.1:{free_port()}"))
+    dead = f"127.0.0.1:{free_port()}"
+    prod = producer(pdaemon, "pd-dead", pd_timeout=60, pd_peers=dead)
+    prod.add_request(prompt(304, 2 * CHUNK), "P", kv_transfer_params=prefill_params(dead))
     prod.run(timeout=20)
     assert prod.worker_connector.send_outcomes["P"] == "failed" and all_blocks_free(prod)
 
@@ -250,8 +266,9 @@ def test_consumer_falls_back_when_the_chunks_never_come(daemons, policy):
     """The push never arrives and the producer's daemon is gone: recompute, or fail the request."""
     pdaemon, ddaemon = daemons
     p = prompt(306, 3 * CHUNK + 5)
-    prod = producer(pdaemon, "pd-never")
-    prod.add_request(p, "P", kv_transfer_params=prefill_params(f"127.0.0.1:{free_port()}"))
+    dead = f"127.0.0.1:{free_port()}"
+    prod = producer(pdaemon, "pd-never", pd_peers=dead)
+    prod.add_request(p, "P", kv_transfer_params=prefill_params(dead))
     prod.run(timeout=20)
     params = prod.output_params["P"]
     assert params["kvtier_pushed"] and prod.worker_connector.send_outcomes["P"] == "failed"
@@ -368,7 +385,9 @@ def test_bad_transfer_params_are_clear_and_harmless():
     assert pd.RemotePrefill.of({"do_remote_prefill": True, "remote_block_ids": [1]}, scope, "", 16, "r") is None
     bad = {"do_remote_prefill": True, "kvtier_transfer_id": "t", "kvtier_tokens": "many"}
     assert pd.RemotePrefill.of(bad, scope, "", 16, "r") is None
-    ok = {"do_remote_prefill": True, "kvtier_transfer_id": "t", "kvtier_tokens": 32, "kvtier_source": "nohost"}
+    ok = {"do_remote_prefill": True, "kvtier_transfer_id": "t", "kvtier_tokens": 32, "kvtier_source": "nohost",
+          "kvtier_model": "m", "kvtier_format": "float32/KV_2LTD", "kvtier_world_size": 1, "kvtier_chunk_size": 16,
+          "kvtier_namespace": ""}
     got = pd.RemotePrefill.of(ok, scope, "", 16, "r")
     assert got.tokens == 32 and got.source == ""
     assert pd.PushRequest.of({"do_remote_decode": True, "kvtier_push_to": "x"}, "r").push_to == ""
