@@ -9,10 +9,13 @@ the request's blocks (``delay_free``) until that push is done or
 
 A *consumer* (decode instance, ``kv_role: kv_consumer``) receives the request
 again with those parameters (``do_remote_prefill``): it reports the prompt's
-whole chunks as loadable asynchronously, waits for them in its daemon, pulls
-them from the producer's daemon if they do not come, and reports the chunks
-it could not get as load errors (vLLM then applies
-``kv_load_failure_policy``).
+whole chunks as loadable asynchronously, loads them as they arrive in its
+daemon, reads the rest from its daemon's tiers (its P2P tier reaches the
+producer's daemon when configured), and reports the chunks it could not get
+as load errors (vLLM then applies ``kv_load_failure_policy``).
+
+Addresses in the parameters come from HTTP clients; the connector dials only
+those its configuration lists (:class:`PeerList`).
 
 This module holds what is specific to that: the roles (and LMCache's
 ``enable_pd`` / ``pd_role``), the parameters exchanged through vLLM, and the
@@ -316,10 +319,12 @@ class Transport:
     ``push`` starts sending chunks ``[start, job.tokens)`` the producer's
     daemon holds to the consumer's and returns at once (calls for one
     transfer add chunks in order, ``last`` on the final one); ``state`` says
-    how it went. ``fetch``
-    (consumer, run on a background thread) returns once the chunks are in
-    the consumer's daemon — pushed there, or pulled from the producer's —
-    or ``deadline`` passed, with the leading tokens it has.
+    how it went. ``fetch`` (consumer, run on a background thread) returns
+    once the pushed chunks are in the consumer's daemon or ``deadline``
+    passed, with the leading tokens it has, handing runs to ``on_ready`` as
+    they come. It never pulls itself: chunks that did not come are read by
+    the consumer's daemon from its own tiers, whose P2P reads are
+    checksummed and go only to the peers its configuration names.
     """
 
     def push(self, job: Job, start: int = 0, last: bool = True) -> None:
@@ -331,7 +336,8 @@ class Transport:
     def forget(self, transfer_id: str) -> None:
         raise NotImplementedError
 
-    def fetch(self, job: Job, link: Link, deadline: float, wait_push: bool) -> int:
+    def fetch(self, job: Job, link: Link, deadline: float, wait_push: bool, start: int = 0,
+              on_ready: Optional[Callable[[int], None]] = None) -> int:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -341,8 +347,7 @@ class Transport:
 class PeerTransport(Transport):
     """Moves chunks with the daemons' existing operations: the producer reads
     them from its daemon's arena and stores them in the consumer's daemon
-    over TCP (``STORE``); the consumer polls its daemon (``LOOKUP``) and pulls
-    over TCP (``RETRIEVE``) what did not come.
+    over TCP (``STORE``); the consumer polls its daemon (``LOOKUP``).
 
     Pushes run one at a time on a background thread with their own daemon
     connection, so a push never holds up a forward pass.
