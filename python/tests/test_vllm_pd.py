@@ -432,7 +432,7 @@ def test_producer_step_time_with_pushing_against_the_connector_off(kvtier_bin, t
         off = Engine(BENCH_MODEL, num_blocks=blocks, block_size=16, prefix_caching=False)
         on = engine(pdaemon.socket_path, "pd-bench", model=BENCH_MODEL, block_size=16,
                     num_blocks=blocks, prefix_caching=False, kv_role="kv_producer",
-                    tcp_addr=pdaemon.tcp_addr)
+                    tcp_addr=pdaemon.tcp_addr, pd_peers=ddaemon.tcp_addr)
         _timed_prefill(off, "w", prompt(999, BENCH_TOKENS))  # warm up torch and the daemon connection
         _timed_prefill(on, "w", prompt(999, BENCH_TOKENS))
         ratios = []
@@ -483,6 +483,14 @@ def test_decoders_take_any_input_without_crashing():
         assert r is None or (r.tokens >= 0 and isinstance(r.transfer_id, str))
         q = pd.PushRequest.of(params, "r")
         assert q is None or isinstance(q.push_to, str)
+    for _ in range(2000):  # pd_peers from configuration: a PeerList or a ValueError
+        text = "".join(rng.choice("0123456789.:,[]* abh") for _ in range(rng.randrange(0, 24)))
+        try:
+            peers = pd.PeerList.parse(text)
+        except ValueError:
+            continue
+        assert isinstance(peers.allows(text), bool)
+    assert pd.rank_transfer("t", 0) != pd.rank_transfer("t", 1) != pd.transfer_number("t")
     assert pd.transfer_number("12") == 12 and pd.transfer_number("0") > 0
     assert pd.transfer_number("ab" * 16) == pd.transfer_number("ab" * 16) != pd.transfer_number("cd" * 16)
 
