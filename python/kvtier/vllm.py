@@ -119,7 +119,7 @@ class Settings:
     # keeps a finished prefill's blocks for its transfer and how long a
     # consumer waits for pushed chunks before pulling or giving up.
     pd_timeout: float = 30.0
-    tcp_addr: str = ""   # this node's daemon TCP address, handed to consumers to pull from
+    tcp_addr: str = ""   # this node's daemon TCP address, handed to consumers (kvtier_source)
     tcp_token: str = ""  # the token other daemons' TCP ports want
     push_to: str = ""    # the consumer daemon when a request names none (LMCache: pd_peer_host:pd_peer_init_port)
     # The daemons a request's kvtier_push_to / kvtier_source may name (comma-separated
