@@ -45,9 +45,10 @@ class Peer:
         self._lock = threading.Lock()
         self._next_id = 1
         self._scopes: dict = {}
+        self._sock: Optional[socket.socket] = None  # close() works whatever fails below
         host, port = parse_addr(addr)
         try:
-            self._sock: Optional[socket.socket] = socket.create_connection((host, port), timeout=timeout)
+            self._sock = socket.create_connection((host, port), timeout=timeout)
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             body = self._call(p.OP_HELLO, p.pack_hello(name, token))
         except OSError as e:

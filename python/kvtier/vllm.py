@@ -37,6 +37,7 @@ Principles:
 from __future__ import annotations
 
 import array
+import dataclasses
 import logging
 import threading
 import time
@@ -118,9 +119,13 @@ class Settings:
     # keeps a finished prefill's blocks for its transfer and how long a
     # consumer waits for pushed chunks before pulling or giving up.
     pd_timeout: float = 30.0
-    tcp_addr: str = ""   # this node's daemon TCP address, handed to consumers to pull from
+    tcp_addr: str = ""   # this node's daemon TCP address, handed to consumers (kvtier_source)
     tcp_token: str = ""  # the token other daemons' TCP ports want
     push_to: str = ""    # the consumer daemon when a request names none (LMCache: pd_peer_host:pd_peer_init_port)
+    # The daemons a request's kvtier_push_to / kvtier_source may name (comma-separated
+    # host:port, or "*" for any): others are ignored, so HTTP clients cannot choose
+    # where this node connects. push_to is allowed without being listed.
+    pd_peers: str = ""
 
     @classmethod
     def from_extra(cls, extra: Dict[str, Any]) -> "Settings":
@@ -131,6 +136,8 @@ class Settings:
                 log.warning("kvtier: unknown kv_connector_extra_config key %r ignored", key)
                 continue
             default = getattr(s, key)
+            if key == "pd_peers" and isinstance(value, (list, tuple)):
+                value = ",".join(str(x) for x in value)
             setattr(s, key, _truthy(value) if isinstance(default, bool) else type(default)(value))
         s.socket_path = s.socket_path or default_socket_path()
         if s.key_mode not in ("tokens", "block_hashes"):
@@ -157,7 +164,19 @@ class Settings:
         s.push_to = s.push_to or pd.lmcache_push_to(lmcache)
         if s.pd_timeout <= 0:
             raise ValueError(f"pd_timeout {s.pd_timeout}: want seconds > 0")
+        s.peer_list()  # a bad pd_peers entry is an error at start
         return s, role
+
+    def peer_list(self) -> pd.PeerList:
+        """``pd_peers`` parsed (once per value)."""
+        cached = getattr(self, "_peer_list", None)
+        if cached is None or cached[0] != self.pd_peers:
+            try:
+                cached = (self.pd_peers, pd.PeerList.parse(self.pd_peers))
+            except ValueError as e:
+                raise ValueError(f"pd_peers: {e}") from None
+            object.__setattr__(self, "_peer_list", cached)
+        return cached[1]
 
 
 def _truthy(v: Any) -> bool:
@@ -403,7 +422,7 @@ class KVTierConnector(KVConnectorBase_V1):
             if tokens is None or not self.can_load:  # prompt embeddings: nothing to key by
                 return 0, False
             remote = pd.RemotePrefill.of(getattr(request, "kv_transfer_params", None), self.link.scope_args,
-                                         namespace, self._chunk, request.request_id)
+                                         namespace, self._chunk, request.request_id, self.settings.peer_list())
             if remote is not None:
                 return self._match_remote(request, remote, num_computed_tokens, len(tokens))
             skip = chunk_floor(num_computed_tokens, self._chunk)
@@ -572,7 +591,7 @@ class KVTierConnector(KVConnectorBase_V1):
         self._add_save(req, state)
         if req.save_end > req.save_start:
             push = pd.PushRequest.of(getattr(state.request, "kv_transfer_params", None), req_id,
-                                     self.settings.push_to)
+                                     self.settings.push_to, self.settings.peer_list())
             req.push = push if push is not None and push.push_to else None
         if req.load_end or req.save_end:
             meta.requests.append(req)
@@ -601,7 +620,8 @@ class KVTierConnector(KVConnectorBase_V1):
         rid = request.request_id
         state = self._tracked.get(rid)
         self._forget(rid)
-        push = pd.PushRequest.of(getattr(request, "kv_transfer_params", None), rid, self.settings.push_to)
+        push = pd.PushRequest.of(getattr(request, "kv_transfer_params", None), rid, self.settings.push_to,
+                                 self.settings.peer_list())
         if push is None or not self.can_save or _aborted(request):
             return False, None
         namespace = namespace_of(self.settings.namespace, request)
@@ -855,18 +875,23 @@ class KVTierConnector(KVConnectorBase_V1):
         try:
             if req.remote is not None:
                 self._fetch_remote(req, link)
-            load = self._prepare_load(req, link)
-            if load is not None:
-                if self._async_copier is None:
-                    self._async_copier = kvl.copier_for(self._device)
-                with self._async_copy_lock:  # one asynchronous load copies at a time through its copier
-                    self._copy_layers([load], link, self._async_copier, [])
+            else:
+                self._load_async_part(req, link)
         except Exception as e:  # noqa: BLE001 - vLLM must hear back, or the request waits forever
             log.error("kvtier: asynchronous load of %s: %s", req.req_id, e)
             self._fail_blocks(req, req.load_start, req.load_end)
         finally:
             with self._lock:
                 self._done_recving.add(req.req_id)
+
+    def _load_async_part(self, req: ReqMeta, link: Link) -> None:
+        """Leases ``[req.load_start, req.load_end)`` and copies it in; what is missing becomes load errors."""
+        load = self._prepare_load(req, link)
+        if load is not None:
+            if self._async_copier is None:
+                self._async_copier = kvl.copier_for(self._device)
+            with self._async_copy_lock:  # one asynchronous load copies at a time through its copier
+                self._copy_layers([load], link, self._async_copier, [])
 
     def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
         with self._lock:
@@ -928,18 +953,31 @@ class KVTierConnector(KVConnectorBase_V1):
         return out
 
     def _fetch_remote(self, req: ReqMeta, link: Link) -> None:
-        """Waits for a producer's chunks in this daemon (pushed), pulls what did not come; what is
-        still missing then fails in _prepare_load and becomes load errors."""
+        """Loads a producer's chunks as they arrive in this daemon, each run as soon as it is
+        there (reading frees the receive budget the push needs for the next chunks), then the
+        rest from wherever the daemon finds it (its own tiers: disk, remote, P2P peers it is
+        configured with); what is still missing becomes load errors."""
         r = req.remote
         job = pd.Job(r.transfer_id, req.namespace, req.keys, req.load_end, r.source)
+        loaded = [req.load_start]  # tokens copied in so far
+
+        def ready(upto: int) -> None:
+            upto = min(upto, req.load_end)
+            if upto > loaded[0]:
+                self._load_async_part(dataclasses.replace(req, load_start=loaded[0], load_end=upto, remote=None),
+                                      link)
+                loaded[0] = upto
+
         try:
-            have = self._pd().fetch(job, link, time.monotonic() + self.settings.pd_timeout, r.pushed)
+            self._pd().fetch(job, link, time.monotonic() + self.settings.pd_timeout, r.pushed, req.load_start, ready)
         except _ABSORBED as e:
             link.fail(e)
-            return
-        if have < req.load_end:
-            log.warning("kvtier: transfer %s of %s: %d of %d tokens arrived; the rest is recomputed "
-                        "(kv_load_failure_policy decides)", r.transfer_id, req.req_id, have, req.load_end)
+        if loaded[0] < req.load_end:
+            if r.pushed:
+                log.warning("kvtier: transfer %s of %s: %d of %d tokens arrived; the rest is read from this "
+                            "daemon's tiers or recomputed (kv_load_failure_policy decides)",
+                            r.transfer_id, req.req_id, loaded[0], req.load_end)
+            self._load_async_part(dataclasses.replace(req, load_start=loaded[0], remote=None), link)
 
     # ----- layer hooks
 

@@ -9,10 +9,13 @@ the request's blocks (``delay_free``) until that push is done or
 
 A *consumer* (decode instance, ``kv_role: kv_consumer``) receives the request
 again with those parameters (``do_remote_prefill``): it reports the prompt's
-whole chunks as loadable asynchronously, waits for them in its daemon, pulls
-them from the producer's daemon if they do not come, and reports the chunks
-it could not get as load errors (vLLM then applies
-``kv_load_failure_policy``).
+whole chunks as loadable asynchronously, loads them as they arrive in its
+daemon, reads the rest from its daemon's tiers (its P2P tier reaches the
+producer's daemon when configured), and reports the chunks it could not get
+as load errors (vLLM then applies ``kv_load_failure_policy``).
+
+Addresses in the parameters come from HTTP clients; the connector dials only
+those its configuration lists (:class:`PeerList`).
 
 This module holds what is specific to that: the roles (and LMCache's
 ``enable_pd`` / ``pd_role``), the parameters exchanged through vLLM, and the
@@ -28,9 +31,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
-
-import torch
+from typing import Any, Callable, Dict, FrozenSet, Optional, Tuple
 
 from . import protocol as p
 from .client import KVTierError, NotFound, StatusError
@@ -124,6 +125,64 @@ def lmcache_push_to(lmcache: Dict[str, Any]) -> str:
     return f"{host}:{int(ports[0])}"
 
 
+# ------------------------------------------------------------ trust
+
+
+class PeerList:
+    """The daemons this instance may push to or hear from (the ``pd_peers`` setting).
+
+    Addresses in a request's ``kv_transfer_params`` come from HTTP clients:
+    the connector dials one only if configuration names it, so a client can
+    neither make this node send its ``tcp_token`` to an address of its choice
+    nor point the consumer at a daemon of its own. ``*`` trusts any address
+    (a deployment whose HTTP clients are all trusted).
+    """
+
+    def __init__(self, addrs: FrozenSet[Tuple[str, int]] = frozenset(), any_addr: bool = False):
+        self.addrs, self.any = addrs, any_addr
+
+    @classmethod
+    def parse(cls, value: Any) -> "PeerList":
+        """From a list or a comma-separated string; ValueError names a bad entry."""
+        items = value if isinstance(value, (list, tuple)) else str(value or "").split(",")
+        items = [str(x).strip() for x in items if str(x).strip()]
+        if "*" in items:
+            return cls(frozenset(), True)
+        return cls(frozenset(parse_addr(x) for x in items))
+
+    def allows(self, addr: str, *also: str) -> bool:
+        """Whether ``addr`` is listed (or one of ``also``, other configured addresses)."""
+        if not addr:
+            return False
+        if self.any:
+            return True
+        try:
+            want = parse_addr(addr)
+        except ValueError:
+            return False
+        return want in self.addrs or any(x and _same_addr(x, want) for x in also)
+
+
+def _same_addr(addr: str, want: Tuple[str, int]) -> bool:
+    try:
+        return parse_addr(addr) == want
+    except ValueError:
+        return False
+
+
+_NO_PEERS = PeerList()
+_last_warned: Dict[str, float] = {}
+_WARN_EVERY = 60.0  # seconds between two warnings of one kind: a client can repeat a request at will
+
+
+def _warn_limited(kind: str, msg: str, *args: Any) -> None:
+    """Logs a warning at most once a minute per kind, so requests cannot flood the log."""
+    now = time.monotonic()
+    if now - _last_warned.get(kind, float("-inf")) >= _WARN_EVERY:
+        _last_warned[kind] = now
+        log.warning(msg + " (logged once a minute)", *args)
+
+
 # ------------------------------------------------------------ parameters
 
 
@@ -135,7 +194,10 @@ class PushRequest:
     push_to: str  # the consumer daemon's TCP address; "" = the consumer pulls
 
     @classmethod
-    def of(cls, params: Any, request_id: str, default_push_to: str = "") -> Optional["PushRequest"]:
+    def of(cls, params: Any, request_id: str, default_push_to: str = "",
+           peers: PeerList = _NO_PEERS) -> Optional["PushRequest"]:
+        """The push a request asks for; ``kvtier_push_to`` counts only when ``peers`` or
+        ``default_push_to`` (the configured ``push_to``) name it, else nothing is pushed."""
         if not isinstance(params, dict) or not params.get("do_remote_decode"):
             return None
         tid = str(params.get("kvtier_transfer_id") or request_id)
@@ -144,8 +206,13 @@ class PushRequest:
             try:
                 parse_addr(push_to)
             except ValueError as e:
-                log.warning("kvtier: request %s: kvtier_push_to: %s; the consumer will have to pull", request_id, e)
+                _warn_limited("push_to_bad", "kvtier: request %s: kvtier_push_to: %s; nothing is pushed",
+                              request_id, e)
                 push_to = ""
+        if push_to and not peers.allows(push_to, default_push_to):
+            _warn_limited("push_to_denied", "kvtier: request %s: kvtier_push_to %r is not in pd_peers; "
+                          "nothing is pushed", request_id, push_to)
+            push_to = ""
         return cls(tid, push_to)
 
 
@@ -160,8 +227,12 @@ class RemotePrefill:
 
     @classmethod
     def of(cls, params: Any, scope: Tuple[str, str, int, int], namespace: str, chunk: int,
-           request_id: str) -> Optional["RemotePrefill"]:
-        """The remote prefill a request asks for, or None (no params, or params for another engine)."""
+           request_id: str, peers: PeerList = _NO_PEERS) -> Optional["RemotePrefill"]:
+        """The remote prefill a request asks for, or None (no params, params for another
+        engine, or params without the scope a producer always sends).
+
+        ``kvtier_source`` is kept only when ``peers`` names it: the consumer asks
+        that daemon how the push goes, and nothing else."""
         if not isinstance(params, dict) or not params.get("do_remote_prefill"):
             return None
         if "kvtier_transfer_id" not in params:
@@ -171,7 +242,11 @@ class RemotePrefill:
                 "kvtier_chunk_size": chunk, "kvtier_namespace": namespace}
         for key, mine in want.items():
             theirs = params.get(key)
-            if theirs is not None and theirs != mine:
+            if theirs is None:
+                _warn_limited("scope_missing", "kvtier: request %s: do_remote_prefill without %s: "
+                              "not a producer's answer; recomputing the prompt", request_id, key)
+                return None
+            if theirs != mine:
                 log.warning("kvtier: request %s: the producer's %s is %r, this engine's %r: recomputing the prompt",
                             request_id, key, theirs, mine)
                 return None
@@ -185,8 +260,12 @@ class RemotePrefill:
             try:
                 parse_addr(source)
             except ValueError as e:
-                log.warning("kvtier: request %s: kvtier_source: %s", request_id, e)
+                _warn_limited("source_bad", "kvtier: request %s: kvtier_source: %s", request_id, e)
                 source = ""
+        if source and not peers.allows(source):
+            _warn_limited("source_denied", "kvtier: request %s: kvtier_source %r is not in pd_peers; "
+                          "it is not asked", request_id, source)
+            source = ""
         return cls(str(params["kvtier_transfer_id"]), source, max(tokens, 0), bool(params.get("kvtier_pushed")))
 
 
@@ -240,10 +319,12 @@ class Transport:
     ``push`` starts sending chunks ``[start, job.tokens)`` the producer's
     daemon holds to the consumer's and returns at once (calls for one
     transfer add chunks in order, ``last`` on the final one); ``state`` says
-    how it went. ``fetch``
-    (consumer, run on a background thread) returns once the chunks are in
-    the consumer's daemon — pushed there, or pulled from the producer's —
-    or ``deadline`` passed, with the leading tokens it has.
+    how it went. ``fetch`` (consumer, run on a background thread) returns
+    once the pushed chunks are in the consumer's daemon or ``deadline``
+    passed, with the leading tokens it has, handing runs to ``on_ready`` as
+    they come. It never pulls itself: chunks that did not come are read by
+    the consumer's daemon from its own tiers, whose P2P reads are
+    checksummed and go only to the peers its configuration names.
     """
 
     def push(self, job: Job, start: int = 0, last: bool = True) -> None:
@@ -255,7 +336,8 @@ class Transport:
     def forget(self, transfer_id: str) -> None:
         raise NotImplementedError
 
-    def fetch(self, job: Job, link: Link, deadline: float, wait_push: bool) -> int:
+    def fetch(self, job: Job, link: Link, deadline: float, wait_push: bool, start: int = 0,
+              on_ready: Optional[Callable[[int], None]] = None) -> int:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -265,8 +347,7 @@ class Transport:
 class PeerTransport(Transport):
     """Moves chunks with the daemons' existing operations: the producer reads
     them from its daemon's arena and stores them in the consumer's daemon
-    over TCP (``STORE``); the consumer polls its daemon (``LOOKUP``) and pulls
-    over TCP (``RETRIEVE``) what did not come.
+    over TCP (``STORE``); the consumer polls its daemon (``LOOKUP``).
 
     Pushes run one at a time on a background thread with their own daemon
     connection, so a push never holds up a forward pass.
@@ -352,7 +433,8 @@ class PeerTransport(Transport):
 
     # ----- fetch (consumer)
 
-    def fetch(self, job: Job, link: Link, deadline: float, wait_push: bool) -> int:
+    def fetch(self, job: Job, link: Link, deadline: float, wait_push: bool, start: int = 0,
+              on_ready: Optional[Callable[[int], None]] = None) -> int:
         c = link.get()
         chunk = c.chunk_tokens
         want = job.tokens // chunk * chunk
@@ -364,29 +446,13 @@ class PeerTransport(Transport):
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 0.05)
             have = self._have(c, job, local, want)
-        if have < want and job.peer:
-            try:
-                have = self._pull(c, link, job, local, have, want)
-            except _ABSORBED as e:
-                log.warning("kvtier: pulling %s from %s: %s", job.transfer_id, job.peer, e)
+        if on_ready is not None and have > start:
+            on_ready(have)
         return have
 
     @staticmethod
     def _have(c: Any, job: Job, scope: int, want: int) -> int:
         return min(c.lookup(job.keys.build(c, scope, want, 0)).tokens, want)
-
-    def _pull(self, c: Any, link: Link, job: Job, local: int, have: int, want: int) -> int:
-        model, fmt, world, rank = link.scope_args
-        with Peer(job.peer, self.token, self.timeout) as peer:
-            if peer.chunk_tokens != c.chunk_tokens:
-                raise ValueError(f"the producer's daemon has {peer.chunk_tokens}-token chunks, ours {c.chunk_tokens}")
-            remote = peer.scope(model, fmt, world, rank, job.namespace)
-            _, data = peer.retrieve(job.keys.build(peer, remote, want, have))
-        if not data:
-            return have
-        stored = c.store(job.keys.build(c, local, have + len(data) * c.chunk_tokens, have),
-                         [torch.frombuffer(d, dtype=torch.uint8) for d in data])
-        return have + stored * c.chunk_tokens
 
     def close(self) -> None:
         if self._thread is not None:
@@ -403,6 +469,15 @@ def transfer_number(transfer_id: str) -> int:
         return int(transfer_id)
     n = int.from_bytes(hashlib.blake2b(transfer_id.encode(), digest_size=8).digest(), "little")
     return n or 1
+
+
+def rank_transfer(transfer_id: str, rank: int) -> int:
+    """The daemon's transfer id for one tensor-parallel rank's part of a transfer.
+
+    Ranks of one instance share a daemon and the request's parameters; each
+    pushes its own chunks, so each needs a transfer of its own (one rank's
+    ``last`` must not close another's)."""
+    return transfer_number(f"{transfer_id}/{rank}")
 
 
 _UNKNOWN_OP = 2  # a daemon from before the transfer operations
@@ -422,6 +497,7 @@ class DaemonTransport(PeerTransport):
 
     slice_s = 0.1  # one WAIT at most this long: the connection is shared with other loads
     ask_s = 0.5    # how often a waiting consumer asks the producer's daemon about the push
+    unreachable_grace_s = 5.0  # how long the producer's daemon may not answer before the wait ends
 
     def __init__(self, link: Link, token: str = "", timeout: float = 5.0, push_timeout: float = 60.0):
         super().__init__(link, token, timeout)
@@ -468,7 +544,7 @@ class DaemonTransport(PeerTransport):
             return
         model, fmt, world, rank = self.link.scope_args
         scope = c.scope(model, fmt, world_size=world, rank=rank, namespace=job.namespace)
-        c.push(transfer_number(job.transfer_id), job.peer, job.keys.build(c, scope, end, min(skip, end)),
+        c.push(rank_transfer(job.transfer_id, rank), job.peer, job.keys.build(c, scope, end, min(skip, end)),
                timeout_ms=self.push_timeout_ms, last=last)
 
     def state(self, transfer_id: str) -> str:
@@ -478,7 +554,7 @@ class DaemonTransport(PeerTransport):
         if fallback or local != PENDING:
             return local
         try:
-            st = self.link.get().push_status(transfer_number(transfer_id))
+            st = self.link.get().push_status(rank_transfer(transfer_id, self.link.scope_args[3]))
         except NotFound:
             return FAILED
         except _ABSORBED as e:
@@ -494,55 +570,86 @@ class DaemonTransport(PeerTransport):
         with self._lock:
             self._fallback.discard(transfer_id)
 
-    def fetch(self, job: Job, link: Link, deadline: float, wait_push: bool) -> int:
+    def fetch(self, job: Job, link: Link, deadline: float, wait_push: bool, start: int = 0,
+              on_ready: Optional[Callable[[int], None]] = None) -> int:
+        """WAITs for the pushed chunks from ``start`` (tokens, on a chunk boundary) and hands
+        each leading run to ``on_ready`` (the tokens now here) as soon as it arrives: reading
+        a chunk frees its bytes in the receive budget, so a prompt larger than the budget
+        still streams through. Returns the tokens that arrived."""
         if self._old:
-            return super().fetch(job, link, deadline, wait_push)
+            return super().fetch(job, link, deadline, wait_push, start, on_ready)
         c = link.get()
         chunk = c.chunk_tokens
         want = job.tokens // chunk * chunk
-        if want == 0:
-            return 0
+        if want <= start:
+            return start
         model, fmt, world, rank = link.scope_args
         local = c.scope(model, fmt, world_size=world, rank=rank, namespace=job.namespace)
-        keys = job.keys.build(c, local, want, 0)
         try:
-            have = self._wait(c, keys, job, deadline if wait_push else time.monotonic())
+            return self._wait(c, job, local, want, start // chunk * chunk, rank,
+                              deadline if wait_push else time.monotonic(), on_ready)
         except StatusError as e:
             if not _old_daemon(e):
                 raise
             self._old = True
-            return super().fetch(job, link, deadline, wait_push)
-        if have < want and job.peer:
-            try:
-                have = self._pull(c, link, job, local, have, want)
-            except _ABSORBED as e:
-                log.warning("kvtier: pulling %s from %s: %s", job.transfer_id, job.peer, e)
-        return have
+            return super().fetch(job, link, deadline, wait_push, start, on_ready)
 
-    def _wait(self, c: Any, keys: p.Keys, job: Job, deadline: float) -> int:
-        """WAITs in short slices until every chunk is here, the deadline, or the producer's
-        daemon says the push failed (asked every ``ask_s``: a dead producer ends the wait)."""
-        number = transfer_number(job.transfer_id)
+    def _wait(self, c: Any, job: Job, local: int, want: int, done: int, rank: int, deadline: float,
+              on_ready: Optional[Callable[[int], None]]) -> int:
+        """WAITs in short slices for the next chunk (``least`` 1) until all are here, the
+        deadline, or the producer's daemon says the push failed (asked every ``ask_s``)."""
+        number = rank_transfer(job.transfer_id, rank)
         chunk = c.chunk_tokens
-        want = len(keys.items) // chunk if keys.kind == p.KIND_TOKENS else len(keys.items)
         next_ask = time.monotonic() + self.ask_s
-        while True:
+        asker = _PushAsker(self, job.peer, number)
+        while done < want:
             left = deadline - time.monotonic()
-            got = c.wait(keys, int(max(0.0, min(left, self.slice_s)) * 1000)).chunks
-            if got >= want or left <= self.slice_s:
-                return got * chunk
+            keys = job.keys.build(c, local, want, done)
+            got = c.wait(keys, int(max(0.0, min(left, self.slice_s)) * 1000), least=1).chunks
+            if got:
+                done += got * chunk
+                if on_ready is not None:
+                    on_ready(done)
+                continue
+            if left <= self.slice_s:
+                break
             if job.peer and time.monotonic() >= next_ask:
-                if not self._producer_pushing(job.peer, number):
-                    return got * chunk
+                if not asker.pushing():
+                    break
                 next_ask = time.monotonic() + self.ask_s
+        return done
 
-    def _producer_pushing(self, source: str, number: int) -> bool:
-        """False once the producer's daemon says the push failed, or cannot say (it is gone)."""
+
+class _PushAsker:
+    """Asks a producer's daemon how a push goes, for a consumer that waits for it.
+
+    Only an answer ends the wait — the push failed — or the daemon staying
+    unreachable for ``unreachable_grace_s``: one timeout or refused connection
+    is a hiccup, not a failed push."""
+
+    def __init__(self, transport: "DaemonTransport", source: str, number: int):
+        self.t, self.source, self.number = transport, source, number
+        self.unreachable_since: Optional[float] = None
+        self.failures = 0  # asks that got no answer, for tests and logs
+
+    def pushing(self) -> bool:
         try:
-            with Peer(source, self.token, self.timeout) as peer:
-                st = peer.push_status(number)
+            with Peer(self.source, self.t.token, self.t.timeout) as peer:
+                st = peer.push_status(self.number)
         except NotFound:
+            self.unreachable_since = None
             return True  # not started yet: the producer pushes after its step
-        except _ABSORBED:
+        except _ABSORBED as e:
+            self.failures += 1
+            now = time.monotonic()
+            if self.unreachable_since is None:
+                self.unreachable_since = now
+            if now - self.unreachable_since < self.t.unreachable_grace_s:
+                return True
+            log.warning("kvtier: the producer's daemon %s unreachable for %.1f s: %s",
+                        self.source, now - self.unreachable_since, e)
             return False
+        self.unreachable_since = None
+        if st.failed:
+            log.warning("kvtier: push %d from %s failed: %s", self.number, self.source, st.message)
         return not st.failed

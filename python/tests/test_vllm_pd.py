@@ -31,10 +31,11 @@ def free_port():
     return port
 
 
-def tcp_daemon(kvtier_bin, workdir):
+def tcp_daemon(kvtier_bin, workdir, **env):
     addr = f"127.0.0.1:{free_port()}"
-    d = Daemon(kvtier_bin, str(workdir), chunk_size=CHUNK, extra_env={"KVTIER_TCP_ADDR": addr}).start()
+    d = Daemon(kvtier_bin, str(workdir), chunk_size=CHUNK, extra_env=dict(env, KVTIER_TCP_ADDR=addr)).start()
     d.tcp_addr = addr
+    d.other = None  # the daemon of the other side, which the connector is configured to trust
     return d
 
 
@@ -42,19 +43,26 @@ def tcp_daemon(kvtier_bin, workdir):
 def daemons(kvtier_bin, tmp_path):
     p = tcp_daemon(kvtier_bin, tmp_path / "prefill")
     d = tcp_daemon(kvtier_bin, tmp_path / "decode")
+    p.other, d.other = d, p
     yield p, d
     p.kill()
     d.kill()
 
 
-def producer(d, model, **kw):
+def _trusting(d, kw):
+    """pd_peers: the other side's daemon, unless the test names its own."""
+    if "pd_peers" not in kw and d.other is not None:
+        kw["pd_peers"] = d.other.tcp_addr
     kw.setdefault("prefix_caching", False)
-    return engine(d.socket_path, model, kv_role="kv_producer", tcp_addr=d.tcp_addr, **kw)
+    return kw
+
+
+def producer(d, model, **kw):
+    return engine(d.socket_path, model, kv_role="kv_producer", tcp_addr=d.tcp_addr, **_trusting(d, kw))
 
 
 def consumer(d, model, **kw):
-    kw.setdefault("prefix_caching", False)
-    return engine(d.socket_path, model, kv_role="kv_consumer", **kw)
+    return engine(d.socket_path, model, kv_role="kv_consumer", **_trusting(d, kw))
 
 
 def prefill_params(push_to, tid="t1"):
@@ -125,9 +133,12 @@ def test_decode_loads_the_pushed_prompt_and_matches_one_engine(daemons, daemon_o
     assert all_blocks_free(cons) and not cons.delayed
 
 
-def test_consumer_pulls_when_nothing_was_pushed(daemons):
-    """No consumer address at prefill time: the consumer pulls from the producer's daemon."""
-    pdaemon, ddaemon = daemons
+def test_consumer_pulls_when_nothing_was_pushed(kvtier_bin, tmp_path, daemons):
+    """No consumer address at prefill time: the consumer's daemon reads the chunks from the
+    producer's through its P2P tier (p2p_peers), checksummed, when the connector loads them."""
+    pdaemon, _ = daemons
+    ddaemon = tcp_daemon(kvtier_bin, tmp_path / "decode-p2p", KVTIER_P2P_PEERS=pdaemon.tcp_addr)
+    ddaemon.other = pdaemon
     p = prompt(301, 3 * CHUNK + 1)
     prod = producer(pdaemon, "pd-pull", pd_timeout=0.3)
     prod.add_request(p, "P", kv_transfer_params=prefill_params(""))
@@ -138,8 +149,12 @@ def test_consumer_pulls_when_nothing_was_pushed(daemons):
 
     cons = consumer(ddaemon, "pd-pull")
     d = cons.add_request(p, "D", kv_transfer_params=params)
-    cons.run()
+    try:
+        cons.run()
+    finally:
+        ddaemon.kill()
     assert cons.async_loaded["D"] == 48
+    assert cons.worker_connector.stats.load_errors == 0
     kv_equal(cons, "D", prod, "P", 48)
     assert_close(d.logits[0], reference(p))
 
@@ -196,8 +211,9 @@ def test_producer_frees_blocks_after_the_timeout_when_nobody_reads(daemons):
 
 def test_push_to_a_dead_consumer_frees_blocks_at_once(daemons):
     pdaemon, _ = daemons
-    prod = producer(pdaemon, "pd-dead", pd_timeout=60)
-    prod.add_request(prompt(304, 2 * CHUNK), "P", kv_transfer_params=prefill_params(f"127.0.0.1:{free_port()}"))
+    dead = f"127.0.0.1:{free_port()}"
+    prod = producer(pdaemon, "pd-dead", pd_timeout=60, pd_peers=dead)
+    prod.add_request(prompt(304, 2 * CHUNK), "P", kv_transfer_params=prefill_params(dead))
     prod.run(timeout=20)
     assert prod.worker_connector.send_outcomes["P"] == "failed" and all_blocks_free(prod)
 
@@ -250,8 +266,9 @@ def test_consumer_falls_back_when_the_chunks_never_come(daemons, policy):
     """The push never arrives and the producer's daemon is gone: recompute, or fail the request."""
     pdaemon, ddaemon = daemons
     p = prompt(306, 3 * CHUNK + 5)
-    prod = producer(pdaemon, "pd-never")
-    prod.add_request(p, "P", kv_transfer_params=prefill_params(f"127.0.0.1:{free_port()}"))
+    dead = f"127.0.0.1:{free_port()}"
+    prod = producer(pdaemon, "pd-never", pd_peers=dead)
+    prod.add_request(p, "P", kv_transfer_params=prefill_params(dead))
     prod.run(timeout=20)
     params = prod.output_params["P"]
     assert params["kvtier_pushed"] and prod.worker_connector.send_outcomes["P"] == "failed"
@@ -368,7 +385,9 @@ def test_bad_transfer_params_are_clear_and_harmless():
     assert pd.RemotePrefill.of({"do_remote_prefill": True, "remote_block_ids": [1]}, scope, "", 16, "r") is None
     bad = {"do_remote_prefill": True, "kvtier_transfer_id": "t", "kvtier_tokens": "many"}
     assert pd.RemotePrefill.of(bad, scope, "", 16, "r") is None
-    ok = {"do_remote_prefill": True, "kvtier_transfer_id": "t", "kvtier_tokens": 32, "kvtier_source": "nohost"}
+    ok = {"do_remote_prefill": True, "kvtier_transfer_id": "t", "kvtier_tokens": 32, "kvtier_source": "nohost",
+          "kvtier_model": "m", "kvtier_format": "float32/KV_2LTD", "kvtier_world_size": 1, "kvtier_chunk_size": 16,
+          "kvtier_namespace": ""}
     got = pd.RemotePrefill.of(ok, scope, "", 16, "r")
     assert got.tokens == 32 and got.source == ""
     assert pd.PushRequest.of({"do_remote_decode": True, "kvtier_push_to": "x"}, "r").push_to == ""
@@ -413,7 +432,7 @@ def test_producer_step_time_with_pushing_against_the_connector_off(kvtier_bin, t
         off = Engine(BENCH_MODEL, num_blocks=blocks, block_size=16, prefix_caching=False)
         on = engine(pdaemon.socket_path, "pd-bench", model=BENCH_MODEL, block_size=16,
                     num_blocks=blocks, prefix_caching=False, kv_role="kv_producer",
-                    tcp_addr=pdaemon.tcp_addr)
+                    tcp_addr=pdaemon.tcp_addr, pd_peers=ddaemon.tcp_addr)
         _timed_prefill(off, "w", prompt(999, BENCH_TOKENS))  # warm up torch and the daemon connection
         _timed_prefill(on, "w", prompt(999, BENCH_TOKENS))
         ratios = []
@@ -464,5 +483,230 @@ def test_decoders_take_any_input_without_crashing():
         assert r is None or (r.tokens >= 0 and isinstance(r.transfer_id, str))
         q = pd.PushRequest.of(params, "r")
         assert q is None or isinstance(q.push_to, str)
+    for _ in range(2000):  # pd_peers from configuration: a PeerList or a ValueError
+        text = "".join(rng.choice("0123456789.:,[]* abh") for _ in range(rng.randrange(0, 24)))
+        try:
+            peers = pd.PeerList.parse(text)
+        except ValueError:
+            continue
+        assert isinstance(peers.allows(text), bool)
+    assert pd.rank_transfer("t", 0) != pd.rank_transfer("t", 1) != pd.transfer_number("t")
     assert pd.transfer_number("12") == 12 and pd.transfer_number("0") > 0
     assert pd.transfer_number("ab" * 16) == pd.transfer_number("ab" * 16) != pd.transfer_number("cd" * 16)
+
+
+# ------------------------------------------------ review regressions (docs/pd.md)
+
+
+class Listener:
+    """A TCP port that only records connections: an address a client may name in its params."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.addr = "127.0.0.1:%d" % self.sock.getsockname()[1]
+
+    def connected(self):
+        """Whether anyone connected (connections wait in the backlog until accepted)."""
+        self.sock.settimeout(0.2)
+        try:
+            conn, _ = self.sock.accept()
+        except socket.timeout:
+            return False
+        conn.close()
+        return True
+
+    def close(self):
+        self.sock.close()
+
+
+def test_push_to_outside_pd_peers_is_never_dialled(daemons):
+    """A prefill request naming kvtier_push_to that configuration does not list: nothing is pushed,
+    so the producer daemon never sends its HELLO (with the fleet's token) there."""
+    pdaemon, ddaemon = daemons
+    evil = Listener()
+    try:
+        prod = producer(pdaemon, "pd-evil-push", pd_timeout=0.5)
+        prod.add_request(prompt(320, 3 * CHUNK), "P", kv_transfer_params=prefill_params(evil.addr))
+        prod.run(timeout=20)
+        assert not prod.output_params["P"]["kvtier_pushed"]
+        assert not evil.connected(), "the producer's daemon connected to an address from the request"
+    finally:
+        evil.close()
+    allowed = pd.PeerList.parse([ddaemon.tcp_addr])
+    assert pd.PushRequest.of(prefill_params(ddaemon.tcp_addr), "r", "", allowed).push_to == ddaemon.tcp_addr
+    # The configured push_to is allowed without being listed; any other address only with "*".
+    assert pd.PushRequest.of(prefill_params(""), "r", evil.addr).push_to == evil.addr
+    assert pd.PushRequest.of(prefill_params(evil.addr), "r", ddaemon.tcp_addr).push_to == ""
+    assert pd.PushRequest.of(prefill_params(evil.addr), "r", "", pd.PeerList.parse("*")).push_to == evil.addr
+    with pytest.raises(ValueError, match="pd_peers"):
+        _role("kv_both", {"pd_peers": "nohost"})
+    assert _role("kv_both", {"pd_peers": ["10.0.0.1:7", "10.0.0.2:7"]})[0].peer_list().allows("10.0.0.2:7")
+
+
+@pytest.mark.parametrize("scoped", [True, False], ids=["source-not-listed", "no-scope-fields"])
+def test_decode_params_from_a_client_cannot_poison_the_cache(daemons, scoped):
+    """A decode request whose params name a kvtier_source not in pd_peers, or leave out the
+    scope a producer always sends: the consumer contacts nobody, loads nothing and computes
+    the prompt; its daemon holds nothing under the prompt's keys afterwards."""
+    from kvtier.client import Client
+    pdaemon, ddaemon = daemons
+    p = prompt(321, 3 * CHUNK + 1)
+    early = producer(pdaemon, "pd-poison", pd_timeout=0.1)
+    early.add_request(p, "P0", kv_transfer_params=prefill_params("", "t0"))
+    early.run()
+    evil = Listener()
+    try:
+        params = dict(early.output_params["P0"], kvtier_source=evil.addr, kvtier_pushed=False)
+        if not scoped:
+            params = {k: v for k, v in params.items() if k not in ("kvtier_model", "kvtier_format",
+                                                                    "kvtier_chunk_size", "kvtier_namespace")}
+        cons = consumer(ddaemon, "pd-poison", pd_timeout=60)
+        d = cons.add_request(p, "D", max_tokens=2, kv_transfer_params=params)
+        cons.run(timeout=20)
+        assert not evil.connected(), "the consumer connected to a source named by the request"
+    finally:
+        evil.close()
+    assert d.status == Status.FINISHED
+    assert [s for s in cons.steps if s.req_id == "D"][0].num_computed_before == 0
+    for got, want in zip(d.logits, single_instance(p, 2)):
+        assert_close(got, want)
+    with Client(ddaemon.socket_path) as c:
+        model, fmt, world, rank = cons.worker_connector.link.scope_args
+        assert c.lookup(c.tokens(c.scope(model, fmt, world_size=world, rank=rank), p)).tokens == 0
+
+
+def test_consumer_loads_as_chunks_arrive_through_a_small_receive_budget(kvtier_bin, tmp_path):
+    """The consumer daemon may hold 2 chunks of pushed KV, the prompt has 8: the consumer must
+    read chunks as they arrive (each read frees budget) or the push stalls on its own reader
+    until pd_timeout (60 s here). The 20 s bound is a hang bound, not a timing measurement."""
+    chunk_bytes = MODEL.layers * 2 * MODEL.kv_heads * MODEL.head_dim * CHUNK * 4
+    pdaemon = tcp_daemon(kvtier_bin, tmp_path / "p")
+    ddaemon = tcp_daemon(kvtier_bin, tmp_path / "d", KVTIER_PD_RECEIVE_BYTES=str(2 * chunk_bytes))
+    pdaemon.other, ddaemon.other = ddaemon, pdaemon
+    try:
+        p = prompt(322, 8 * CHUNK + 3)
+        prod = producer(pdaemon, "pd-budget", pd_timeout=60)
+        prod.add_request(p, "P", kv_transfer_params=prefill_params(ddaemon.tcp_addr))
+        while "P" not in prod.output_params:
+            prod.step()
+        params = prod.output_params["P"]
+        assert params["kvtier_pushed"] and params["kvtier_tokens"] == 8 * CHUNK
+        cons = consumer(ddaemon, "pd-budget", pd_timeout=60)
+        d = cons.add_request(p, "D", max_tokens=2, kv_transfer_params=params)
+        cons.run(timeout=20)
+        prod.run(timeout=20)
+        assert prod.worker_connector.send_outcomes["P"] == "pushed"
+        assert cons.async_loaded["D"] == 8 * CHUNK and cons.worker_connector.stats.load_errors == 0
+        assert cons.worker_connector.stats.load_bytes == 8 * chunk_bytes  # the budget was a quarter of it
+        kv_equal(cons, "D", prod, "P", 8 * CHUNK)
+        for got, want in zip(d.logits, single_instance(p, 2)):
+            assert_close(got, want)
+    finally:
+        pdaemon.kill()
+        ddaemon.kill()
+
+
+def _rank_link(d, model, rank):
+    from kvtier.link import Link
+    return Link(d.socket_path, (model, "float32/KV_2LTD", 2, rank), timeout=5.0)
+
+
+def test_tensor_parallel_ranks_sharing_a_daemon_push_separate_transfers(daemons):
+    """Two ranks of one instance share a daemon and the request's transfer id; each pushes its own
+    chunks in two parts, interleaved. Every rank's chunks must arrive and both transfers end done
+    (one rank's last PUSH must not close the other's transfer)."""
+    import array
+    from kvtier.client import Client
+    from kvtier.vllm_keys import TokenKeys
+    pdaemon, ddaemon = daemons
+    toks = prompt(323, 4 * CHUNK)
+    keys = TokenKeys(array.array("I", toks))
+    with Client(pdaemon.socket_path) as c:
+        for rank in (0, 1):
+            s = c.scope("pd-tp", "float32/KV_2LTD", world_size=2, rank=rank)
+            chunks = [torch.full((1024,), 10 * rank + i, dtype=torch.uint8) for i in range(4)]
+            assert c.store(c.tokens(s, toks), chunks) == 4
+    ts = [pd.DaemonTransport(_rank_link(pdaemon, "pd-tp", r)) for r in (0, 1)]
+    try:
+        for start, end, last in ((0, 2 * CHUNK, False), (2 * CHUNK, 4 * CHUNK, True)):
+            for t in ts:
+                t.push(pd.Job("t-tp", "", keys, end, ddaemon.tcp_addr), start=start, last=last)
+        deadline = time.monotonic() + 20
+        while any(t.state("t-tp") == pd.PENDING for t in ts) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [t.state("t-tp") for t in ts] == [pd.DONE, pd.DONE]
+        for rank in (0, 1):
+            cons = pd.DaemonTransport(_rank_link(ddaemon, "pd-tp", rank))
+            got = []
+            have = cons.fetch(pd.Job("t-tp", "", keys, 4 * CHUNK, pdaemon.tcp_addr), cons.link,
+                              time.monotonic() + 20, True, 0, got.append)
+            assert have == 4 * CHUNK and got and got[-1] == 4 * CHUNK
+            c = cons.link.get()
+            slots = c.prepare_retrieve(c.tokens(cons.link.scope, toks), 1000)
+            assert [c.slot_tensor(s)[0].item() for s in slots.slots] == [10 * rank + i for i in range(4)]
+            c.release(slots.lease)
+            cons.link.client.close()
+    finally:
+        for t in ts:
+            t.link.client and t.link.client.close()
+    with Client(pdaemon.socket_path) as c:
+        for rank in (0, 1):
+            st = c.push_status(pd.rank_transfer("t-tp", rank))
+            assert st.done and not st.failed
+
+
+def test_consumer_keeps_waiting_through_a_producer_hiccup(daemons, monkeypatch):
+    """The producer's daemon does not answer PUSH_STATUS for a while (here: nobody listens at
+    kvtier_source) and the chunks come later: the consumer keeps waiting through the grace
+    period; only unreachability longer than the grace ends the wait."""
+    import array
+    import threading
+    from kvtier.client import Client
+    from kvtier.vllm_keys import TokenKeys
+    _, ddaemon = daemons
+    toks = prompt(324, 2 * CHUNK)
+    keys = TokenKeys(array.array("I", toks))
+    asked_in_vain = threading.Semaphore(0)
+
+    class CountingPeer(pd.Peer):
+        def __init__(self, *a, **kw):
+            try:
+                super().__init__(*a, **kw)
+            except Exception:
+                asked_in_vain.release()
+                raise
+
+    monkeypatch.setattr(pd, "Peer", CountingPeer)
+    link = Link_for(ddaemon, "pd-hiccup")
+    t = pd.DaemonTransport(link)
+    t.ask_s, t.unreachable_grace_s = 0.02, 60.0
+    gone = f"127.0.0.1:{free_port()}"
+
+    def arrive():
+        for _ in range(3):  # three asks went unanswered before the chunks come
+            asked_in_vain.acquire(timeout=20)
+        with Client(ddaemon.socket_path) as c:
+            s = c.scope("pd-hiccup", "float32/KV_2LTD")
+            c.store(c.tokens(s, toks), [torch.zeros(1024, dtype=torch.uint8)] * 2)
+
+    th = threading.Thread(target=arrive)
+    th.start()
+    try:
+        have = t.fetch(pd.Job("t-h", "", keys, 2 * CHUNK, gone), link, time.monotonic() + 20, True)
+    finally:
+        th.join(timeout=20)
+    assert have == 2 * CHUNK
+    # Past the grace, an unreachable producer ends the wait (long before the 20 s deadline).
+    t.unreachable_grace_s = 0.1
+    keys2 = TokenKeys(array.array("I", prompt(325, 2 * CHUNK)))
+    t0 = time.monotonic()
+    assert t.fetch(pd.Job("t-h2", "", keys2, 2 * CHUNK, gone), link, t0 + 20, True) == 0
+    assert time.monotonic() - t0 < 19, "the wait ran to its deadline"
+    link.client.close()
+
+
+def Link_for(d, model):
+    from kvtier.link import Link
+    return Link(d.socket_path, (model, "float32/KV_2LTD", 1, 0), timeout=5.0)
