@@ -86,8 +86,10 @@ class Proc:
             self.proc.wait()
 
 
-def harness_server(workdir, role, daemon, policy="recompute"):
-    extra = {"socket_path": daemon.socket_path, "timeout": 2.0, "reconnect_interval": 0.0}
+def harness_server(workdir, role, daemon, peer, policy="recompute"):
+    """peer: the other side's daemon, the one this instance may push to or ask (pd_peers)."""
+    extra = {"socket_path": daemon.socket_path, "timeout": 2.0, "reconnect_interval": 0.0,
+             "pd_peers": peer.tcp_addr}
     if role == "kv_producer":
         extra["tcp_addr"] = daemon.tcp_addr
     cfg = {"kv_connector": "KVTierConnector", "kv_connector_module_path": "kvtier.vllm", "kv_role": role,
@@ -120,9 +122,9 @@ class Stack:
         self.daemon_a = tcp_daemon(kvtier_bin, dirs["a"])
         self.daemon_b = tcp_daemon(kvtier_bin, dirs["b"])
         try:
-            self.prefill = harness_server(dirs["a"], "kv_producer", self.daemon_a)
+            self.prefill = harness_server(dirs["a"], "kv_producer", self.daemon_a, self.daemon_b)
             self.procs.append(self.prefill)
-            self.decode = harness_server(dirs["b"], "kv_consumer", self.daemon_b, policy)
+            self.decode = harness_server(dirs["b"], "kv_consumer", self.daemon_b, self.daemon_a, policy)
             self.procs.append(self.decode)
             argv = [kvtier_bin, "controller", "--listen", "127.0.0.1:0", "--hash-seed", "0",
                     "--proxy-listen", "127.0.0.1:0", "--prefill-timeout", "30s", "--decode-timeout", "60s",
