@@ -156,4 +156,3 @@ func TestSIGHUPReloads(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
-
