@@ -36,6 +36,7 @@ type API struct {
 	handler  http.Handler
 	registry *prometheus.Registry
 	mux      *http.ServeMux
+	guard    *guard
 }
 
 // New returns the admin API of eng, which was opened from cfg. The
@@ -80,7 +81,8 @@ func New(eng *engine.Engine, cfg config.Config, log *slog.Logger) (*API, error) 
 	mux.Handle("GET /dashboard/{$}", dash)
 	mux.Handle("GET /dashboard/{file}", dash)
 	mux.Handle("GET /{file}", dash)
-	a.handler = mux
+	a.guard = newGuard(cfg.AdminToken, cfg.ControllerToken, cfg.AdminReadOpen, mux, log)
+	a.handler = a.guard
 	a.mux = mux
 	return a, nil
 }

@@ -81,6 +81,14 @@ type Config struct {
 	// AdminAddr is the host:port of the daemon's HTTP admin server (health,
 	// metrics, JSON API). Port 0 picks a free port, which the daemon logs.
 	AdminAddr string `yaml:"admin_addr"`
+	// AdminToken is the admin API's bearer token, required to listen
+	// beyond loopback; with one, every mutation needs it, and the reads
+	// too unless AdminReadOpen. AdminTLSCert and AdminTLSKey, both or
+	// neither, serve the admin API over TLS (docs/security.md).
+	AdminToken    string `yaml:"admin_token"`
+	AdminReadOpen bool   `yaml:"admin_read_open"`
+	AdminTLSCert  string `yaml:"admin_tls_cert"`
+	AdminTLSKey   string `yaml:"admin_tls_key"`
 
 	// SocketPath is the Unix socket of the local protocol, through which
 	// connectors on this host share the RAM arena. SocketMode is its file

@@ -10,7 +10,7 @@ const redacted = "REDACTED"
 
 // Redacted returns a copy fit for display: secrets in remote_url (the
 // password of its userinfo, a bare userinfo token, secret-looking query
-// parameters), tcp_token, controller_token, and secret-looking extra_config entries read REDACTED.
+// parameters), tcp_token, admin_token, controller_token, and secret-looking extra_config entries read REDACTED.
 func (c Config) Redacted() Config {
 	urls := c.RemoteURLs()
 	for i, u := range urls {
@@ -21,6 +21,9 @@ func (c Config) Redacted() Config {
 	}
 	if c.TCPToken != "" {
 		c.TCPToken = redacted
+	}
+	if c.AdminToken != "" {
+		c.AdminToken = redacted
 	}
 	if c.ControllerToken != "" {
 		c.ControllerToken = redacted

@@ -2,6 +2,7 @@ package config
 
 import (
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -78,5 +79,31 @@ func TestRedactedNonStringKeys(t *testing.T) {
 	}
 	if !strings.Contains(c.String(), "REDACTED") {
 		t.Fatalf("String() shows no redaction:\n%s", c.String())
+	}
+}
+
+// TestRedactedEveryToken: every string key whose name says it is a secret
+// (admin_token, tcp_token, controller_token and any added later) reads
+// REDACTED, so /api/v1/config and the logs never show one.
+func TestRedactedEveryToken(t *testing.T) {
+	c := Default()
+	v := reflect.ValueOf(&c).Elem()
+	var secret []string
+	for i := range v.NumField() {
+		f := v.Type().Field(i)
+		if f.Type.Kind() == reflect.String && looksSecret(tagName(f)) {
+			v.Field(i).SetString("plain-" + tagName(f))
+			secret = append(secret, tagName(f))
+		}
+	}
+	if !slices.Contains(secret, "admin_token") {
+		t.Fatalf("admin_token is not among the secret keys %v", secret)
+	}
+	r := reflect.ValueOf(c.Redacted())
+	for i := range r.NumField() {
+		f := r.Type().Field(i)
+		if slices.Contains(secret, tagName(f)) && r.Field(i).String() != "REDACTED" {
+			t.Errorf("%s reads %q after Redacted", tagName(f), r.Field(i).String())
+		}
 	}
 }

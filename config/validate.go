@@ -124,6 +124,9 @@ func (c Config) Validate() error {
 	if (c.TCPTLSCert == "") != (c.TCPTLSKey == "") {
 		bad("tcp_tls_cert", "tcp_tls_cert and tcp_tls_key go together; only one is set")
 	}
+	if (c.AdminTLSCert == "") != (c.AdminTLSKey == "") {
+		bad("admin_tls_cert", "admin_tls_cert and admin_tls_key go together; only one is set")
+	}
 	if !slices.Contains(directIOModes, c.DiskDirectIO) {
 		bad("disk_direct_io", "%w", oneOf(c.DiskDirectIO, directIOModes))
 	}

@@ -69,6 +69,10 @@ type Config struct {
 	// registry API (/v1/cluster/*) must present as
 	// "Authorization: Bearer <token>"; the daemons' controller_token.
 	ClusterToken string `yaml:"cluster_token"`
+	// TLSCert and TLSKey, both or neither, serve Listen over TLS; the
+	// files are reread on SIGHUP and when they change (docs/security.md).
+	TLSCert string `yaml:"tls_cert"`
+	TLSKey  string `yaml:"tls_key"`
 
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log_level"`
@@ -105,7 +109,7 @@ func Default() Config {
 // Keys lists the configuration keys in the order Config declares them.
 func Keys() []string {
 	return []string{"listen", "grpc_listen", "grpc_special_tokens", "pods", "pods_file", "hash_seed", "block_size",
-		"max_blocks", "index_redis", "scorer", "tokenizers", "heartbeat_interval", "missed_heartbeats", "cluster_token", "log_level",
+		"max_blocks", "index_redis", "scorer", "tokenizers", "heartbeat_interval", "missed_heartbeats", "cluster_token", "tls_cert", "tls_key", "log_level",
 		"proxy_listen", "prefill", "decode", "prefill_timeout", "decode_timeout"}
 }
 
@@ -224,6 +228,9 @@ func (c Config) Validate() error {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		bad("log_level", "want debug, info, warn or error, got %q", c.LogLevel)
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		bad("tls_cert", "tls_cert and tls_key go together; only one is set")
 	}
 	errs = append(errs, c.validateProxy()...)
 	return errors.Join(errs...)

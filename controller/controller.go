@@ -33,7 +33,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -41,6 +40,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"kvtier/chunk"
+	"kvtier/internal/tlsreload"
 	"kvtier/router/api"
 	"kvtier/router/grpcapi"
 	"kvtier/router/index"
@@ -122,6 +122,8 @@ func open(cfg Config, log *slog.Logger) (*controller, error) {
 	}
 	c.reg.attach(c.sub)
 	c.ops = newOpTracker(c.reg.registered, log)
+	c.ops.hc.Transport = daemonTransport(cfg.ClusterToken)
+	c.reg.setDaemonTransport(daemonTransport(cfg.ClusterToken))
 	if c.proxy, err = openProxy(cfg, c.handler, log); err != nil {
 		c.sub.Close()
 		c.closeIndex()
@@ -151,10 +153,11 @@ func newHandler(cfg Config, ix index.Store, pods *index.Pods, log *slog.Logger) 
 // serve starts the subscriptions and the listeners, serves until ctx is
 // done or the score API fails, then stops everything.
 func (c *controller) serve(ctx context.Context, unsignal func()) error {
-	ln, err := net.Listen("tcp", c.cfg.Listen)
+	ln, tr, err := c.listen()
 	if err != nil {
-		return errors.Join(fmt.Errorf("%s: %w", which("listen"), err), c.sub.Close())
+		return errors.Join(err, c.sub.Close())
 	}
+	defer tlsreload.OnSIGHUP(tr)()
 	if err := c.sub.Start(ctx); err != nil {
 		return errors.Join(err, ln.Close(), c.sub.Close())
 	}
@@ -170,9 +173,10 @@ func (c *controller) serve(ctx context.Context, unsignal func()) error {
 	}
 	mux := http.NewServeMux()
 	// The registry and the operations share the cluster token.
-	mux.Handle("/v1/cluster/", requireToken(c.cfg.ClusterToken, c.reg))
-	mux.Handle("/v1/cluster/ops", requireToken(c.cfg.ClusterToken, c.ops))
-	mux.Handle("/v1/cluster/ops/", requireToken(c.cfg.ClusterToken, c.ops))
+	refused := newRefusedLog(c.log)
+	mux.Handle("/v1/cluster/", clusterGuard(c.cfg.ClusterToken, c.reg, refused))
+	mux.Handle("/v1/cluster/ops", clusterGuard(c.cfg.ClusterToken, c.ops, refused))
+	mux.Handle("/v1/cluster/ops/", clusterGuard(c.cfg.ClusterToken, c.ops, refused))
 	mux.Handle("/", c.handler)
 	stopProxy, err := c.startProxy(mux)
 	if err != nil {
@@ -190,9 +194,8 @@ func (c *controller) serve(ctx context.Context, unsignal func()) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	// Tests and scripts read the bound address here when listen has port 0.
-	c.log.Info("controller listening", "addr", ln.Addr().String(), "scorer", c.cfg.Scorer,
+	c.log.Info("controller listening", "addr", ln.Addr().String(), "tls", tr != nil, "cluster_token", c.cfg.ClusterToken != "", "scorer", c.cfg.Scorer,
 		"block_size", c.cfg.BlockSize, "max_blocks", c.cfg.MaxBlocks)
-	warnOpenRegistry(ln.Addr(), c.cfg.ClusterToken, c.log)
 
 	var serveErr error
 	select {

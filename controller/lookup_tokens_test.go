@@ -147,7 +147,7 @@ func TestTokenLookupRejectsBadBinary(t *testing.T) {
 // TestClusterToken: with a token, every registry endpoint wants it.
 func TestClusterToken(t *testing.T) {
 	r := newTestRegistry(t, time.Second)
-	srv := httptest.NewServer(requireToken("s3cret", r.reg))
+	srv := httptest.NewServer(clusterGuard("s3cret", r.reg, newRefusedLog(slog.New(slog.DiscardHandler))))
 	defer srv.Close()
 	ctx := context.Background()
 	for _, token := range []string{"", "wrong", "s3cret-and-more", "S3CRET"} {
@@ -183,15 +183,12 @@ func TestClusterToken(t *testing.T) {
 		t.Fatalf("instances with the token: %v %v", resp, err)
 	}
 	resp.Body.Close()
-	if requireToken("", r.reg) != http.Handler(r.reg) {
-		t.Error("no token still wraps the handler")
-	}
 }
 
-func TestWarnOpenRegistry(t *testing.T) {
+func TestCheckOpenListener(t *testing.T) {
 	for _, tc := range []struct {
 		addr, token string
-		warn        bool
+		refuse      bool
 	}{
 		{"127.0.0.1:7481", "", false},
 		{"[::1]:7481", "", false},
@@ -204,10 +201,9 @@ func TestWarnOpenRegistry(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var buf bytes.Buffer
-		warnOpenRegistry(addr, tc.token, slog.New(slog.NewTextHandler(&buf, nil)))
-		if got := strings.Contains(buf.String(), "cluster_token"); got != tc.warn {
-			t.Errorf("%s token %q: warned %v: %s", tc.addr, tc.token, got, buf.String())
+		err = checkOpenListener(addr, tc.token)
+		if (err != nil) != tc.refuse || (err != nil && !strings.Contains(err.Error(), "cluster_token")) {
+			t.Errorf("%s token %q: %v, want refused %v naming cluster_token", tc.addr, tc.token, err, tc.refuse)
 		}
 	}
 }

@@ -26,6 +26,9 @@ type membership interface {
 	// registered lists the registered daemons (for cluster operations); an
 	// error means the registry could not be read (Redis unreachable).
 	registered() ([]cluster.Instance, error)
+	// setDaemonTransport sets how resync requests reach the daemons
+	// (daemonTransport: with the cluster token).
+	setDaemonTransport(rt http.RoundTripper)
 }
 
 var (
@@ -37,6 +40,8 @@ func (r *registry) attach(sub *ingest.Subscriber) { r.sub = sub }
 func (r *registry) run(ctx context.Context)       { r.reap(ctx) }
 
 func (r *registry) registered() ([]cluster.Instance, error)       { return r.instances(), nil }
+func (r *registry) setDaemonTransport(rt http.RoundTripper)       { r.hc.Transport = rt }
+func (r *sharedRegistry) setDaemonTransport(rt http.RoundTripper) { r.look.setDaemonTransport(rt) }
 func (r *sharedRegistry) registered() ([]cluster.Instance, error) { return r.instances() }
 
 // reader returns the store a lookup of keys reads: the index itself, or,

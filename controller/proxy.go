@@ -24,6 +24,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"kvtier/internal/ratelog"
 )
 
 // Proxy defaults and bounds.
@@ -59,7 +61,9 @@ type proxy struct {
 	prefillTimeout  time.Duration
 	decodeTimeout   time.Duration
 	log             *slog.Logger
-	bufs            sync.Pool // *[]byte relay buffers
+	noParams        *ratelog.Limiter // per request when the prefill side has no KV connector
+	relayErrs       *ratelog.Limiter // per request while an instance is failing
+	bufs            sync.Pool        // *[]byte relay buffers
 	mux             *http.ServeMux
 }
 
@@ -88,6 +92,10 @@ func newProxy(cfg proxyConfig) (*proxy, error) {
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
+	// Both can happen on every request: one line, with a count, per 10 s.
+	p.noParams = ratelog.New(p.log, slog.LevelWarn,
+		"prefill answered no kv_transfer_params; the decode instance computes the prompt", 10*time.Second)
+	p.relayErrs = ratelog.New(p.log, slog.LevelWarn, "relay failed", 10*time.Second)
 	p.bufs.New = func() any { b := make([]byte, 32<<10); return &b }
 	p.mux = http.NewServeMux()
 	p.mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { p.serveCompletion(w, r, false) })
@@ -221,8 +229,7 @@ func (p *proxy) runPrefill(w http.ResponseWriter, r *http.Request, req *completi
 	if len(got.KVTransferParams) == 0 || isNull(got.KVTransferParams) {
 		// The engine kept no KV for another instance (no KV connector, a
 		// prompt shorter than a block): the decode side computes it.
-		p.log.Warn("prefill answered no kv_transfer_params; the decode instance computes the prompt",
-			"prefill", pre.name, "transfer", id)
+		p.noParams.Log("prefill", pre.name, "transfer", id)
 	}
 	return got.KVTransferParams, pre.name, true
 }
@@ -328,7 +335,7 @@ func (p *proxy) relayFailed(w http.ResponseWriter, r *http.Request, ctx context.
 	if ctx.Err() == context.DeadlineExceeded {
 		msg = fmt.Sprintf("%s instance %s (%s) timed out after %v mid-answer", stage, u.name, u.base, limit)
 	}
-	p.log.Warn("relay failed", "stage", stage, "instance", u.name, "err", err)
+	p.relayErrs.Log("stage", stage, "instance", u.name, "err", err)
 	if !stream {
 		panic(http.ErrAbortHandler) // drop the connection: the body is incomplete
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"kvtier/cluster"
+	"kvtier/internal/ratelog"
 	"kvtier/router/index"
 	"kvtier/router/ingest"
 )
@@ -42,6 +43,9 @@ type registry struct {
 	pods     *index.Pods
 	log      *slog.Logger
 	hc       *http.Client
+	// resyncErrs: a daemon that refuses the controller (a token mismatch)
+	// fails every resync asked of it; one line per 10 s says so.
+	resyncErrs *ratelog.Limiter
 
 	// changing serializes registrations and drops, which wait for the
 	// subscriber; mu guards members and is never held across that wait,
@@ -77,7 +81,8 @@ type daemonEntry struct {
 
 func newRegistry(sub *ingest.Subscriber, ix index.Store, pods *index.Pods, interval time.Duration, missed int, log *slog.Logger) *registry {
 	r := &registry{interval: interval, missed: missed, sub: sub, ix: ix, pods: pods, log: log,
-		hc: &http.Client{Timeout: resyncTimeout}, members: make(map[string]*daemonRecord)}
+		hc: &http.Client{Timeout: resyncTimeout}, members: make(map[string]*daemonRecord),
+		resyncErrs: ratelog.New(log, slog.LevelWarn, "resync request failed", 10*time.Second)}
 	r.daemons.Store(new([]*daemonEntry))
 	r.lookups.New = func() any { return new(lookupScratch) }
 	return r
@@ -128,7 +133,7 @@ func (r *registry) requestResync(instance, url, reason string) {
 	if err != nil {
 		// The next beat of a live daemon is not affected; the stream's
 		// next loss or a re-registration asks again.
-		r.log.Warn("resync request failed", "instance", instance, "err", err)
+		r.resyncErrs.Log("instance", instance, "err", err)
 	}
 }
 

@@ -15,7 +15,9 @@ import (
 func getJSON(t *testing.T, h http.Handler, url string, v any) int {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest("GET", url, nil))
+	req := httptest.NewRequest("GET", url, nil)
+	req.Host = "localhost" // without admin_token the admin API answers loopback names only
+	h.ServeHTTP(rec, req)
 	if rec.Code == http.StatusOK && v != nil {
 		if err := json.Unmarshal(rec.Body.Bytes(), v); err != nil {
 			t.Fatalf("%s: %v", url, err)

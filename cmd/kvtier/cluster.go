@@ -38,7 +38,7 @@ func startCluster(cfg config.Config, eng *engine.Engine, opts engine.Options, ad
 		Instance: instance,
 		Addr:     tcpAddr,
 		Events:   "tcp://" + advertise(stream.Addr(), host),
-		Admin:    "http://" + advertise(adminAddr, host),
+		Admin:    adminScheme(cfg) + advertise(adminAddr, host),
 		Tiers:    tiersOf(eng, opts),
 		// A lookup by tokens at the controller cuts prompts with it.
 		ChunkSize: eng.ChunkSize(),
@@ -125,4 +125,12 @@ func observers(pub *announce.Publisher, stream *member.Stream) engine.Observer {
 		obs = append(obs, stream)
 	}
 	return engine.Observers(obs...)
+}
+
+// adminScheme is how the controller reaches this daemon's admin API.
+func adminScheme(cfg config.Config) string {
+	if cfg.AdminTLSCert != "" {
+		return "https://"
+	}
+	return "http://"
 }

@@ -74,7 +74,9 @@ prompt and decodes it on the least-loaded one. See docs/pd.md.`,
 	fl.StringVar(&v.PodsFile, "pods-file", "", "a file of pods, one NAME=MODEL=ADDRESS[=REPLAY] per line (# comments), watched: pods added, removed or changed there are followed, dropped or restarted within seconds")
 	fl.DurationVar(&v.HeartbeatInterval, "heartbeat-interval", v.HeartbeatInterval, "how often registered kvtier daemons beat (docs/cluster.md)")
 	fl.IntVar(&v.MissedHeartbeats, "missed-heartbeats", v.MissedHeartbeats, "beats a daemon may miss before it is dropped with its chunks")
-	fl.StringVar(&v.ClusterToken, "cluster-token", "", "require Authorization: Bearer TOKEN on the cluster registry API (/v1/cluster/*); the daemons' controller_token (prefer the file: flags show in ps)")
+	fl.StringVar(&v.ClusterToken, "cluster-token", "", "require Authorization: Bearer TOKEN on the cluster API (/v1/cluster/*), required beyond loopback; the daemons' controller_token (prefer the file: flags show in ps)")
+	fl.StringVar(&v.TLSCert, "tls-cert", "", "serve --listen over TLS with this PEM certificate (with --tls-key); reread on SIGHUP and on change")
+	fl.StringVar(&v.TLSKey, "tls-key", "", "the PEM private key of --tls-cert")
 	fl.StringArrayVar(&v.Tokenizers, "tokenizer", nil, "tokenizer for prompt strings: [MODEL=]tiktoken:ENCODING or [MODEL=]hf:/path/tokenizer.json (repeatable; without MODEL= it serves every model without its own)")
 	fl.StringVar(&v.ProxyListen, "proxy-listen", "", "serve the prefill/decode proxy on this address instead of --listen (docs/pd.md)")
 	fl.StringArrayVar(&v.PrefillInstances, "prefill", nil, "a prefill vLLM instance for the proxy, NAME=http://HOST:PORT, NAME its pod in the index (repeatable)")
@@ -133,6 +135,10 @@ func setKey(dst *controller.Config, src controller.Config, key string) {
 		dst.MissedHeartbeats = src.MissedHeartbeats
 	case "cluster_token":
 		dst.ClusterToken = src.ClusterToken
+	case "tls_cert":
+		dst.TLSCert = src.TLSCert
+	case "tls_key":
+		dst.TLSKey = src.TLSKey
 	case "log_level":
 		dst.LogLevel = src.LogLevel
 	case "proxy_listen":

@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
+
 	"net/http"
 	"os"
 	"os/signal"
@@ -23,6 +23,7 @@ import (
 	"kvtier/admin"
 	"kvtier/config"
 	"kvtier/engine"
+	"kvtier/internal/tlsreload"
 	"kvtier/kvevents"
 	"kvtier/kvevents/announce"
 	"kvtier/server"
@@ -102,17 +103,18 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 		return errors.Join(err, eng.Close())
 	}
 	protoErr := make(chan error, 2)
-	tcpAddr, err := startProtocols(cfg, svc, log, protoErr)
+	tcpAddr, tcpTLS, err := startProtocols(cfg, svc, log, protoErr)
 	if err != nil {
 		return errors.Join(err, svc.Shutdown(context.Background()), eng.Close())
 	}
 	if peers != nil {
 		peers.setSelf(instanceOf(cfg, tcpAddr), tcpAddr)
 	}
-	ln, err := net.Listen("tcp", cfg.AdminAddr)
+	ln, adminTLS, err := adm.Listen()
 	if err != nil {
-		return errors.Join(fmt.Errorf("admin_addr: %w", err), svc.Shutdown(context.Background()), eng.Close())
+		return errors.Join(err, svc.Shutdown(context.Background()), eng.Close())
 	}
+	defer tlsreload.OnSIGHUP(adminTLS, tcpTLS)()
 	srv := &http.Server{
 		Handler:           adm.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -131,7 +133,8 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	// Tests and scripts read the bound address here when admin_addr has port 0.
-	log.Info("admin listening", "addr", ln.Addr().String())
+	log.Info("admin listening", "addr", ln.Addr().String(), "tls", adminTLS != nil, "token", cfg.AdminToken != "",
+		"read_open", cfg.AdminReadOpen)
 	memberDone := runMember(ctx, mem)
 
 	var serveErr error
@@ -179,18 +182,18 @@ func startEvents(cfg config.Config, eng *engine.Engine, log *slog.Logger) (*anno
 // startProtocols opens the local socket and, if configured, the TCP
 // listener, and serves them in the background; a listener that fails
 // later reports on errc. It returns the TCP listener's bound address, ""
-// without one.
-func startProtocols(cfg config.Config, svc *server.Service, log *slog.Logger, errc chan<- error) (string, error) {
+// without one, and its certificate's reloader, nil without TLS.
+func startProtocols(cfg config.Config, svc *server.Service, log *slog.Logger, errc chan<- error) (string, *tlsreload.Reloader, error) {
 	mode, err := cfg.SocketFileMode()
 	if err != nil {
-		return "", fmt.Errorf("socket_mode: %w", err)
+		return "", nil, fmt.Errorf("socket_mode: %w", err)
 	}
 	if err := os.MkdirAll(filepath.Dir(cfg.SocketPath), 0o755); err != nil {
-		return "", fmt.Errorf("socket_path: %w", err)
+		return "", nil, fmt.Errorf("socket_path: %w", err)
 	}
 	uln, err := server.ListenUnix(cfg.SocketPath, mode)
 	if err != nil {
-		return "", fmt.Errorf("socket_path: %w", err)
+		return "", nil, fmt.Errorf("socket_path: %w", err)
 	}
 	go func() {
 		if err := svc.Serve(uln); err != nil {
@@ -199,19 +202,19 @@ func startProtocols(cfg config.Config, svc *server.Service, log *slog.Logger, er
 	}()
 	log.Info("local protocol listening", "socket", cfg.SocketPath, "mode", fmt.Sprintf("%04o", mode))
 	if cfg.TCPAddr == "" {
-		return "", nil
+		return "", nil, nil
 	}
 	var tlsConf *tls.Config
+	var tr *tlsreload.Reloader
 	if cfg.TCPTLSCert != "" {
-		cert, err := tls.LoadX509KeyPair(cfg.TCPTLSCert, cfg.TCPTLSKey)
-		if err != nil {
-			return "", fmt.Errorf("tcp_tls_cert: %w", err)
+		if tr, err = tlsreload.New("tcp_tls_cert", cfg.TCPTLSCert, cfg.TCPTLSKey, log); err != nil {
+			return "", nil, err
 		}
-		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		tlsConf = tr.Config()
 	}
 	tln, err := svc.ListenTCP(cfg.TCPAddr, tlsConf)
 	if err != nil {
-		return "", fmt.Errorf("tcp_addr: %w", err)
+		return "", nil, fmt.Errorf("tcp_addr: %w", err)
 	}
 	go func() {
 		if err := svc.Serve(tln); err != nil {
@@ -219,7 +222,7 @@ func startProtocols(cfg config.Config, svc *server.Service, log *slog.Logger, er
 		}
 	}()
 	log.Info("tcp protocol listening", "addr", tln.Addr().String(), "tls", tlsConf != nil, "token", cfg.TCPToken != "")
-	return tln.Addr().String(), nil
+	return tln.Addr().String(), tr, nil
 }
 
 // shutdown stops the daemon in order: refuse readiness, stop accepting and

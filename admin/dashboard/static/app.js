@@ -308,6 +308,48 @@
     list.replaceChildren(...items);
   }
 
+  // ---- the admin token -----------------------------------------------------
+
+  // With admin_token set, the reads need "Authorization: Bearer <token>".
+  // The token is kept in sessionStorage, which this tab alone reads and
+  // which is gone when it closes. It arrives either from the form shown
+  // after a 401, or once in the page's fragment (#token=...), which the
+  // browser never sends to the server and the script removes from the
+  // address bar at once.
+  const TOKEN_KEY = "kvtier-admin-token";
+  const authForm = document.getElementById("auth");
+  const authInput = document.getElementById("auth-token");
+
+  function takeTokenFromFragment() {
+    const params = new URLSearchParams(location.hash.slice(1));
+    const token = params.get("token");
+    if (!token) return;
+    sessionStorage.setItem(TOKEN_KEY, token);
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+
+  function authHeaders() {
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    return token ? { Authorization: `Bearer ${token}` } : {};
+  }
+
+  // askForToken stops polling until a token is entered.
+  function askForToken() {
+    sessionStorage.removeItem(TOKEN_KEY);
+    root.dataset.auth = "required";
+    authForm.hidden = false;
+    setStatus("error", "The admin API wants its token (admin_token).");
+  }
+
+  authForm.addEventListener("submit", (e) => {
+    e.preventDefault();
+    sessionStorage.setItem(TOKEN_KEY, authInput.value);
+    authInput.value = "";
+    authForm.hidden = true;
+    delete root.dataset.auth;
+    if (!inFlight && !timer) poll();
+  });
+
   // ---- polling ------------------------------------------------------------
 
   const statusEl = document.getElementById("status");
@@ -339,7 +381,14 @@
     timer = 0;
     inFlight = true;
     try {
-      const res = await fetch(config.url, { cache: "no-store", headers: { Accept: "application/json" } });
+      const res = await fetch(config.url, {
+        cache: "no-store",
+        headers: { Accept: "application/json", ...authHeaders() },
+      });
+      if (res.status === 401) {
+        askForToken();
+        return;
+      }
       if (!res.ok) throw new Error(`HTTP ${res.status}`);
       render(await res.json(), performance.now());
       setStatus("ok", `Updated ${new Date().toLocaleTimeString()}, every ${formatInterval(config.interval)}`);
@@ -348,7 +397,7 @@
       setStatus("error", `Cannot read ${config.url.pathname}: ${err.message}. Retrying.`);
     } finally {
       inFlight = false;
-      schedule();
+      if (!root.dataset.auth) schedule();
     }
   }
 
@@ -375,6 +424,7 @@
     setStatus("error", `Dashboard script error: ${e.message}`);
   });
 
+  takeTokenFromFragment();
   try {
     config = readConfig();
   } catch (err) {
