@@ -12,6 +12,7 @@ import (
 	"kvtier/chunk"
 	"kvtier/client"
 	"kvtier/engine"
+	"kvtier/netallow"
 )
 
 // Prefill/decode transfer (docs/pd.md). A producer daemon pushes the
@@ -44,6 +45,7 @@ type pd struct {
 	eng   *engine.Engine
 	log   *slog.Logger
 	token string
+	allow *netallow.List // where PUSH may send chunks (and the token)
 
 	budget  budget
 	arrived signal // a pushed chunk became visible
@@ -77,7 +79,7 @@ type endedTransfer struct {
 	at time.Time
 }
 
-func newPD(eng *engine.Engine, budgetBytes int64, token string, log *slog.Logger) *pd {
+func newPD(eng *engine.Engine, budgetBytes int64, token string, allow *netallow.List, log *slog.Logger) *pd {
 	if budgetBytes <= 0 {
 		budgetBytes = defaultPDBudget
 		if eng != nil { // (tests make services of no engine to list their metrics)
@@ -85,7 +87,7 @@ func newPD(eng *engine.Engine, budgetBytes int64, token string, log *slog.Logger
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &pd{eng: eng, log: log, token: token, budget: budget{limit: budgetBytes},
+	return &pd{eng: eng, log: log, token: token, allow: allow, budget: budget{limit: budgetBytes},
 		holds: make(map[chunk.Key]hold), transfers: make(map[uint64]*transfer),
 		conns: make(map[string][]*client.Client), ctx: ctx, cancel: cancel}
 }

@@ -50,6 +50,11 @@ func (p *pd) push(m *wire.Push, keys []chunk.Key) (int, *requestError) {
 	if m.Dest == "" {
 		return 0, fail(wire.StatusBadRequest, "push: no destination address")
 	}
+	// The producer presents the fleet's tcp_token to whatever it dials, so
+	// a client may only name destinations the configuration allows.
+	if err := p.allow.Allowed(m.Dest); err != nil {
+		return 0, fail(wire.StatusBadRequest, "push: destination refused by pd_push_allow: %v", err)
+	}
 	t, rerr := p.transferFor(m)
 	if rerr != nil {
 		return 0, rerr
