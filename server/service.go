@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"kvtier/engine"
-	"kvtier/netallow"
 	"kvtier/kvevents/announce"
+	"kvtier/netallow"
 	"kvtier/wire"
 )
 
