@@ -152,7 +152,8 @@ func (p *pd) sweep(now time.Time) {
 }
 
 // close ends every push (as failed) and every hold; the service calls it
-// once its sessions are gone.
+// once its sessions are gone. Cancelling p.ctx interrupts the dials and
+// RECEIVEs of pushes in progress, so the wait for them is short.
 func (p *pd) close() {
 	p.cancel()
 	p.wg.Wait()

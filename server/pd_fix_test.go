@@ -87,3 +87,66 @@ func TestPushDefaultAllowsLoopbackOnly(t *testing.T) {
 	}
 	_ = time.Second
 }
+
+// stuckPush starts a producer whose transfer 1, of a 10-minute timeout,
+// is stuck on a consumer with room for two chunks: the producer is
+// blocked writing its RECEIVE.
+func stuckPush(t *testing.T) (prod *daemon, stop func() error, pc *client.Client, dest string) {
+	prod, stop, err := newDaemon(64<<20, server.ServiceOptions{}, t.TempDir()+"/p.sock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons := startService(t, 64<<20, server.ServiceOptions{PDReceiveBytes: 2 * pChunkBytes})
+	keys := pdKeys(256, 90) // 16 MiB: more than loopback socket buffers hold
+	storeRaw(t, prod.remote(t), keys, 91, pChunkBytes)
+	pc = prod.local(t)
+	if _, err := pc.Push(context.Background(), 1, cons.tcp, client.Raw(keys), 600_000, false); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the consumer's budget full", func() bool { return cons.svc.HeldBytes() == 2*pChunkBytes })
+	return prod, stop, pc, cons.tcp
+}
+
+// TestProducerShutdownInterruptsAStuckPush: Shutdown no longer waits for
+// a push blocked on a full consumer until the transfer's deadline (ten
+// minutes here; the bound below only keeps a regression from hanging).
+func TestProducerShutdownInterruptsAStuckPush(t *testing.T) {
+	prod, _, pc, _ := stuckPush(t)
+	pc.Close()
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		done <- prod.svc.Shutdown(ctx)
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("Shutdown still waits for a push stuck on the consumer's budget")
+	}
+	prod.eng.Close()
+}
+
+// TestFailedPushLetsItsChunksGo: a PUSH naming a chunk the producer lacks
+// fails the transfer, and that interrupts the RECEIVE in progress, so the
+// references on its chunks go at once rather than at its deadline.
+func TestFailedPushLetsItsChunksGo(t *testing.T) {
+	_, stop, pc, dest := stuckPush(t)
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	_, err := pc.Push(context.Background(), 1, dest, client.Raw(pdKeys(1, 200)), 600_000, true)
+	if !client.IsStatus(err, wire.StatusNotFound) {
+		t.Fatalf("push of an uncached chunk: %v", err)
+	}
+	st, err := pc.PushStatus(context.Background(), 1)
+	if err != nil || st.State != wire.TransferFailed {
+		t.Fatalf("status %+v, %v", st, err)
+	}
+	waitFor(t, "the failed transfer's references dropped", func() bool { return arenaPinned(t, pc) == 0 })
+}

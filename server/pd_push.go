@@ -230,7 +230,18 @@ func (p *pd) receive(t *transfer, ps *pusher, n int) (int, error) {
 			}
 			fresh = !ps.pooled
 		}
+		// The client applies t.ctx's deadline only: a transfer failed or
+		// cancelled by shutdown must not wait for the consumer's budget.
+		stop := context.AfterFunc(t.ctx, ps.c.Interrupt)
 		stored, err := ps.c.Receive(t.ctx, t.id, hold, ps.keys[:n], ps.bufs[:n], nil)
+		if !stop() { // interrupted, or about to be: the connection is done
+			ps.c.Close()
+			ps.c, ps.pooled = nil, false
+			if err == nil {
+				err = t.ctx.Err()
+			}
+			return stored, err
+		}
 		if err == nil || fresh || attempt > 0 || !errors.Is(err, client.ErrClosed) || t.ctx.Err() != nil {
 			return stored, err
 		}
