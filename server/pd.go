@@ -68,10 +68,13 @@ type pd struct {
 }
 
 // hold keeps one received chunk in RAM until it is read or its deadline.
+// A chunk pushed by several transfers is held once, until the latest
+// deadline or until it has been read as many times as it was pushed.
 type hold struct {
 	ref      engine.Held
 	size     int64
 	deadline time.Time
+	readers  int
 }
 
 type endedTransfer struct {
@@ -92,20 +95,28 @@ func newPD(eng *engine.Engine, budgetBytes int64, token string, allow *netallow.
 		conns: make(map[string][]*client.Client), ctx: ctx, cancel: cancel}
 }
 
-// hold keeps key's chunk resident for ttl, charging size bytes that the
-// caller already took from the budget; it gives them back when the chunk
-// cannot be held (gone already) or is held already.
-func (p *pd) hold(key chunk.Key, size int64, ttl time.Duration, refs *engine.Refs, scratch []engine.Held) []engine.Held {
+// keep holds key's chunk, referenced by h, for ttl, charging size bytes
+// that the caller already took from the budget. A chunk held already
+// keeps its one hold, now for one more reader and until the later of the
+// two deadlines; the new reference and bytes are given back.
+func (p *pd) keep(key chunk.Key, h engine.Held, size int64, ttl time.Duration) {
+	deadline := time.Now().Add(ttl)
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if _, ok := p.holds[key]; ok || !refs.AcquireRAMKey(p.eng, key) {
-		p.budget.release(size)
-		return scratch
+	old, ok := p.holds[key]
+	if !ok {
+		p.holds[key] = hold{ref: h, size: size, deadline: deadline, readers: 1}
+		p.nheld.Add(1)
+		p.mu.Unlock()
+		return
 	}
-	scratch = refs.Detach(scratch[:0])
-	p.holds[key] = hold{ref: scratch[0], size: size, deadline: time.Now().Add(ttl)}
-	p.nheld.Add(1)
-	return scratch
+	old.readers++
+	if deadline.After(old.deadline) {
+		old.deadline = deadline
+	}
+	p.holds[key] = old
+	p.mu.Unlock()
+	p.eng.Unhold(h)
+	p.budget.release(size)
 }
 
 // consumed ends the holds of keys a client has just read.
@@ -116,7 +127,13 @@ func (p *pd) consumed(keys []chunk.Key) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, k := range keys {
-		if h, ok := p.holds[k]; ok {
+		h, ok := p.holds[k]
+		switch {
+		case !ok:
+		case h.readers > 1:
+			h.readers--
+			p.holds[k] = h
+		default:
 			p.dropLocked(k, h)
 		}
 	}

@@ -150,3 +150,49 @@ func TestFailedPushLetsItsChunksGo(t *testing.T) {
 	}
 	waitFor(t, "the failed transfer's references dropped", func() bool { return arenaPinned(t, pc) == 0 })
 }
+
+// TestReceiveRefusesEmptyChunks: a zero-length chunk is the sender's
+// mistake (BAD_REQUEST), charges nothing, and the connection stays usable.
+func TestReceiveRefusesEmptyChunks(t *testing.T) {
+	cons := startService(t, 16<<20, server.ServiceOptions{})
+	c := cons.remote(t)
+	keys := pdKeys(2, 99)
+	for range 2 {
+		n, err := c.Receive(context.Background(), 1, 1000, keys, [][]byte{{}, make([]byte, 10)}, nil)
+		if n != 0 || !client.IsStatus(err, wire.StatusBadRequest) {
+			t.Fatalf("RECEIVE of an empty chunk: %d stored, %v", n, err)
+		}
+	}
+	if held := cons.svc.HeldBytes(); held != 0 {
+		t.Fatalf("%d bytes held after refused chunks", held)
+	}
+	if n, err := c.Receive(context.Background(), 1, 1000, keys[1:], [][]byte{make([]byte, 10)}, nil); n != 1 || err != nil {
+		t.Fatalf("RECEIVE after the refusal: %d, %v", n, err)
+	}
+}
+
+// TestChunkPushedTwiceIsHeldForBothReaders: two transfers carrying one
+// chunk (two decodes of one prompt) keep it held, charged once, until
+// both have read it, and for the later of their holds.
+func TestChunkPushedTwiceIsHeldForBothReaders(t *testing.T) {
+	cons := startService(t, 16<<20, server.ServiceOptions{})
+	c, ctx := cons.remote(t), context.Background()
+	keys := pdKeys(1, 98)
+	data := [][]byte{chunkData(0, 97, pChunkBytes)}
+	for id := uint64(1); id <= 2; id++ {
+		if n, err := c.Receive(ctx, id, 60_000, keys, data, nil); n != 1 || err != nil {
+			t.Fatalf("RECEIVE %d: %d, %v", id, n, err)
+		}
+	}
+	if held := cons.svc.HeldBytes(); held != pChunkBytes {
+		t.Fatalf("held %d bytes, want the chunk charged once (%d)", held, pChunkBytes)
+	}
+	checkRaw(t, c, keys, 97, pChunkBytes)
+	if held := cons.svc.HeldBytes(); held != pChunkBytes {
+		t.Fatalf("held %d bytes after the first reader, want the chunk still held for the second", held)
+	}
+	checkRaw(t, c, keys, 97, pChunkBytes)
+	if held := cons.svc.HeldBytes(); held != 0 {
+		t.Fatalf("held %d bytes after both readers", held)
+	}
+}

@@ -19,8 +19,9 @@ type pdScratch struct {
 	wait wire.Wait
 	push wire.Push
 	held []engine.Held
-	// refs takes a received chunk's hold; consumedData says whether
-	// receiveOne read the data frame's body.
+	// refs takes a received chunk's hold when the chunk is in RAM
+	// already; consumedData says whether receiveOne read the data frame's
+	// body.
 	refs         engine.Refs
 	consumedData bool
 	wake         chan struct{} // this session's wake-ups, capacity 1 (see signal)
@@ -99,6 +100,9 @@ func (s *session) receiveOne(dh wire.Header, key chunk.Key, ttl time.Duration, d
 	p := s.svc.pd
 	s.pd.consumedData = false
 	size := int64(dh.Len) - wire.ChecksumSize
+	if size == 0 {
+		return fail(wire.StatusBadRequest, "an empty chunk: a chunk has at least one byte")
+	}
 	if err := p.budget.acquire(p.ctx, size, deadline, s.wakeChan()); err != nil {
 		switch {
 		case errors.Is(err, errBudget):
@@ -109,15 +113,18 @@ func (s *session) receiveOne(dh wire.Header, key chunk.Key, ttl time.Duration, d
 		return fail(wire.StatusTooLarge, "%v", err)
 	}
 	eng := s.svc.eng
-	if eng.InRAM(key) {
-		// Stored here already: drop the bytes, hold the chunk we have.
+	if s.pd.refs.AcquireRAMKey(eng, key) {
+		// Stored here already, and now referenced so that it stays: drop
+		// the bytes, hold the chunk we have.
+		s.pd.held = s.pd.refs.Detach(s.pd.held[:0])
 		s.armFrame(dh.Len)
 		s.pd.consumedData = true
 		if err := s.rd.Discard(dh.Len); err != nil {
+			eng.Unhold(s.pd.held[0])
 			p.budget.release(size)
 			return fatal(wire.StatusBadRequest, "%v", frameErr(err))
 		}
-		s.pd.held = p.hold(key, size, ttl, &s.pd.refs, s.pd.held)
+		p.keep(key, s.pd.held[0], size, ttl)
 		return nil
 	}
 	w := &s.writes
@@ -143,11 +150,18 @@ func (s *session) receiveOne(dh wire.Header, key chunk.Key, ttl time.Duration, d
 		p.budget.release(size)
 		return fail(wire.StatusBadRequest, "checksum mismatch: the chunk's bytes were damaged on the way")
 	}
-	if err := w.Commit(); err != nil {
+	// The hold is taken before Commit lets the reservation's reference
+	// go, so a store in between cannot evict the chunk first.
+	held, n, err := w.CommitHeld(s.pd.held[:0])
+	s.pd.held = held
+	if err != nil || n == 0 {
 		p.budget.release(size)
-		return statusOf(err)
+		if err != nil {
+			return statusOf(err)
+		}
+		return fail(wire.StatusNoSpace, "the chunk was dropped before it could be held")
 	}
-	s.pd.held = p.hold(key, size, ttl, &s.pd.refs, s.pd.held)
+	p.keep(key, held[0], size, ttl)
 	p.arrived.broadcast()
 	return nil
 }
