@@ -132,3 +132,15 @@ func (w *Writes) heldVisible(a *arena.Arena, key chunk.Key, id arena.ID, dst *[]
 	*dst = append(*dst, Held{one[0]})
 	return true
 }
+
+// Splice moves src's references to the end of r, in order, and empties
+// src: a caller acquires into a scratch Refs outside its lock and splices
+// under it.
+func (r *Refs) Splice(src *Refs) {
+	if len(src.ids) == 0 {
+		return
+	}
+	r.e = src.e
+	r.ids = append(r.ids, src.ids...)
+	src.ids = src.ids[:0]
+}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"kvtier/chunk"
 	"kvtier/client"
 	"kvtier/netallow"
 	"kvtier/server"
@@ -194,5 +195,27 @@ func TestChunkPushedTwiceIsHeldForBothReaders(t *testing.T) {
 	checkRaw(t, c, keys, 97, pChunkBytes)
 	if held := cons.svc.HeldBytes(); held != 0 {
 		t.Fatalf("held %d bytes after both readers", held)
+	}
+}
+
+// TestPushAfterTimeoutSaysSo: a PUSH to a transfer whose time ran out is
+// told that, whether or not it names cached chunks, never NOT_FOUND.
+func TestPushAfterTimeoutSaysSo(t *testing.T) {
+	prod := startService(t, 64<<20, server.ServiceOptions{})
+	cons := startService(t, 64<<20, server.ServiceOptions{PDReceiveBytes: 2 * pChunkBytes})
+	keys := pdKeys(64, 80)
+	storeRaw(t, prod.remote(t), keys, 81, pChunkBytes)
+	pc, ctx := prod.local(t), context.Background()
+	if _, err := pc.Push(ctx, 3, cons.tcp, client.Raw(keys[:60]), 300, false); err != nil {
+		t.Fatal(err)
+	}
+	if st := waitPushed(t, pc, 3); st.State != wire.TransferFailed || !strings.Contains(st.Message, "timed out") {
+		t.Fatalf("status %+v", st)
+	}
+	for _, k := range [][]chunk.Key{keys[60:], pdKeys(1, 82)} { // cached, not cached
+		_, err := pc.Push(ctx, 3, cons.tcp, client.Raw(k), 300, true)
+		if !client.IsStatus(err, wire.StatusBadRequest) || !strings.Contains(err.Error(), "timed out") {
+			t.Errorf("push after the timeout: %v", err)
+		}
 	}
 }

@@ -45,8 +45,10 @@ type transfer struct {
 }
 
 // push adds keys to transfer m.Transfer, starting it if it is new, and
-// returns how many chunks it has queued in all.
-func (p *pd) push(m *wire.Push, keys []chunk.Key) (int, *requestError) {
+// returns how many chunks it has queued in all. The chunks are referenced
+// into scratch first, outside the transfer's lock (it may read them from
+// disk), then moved onto the transfer's queue under it.
+func (p *pd) push(m *wire.Push, keys []chunk.Key, scratch *engine.Refs) (int, *requestError) {
 	if m.Dest == "" {
 		return 0, fail(wire.StatusBadRequest, "push: no destination address")
 	}
@@ -60,18 +62,24 @@ func (p *pd) push(m *wire.Push, keys []chunk.Key) (int, *requestError) {
 		return 0, rerr
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	switch {
-	case t.state != wire.TransferPending:
-		return 0, fail(wire.StatusBadRequest, "transfer %d has ended (%s)", t.id, t.state)
-	case t.last:
-		return 0, fail(wire.StatusBadRequest, "transfer %d was marked last; it takes no more chunks", t.id)
+	rerr = t.takesLocked()
+	t.mu.Unlock()
+	if rerr != nil {
+		return 0, rerr
 	}
-	n, _ := t.refs.AcquireLocal(t.ctx, p.eng, keys)
+	n, _ := scratch.AcquireLocal(t.ctx, p.eng, keys)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if rerr := t.takesLocked(); rerr != nil { // it ended, or timed out, meanwhile
+		scratch.Release()
+		return 0, rerr
+	}
 	if n < len(keys) {
+		scratch.Release()
 		t.failLocked(fmt.Sprintf("chunk %d of %d named by a PUSH is not cached on the producer", n, len(keys)))
 		return 0, fail(wire.StatusNotFound, "transfer %d: chunk %d of %d is not cached here; the transfer failed", t.id, n, len(keys))
 	}
+	t.refs.Splice(scratch)
 	t.keys = append(t.keys, keys...)
 	t.queued += uint32(n)
 	t.last = m.Last
@@ -80,6 +88,25 @@ func (p *pd) push(m *wire.Push, keys []chunk.Key) (int, *requestError) {
 	default:
 	}
 	return int(t.queued), nil
+}
+
+// takesLocked says why the transfer takes no more chunks, if it does not:
+// it ended, its time is up (before run has marked it failed), the daemon
+// is shutting down, or it was marked last.
+func (t *transfer) takesLocked() *requestError {
+	switch {
+	case t.state == wire.TransferDone:
+		return fail(wire.StatusBadRequest, "transfer %d has ended (%s)", t.id, t.state)
+	case t.state != wire.TransferPending:
+		return fail(wire.StatusBadRequest, "transfer %d has ended (%s): %s", t.id, t.state, t.msg)
+	case t.ctx.Err() != nil && t.pastDeadline():
+		return fail(wire.StatusBadRequest, "transfer %d has ended (failed): timed out after %v", t.id, t.timeout)
+	case t.ctx.Err() != nil:
+		return fail(wire.StatusShuttingDown, "transfer %d was cancelled: the daemon is shutting down", t.id)
+	case t.last:
+		return fail(wire.StatusBadRequest, "transfer %d was marked last; it takes no more chunks", t.id)
+	}
+	return nil
 }
 
 // transferFor returns transfer m.Transfer, made and started if new.

@@ -24,6 +24,7 @@ type pdScratch struct {
 	// body.
 	refs         engine.Refs
 	consumedData bool
+	pushRefs     engine.Refs   // a PUSH's chunks, before they join the transfer
 	wake         chan struct{} // this session's wake-ups, capacity 1 (see signal)
 	hasher       *xxh3.Hasher  // checks received chunks as they arrive
 }
@@ -231,7 +232,7 @@ func (s *session) handlePush(h wire.Header, body []byte) *requestError {
 	if rerr != nil {
 		return rerr
 	}
-	queued, rerr := s.svc.pd.push(m, r.keys[r.first:])
+	queued, rerr := s.svc.pd.push(m, r.keys[r.first:], &s.pd.pushRefs)
 	if rerr != nil {
 		return rerr
 	}
