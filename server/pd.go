@@ -26,6 +26,7 @@ const (
 	DefaultPDTimeout = time.Minute      // a PUSH that names no timeout
 	maxPDTimeout     = 10 * time.Minute // longest transfer, hold and WAIT
 	maxActivePushes  = 1024             // transfers being pushed at once
+	maxPushesPerDest = 256              // of those, to one destination
 	maxEndedPushes   = 4096             // ended transfers remembered for PUSH_STATUS
 	keepEnded        = 10 * time.Minute // how long an ended transfer is remembered
 	defaultPDBudget  = 1 << 30          // pd_receive_bytes when unset, at most half the arena
@@ -57,6 +58,7 @@ type pd struct {
 	pushMu    sync.Mutex
 	transfers map[uint64]*transfer
 	active    int
+	activeTo  map[string]int              // active transfers by destination
 	conns     map[string][]*client.Client // idle connections by destination
 	ended     []endedTransfer             // oldest first
 	done      atomic.Uint64               // transfers that ended, by outcome
@@ -91,7 +93,7 @@ func newPD(eng *engine.Engine, budgetBytes int64, token string, allow *netallow.
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &pd{eng: eng, log: log, token: token, allow: allow, budget: budget{limit: budgetBytes},
-		holds: make(map[chunk.Key]hold), transfers: make(map[uint64]*transfer),
+		holds: make(map[chunk.Key]hold), transfers: make(map[uint64]*transfer), activeTo: make(map[string]int),
 		conns: make(map[string][]*client.Client), ctx: ctx, cancel: cancel}
 }
 

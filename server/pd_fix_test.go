@@ -219,3 +219,49 @@ func TestPushAfterTimeoutSaysSo(t *testing.T) {
 		}
 	}
 }
+
+// TestPushesToOneDestinationAreBounded: transfers to a destination that
+// never answers (it accepts and stays silent) fill at most their share
+// of the active slots; another destination is still served.
+func TestPushesToOneDestinationAreBounded(t *testing.T) {
+	const perDest = 256 // maxPushesPerDest
+	cons := startService(t, 64<<20, server.ServiceOptions{})
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan net.Conn, 2*perDest)
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			held <- c
+		}
+	}()
+	t.Cleanup(func() {
+		silent.Close()
+		for len(held) > 0 {
+			(<-held).Close()
+		}
+	})
+	prod := startService(t, 64<<20, server.ServiceOptions{})
+	keys := pdKeys(1, 70)
+	storeRaw(t, prod.remote(t), keys, 71, pChunkBytes)
+	pc, ctx := prod.local(t), context.Background()
+	for id := uint64(1); id <= perDest; id++ {
+		if _, err := pc.Push(ctx, id, silent.Addr().String(), client.Raw(keys), 600_000, true); err != nil {
+			t.Fatalf("push %d: %v", id, err)
+		}
+	}
+	if _, err := pc.Push(ctx, perDest+1, silent.Addr().String(), client.Raw(keys), 600_000, true); !client.IsStatus(err, wire.StatusNoSpace) {
+		t.Fatalf("push %d to one destination: %v, want NO_SPACE", perDest+1, err)
+	}
+	if _, err := pc.Push(ctx, perDest+2, cons.tcp, client.Raw(keys), 10_000, true); err != nil {
+		t.Fatal(err)
+	}
+	if st := waitPushed(t, pc, perDest+2); st.State != wire.TransferDone {
+		t.Fatalf("status %+v", st)
+	}
+}

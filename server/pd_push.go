@@ -122,11 +122,16 @@ func (p *pd) transferFor(m *wire.Push) (*transfer, *requestError) {
 	if p.active >= maxActivePushes {
 		return nil, fail(wire.StatusNoSpace, "%d transfers are being pushed; retry later", p.active)
 	}
+	// One destination that never answers cannot take every slot.
+	if p.activeTo[m.Dest] >= maxPushesPerDest {
+		return nil, fail(wire.StatusNoSpace, "%d transfers are being pushed to %s; retry later", p.activeTo[m.Dest], m.Dest)
+	}
 	timeout := pdTimeout(m.TimeoutMS)
 	ctx, cancel := context.WithTimeout(p.ctx, timeout)
 	t := &transfer{id: m.Transfer, dest: m.Dest, timeout: timeout, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1)}
 	p.transfers[t.id] = t
 	p.active++
+	p.activeTo[t.dest]++
 	p.wg.Add(1)
 	go p.run(t)
 	return t, nil
@@ -205,6 +210,9 @@ func (p *pd) run(t *transfer) {
 	}
 	p.pushMu.Lock()
 	p.active--
+	if p.activeTo[t.dest]--; p.activeTo[t.dest] == 0 {
+		delete(p.activeTo, t.dest)
+	}
 	p.ended = append(p.ended, endedTransfer{id: t.id, at: time.Now()})
 	p.pushMu.Unlock()
 }
