@@ -27,6 +27,10 @@ type pdScratch struct {
 	pushRefs     engine.Refs   // a PUSH's chunks, before they join the transfer
 	wake         chan struct{} // this session's wake-ups, capacity 1 (see signal)
 	hasher       *xxh3.Hasher  // checks received chunks as they arrive
+	// recvID is the transfer of this connection's latest RECEIVE, and
+	// recvStart when its first RECEIVE came (see budgetDeadline).
+	recvID    uint64
+	recvStart time.Time
 }
 
 // wakeChan returns the session's wake-up channel, made on first use.
@@ -57,7 +61,7 @@ func (s *session) handleReceive(h wire.Header) *requestError {
 		return fatal(wire.StatusBadRequest, "RECEIVE of %d chunks with the more-frames flag %v", len(m.Sizes), h.Flags&wire.FlagMore != 0)
 	}
 	ttl := pdTimeout(m.HoldMS)
-	deadline := time.Now().Add(ttl)
+	deadline := s.pd.budgetDeadline(m.Transfer, ttl, time.Now())
 	stored := 0
 	var failed *requestError
 	for j, size := range m.Sizes {
@@ -92,6 +96,20 @@ func (s *session) handleReceive(h wire.Header) *requestError {
 	}
 	s.out = binary.LittleEndian.AppendUint32(wire.Begin(s.out), uint32(stored))
 	return s.reply(h, 0)
+}
+
+// budgetDeadline is until when a RECEIVE of transfer id may wait for
+// room in the budget: until the producer gives the transfer up. The
+// producer sends its transfer timeout as the hold and keeps one
+// connection for a transfer, whose first RECEIVE came after the transfer
+// began; so that deadline is at most ttl after this connection's first
+// RECEIVE of it, not ttl after each batch. A new transfer id on the
+// connection (a pooled one, reused) starts anew.
+func (sc *pdScratch) budgetDeadline(id uint64, ttl time.Duration, now time.Time) time.Time {
+	if id != sc.recvID || sc.recvStart.IsZero() {
+		sc.recvID, sc.recvStart = id, now
+	}
+	return sc.recvStart.Add(ttl)
 }
 
 // receiveOne stores one pushed chunk whose data frame header dh was just
