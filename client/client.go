@@ -133,7 +133,14 @@ func DialTCP(ctx context.Context, addr string, o Options) (*Client, error) {
 		conn = tconn
 	}
 	c := newClient(conn, o)
-	if err := c.handshake(ctx, false); err != nil {
+	// The handshake applies ctx's deadline only; closing the connection
+	// makes it honour cancellation too.
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	err = c.handshake(ctx, false)
+	if !stop() {
+		err = fmt.Errorf("kvtier client: handshake: %w", ctx.Err())
+	}
+	if err != nil {
 		conn.Close()
 		return nil, err
 	}
@@ -256,6 +263,13 @@ func (c *Client) Close() error {
 	}
 	return err
 }
+
+// Interrupt closes the connection under a request in progress, which
+// then fails; the client is of no further use but to Close. Unlike Close
+// it does not wait for the request, so another goroutine may call it to
+// end a call that ignores its context's cancellation (calls apply only
+// the context's deadline).
+func (c *Client) Interrupt() { c.conn.Close() }
 
 // ChunkTokens is the daemon's chunk size in tokens.
 func (c *Client) ChunkTokens() int { return int(c.hello.ChunkTokens) }

@@ -122,6 +122,10 @@ type Config struct {
 	// (prefill/decode transfer) held for their readers at once; 0 means
 	// 1 GiB or half the RAM tier, whichever is less.
 	PDReceiveBytes Size `yaml:"pd_receive_bytes"`
+	// PDPushAllow lists where this daemon may push chunks when a client
+	// asks (host:port, host or CIDR entries, see package netallow); empty
+	// allows loopback addresses only. The push presents tcp_token there.
+	PDPushAllow []string `yaml:"pd_push_allow"`
 
 	// KVEventsEndpoint, when set, is the ZMQ address where the daemon
 	// publishes vLLM-format KV events for the chunks its RAM and disk

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"kvtier/netallow"
 )
 
 // Bounds that no sensible configuration comes near; they exist so that a
@@ -98,6 +100,9 @@ func (c Config) Validate() error {
 	}
 	if c.PDReceiveBytes < 0 {
 		bad("pd_receive_bytes", "want 0 (automatic) or more, got %d", c.PDReceiveBytes)
+	}
+	if _, err := netallow.Parse(c.PDPushAllow); err != nil {
+		bad("pd_push_allow", "%v", err)
 	}
 	if c.FrameTimeout <= 0 {
 		bad("frame_timeout", "want more than 0, got %v", c.FrameTimeout)

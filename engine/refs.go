@@ -89,3 +89,58 @@ type Held struct{ id arena.ID }
 
 // Unhold releases a reference from Refs.Detach.
 func (e *Engine) Unhold(h Held) { e.arenaOf().Unref(h.id) }
+
+// CommitHeld is Writes.Commit that also keeps a reference on each chunk
+// it makes visible, taken before Commit drops the batch's own, so that no
+// store in between can evict the chunk before it is held. A key whose
+// chunk was in RAM already is held on the object there, if it still is.
+// It appends one Held per key to dst for the leading keys it holds and
+// returns how many those are; the batch is empty afterwards.
+func (w *Writes) CommitHeld(dst []Held) ([]Held, int, error) {
+	a := w.e.arenaOf()
+	for _, id := range w.ids {
+		a.Ref(id) // the caller's hold, beside the batch's reference
+	}
+	keys, ids := w.keys, w.ids
+	err := w.e.mgr.Commit(keys, ids)
+	w.keys, w.ids = w.keys[:0], w.ids[:0]
+	n := 0
+	for i, id := range ids {
+		if err == nil && n == i && w.heldVisible(a, keys[i], id, &dst) {
+			n++
+			continue
+		}
+		a.Unref(id)
+	}
+	return dst, n, err
+}
+
+// heldVisible reports whether key's chunk can be held: id, referenced
+// by the caller, when Commit indexed it (the RAM tier's reference makes
+// it not the only one: nothing else knows an unindexed reservation), else
+// the object already stored under key. It appends the hold to dst.
+func (w *Writes) heldVisible(a *arena.Arena, key chunk.Key, id arena.ID, dst *[]Held) bool {
+	if a.Refs(id) > 1 {
+		*dst = append(*dst, Held{id})
+		return true
+	}
+	var one [1]arena.ID
+	if w.e.mgr.RAM().Acquire([]chunk.Key{key}, one[:]) != 1 {
+		return false
+	}
+	a.Unref(id)
+	*dst = append(*dst, Held{one[0]})
+	return true
+}
+
+// Splice moves src's references to the end of r, in order, and empties
+// src: a caller acquires into a scratch Refs outside its lock and splices
+// under it.
+func (r *Refs) Splice(src *Refs) {
+	if len(src.ids) == 0 {
+		return
+	}
+	r.e = src.e
+	r.ids = append(r.ids, src.ids...)
+	src.ids = src.ids[:0]
+}

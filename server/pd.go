@@ -12,6 +12,7 @@ import (
 	"kvtier/chunk"
 	"kvtier/client"
 	"kvtier/engine"
+	"kvtier/netallow"
 )
 
 // Prefill/decode transfer (docs/pd.md). A producer daemon pushes the
@@ -25,6 +26,7 @@ const (
 	DefaultPDTimeout = time.Minute      // a PUSH that names no timeout
 	maxPDTimeout     = 10 * time.Minute // longest transfer, hold and WAIT
 	maxActivePushes  = 1024             // transfers being pushed at once
+	maxPushesPerDest = 256              // of those, to one destination
 	maxEndedPushes   = 4096             // ended transfers remembered for PUSH_STATUS
 	keepEnded        = 10 * time.Minute // how long an ended transfer is remembered
 	defaultPDBudget  = 1 << 30          // pd_receive_bytes when unset, at most half the arena
@@ -44,6 +46,7 @@ type pd struct {
 	eng   *engine.Engine
 	log   *slog.Logger
 	token string
+	allow *netallow.List // where PUSH may send chunks (and the token)
 
 	budget  budget
 	arrived signal // a pushed chunk became visible
@@ -55,6 +58,7 @@ type pd struct {
 	pushMu    sync.Mutex
 	transfers map[uint64]*transfer
 	active    int
+	activeTo  map[string]int              // active transfers by destination
 	conns     map[string][]*client.Client // idle connections by destination
 	ended     []endedTransfer             // oldest first
 	done      atomic.Uint64               // transfers that ended, by outcome
@@ -66,10 +70,13 @@ type pd struct {
 }
 
 // hold keeps one received chunk in RAM until it is read or its deadline.
+// A chunk pushed by several transfers is held once, until the latest
+// deadline or until it has been read as many times as it was pushed.
 type hold struct {
 	ref      engine.Held
 	size     int64
 	deadline time.Time
+	readers  int
 }
 
 type endedTransfer struct {
@@ -77,7 +84,7 @@ type endedTransfer struct {
 	at time.Time
 }
 
-func newPD(eng *engine.Engine, budgetBytes int64, token string, log *slog.Logger) *pd {
+func newPD(eng *engine.Engine, budgetBytes int64, token string, allow *netallow.List, log *slog.Logger) *pd {
 	if budgetBytes <= 0 {
 		budgetBytes = defaultPDBudget
 		if eng != nil { // (tests make services of no engine to list their metrics)
@@ -85,25 +92,33 @@ func newPD(eng *engine.Engine, budgetBytes int64, token string, log *slog.Logger
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &pd{eng: eng, log: log, token: token, budget: budget{limit: budgetBytes},
-		holds: make(map[chunk.Key]hold), transfers: make(map[uint64]*transfer),
+	return &pd{eng: eng, log: log, token: token, allow: allow, budget: budget{limit: budgetBytes},
+		holds: make(map[chunk.Key]hold), transfers: make(map[uint64]*transfer), activeTo: make(map[string]int),
 		conns: make(map[string][]*client.Client), ctx: ctx, cancel: cancel}
 }
 
-// hold keeps key's chunk resident for ttl, charging size bytes that the
-// caller already took from the budget; it gives them back when the chunk
-// cannot be held (gone already) or is held already.
-func (p *pd) hold(key chunk.Key, size int64, ttl time.Duration, refs *engine.Refs, scratch []engine.Held) []engine.Held {
+// keep holds key's chunk, referenced by h, for ttl, charging size bytes
+// that the caller already took from the budget. A chunk held already
+// keeps its one hold, now for one more reader and until the later of the
+// two deadlines; the new reference and bytes are given back.
+func (p *pd) keep(key chunk.Key, h engine.Held, size int64, ttl time.Duration) {
+	deadline := time.Now().Add(ttl)
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if _, ok := p.holds[key]; ok || !refs.AcquireRAMKey(p.eng, key) {
-		p.budget.release(size)
-		return scratch
+	old, ok := p.holds[key]
+	if !ok {
+		p.holds[key] = hold{ref: h, size: size, deadline: deadline, readers: 1}
+		p.nheld.Add(1)
+		p.mu.Unlock()
+		return
 	}
-	scratch = refs.Detach(scratch[:0])
-	p.holds[key] = hold{ref: scratch[0], size: size, deadline: time.Now().Add(ttl)}
-	p.nheld.Add(1)
-	return scratch
+	old.readers++
+	if deadline.After(old.deadline) {
+		old.deadline = deadline
+	}
+	p.holds[key] = old
+	p.mu.Unlock()
+	p.eng.Unhold(h)
+	p.budget.release(size)
 }
 
 // consumed ends the holds of keys a client has just read.
@@ -114,7 +129,13 @@ func (p *pd) consumed(keys []chunk.Key) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, k := range keys {
-		if h, ok := p.holds[k]; ok {
+		h, ok := p.holds[k]
+		switch {
+		case !ok:
+		case h.readers > 1:
+			h.readers--
+			p.holds[k] = h
+		default:
 			p.dropLocked(k, h)
 		}
 	}
@@ -150,7 +171,8 @@ func (p *pd) sweep(now time.Time) {
 }
 
 // close ends every push (as failed) and every hold; the service calls it
-// once its sessions are gone.
+// once its sessions are gone. Cancelling p.ctx interrupts the dials and
+// RECEIVEs of pushes in progress, so the wait for them is short.
 func (p *pd) close() {
 	p.cancel()
 	p.wg.Wait()

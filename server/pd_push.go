@@ -45,28 +45,41 @@ type transfer struct {
 }
 
 // push adds keys to transfer m.Transfer, starting it if it is new, and
-// returns how many chunks it has queued in all.
-func (p *pd) push(m *wire.Push, keys []chunk.Key) (int, *requestError) {
+// returns how many chunks it has queued in all. The chunks are referenced
+// into scratch first, outside the transfer's lock (it may read them from
+// disk), then moved onto the transfer's queue under it.
+func (p *pd) push(m *wire.Push, keys []chunk.Key, scratch *engine.Refs) (int, *requestError) {
 	if m.Dest == "" {
 		return 0, fail(wire.StatusBadRequest, "push: no destination address")
+	}
+	// The producer presents the fleet's tcp_token to whatever it dials, so
+	// a client may only name destinations the configuration allows.
+	if err := p.allow.Allowed(m.Dest); err != nil {
+		return 0, fail(wire.StatusBadRequest, "push: destination refused by pd_push_allow: %v", err)
 	}
 	t, rerr := p.transferFor(m)
 	if rerr != nil {
 		return 0, rerr
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	switch {
-	case t.state != wire.TransferPending:
-		return 0, fail(wire.StatusBadRequest, "transfer %d has ended (%s)", t.id, t.state)
-	case t.last:
-		return 0, fail(wire.StatusBadRequest, "transfer %d was marked last; it takes no more chunks", t.id)
+	rerr = t.takesLocked()
+	t.mu.Unlock()
+	if rerr != nil {
+		return 0, rerr
 	}
-	n, _ := t.refs.AcquireLocal(t.ctx, p.eng, keys)
+	n, _ := scratch.AcquireLocal(t.ctx, p.eng, keys)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if rerr := t.takesLocked(); rerr != nil { // it ended, or timed out, meanwhile
+		scratch.Release()
+		return 0, rerr
+	}
 	if n < len(keys) {
+		scratch.Release()
 		t.failLocked(fmt.Sprintf("chunk %d of %d named by a PUSH is not cached on the producer", n, len(keys)))
 		return 0, fail(wire.StatusNotFound, "transfer %d: chunk %d of %d is not cached here; the transfer failed", t.id, n, len(keys))
 	}
+	t.refs.Splice(scratch)
 	t.keys = append(t.keys, keys...)
 	t.queued += uint32(n)
 	t.last = m.Last
@@ -75,6 +88,25 @@ func (p *pd) push(m *wire.Push, keys []chunk.Key) (int, *requestError) {
 	default:
 	}
 	return int(t.queued), nil
+}
+
+// takesLocked says why the transfer takes no more chunks, if it does not:
+// it ended, its time is up (before run has marked it failed), the daemon
+// is shutting down, or it was marked last.
+func (t *transfer) takesLocked() *requestError {
+	switch {
+	case t.state == wire.TransferDone:
+		return fail(wire.StatusBadRequest, "transfer %d has ended (%s)", t.id, t.state)
+	case t.state != wire.TransferPending:
+		return fail(wire.StatusBadRequest, "transfer %d has ended (%s): %s", t.id, t.state, t.msg)
+	case t.ctx.Err() != nil && t.pastDeadline():
+		return fail(wire.StatusBadRequest, "transfer %d has ended (failed): timed out after %v", t.id, t.timeout)
+	case t.ctx.Err() != nil:
+		return fail(wire.StatusShuttingDown, "transfer %d was cancelled: the daemon is shutting down", t.id)
+	case t.last:
+		return fail(wire.StatusBadRequest, "transfer %d was marked last; it takes no more chunks", t.id)
+	}
+	return nil
 }
 
 // transferFor returns transfer m.Transfer, made and started if new.
@@ -90,11 +122,16 @@ func (p *pd) transferFor(m *wire.Push) (*transfer, *requestError) {
 	if p.active >= maxActivePushes {
 		return nil, fail(wire.StatusNoSpace, "%d transfers are being pushed; retry later", p.active)
 	}
+	// One destination that never answers cannot take every slot.
+	if p.activeTo[m.Dest] >= maxPushesPerDest {
+		return nil, fail(wire.StatusNoSpace, "%d transfers are being pushed to %s; retry later", p.activeTo[m.Dest], m.Dest)
+	}
 	timeout := pdTimeout(m.TimeoutMS)
 	ctx, cancel := context.WithTimeout(p.ctx, timeout)
 	t := &transfer{id: m.Transfer, dest: m.Dest, timeout: timeout, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1)}
 	p.transfers[t.id] = t
 	p.active++
+	p.activeTo[t.dest]++
 	p.wg.Add(1)
 	go p.run(t)
 	return t, nil
@@ -173,6 +210,9 @@ func (p *pd) run(t *transfer) {
 	}
 	p.pushMu.Lock()
 	p.active--
+	if p.activeTo[t.dest]--; p.activeTo[t.dest] == 0 {
+		delete(p.activeTo, t.dest)
+	}
 	p.ended = append(p.ended, endedTransfer{id: t.id, at: time.Now()})
 	p.pushMu.Unlock()
 }
@@ -225,7 +265,18 @@ func (p *pd) receive(t *transfer, ps *pusher, n int) (int, error) {
 			}
 			fresh = !ps.pooled
 		}
+		// The client applies t.ctx's deadline only: a transfer failed or
+		// cancelled by shutdown must not wait for the consumer's budget.
+		stop := context.AfterFunc(t.ctx, ps.c.Interrupt)
 		stored, err := ps.c.Receive(t.ctx, t.id, hold, ps.keys[:n], ps.bufs[:n], nil)
+		if !stop() { // interrupted, or about to be: the connection is done
+			ps.c.Close()
+			ps.c, ps.pooled = nil, false
+			if err == nil {
+				err = t.ctx.Err()
+			}
+			return stored, err
+		}
 		if err == nil || fresh || attempt > 0 || !errors.Is(err, client.ErrClosed) || t.ctx.Err() != nil {
 			return stored, err
 		}

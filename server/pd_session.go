@@ -19,12 +19,18 @@ type pdScratch struct {
 	wait wire.Wait
 	push wire.Push
 	held []engine.Held
-	// refs takes a received chunk's hold; consumedData says whether
-	// receiveOne read the data frame's body.
+	// refs takes a received chunk's hold when the chunk is in RAM
+	// already; consumedData says whether receiveOne read the data frame's
+	// body.
 	refs         engine.Refs
 	consumedData bool
+	pushRefs     engine.Refs   // a PUSH's chunks, before they join the transfer
 	wake         chan struct{} // this session's wake-ups, capacity 1 (see signal)
 	hasher       *xxh3.Hasher  // checks received chunks as they arrive
+	// recvID is the transfer of this connection's latest RECEIVE, and
+	// recvStart when its first RECEIVE came (see budgetDeadline).
+	recvID    uint64
+	recvStart time.Time
 }
 
 // wakeChan returns the session's wake-up channel, made on first use.
@@ -55,7 +61,7 @@ func (s *session) handleReceive(h wire.Header) *requestError {
 		return fatal(wire.StatusBadRequest, "RECEIVE of %d chunks with the more-frames flag %v", len(m.Sizes), h.Flags&wire.FlagMore != 0)
 	}
 	ttl := pdTimeout(m.HoldMS)
-	deadline := time.Now().Add(ttl)
+	deadline := s.pd.budgetDeadline(m.Transfer, ttl, time.Now())
 	stored := 0
 	var failed *requestError
 	for j, size := range m.Sizes {
@@ -92,6 +98,20 @@ func (s *session) handleReceive(h wire.Header) *requestError {
 	return s.reply(h, 0)
 }
 
+// budgetDeadline is until when a RECEIVE of transfer id may wait for
+// room in the budget: until the producer gives the transfer up. The
+// producer sends its transfer timeout as the hold and keeps one
+// connection for a transfer, whose first RECEIVE came after the transfer
+// began; so that deadline is at most ttl after this connection's first
+// RECEIVE of it, not ttl after each batch. A new transfer id on the
+// connection (a pooled one, reused) starts anew.
+func (sc *pdScratch) budgetDeadline(id uint64, ttl time.Duration, now time.Time) time.Time {
+	if id != sc.recvID || sc.recvStart.IsZero() {
+		sc.recvID, sc.recvStart = id, now
+	}
+	return sc.recvStart.Add(ttl)
+}
+
 // receiveOne stores one pushed chunk whose data frame header dh was just
 // read; s.pd.consumedData says whether its body was read, whatever the
 // outcome.
@@ -99,6 +119,9 @@ func (s *session) receiveOne(dh wire.Header, key chunk.Key, ttl time.Duration, d
 	p := s.svc.pd
 	s.pd.consumedData = false
 	size := int64(dh.Len) - wire.ChecksumSize
+	if size == 0 {
+		return fail(wire.StatusBadRequest, "an empty chunk: a chunk has at least one byte")
+	}
 	if err := p.budget.acquire(p.ctx, size, deadline, s.wakeChan()); err != nil {
 		switch {
 		case errors.Is(err, errBudget):
@@ -109,15 +132,18 @@ func (s *session) receiveOne(dh wire.Header, key chunk.Key, ttl time.Duration, d
 		return fail(wire.StatusTooLarge, "%v", err)
 	}
 	eng := s.svc.eng
-	if eng.InRAM(key) {
-		// Stored here already: drop the bytes, hold the chunk we have.
+	if s.pd.refs.AcquireRAMKey(eng, key) {
+		// Stored here already, and now referenced so that it stays: drop
+		// the bytes, hold the chunk we have.
+		s.pd.held = s.pd.refs.Detach(s.pd.held[:0])
 		s.armFrame(dh.Len)
 		s.pd.consumedData = true
 		if err := s.rd.Discard(dh.Len); err != nil {
+			eng.Unhold(s.pd.held[0])
 			p.budget.release(size)
 			return fatal(wire.StatusBadRequest, "%v", frameErr(err))
 		}
-		s.pd.held = p.hold(key, size, ttl, &s.pd.refs, s.pd.held)
+		p.keep(key, s.pd.held[0], size, ttl)
 		return nil
 	}
 	w := &s.writes
@@ -143,11 +169,18 @@ func (s *session) receiveOne(dh wire.Header, key chunk.Key, ttl time.Duration, d
 		p.budget.release(size)
 		return fail(wire.StatusBadRequest, "checksum mismatch: the chunk's bytes were damaged on the way")
 	}
-	if err := w.Commit(); err != nil {
+	// The hold is taken before Commit lets the reservation's reference
+	// go, so a store in between cannot evict the chunk first.
+	held, n, err := w.CommitHeld(s.pd.held[:0])
+	s.pd.held = held
+	if err != nil || n == 0 {
 		p.budget.release(size)
-		return statusOf(err)
+		if err != nil {
+			return statusOf(err)
+		}
+		return fail(wire.StatusNoSpace, "the chunk was dropped before it could be held")
 	}
-	s.pd.held = p.hold(key, size, ttl, &s.pd.refs, s.pd.held)
+	p.keep(key, held[0], size, ttl)
 	p.arrived.broadcast()
 	return nil
 }
@@ -217,7 +250,7 @@ func (s *session) handlePush(h wire.Header, body []byte) *requestError {
 	if rerr != nil {
 		return rerr
 	}
-	queued, rerr := s.svc.pd.push(m, r.keys[r.first:])
+	queued, rerr := s.svc.pd.push(m, r.keys[r.first:], &s.pd.pushRefs)
 	if rerr != nil {
 		return rerr
 	}

@@ -14,6 +14,7 @@ import (
 
 	"kvtier/engine"
 	"kvtier/kvevents/announce"
+	"kvtier/netallow"
 	"kvtier/wire"
 )
 
@@ -47,6 +48,9 @@ type ServiceOptions struct {
 	// (RECEIVE) that it holds for their readers at once (default 1 GiB,
 	// at most half the arena); a push over it waits.
 	PDReceiveBytes int64
+	// PDPushAllow lists the destinations a PUSH may name (pd_push_allow);
+	// nil or empty allows loopback addresses only (docs/pd.md).
+	PDPushAllow *netallow.List
 	// Events, when set, is told the vLLM block hashes of chunks stored by
 	// token ids, so it can announce them (see package announce).
 	Events *announce.Publisher
@@ -119,7 +123,7 @@ func NewService(eng *engine.Engine, opts ServiceOptions) *Service {
 		stop:      make(chan struct{}),
 		refusing:  make(chan struct{}, maxRefusing),
 		bodies:    newBodyPool(opts.BodyBudget),
-		pd:        newPD(eng, opts.PDReceiveBytes, opts.Token, opts.Logger),
+		pd:        newPD(eng, opts.PDReceiveBytes, opts.Token, opts.PDPushAllow, opts.Logger),
 	}
 	s.swept.Add(1)
 	go s.sweep()

@@ -26,6 +26,7 @@ import (
 	"kvtier/internal/tlsreload"
 	"kvtier/kvevents"
 	"kvtier/kvevents/announce"
+	"kvtier/netallow"
 	"kvtier/server"
 )
 
@@ -97,8 +98,13 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 	if err != nil {
 		return errors.Join(err, eng.Close())
 	}
+	pushAllow, err := netallow.Parse(cfg.PDPushAllow) // validated with the configuration
+	if err != nil {
+		return errors.Join(err, eng.Close())
+	}
 	svc := server.NewService(eng, server.ServiceOptions{Token: cfg.TCPToken, Events: events, Logger: log,
-		MaxConns: cfg.MaxConnections, FrameTimeout: cfg.FrameTimeout, PDReceiveBytes: int64(cfg.PDReceiveBytes)})
+		MaxConns: cfg.MaxConnections, FrameTimeout: cfg.FrameTimeout, PDReceiveBytes: int64(cfg.PDReceiveBytes),
+		PDPushAllow: pushAllow})
 	if err := adm.Register(svc.Collectors()...); err != nil {
 		return errors.Join(err, eng.Close())
 	}
