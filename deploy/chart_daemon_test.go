@@ -14,14 +14,16 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"kvtier/internal/servetest"
+	"kvtier/internal/tlstest"
 )
 
 // chartDaemon is a `kvtier serve` started on a rendered ConfigMap and
 // container environment.
 type chartDaemon struct {
-	log   *servetest.Log
-	admin string // http://127.0.0.1:<port>: the port the daemon bound
-	port  string
+	log    *servetest.Log
+	admin  string // http://127.0.0.1:<port>: the port the daemon bound
+	port   string
+	client *http.Client
 }
 
 var adminListening = regexp.MustCompile(`msg="admin listening" addr=\S*:(\d+)`)
@@ -79,7 +81,7 @@ func startChartDaemon(t *testing.T, m *manifests, dir string, over map[string]an
 		}
 		cmd.Env = append(cmd.Env, e.Name+"="+v)
 	}
-	d := &chartDaemon{log: &servetest.Log{}}
+	d := &chartDaemon{log: &servetest.Log{}, client: http.DefaultClient}
 	cmd.Stderr = d.log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -121,7 +123,7 @@ func (d *chartDaemon) get(t *testing.T, path, host, token string) (int, string, 
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := d.client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,18 +151,28 @@ func (d *chartDaemon) metric(t *testing.T, token, sample string) string {
 }
 
 // TestChartDaemonAdminRunsHere starts the daemon of the default render
-// (and of one with daemon.admin.readOpen) on its rendered admin address,
-// 0.0.0.0, with the admin token of the rendered Secret in
-// KVTIER_ADMIN_TOKEN, as in the pod. The kubelet's probes carry the pod
-// IP as Host and no token: they must pass. /metrics answers Prometheus
-// with the token; without it, 401 unless readOpen.
+// (and of renders with daemon.admin.readOpen and daemon.admin.tlsSecret)
+// on its rendered admin address, 0.0.0.0, with the admin token of the
+// rendered Secret in KVTIER_ADMIN_TOKEN, as in the pod. The kubelet's
+// probes carry the pod IP as Host and no token: they must pass, over
+// HTTPS with TLS. /metrics answers Prometheus with the token; without it,
+// 401 unless readOpen.
 func TestChartDaemonAdminRunsHere(t *testing.T) {
 	helmBin(t)
-	for _, readOpen := range []bool{false, true} {
-		t.Run(map[bool]string{false: "default", true: "readOpen"}[readOpen], func(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		set       string
+		readOpen  bool
+		tlsSecret bool
+	}{
+		{name: "default"},
+		{name: "readOpen", set: "daemon.admin.readOpen=true", readOpen: true},
+		{name: "tls", set: "daemon.admin.tlsSecret=kvtier-admin-tls", tlsSecret: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
 			args := []string{"template", "kv", chartDir}
-			if readOpen {
-				args = append(args, "--set", "daemon.admin.readOpen=true")
+			if c.set != "" {
+				args = append(args, "--set", c.set)
 			}
 			out, err := helm(t, args...)
 			if err != nil {
@@ -174,12 +186,35 @@ func TestChartDaemonAdminRunsHere(t *testing.T) {
 			if len(token) < 32 {
 				t.Fatalf("generated admin token %q: want 32 characters or more", token)
 			}
-			d := startChartDaemon(t, m, t.TempDir(), nil, func(e corev1.EnvVar) (string, bool) {
+			dir := t.TempDir()
+			over := map[string]any{}
+			var ca *tlstest.CA
+			if c.tlsSecret {
+				// The Secret's files, issued here for 127.0.0.1.
+				doc := m.configMaps["kv-kvtier-daemon"].Data["kvtier.yaml"]
+				if mustKey(t, doc, "admin_tls_cert") != "/etc/kvtier-tls/admin/tls.crt" {
+					t.Fatalf("admin_tls_cert not the mounted Secret's tls.crt:\n%s", doc)
+				}
+				ca = tlstest.NewCA(t, "kvtier test CA")
+				cert, key := ca.WriteServer(t, dir, "daemon")
+				over["admin_tls_cert"], over["admin_tls_key"] = cert, key
+			}
+			d := startChartDaemon(t, m, dir, over, func(e corev1.EnvVar) (string, bool) {
 				if e.Name == "KVTIER_INSTANCE_ID" {
 					return "gpu-node-7", true
 				}
 				return "", false
 			})
+			probe := m.daemonSets["kv-kvtier-daemon"].Spec.Template.Spec.Containers[0].ReadinessProbe.HTTPGet
+			if c.tlsSecret {
+				if probe.Scheme != corev1.URISchemeHTTPS {
+					t.Errorf("probes over %s with admin TLS, want HTTPS", probe.Scheme)
+				}
+				d.admin = "https://127.0.0.1:" + d.port
+				d.client = &http.Client{Transport: &http.Transport{TLSClientConfig: ca.ClientConfig()}}
+			} else if probe.Scheme != corev1.URISchemeHTTP {
+				t.Errorf("probes over %s without admin TLS, want HTTP", probe.Scheme)
+			}
 			podHost := "10.1.2.3:" + d.port // what the kubelet sends: the pod IP
 			for _, path := range []string{"/healthz", "/readyz"} {
 				if code, _, body := d.get(t, path, podHost, ""); code != http.StatusOK {
@@ -189,11 +224,11 @@ func TestChartDaemonAdminRunsHere(t *testing.T) {
 			if code, _, body := d.get(t, "/metrics", podHost, token); code != http.StatusOK || !strings.Contains(body, "kvtier_") {
 				t.Errorf("/metrics with the Secret's token, Host %s: %d %.200s", podHost, code, body)
 			}
-			if code, _, _ := d.get(t, "/metrics", podHost, token+"x"); !readOpen && code != http.StatusUnauthorized {
+			if code, _, _ := d.get(t, "/metrics", podHost, token+"x"); !c.readOpen && code != http.StatusUnauthorized {
 				t.Errorf("/metrics with a wrong token: %d, want 401", code)
 			}
 			code, auth, body := d.get(t, "/metrics", podHost, "")
-			if readOpen {
+			if c.readOpen {
 				if code != http.StatusOK || !strings.Contains(body, "kvtier_") {
 					t.Errorf("/metrics without a token, readOpen: %d %.200s, want 200", code, body)
 				}
@@ -203,7 +238,7 @@ func TestChartDaemonAdminRunsHere(t *testing.T) {
 			// Mutations need the token whatever readOpen says.
 			req, _ := http.NewRequest(http.MethodPost, d.admin+"/api/v1/flush", nil)
 			req.Host = podHost
-			resp, err := http.DefaultClient.Do(req)
+			resp, err := d.client.Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}

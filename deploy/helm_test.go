@@ -174,10 +174,11 @@ func TestChart(t *testing.T) {
 func TestChartRefusals(t *testing.T) {
 	helmBin(t)
 	for set, want := range map[string]string{
-		"controller.replicas=2":                           "needs a shared index",
-		"daemon.tcp.enabled=true":                         "needs a token",
-		"daemon.joinController=true":                      "needs daemon.tcp.enabled",
-		"daemon.disk.enabled=true,daemon.disk.volume=nfs": "want hostPath or ephemeral",
+		"controller.replicas=2":                                           "needs a shared index",
+		"daemon.tcp.enabled=true":                                         "needs a token",
+		"daemon.joinController=true":                                      "needs daemon.tcp.enabled",
+		"daemon.disk.enabled=true,daemon.disk.volume=nfs":                 "want hostPath or ephemeral",
+		"daemon.admin.tlsSecret=t,daemon.metrics.podMonitor.enabled=true": "needs daemon.metrics.podMonitor.tlsConfig",
 	} {
 		_, err := helm(t, "template", "kv", chartDir, "--set", set)
 		if err == nil || !strings.Contains(err.Error(), want) {
