@@ -14,6 +14,8 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"kvtier/internal/redistest"
 	"kvtier/internal/servetest"
 )
@@ -22,7 +24,8 @@ import (
 // real controller on its controller.yaml and a real daemon on its
 // kvtier.yaml and environment, with the tokens of the chart's Secret and a
 // real Redis standing in for the release's. Only what a Kubernetes node
-// would provide differently is replaced: addresses (loopback, free ports),
+// would provide differently is replaced: addresses (loopback, free ports;
+// the daemon's admin API binds the rendered 0.0.0.0 on a free port),
 // paths (temporary directories) and sizes (a small RAM tier, no huge
 // pages). The daemon must register with the controller under the node's
 // name, with the cluster token, and serve its Redis remote tier.
@@ -57,15 +60,23 @@ func TestChartRunsHere(t *testing.T) {
 	}
 	d := m.deployments["kv-kvtier-controller"].Spec.Template.Spec.Containers[0]
 	token := secret.StringData["cluster-token"]
-	args := []string{"controller", "--config", ctrlFile}
-	for _, a := range d.Args[3:] {
-		args = append(args, strings.ReplaceAll(a, "$(CLUSTER_TOKEN)", token))
-	}
+	args := append([]string{"controller", "--config", ctrlFile}, d.Args[3:]...)
 	bin, err := servetest.Binary()
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctrl := exec.Command(bin, args...)
+	// The token as the Deployment passes it: a variable from the Secret.
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "KVTIER_") {
+			ctrl.Env = append(ctrl.Env, kv)
+		}
+	}
+	for _, e := range d.Env {
+		if r := e.ValueFrom; r != nil && r.SecretKeyRef != nil {
+			ctrl.Env = append(ctrl.Env, e.Name+"="+secret.StringData[r.SecretKeyRef.Key])
+		}
+	}
 	ctrlLog := &servetest.Log{}
 	ctrl.Stderr = ctrlLog
 	if err := ctrl.Start(); err != nil {
@@ -74,40 +85,25 @@ func TestChartRunsHere(t *testing.T) {
 	defer func() { ctrl.Process.Kill(); ctrl.Wait() }()
 	waitHTTP(t, "http://"+listen+"/healthz", "", ctrlLog)
 
-	// The daemon: its file, with the container's environment written in
-	// as the keys the KVTIER_ variables name (servetest passes none).
-	ds := m.daemonSets["kv-kvtier-daemon"].Spec.Template.Spec.Containers[0]
-	over := map[string]any{
-		"max_local_cpu_size": 0.0625, "hugepages": false, "max_local_disk_size": 0.0625,
-		"local_disk": filepath.Join(dir, "disk"), "controller_url": "http://" + listen,
+	// The daemon: its file and its container's environment, the admin API
+	// on the rendered 0.0.0.0 with the admin token from the Secret.
+	dm := startChartDaemon(t, m, dir, map[string]any{
+		"max_local_disk_size": 0.0625, "local_disk": filepath.Join(dir, "disk"), "controller_url": "http://" + listen,
 		"cluster_events_endpoint": "tcp://127.0.0.1:0",
-		// servetest sets these three itself.
-		"admin_addr": nil, "socket_path": nil, "data_dir": nil,
-	}
-	for _, e := range ds.Env {
-		key, ok := strings.CutPrefix(e.Name, "KVTIER_")
-		if !ok {
-			continue
+	}, func(e corev1.EnvVar) (string, bool) {
+		switch e.Name {
+		case "KVTIER_TCP_ADDR":
+			return "127.0.0.1:0", true
+		case "KVTIER_REMOTE_URL":
+			return strings.Replace(e.Value, "kv-kvtier-redis:6379", rdb.Addr, 1), true
+		case "KVTIER_INSTANCE_ID":
+			return "gpu-node-7", true
 		}
-		key = strings.ToLower(key)
-		switch {
-		case key == "tcp_addr":
-			over[key] = "127.0.0.1:0"
-		case key == "remote_url":
-			over[key] = strings.Replace(e.Value, "kv-kvtier-redis:6379", rdb.Addr, 1)
-		case key == "instance_id":
-			over[key] = "gpu-node-7"
-		case e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil:
-			over[key] = secret.StringData[e.ValueFrom.SecretKeyRef.Key]
-		default:
-			t.Fatalf("daemon env %s: not handled here", e.Name)
-		}
-	}
-	conf := rewrite(t, m.configMaps["kv-kvtier-daemon"].Data["kvtier.yaml"], over)
-	dm := servetest.Start(t, filepath.Join(dir), conf)
+		return "", false
+	})
 
 	// Registered under the node's name, behind the cluster token.
-	waitHTTP(t, "http://"+listen+"/v1/cluster/instances", token, ctrlLog, dm.Log, "gpu-node-7")
+	waitHTTP(t, "http://"+listen+"/v1/cluster/instances", token, ctrlLog, dm.log, "gpu-node-7")
 	resp, err := http.Get("http://" + listen + "/v1/cluster/instances")
 	if err != nil {
 		t.Fatal(err)
@@ -116,7 +112,7 @@ func TestChartRunsHere(t *testing.T) {
 	if resp.StatusCode != http.StatusUnauthorized {
 		t.Errorf("registry without the token: %s, want 401", resp.Status)
 	}
-	if got := dm.Metric(t, `kvtier_remote_circuit_state{tier="redis"}`); got != "0" {
+	if got := dm.metric(t, secret.StringData["admin-token"], `kvtier_remote_circuit_state{tier="redis"}`); got != "0" {
 		t.Errorf("the Redis remote tier's circuit: %q, want 0 (closed)", got)
 	}
 }

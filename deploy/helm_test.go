@@ -35,6 +35,8 @@ var renders = map[string][]string{
 	"no-controller":  {"--set", "controller.enabled=false"},
 	"policies":       {"--set", "networkPolicy.enabled=true"},
 	"external-plain": {"--set", "redis.externalURL=redis://redis.example:6379,controller.replicas=2,daemon.redisRemoteTier.enabled=true"},
+	"admin-tls": {"--set", "daemon.admin.tlsSecret=kvtier-admin-tls,daemon.admin.readOpen=true,daemon.metrics.podMonitor.enabled=true," +
+		"daemon.metrics.podMonitor.tlsConfig.ca.secret.name=kvtier-admin-tls,daemon.metrics.podMonitor.tlsConfig.ca.secret.key=ca.crt"},
 }
 
 // helmBin finds helm (installed by .ci/run from the Go module proxy).
@@ -70,6 +72,7 @@ type manifests struct {
 	deployments map[string]*appsv1.Deployment
 	daemonSets  map[string]*appsv1.DaemonSet
 	policies    []*netv1.NetworkPolicy
+	monitors    []*podMonitor
 }
 
 // decodeAll splits a multi-document YAML stream and decodes each document
@@ -106,6 +109,8 @@ func decodeAll(stream string) (*manifests, error) {
 			obj = &appsv1.DaemonSet{}
 		case "networking.k8s.io/v1 NetworkPolicy":
 			obj = &netv1.NetworkPolicy{}
+		case "monitoring.coreos.com/v1 PodMonitor":
+			obj = &podMonitor{}
 		default:
 			errs = append(errs, fmt.Errorf("document %d: unexpected %s %s", i, head.APIVersion, head.Kind))
 			continue
@@ -127,6 +132,8 @@ func decodeAll(stream string) (*manifests, error) {
 			m.daemonSets[o.Name] = o
 		case *netv1.NetworkPolicy:
 			m.policies = append(m.policies, o)
+		case *podMonitor:
+			m.monitors = append(m.monitors, o)
 		}
 	}
 	return m, errors.Join(errs...)
@@ -157,6 +164,7 @@ func TestChart(t *testing.T) {
 			checkWorkloads(t, m)
 			checkDaemonConfig(t, m)
 			checkControllerConfig(t, m)
+			checkPodMonitors(t, m)
 		})
 	}
 }
@@ -166,10 +174,11 @@ func TestChart(t *testing.T) {
 func TestChartRefusals(t *testing.T) {
 	helmBin(t)
 	for set, want := range map[string]string{
-		"controller.replicas=2":                           "needs a shared index",
-		"daemon.tcp.enabled=true":                         "needs a token",
-		"daemon.joinController=true":                      "needs daemon.tcp.enabled",
-		"daemon.disk.enabled=true,daemon.disk.volume=nfs": "want hostPath or ephemeral",
+		"controller.replicas=2":                                           "needs a shared index",
+		"daemon.tcp.enabled=true":                                         "needs a token",
+		"daemon.joinController=true":                                      "needs daemon.tcp.enabled",
+		"daemon.disk.enabled=true,daemon.disk.volume=nfs":                 "want hostPath or ephemeral",
+		"daemon.admin.tlsSecret=t,daemon.metrics.podMonitor.enabled=true": "needs daemon.metrics.podMonitor.tlsConfig",
 	} {
 		_, err := helm(t, "template", "kv", chartDir, "--set", set)
 		if err == nil || !strings.Contains(err.Error(), want) {
@@ -442,6 +451,9 @@ func checkDaemonConfig(t *testing.T, m *manifests) {
 		if cfg.TCPAddr != "" && cfg.TCPToken == "" {
 			t.Errorf("%s: tcp_addr %s without a token", name, cfg.TCPAddr)
 		}
+		if err := adminOpen(cfg, c); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
 	}
 }
 
@@ -477,9 +489,14 @@ func checkControllerConfig(t *testing.T, m *manifests) {
 		expand := func(s string) string {
 			return regexp.MustCompile(`\$\((\w+)\)`).ReplaceAllStringFunc(s, func(r string) string { return env[r[2:len(r)-1]] })
 		}
+		// As `kvtier controller` does: the variable over the file, the
+		// flags over both.
+		if v := env["KVTIER_CLUSTER_TOKEN"]; v != "" {
+			cfg.ClusterToken = v
+		}
 		for _, a := range c.Args[3:] {
-			if v, ok := strings.CutPrefix(a, "--cluster-token="); ok {
-				cfg.ClusterToken = expand(v)
+			if strings.Contains(a, "token") {
+				t.Errorf("%s: a token on the command line (%q) shows in the process list", name, a)
 			} else if v, ok := strings.CutPrefix(a, "--index-redis="); ok {
 				cfg.IndexRedis = expand(v)
 			} else {
@@ -488,6 +505,9 @@ func checkControllerConfig(t *testing.T, m *manifests) {
 		}
 		if err := cfg.Validate(); err != nil {
 			t.Fatalf("%s: the controller refuses its configuration: %v\n%s", name, err, cm.Data["controller.yaml"])
+		}
+		if !loopbackAddr(cfg.Listen) && cfg.ClusterToken == "" {
+			t.Errorf("%s: listen %s beyond loopback without a cluster_token: the controller refuses to start", name, cfg.Listen)
 		}
 		if *d.Spec.Replicas > 1 && cfg.IndexRedis == "" {
 			t.Errorf("%s: %d replicas without index_redis", name, *d.Spec.Replicas)

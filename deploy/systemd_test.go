@@ -145,6 +145,13 @@ func checkDaemonUnitEnv(t *testing.T, u unit) {
 		if cfg.DataDir != "/var/lib/"+u.last("StateDirectory") {
 			t.Errorf("data_dir %s is not StateDirectory=%s", cfg.DataDir, u.last("StateDirectory"))
 		}
+		// The daemon refuses to start on these (docs/security.md).
+		if !loopbackAddr(cfg.AdminAddr) && cfg.AdminToken == "" {
+			t.Errorf("admin_addr %s beyond loopback without admin_token", cfg.AdminAddr)
+		}
+		if cfg.TCPAddr != "" && !loopbackAddr(cfg.TCPAddr) && cfg.TCPToken == "" {
+			t.Errorf("tcp_addr %s beyond loopback without tcp_token", cfg.TCPAddr)
+		}
 	}
 }
 

@@ -74,7 +74,7 @@ prompt and decodes it on the least-loaded one. See docs/pd.md.`,
 	fl.StringVar(&v.PodsFile, "pods-file", "", "a file of pods, one NAME=MODEL=ADDRESS[=REPLAY] per line (# comments), watched: pods added, removed or changed there are followed, dropped or restarted within seconds")
 	fl.DurationVar(&v.HeartbeatInterval, "heartbeat-interval", v.HeartbeatInterval, "how often registered kvtier daemons beat (docs/cluster.md)")
 	fl.IntVar(&v.MissedHeartbeats, "missed-heartbeats", v.MissedHeartbeats, "beats a daemon may miss before it is dropped with its chunks")
-	fl.StringVar(&v.ClusterToken, "cluster-token", "", "require Authorization: Bearer TOKEN on the cluster API (/v1/cluster/*), required beyond loopback; the daemons' controller_token (prefer the file: flags show in ps)")
+	fl.StringVar(&v.ClusterToken, "cluster-token", "", "require Authorization: Bearer TOKEN on the cluster API (/v1/cluster/*), required beyond loopback; the daemons' controller_token (default $KVTIER_CLUSTER_TOKEN; prefer it or the file: flags show in ps)")
 	fl.StringVar(&v.TLSCert, "tls-cert", "", "serve --listen over TLS with this PEM certificate (with --tls-key); reread on SIGHUP and on change")
 	fl.StringVar(&v.TLSKey, "tls-key", "", "the PEM private key of --tls-cert")
 	fl.StringArrayVar(&v.Tokenizers, "tokenizer", nil, "tokenizer for prompt strings: [MODEL=]tiktoken:ENCODING or [MODEL=]hf:/path/tokenizer.json (repeatable; without MODEL= it serves every model without its own)")
@@ -87,13 +87,19 @@ prompt and decodes it on the least-loaded one. See docs/pd.md.`,
 }
 
 // load returns the configuration: the defaults, then the --config file,
-// then every flag for which changed reports that it was given.
+// then $KVTIER_CLUSTER_TOKEN when set, then every flag for which changed
+// reports that it was given.
 func (f *controllerFlags) load(changed func(flag string) bool) (controller.Config, error) {
 	cfg := controller.Default()
 	if f.config != "" {
 		if err := cfg.LoadFile(f.config); err != nil {
 			return controller.Config{}, err
 		}
+	}
+	// The token from the environment keeps it out of the process list,
+	// where --cluster-token shows, and out of a ConfigMap-mounted file.
+	if tok := os.Getenv("KVTIER_CLUSTER_TOKEN"); tok != "" {
+		cfg.ClusterToken = tok
 	}
 	f.values.HashSeed = &f.seed
 	for _, key := range controller.Keys() {

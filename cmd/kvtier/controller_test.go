@@ -170,3 +170,27 @@ func TestControllerCommandRuns(t *testing.T) {
 		t.Errorf("shutdown was not logged:\n%s", log)
 	}
 }
+
+// TestControllerClusterTokenFromEnv checks that $KVTIER_CLUSTER_TOKEN
+// sets cluster_token over the file's value, and that --cluster-token still
+// wins over both.
+func TestControllerClusterTokenFromEnv(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "controller.yaml")
+	if err := os.WriteFile(path, []byte("cluster_token: from-file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KVTIER_CLUSTER_TOKEN", "")
+	if got := controllerConfig(t, "--config", path).ClusterToken; got != "from-file" {
+		t.Errorf("empty variable: %q, want the file's", got)
+	}
+	t.Setenv("KVTIER_CLUSTER_TOKEN", "from-env")
+	if got := controllerConfig(t, "--config", path).ClusterToken; got != "from-env" {
+		t.Errorf("with the variable: %q, want from-env", got)
+	}
+	if got := controllerConfig(t).ClusterToken; got != "from-env" {
+		t.Errorf("without a file: %q, want from-env", got)
+	}
+	if got := controllerConfig(t, "--config", path, "--cluster-token", "from-flag").ClusterToken; got != "from-flag" {
+		t.Errorf("with the flag: %q, want from-flag", got)
+	}
+}
