@@ -3,8 +3,10 @@ package announce
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 	"sync/atomic"
 
@@ -133,8 +135,17 @@ func (s *Socket[T]) Close() error {
 	close(s.queue)
 	s.mu.Unlock()
 	<-s.done
+	// zmq4's Close cancels the socket's context and then closes each
+	// peer connection, which the connection's own goroutine may have
+	// closed already on that cancellation: "use of closed network
+	// connection" for a socket that did close. It made a daemon's clean
+	// stop exit 1 now and then; it means closed, so it is not an error.
+	err := s.sock.Close()
 	s.cancel()
-	return s.sock.Close()
+	if errors.Is(err, net.ErrClosed) {
+		err = nil
+	}
+	return err
 }
 
 // Medium maps a local tier to the medium KV events name it by: RAM is
