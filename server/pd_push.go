@@ -3,9 +3,9 @@ package server
 import (
 	"context"
 	"crypto/tls"
-	"net"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -308,8 +308,8 @@ func (p *pd) conn(t *transfer) (*client.Client, bool, error) {
 }
 
 // tlsFor returns the TLS configuration to dial dest with: none without
-// tcp_tls_ca, else the daemon's, verifying dest's host unless it names
-// the server itself.
+// tcp_tls_ca, else the daemon's, set to verify dest's host when it names
+// no server of its own.
 func (p *pd) tlsFor(dest string) (*tls.Config, error) {
 	if p.tls == nil || p.tls.ServerName != "" {
 		return p.tls, nil
