@@ -103,6 +103,10 @@ type Config struct {
 	TCPToken   string `yaml:"tcp_token"`
 	TCPTLSCert string `yaml:"tcp_tls_cert"`
 	TCPTLSKey  string `yaml:"tcp_tls_key"`
+	// TCPTLSCA is a PEM file of the certificate authorities this daemon
+	// trusts when it dials another daemon's TCP protocol (PD pushes):
+	// with it set, those connections run over TLS.
+	TCPTLSCA string `yaml:"tcp_tls_ca"`
 	// P2PPeers are other daemons' TCP addresses (host:port): a P2P tier
 	// reads chunks from their RAM and disk on a local miss, before the
 	// remote tiers. The daemon presents its own tcp_token to them: a

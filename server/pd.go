@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -47,6 +48,7 @@ type pd struct {
 	log   *slog.Logger
 	token string
 	allow *netallow.List // where PUSH may send chunks (and the token)
+	tls   *tls.Config    // dial destinations over TLS with it, when set
 
 	budget  budget
 	arrived signal // a pushed chunk became visible

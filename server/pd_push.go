@@ -2,8 +2,10 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -297,8 +299,28 @@ func (p *pd) conn(t *transfer) (*client.Client, bool, error) {
 		return c, true, nil
 	}
 	p.pushMu.Unlock()
-	c, err := client.DialTCP(t.ctx, t.dest, client.Options{Token: p.token, Name: "kvtier-pd", Timeout: t.timeout})
+	tc, err := p.tlsFor(t.dest)
+	if err != nil {
+		return nil, false, err
+	}
+	c, err := client.DialTCP(t.ctx, t.dest, client.Options{Token: p.token, Name: "kvtier-pd", Timeout: t.timeout, TLS: tc})
 	return c, false, err
+}
+
+// tlsFor returns the TLS configuration to dial dest with: none without
+// tcp_tls_ca, else the daemon's, set to verify dest's host when it names
+// no server of its own.
+func (p *pd) tlsFor(dest string) (*tls.Config, error) {
+	if p.tls == nil || p.tls.ServerName != "" {
+		return p.tls, nil
+	}
+	host, _, err := net.SplitHostPort(dest)
+	if err != nil {
+		return nil, fmt.Errorf("destination %q: %w", dest, err)
+	}
+	tc := p.tls.Clone()
+	tc.ServerName = host
+	return tc, nil
 }
 
 // putConn keeps a healthy connection for the next transfer to its

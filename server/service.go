@@ -51,6 +51,9 @@ type ServiceOptions struct {
 	// PDPushAllow lists the destinations a PUSH may name (pd_push_allow);
 	// nil or empty allows loopback addresses only (docs/pd.md).
 	PDPushAllow *netallow.List
+	// PDPushTLS, when set, makes pushes dial their destination over TLS
+	// with it (tcp_tls_ca); an empty ServerName is the destination's host.
+	PDPushTLS *tls.Config
 	// Events, when set, is told the vLLM block hashes of chunks stored by
 	// token ids, so it can announce them (see package announce).
 	Events *announce.Publisher
@@ -125,6 +128,7 @@ func NewService(eng *engine.Engine, opts ServiceOptions) *Service {
 		bodies:    newBodyPool(opts.BodyBudget),
 		pd:        newPD(eng, opts.PDReceiveBytes, opts.Token, opts.PDPushAllow, opts.Logger),
 	}
+	s.pd.tls = opts.PDPushTLS
 	s.swept.Add(1)
 	go s.sweep()
 	return s

@@ -102,9 +102,13 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 	if err != nil {
 		return errors.Join(err, eng.Close())
 	}
+	pushTLS, err := dialTLS(cfg.TCPTLSCA)
+	if err != nil {
+		return errors.Join(err, eng.Close())
+	}
 	svc := server.NewService(eng, server.ServiceOptions{Token: cfg.TCPToken, Events: events, Logger: log,
 		MaxConns: cfg.MaxConnections, FrameTimeout: cfg.FrameTimeout, PDReceiveBytes: int64(cfg.PDReceiveBytes),
-		PDPushAllow: pushAllow})
+		PDPushAllow: pushAllow, PDPushTLS: pushTLS})
 	if err := adm.Register(svc.Collectors()...); err != nil {
 		return errors.Join(err, eng.Close())
 	}
