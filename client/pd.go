@@ -11,7 +11,7 @@ import (
 	"kvtier/wire"
 )
 
-// The prefill/decode transfer operations (docs/pd.md).
+// The prefill/decode transfer operations (docs/disaggregation.md).
 
 // Push asks the daemon to send the chunks k names (after the skip), which
 // it must hold, to the daemon at dest under transfer id; timeoutMS bounds

@@ -101,7 +101,7 @@ const (
 	whyBlend      = "a CacheBlend setting; CacheBlend is not supported yet (enable_blending is refused)"
 	whyP2P        = "LMCache's P2P listener; kvtier's peers reach a daemon at its tcp_addr: set controller_url (peers found through the controller) or list them in p2p_peers"
 	whyController = "an LMCache controller worker setting; the kvtier controller reaches a daemon at the admin and TCP addresses it registers"
-	whyPD         = "a prefill/decode disaggregation setting of the engine side: kvtier's vLLM connector reads enable_pd, pd_role and pd_peer_host/pd_peer_init_port from its kv_connector_extra_config; a daemon serves both roles and takes pushes at its tcp_addr (docs/pd.md)"
+	whyPD         = "a prefill/decode disaggregation setting of the engine side: kvtier's vLLM connector reads enable_pd, pd_role and pd_peer_host/pd_peer_init_port from its kv_connector_extra_config; a daemon serves both roles and takes pushes at its tcp_addr (docs/disaggregation.md)"
 	whyNIXL       = "a NIXL transfer setting; kvtier does not move KV with NIXL"
 	whyGDS        = "a setting of LMCache's GPU Direct Storage tier, which kvtier does not have (gds_path is refused)"
 	whyMaru       = "a setting of LMCache's CXL shared-memory tier, which kvtier does not have (maru_path is refused)"

@@ -259,8 +259,8 @@ func TestLMCachePDConfigIsAcceptedWithWarnings(t *testing.T) {
 	got := map[string]string{}
 	for _, w := range ws {
 		got[w.Key] = w.Source
-		if !strings.Contains(w.Reason, "docs/pd.md") {
-			t.Errorf("%s: reason %q does not point to docs/pd.md", w.Key, w.Reason)
+		if !strings.Contains(w.Reason, "docs/disaggregation.md") {
+			t.Errorf("%s: reason %q does not point to docs/disaggregation.md", w.Key, w.Reason)
 		}
 	}
 	want := map[string]string{

@@ -77,7 +77,7 @@ type Config struct {
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log_level"`
 
-	// The prefill/decode proxy (proxy.go, docs/pd.md), on when
+	// The prefill/decode proxy (proxy.go, docs/disaggregation.md), on when
 	// PrefillInstances and DecodeInstances are set: the first are NAME=URL
 	// specs, NAME the pod's name in the index; the second NAME=URL=DAEMON_ADDR specs, DAEMON_ADDR the
 	// TCP address of the instance's kvtier daemon. ProxyListen is its own

@@ -16,7 +16,7 @@
 // can die (docs/cluster.md, "High availability").
 //
 // With prefill and decode instances configured it is also the
-// prefill/decode proxy (proxy.go, docs/pd.md): an OpenAI-compatible
+// prefill/decode proxy (proxy.go, docs/disaggregation.md): an OpenAI-compatible
 // endpoint that prefills each request on the instance the same index
 // scores best and decodes it on the least-loaded one.
 //

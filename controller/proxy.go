@@ -1,6 +1,6 @@
 package controller
 
-// The prefill/decode proxy (docs/pd.md): an OpenAI-compatible endpoint
+// The prefill/decode proxy (docs/disaggregation.md): an OpenAI-compatible endpoint
 // that runs each completion in two stages on two vLLM instances. The
 // decode instance is chosen first, by load, because the prefill request
 // must say where the KV goes: its kvtier daemon. The prefill instance,

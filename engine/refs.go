@@ -9,7 +9,7 @@ import (
 )
 
 // References held across requests for prefill/decode transfers (see
-// docs/pd.md): a producer keeps the chunks it was asked to push resident
+// docs/disaggregation.md): a producer keeps the chunks it was asked to push resident
 // until they are sent, a consumer keeps the chunks pushed to it resident
 // until they are read. Both are plain arena references, so the chunks are
 // ordinary RAM chunks that eviction skips while held.

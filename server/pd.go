@@ -16,7 +16,7 @@ import (
 	"kvtier/netallow"
 )
 
-// Prefill/decode transfer (docs/pd.md). A producer daemon pushes the
+// Prefill/decode transfer (docs/disaggregation.md). A producer daemon pushes the
 // chunks its connector names (PUSH) to a consumer daemon (RECEIVE); the
 // consumer keeps them in RAM, held, until they are read or their hold
 // runs out, within a byte budget that makes a full consumer slow the

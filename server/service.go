@@ -49,7 +49,7 @@ type ServiceOptions struct {
 	// at most half the arena); a push over it waits.
 	PDReceiveBytes int64
 	// PDPushAllow lists the destinations a PUSH may name (pd_push_allow);
-	// nil or empty allows loopback addresses only (docs/pd.md).
+	// nil or empty allows loopback addresses only (docs/disaggregation.md).
 	PDPushAllow *netallow.List
 	// PDPushTLS, when set, makes pushes dial their destination over TLS
 	// with it (tcp_tls_ca); an empty ServerName is the destination's host.

@@ -1,6 +1,6 @@
 package wire
 
-// Messages of prefill/decode transfer (docs/pd.md): a connector asks its
+// Messages of prefill/decode transfer (docs/disaggregation.md): a connector asks its
 // daemon to PUSH chunks to another daemon and polls PUSH_STATUS; the
 // producer daemon sends them with RECEIVE; the consumer's connector WAITs
 // for them to land.

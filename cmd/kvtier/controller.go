@@ -47,7 +47,7 @@ signal kills it. See docs/router.md.
 With --prefill and --decode instances it is also a prefill/decode proxy: an
 OpenAI-compatible /v1/completions and /v1/chat/completions (on --proxy-listen,
 or on --listen) that prefills each request on the instance holding most of its
-prompt and decodes it on the least-loaded one. See docs/pd.md.`,
+prompt and decodes it on the least-loaded one. See docs/disaggregation.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := f.load(cmd.Flags().Changed)
@@ -78,7 +78,7 @@ prompt and decodes it on the least-loaded one. See docs/pd.md.`,
 	fl.StringVar(&v.TLSCert, "tls-cert", "", "serve --listen over TLS with this PEM certificate (with --tls-key); reread on SIGHUP and on change")
 	fl.StringVar(&v.TLSKey, "tls-key", "", "the PEM private key of --tls-cert")
 	fl.StringArrayVar(&v.Tokenizers, "tokenizer", nil, "tokenizer for prompt strings: [MODEL=]tiktoken:ENCODING or [MODEL=]hf:/path/tokenizer.json (repeatable; without MODEL= it serves every model without its own)")
-	fl.StringVar(&v.ProxyListen, "proxy-listen", "", "serve the prefill/decode proxy on this address instead of --listen (docs/pd.md)")
+	fl.StringVar(&v.ProxyListen, "proxy-listen", "", "serve the prefill/decode proxy on this address instead of --listen (docs/disaggregation.md)")
 	fl.StringArrayVar(&v.PrefillInstances, "prefill", nil, "a prefill vLLM instance for the proxy, NAME=http://HOST:PORT, NAME its pod in the index (repeatable)")
 	fl.StringArrayVar(&v.DecodeInstances, "decode", nil, "a decode vLLM instance for the proxy, NAME=http://HOST:PORT=DAEMON_HOST:PORT, the last its kvtier daemon's tcp_addr (repeatable)")
 	fl.DurationVar(&v.PrefillTimeout, "prefill-timeout", v.PrefillTimeout, "how long the proxy waits for a prefill instance's answer")

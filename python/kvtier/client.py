@@ -281,7 +281,7 @@ class Client:
         body = self._call(p.OP_FLUSH, p.pack_flush(timeout_ms), timeout=wait + self.timeout)
         return p.unpack_flush_reply(body)
 
-    # ----- prefill/decode transfer (docs/pd.md) ------------------------------
+    # ----- prefill/decode transfer (docs/disaggregation.md) ------------------------------
 
     def push(self, transfer: int, dest: str, keys: Keys, timeout_ms: int = 0, last: bool = False) -> int:
         """Asks the daemon to push the chunks ``keys`` names (after the skip),

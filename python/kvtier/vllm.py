@@ -115,7 +115,7 @@ class Settings:
     # "tokens": keys from token ids (reproducible everywhere); "block_hashes":
     # vLLM's own block hashes (cheaper for long prompts; needs PYTHONHASHSEED).
     key_mode: str = "tokens"
-    # Disaggregation (docs/pd.md). pd_timeout bounds both how long a producer
+    # Disaggregation (docs/disaggregation.md). pd_timeout bounds both how long a producer
     # keeps a finished prefill's blocks for its transfer and how long a
     # consumer waits for pushed chunks before pulling or giving up.
     pd_timeout: float = 30.0
@@ -901,7 +901,7 @@ class KVTierConnector(KVConnectorBase_V1):
             self._pushed.pop(rid, None)  # finished without a send (aborted): its push just times out
         return (self._finished_sends() or None), (done or None)
 
-    # ----- disaggregation (docs/pd.md)
+    # ----- disaggregation (docs/disaggregation.md)
 
     def _pd(self) -> pd.Transport:
         with self._lock:  # asynchronous loads may ask first, from their own threads

@@ -1,4 +1,4 @@
-"""Prefill/decode disaggregation for the vLLM connector (docs/pd.md).
+"""Prefill/decode disaggregation for the vLLM connector (docs/disaggregation.md).
 
 A *producer* (prefill instance, ``kv_role: kv_producer``) computes a prompt's
 KV and saves its whole chunks into its daemon as usual. When the request's
@@ -488,7 +488,7 @@ def _old_daemon(e: BaseException) -> bool:
 
 
 class DaemonTransport(PeerTransport):
-    """Moves chunks with the daemons' transfer operations (docs/pd.md): ``PUSH`` makes
+    """Moves chunks with the daemons' transfer operations (docs/disaggregation.md): ``PUSH`` makes
     the producer's daemon stream them to the consumer's (checksummed, within the
     consumer's receive budget), ``PUSH_STATUS`` says how it went, and the consumer
     ``WAIT``s for them, asking the producer's daemon meanwhile whether the push

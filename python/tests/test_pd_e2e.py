@@ -1,4 +1,4 @@
-"""Prefill/decode disaggregation end to end, every piece a real process (docs/pd.md "End to end").
+"""Prefill/decode disaggregation end to end, every piece a real process (docs/disaggregation.md "End to end").
 
 Two ``kvtier serve`` daemons on loopback TCP; two harness engines behind
 the OpenAI-shaped server (``kvtier.harness.openai_server``): the prefill

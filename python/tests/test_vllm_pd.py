@@ -1,4 +1,4 @@
-"""Prefill/decode disaggregation through the vLLM connector (docs/pd.md).
+"""Prefill/decode disaggregation through the vLLM connector (docs/disaggregation.md).
 
 Two harness engines — a producer (kv_producer) and a consumer (kv_consumer)
 — each with its own real ``kvtier serve`` listening on loopback TCP. The
@@ -495,7 +495,7 @@ def test_decoders_take_any_input_without_crashing():
     assert pd.transfer_number("ab" * 16) == pd.transfer_number("ab" * 16) != pd.transfer_number("cd" * 16)
 
 
-# ------------------------------------------------ review regressions (docs/pd.md)
+# ------------------------------------------------ review regressions (docs/disaggregation.md)
 
 
 class Listener:

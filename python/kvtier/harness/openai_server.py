@@ -1,7 +1,7 @@
 """The harness engine behind an HTTP server shaped like vLLM's OpenAI server.
 
 Just enough of ``vllm serve`` for a prefill/decode proxy to drive two
-harness engines (docs/pd.md "End to end"): ``POST /v1/completions``,
+harness engines (docs/disaggregation.md "End to end"): ``POST /v1/completions``,
 ``GET /v1/models`` and ``GET /health``, with vLLM's ``kv_transfer_params``
 in and out. Run it as::
 
