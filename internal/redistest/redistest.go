@@ -9,10 +9,12 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"syscall"
 	"testing"
 	"time"
 
 	"kvtier/internal/citest"
+	"kvtier/internal/procstop"
 )
 
 // Server is one running redis-server.
@@ -73,10 +75,14 @@ func (s *Server) Port() int {
 }
 
 // Signal sends sig to the server process: SIGSTOP hangs it with its port
-// still accepting connections, SIGCONT resumes it.
+// still accepting connections (and returns once it is stopped), SIGCONT
+// resumes it.
 func (s *Server) Signal(sig os.Signal) error {
 	if s.cmd == nil || s.cmd.Process == nil {
 		return os.ErrProcessDone
+	}
+	if sig == syscall.SIGSTOP {
+		return procstop.Stop(s.cmd.Process.Pid, 10*time.Second)
 	}
 	return s.cmd.Process.Signal(sig)
 }

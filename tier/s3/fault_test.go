@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"kvtier/internal/faulttest"
+	"kvtier/internal/procstop"
 	"kvtier/tier/remote"
 )
 
@@ -34,7 +35,7 @@ func TestFaultHung(t *testing.T) {
 	s := startServer(t)
 	d := drillTier(t, s, "fault-hung")
 	proc := s.cmd.Process
-	if err := proc.Signal(syscall.SIGSTOP); err != nil {
+	if err := procstop.Stop(proc.Pid, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	resumed := false
