@@ -8,6 +8,7 @@
 package tlsreload
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
 	"fmt"
 	"log/slog"
@@ -21,8 +22,8 @@ import (
 	"kvtier/internal/ratelog"
 )
 
-// CheckEvery is how often handshakes look at the files' metadata: two
-// stat calls a second at most, whatever the handshake rate.
+// CheckEvery is how often handshakes look at the files: two small reads
+// a second at most, whatever the handshake rate.
 const CheckEvery = time.Second
 
 // Reloader holds the certificate of one listener. Safe for concurrent use.
@@ -32,17 +33,18 @@ type Reloader struct {
 	failed            *ratelog.Limiter
 
 	cert      atomic.Pointer[tls.Certificate]
-	nextCheck atomic.Int64 // unix nanoseconds before which handshakes do not stat
+	nextCheck atomic.Int64 // unix nanoseconds before which handshakes do not read the files
 
 	mu    sync.Mutex // serializes loads
 	stamp [2]fileStamp
 }
 
-// fileStamp is what a change is detected by.
-type fileStamp struct {
-	size int64
-	mod  time.Time
-}
+// fileStamp is what a change is detected by: a digest of the file's
+// contents. Size and modification time are not enough: a renewed pair
+// written within one tick of the filesystem's timestamp clock, with a
+// certificate of the same length, would look unchanged. Reading two small
+// files once per CheckEvery costs next to nothing.
+type fileStamp [sha256.Size]byte
 
 // New loads the pair, which must be valid: a listener does not start on a
 // certificate it cannot serve. name (e.g. "admin_tls_cert") prefixes errors
@@ -121,11 +123,12 @@ func (r *Reloader) changed() bool {
 	return true
 }
 
+// stat reads both files' stamps.
 func (r *Reloader) stat() [2]fileStamp {
 	var s [2]fileStamp
 	for i, p := range []string{r.certPath, r.keyPath} {
-		if fi, err := os.Stat(p); err == nil {
-			s[i] = fileStamp{size: fi.Size(), mod: fi.ModTime()}
+		if data, err := os.ReadFile(p); err == nil {
+			s[i] = sha256.Sum256(data)
 		}
 	}
 	return s

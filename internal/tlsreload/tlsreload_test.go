@@ -81,7 +81,7 @@ func TestFileChangeIsNoticedByHandshakes(t *testing.T) {
 	ca, dir, cert, key, r, _ := setup(t)
 	addr := serve(t, r)
 	pair(t, ca, dir, "second", cert, key)
-	// Before CheckEvery has passed the old pair serves: no stat per handshake.
+	// Before CheckEvery has passed the old pair serves: no file read per handshake.
 	r.nextCheck.Store(time.Now().Add(time.Hour).UnixNano())
 	if cn := tlstest.PeerCN(t, addr, ca.ClientConfig()); cn != "first" {
 		t.Fatalf("serving %q before the check is due, want first", cn)
@@ -158,7 +158,7 @@ func TestSIGHUPReloads(t *testing.T) {
 }
 
 // BenchmarkGetCertificate is the cost a handshake pays for reloading:
-// an atomic load, and a stat pair once a second.
+// an atomic load, and two small file reads once a second.
 func BenchmarkGetCertificate(b *testing.B) {
 	dir := b.TempDir()
 	ca := tlstest.NewCA(b, "bench CA")
