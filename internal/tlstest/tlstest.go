@@ -57,6 +57,27 @@ func NewCA(t testing.TB, name string) *CA {
 // dir (named after cn), and returns their paths.
 func (ca *CA) WriteServer(t testing.TB, dir, cn string) (certFile, keyFile string) {
 	t.Helper()
+	return ca.writeLeaf(t, dir, cn, x509.ExtKeyUsageServerAuth)
+}
+
+// WriteClient issues a client certificate with common name cn, written
+// as WriteServer writes a server's.
+func (ca *CA) WriteClient(t testing.TB, dir, cn string) (certFile, keyFile string) {
+	t.Helper()
+	return ca.writeLeaf(t, dir, cn, x509.ExtKeyUsageClientAuth)
+}
+
+// WriteCA writes the CA certificate as a PEM file in dir and returns its
+// path.
+func (ca *CA) WriteCA(t testing.TB, dir, name string) string {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	WriteFile(t, path, ca.PEM)
+	return path
+}
+
+func (ca *CA) writeLeaf(t testing.TB, dir, cn string, usage x509.ExtKeyUsage) (certFile, keyFile string) {
+	t.Helper()
 	key := newKey(t)
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(t),
@@ -64,7 +85,7 @@ func (ca *CA) WriteServer(t testing.TB, dir, cn string) (certFile, keyFile strin
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		ExtKeyUsage:  []x509.ExtKeyUsage{usage},
 		DNSNames:     []string{"localhost"},
 		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
 	}

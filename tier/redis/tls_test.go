@@ -3,21 +3,12 @@ package redis
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"net"
 	"net/url"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
+	"kvtier/internal/tlstest"
 	"kvtier/tier/remote"
 )
 
@@ -32,72 +23,12 @@ type pki struct {
 func newPKI(t *testing.T) pki {
 	t.Helper()
 	p := pki{dir: t.TempDir()}
-	caKey, caCert, caDER := makeCA(t, "kvtier test CA")
-	p.ca = p.writePEM(t, "ca.pem", "CERTIFICATE", caDER)
-	_, _, otherDER := makeCA(t, "unrelated CA")
-	p.other = p.writePEM(t, "other.pem", "CERTIFICATE", otherDER)
-	p.srvCert, p.srvKey = p.leaf(t, "server", caCert, caKey, x509.ExtKeyUsageServerAuth)
-	p.cliCert, p.cliKey = p.leaf(t, "client", caCert, caKey, x509.ExtKeyUsageClientAuth)
+	ca := tlstest.NewCA(t, "kvtier test CA")
+	p.ca = ca.WriteCA(t, p.dir, "ca.pem")
+	p.other = tlstest.NewCA(t, "unrelated CA").WriteCA(t, p.dir, "other.pem")
+	p.srvCert, p.srvKey = ca.WriteServer(t, p.dir, "server")
+	p.cliCert, p.cliKey = ca.WriteClient(t, p.dir, "client")
 	return p
-}
-
-func makeCA(t *testing.T, name string) (*ecdsa.PrivateKey, *x509.Certificate, []byte) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return key, cert, der
-}
-
-func (p pki) leaf(t *testing.T, name string, ca *x509.Certificate, caKey *ecdsa.PrivateKey, usage x509.ExtKeyUsage) (certFile, keyFile string) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		Subject:      pkix.Name{CommonName: name},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{usage},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-		DNSNames:     []string{"localhost"},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p.writePEM(t, name+".pem", "CERTIFICATE", der), p.writePEM(t, name+".key", "EC PRIVATE KEY", keyDER)
-}
-
-func (p pki) writePEM(t *testing.T, name, kind string, der []byte) string {
-	path := filepath.Join(p.dir, name)
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }
 
 // TestTLS runs a round trip over rediss:// against a redis-server that
