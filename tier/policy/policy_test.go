@@ -350,6 +350,8 @@ func slots(p Policy[int]) int {
 		return len(p.pool.slots)
 	case *arc[int]:
 		return len(p.pool.slots)
+	case *tree[int]:
+		return len(p.nodes)
 	}
 	panic("unknown policy type")
 }
