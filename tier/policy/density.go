@@ -13,7 +13,7 @@ import "math/bits"
 // reused (the next turn of a conversation diverges there), while the chunk
 // before it is what the next turn finds.
 //
-// Every hit and every eviction of a leaf is counted at its age in its
+// Every hit on a key and every eviction of a leaf is counted at its age in its
 // class. Every hdPeriod events the densities are recomputed from the
 // counts, walking ages downwards: of the leaves that reached age a, the
 // hits they went on to get over the time they went on to stay. The counts
@@ -54,7 +54,7 @@ func bucketWidth(b int) float32 {
 }
 
 func hdClass(nd *tnode) int {
-	c := int(min(nd.hits+uint16(nd.lineage), 3))
+	c := int(min(nd.hits, 3))
 	if nd.hadChild {
 		c += 4
 	}

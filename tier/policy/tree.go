@@ -16,14 +16,13 @@ package policy
 //   - TREELRU ranks leaves by their last use: least recent first. This is
 //     the radix-tree eviction of prefix caches in serving engines.
 //   - TREELFU ranks leaves by last use pushed later by their reuse: each
-//     level of reuse (hits on the leaf, plus hits on the chain above it
-//     when it was admitted, up to three) is worth one more pass of the
-//     whole cache, in the manner of GreedyDual's frequency credit; a
+//     hit on the leaf, up to three, is worth one more pass of the whole
+//     cache, in the manner of GreedyDual's frequency credit; a
 //     prompt's last chunk, which the next turn of a chat never finds
 //     (it diverges there), is worth one pass less.
 //   - TREEHD ranks leaves by their expected hit density (hits per unit of
-//     cache time still to come), learnt online from the leaves' own hits
-//     and evictions by age and class, after Least Hit Density (Beckmann et
+//     cache time still to come), learnt online from the hits of keys and
+//     the evictions of leaves by age and class, after Least Hit Density (Beckmann et
 //     al., NSDI 2018). See hitDensity.
 type tree[K comparable] struct {
 	name     string
@@ -48,7 +47,6 @@ type tnode struct {
 	leaf                      int32  // index in tree.leaves, or none
 	last                      uint64 // clock at the last admission or hit
 	hits                      uint16 // saturating
-	lineage                   uint8  // reuse above it: its parent's lineage plus one if the parent was hit, at most 3
 	hadChild                  bool   // ever had a child: not a prompt's last chunk
 	live                      bool
 }
@@ -89,8 +87,6 @@ func (t *tree[K]) admit(k K, parent int32) {
 	t.nodes[i].last = t.clock
 	if parent != none {
 		t.link(parent, i)
-		pn := &t.nodes[parent]
-		t.nodes[i].lineage = min(3, pn.lineage+uint8(min(pn.hits, 1)))
 	}
 	t.addLeaf(i)
 }
@@ -189,7 +185,7 @@ func (t *tree[K]) rank(i int32) float64 {
 	}
 	// A reuse level is worth one more pass of the whole cache; a prompt's
 	// last chunk is worth none.
-	f := float64(min(nd.hits+uint16(nd.lineage), 3))
+	f := float64(min(nd.hits, 3))
 	if !nd.hadChild {
 		f = -1
 	}
