@@ -18,8 +18,8 @@ package policy
 //   - TREELFU ranks leaves by last use pushed later by their reuse: each
 //     hit on the leaf, up to three, is worth one more pass of the whole
 //     cache, in the manner of GreedyDual's frequency credit; a
-//     prompt's last chunk, which the next turn of a chat never finds
-//     (it diverges there), is worth one pass less.
+//     prompt's last chunk never hit, which the next turn of a chat never
+//     finds (it diverges there), is worth one pass less.
 //   - TREEHD ranks leaves by their expected hit density (hits per unit of
 //     cache time still to come), learnt online from the hits of keys and
 //     the evictions of leaves by age and class, after Least Hit Density (Beckmann et
@@ -131,7 +131,7 @@ func (t *tree[K]) Evict(busy func(K) bool) (K, bool) {
 }
 
 // sampleLeaf returns the idle leaf of lowest rank among treeSamples drawn
-// at random, or, when every drawn leaf is busy, the first idle leaf found
+// at random (among all of them when there are no more), or, when every drawn leaf is busy, the first idle leaf found
 // walking from a random place; none when no leaf is idle.
 func (t *tree[K]) sampleLeaf(busy func(K) bool) int32 {
 	n := len(t.leaves)
@@ -140,8 +140,11 @@ func (t *tree[K]) sampleLeaf(busy func(K) bool) int32 {
 	}
 	best := none
 	var bestRank float64
-	for range min(treeSamples, n) {
-		i := t.leaves[t.rand(n)]
+	for j := range min(treeSamples, n) {
+		i := t.leaves[j] // few leaves: compare them all
+		if n > treeSamples {
+			i = t.leaves[t.rand(n)]
+		}
 		if busy != nil && busy(t.keys[i]) {
 			continue
 		}
@@ -186,7 +189,7 @@ func (t *tree[K]) rank(i int32) float64 {
 	// A reuse level is worth one more pass of the whole cache; a prompt's
 	// last chunk is worth none.
 	f := float64(min(nd.hits, 3))
-	if !nd.hadChild {
+	if !nd.hadChild && nd.hits == 0 {
 		f = -1
 	}
 	return float64(nd.last) + f*float64(t.n)
