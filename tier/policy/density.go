@@ -53,9 +53,11 @@ func bucketWidth(b int) float32 {
 	return float32(uint64(1) << ((b-16)/4 + 2))
 }
 
-func hdClass(nd *tnode) int {
-	c := int(min(nd.hits, 3))
-	if nd.hadChild {
+func hdClass(nd *tnode) int { return classOf(nd.hits, nd.hadChild) }
+
+func classOf(hits uint16, hadChild bool) int {
+	c := int(min(hits, 3))
+	if hadChild {
 		c += 4
 	}
 	return c
@@ -75,7 +77,18 @@ func (h *hitDensity) density(nd *tnode, now uint64) float64 {
 	return float64(h.table[hdClass(nd)][ageBucket(now-nd.last)])
 }
 
-func (h *hitDensity) hit(nd *tnode, now uint64)     { h.count(nd, now, 0) }
+func (h *hitDensity) hit(nd *tnode, now uint64) { h.count(nd, now, 0) }
+
+// returned moves the eviction counted for a key that has come back to a
+// hit at the age it has now: had it stayed, that is when it would have
+// been hit. (The eviction may have decayed meanwhile; the count stays
+// non-negative.)
+func (h *hitDensity) returned(hits uint16, hadChild bool, last, gone, now uint64) {
+	c := classOf(hits, hadChild)
+	e := &h.counts[c][ageBucket(gone-last)][1]
+	*e = max(0, *e-1)
+	h.counts[c][ageBucket(now-last)][0]++
+}
 func (h *hitDensity) evicted(nd *tnode, now uint64) { h.count(nd, now, 1) }
 
 func (h *hitDensity) count(nd *tnode, now uint64, what int) {

@@ -20,6 +20,10 @@ package policy
 //     cache, in the manner of GreedyDual's frequency credit; a
 //     prompt's last chunk never hit, which the next turn of a chat never
 //     finds (it diverges there), is worth one pass less.
+//
+// TREELFU and TREEHD remember recently evicted keys (ghosts): a key that
+// comes back resumes its hit count, so chains that keep returning rise.
+//
 //   - TREEHD ranks leaves by their expected hit density (hits per unit of
 //     cache time still to come), learnt online from the hits of keys and
 //     the evictions of leaves by age and class, after Least Hit Density (Beckmann et
@@ -37,6 +41,7 @@ type tree[K comparable] struct {
 	learned  bool // TREEHD: rank by hd
 	frequent bool // TREELFU: reuse extends a leaf's life
 	hd       hitDensity
+	ghosts   ghosts[K]
 }
 
 // tnode is one tracked key's place in the forest: its parent, its first
@@ -51,12 +56,16 @@ type tnode struct {
 	live                      bool
 }
 
-// treeSamples is how many leaves Evict compares.
-const treeSamples = 32
+// treeSamples is how many leaves Evict compares; treeGhosts, how many
+// evicted keys per tracked key the history remembers.
+const (
+	treeSamples = 32
+	treeGhosts  = 4
+)
 
 func newTree[K comparable](name string) *tree[K] {
 	t := &tree[K]{name: name, free: none, index: make(map[K]int32), rng: 0x9E3779B97F4A7C15,
-		learned: name == TREEHD, frequent: name == TREELFU}
+		learned: name == TREEHD, frequent: name == TREELFU, ghosts: newGhosts[K]()}
 	t.hd.init()
 	return t
 }
@@ -85,6 +94,13 @@ func (t *tree[K]) admit(k K, parent int32) {
 	t.index[k] = i
 	t.n++
 	t.nodes[i].last = t.clock
+	if g, ok := t.ghosts.take(k); ok {
+		if t.learned {
+			t.hd.returned(g.hits, g.hadChild, g.last, g.gone, t.clock)
+		}
+		t.nodes[i].hits = min(g.hits, ^uint16(0)-1) + 1
+
+	}
 	if parent != none {
 		t.link(parent, i)
 	}
@@ -111,6 +127,7 @@ func (t *tree[K]) Remove(k K) {
 	if i, ok := t.index[k]; ok {
 		t.drop(i)
 	}
+	t.ghosts.forget(k)
 }
 
 func (t *tree[K]) Evict(busy func(K) bool) (K, bool) {
@@ -125,6 +142,9 @@ func (t *tree[K]) Evict(busy func(K) bool) (K, bool) {
 	k := t.keys[i]
 	if t.learned {
 		t.hd.evicted(&t.nodes[i], t.clock)
+	}
+	if t.learned || t.frequent {
+		t.ghosts.add(k, &t.nodes[i], t.clock, treeGhosts*t.n)
 	}
 	t.drop(i)
 	return k, true
