@@ -334,11 +334,25 @@ func (m *Manager) Reserve(size int) (arena.ID, []byte, error) {
 // is already in RAM keeps its object. Commit consumes the callers'
 // references on ids whatever happens.
 func (m *Manager) Commit(keys []chunk.Key, ids []arena.ID) error {
+	return m.commit(keys, ids, false)
+}
+
+// CommitRun is Commit for consecutive chunks of one prompt, in order:
+// keys[i-1] is the parent of keys[i], which prefix-aware eviction policies
+// learn. An id of 0 marks a chunk that was stored already and has no
+// reservation: it is skipped, and stays the parent of the next.
+func (m *Manager) CommitRun(keys []chunk.Key, ids []arena.ID) error {
+	return m.commit(keys, ids, true)
+}
+
+func (m *Manager) commit(keys []chunk.Key, ids []arena.ID, run bool) error {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	defer func() {
 		for _, id := range ids[:len(keys)] {
-			m.arena.Unref(id)
+			if !run || id != 0 {
+				m.arena.Unref(id)
+			}
 		}
 	}()
 	if m.closed {
@@ -347,11 +361,15 @@ func (m *Manager) Commit(keys []chunk.Key, ids []arena.ID) error {
 	budget := writeBudget{wait: m.opts.WriteWait}
 	defer budget.stop()
 	for i, k := range keys {
-		if m.ram.Contains(k) {
+		if run && ids[i] == 0 || m.ram.Contains(k) {
 			continue
 		}
-		m.ram.Commit(k, ids[i])
-		m.enqueueWrites(k, link{}, ids[i], len(m.lower), &budget)
+		var up link
+		if run {
+			up = parentOf(keys, i, link{})
+		}
+		m.ram.CommitAfter(k, up.parent, up.ok, ids[i])
+		m.enqueueWrites(k, up, ids[i], len(m.lower), &budget)
 	}
 	return nil
 }
