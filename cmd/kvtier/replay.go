@@ -81,7 +81,7 @@ P2P between the nodes.`,
 	fl.StringVar(&f.synth, "synth", "", "instead of --trace, generate a synthetic trace of this kind ("+strings.Join(replay.SynthKinds(), ", ")+")")
 	fl.Uint64Var(&f.seed, "seed", 1, "--synth: generator seed (the same seed gives the same trace)")
 	fl.IntVar(&f.synthRequests, "synth-requests", 12000, "--synth: requests to generate")
-	fl.StringVar(&f.policy, "policy", "LRU", "RAM-tier eviction policy for the engine run ("+strings.Join(policy.Names(), ", ")+")")
+	fl.StringVar(&f.policy, "policy", policy.Default, "RAM-tier eviction policy for the engine run ("+strings.Join(policy.Names(), ", ")+")")
 	fl.Float64Var(&f.ramFrac, "ram", 0.10, "RAM tier capacity as a fraction of the trace's distinct blocks")
 	fl.Float64Var(&f.diskFrac, "disk", 0.30, "disk tier capacity as a fraction of the trace's distinct blocks (0 disables the disk tier)")
 	fl.StringVar(&f.diskDir, "disk-dir", "", "directory for the disk tier (default: a temporary directory, removed afterwards)")

@@ -84,14 +84,19 @@ func AdmitAfter[K comparable](p Policy[K], k, parent K, hasParent bool) {
 	p.Admit(k)
 }
 
-// Names lists the policies New accepts, default first.
+// Names lists the policies New accepts: the classic ones, LRU first, then
+// the prefix-aware ones.
 func Names() []string { return []string{LRU, LFU, FIFO, MRU, S3FIFO, ARC, TREELRU, TREELFU, TREEHD} }
 
+// Default is the policy of the tiers when configuration names none: the
+// best across the traces of docs/bench.md ("Eviction policies").
+const Default = TREELFU
+
 // New returns an empty policy by name, case-insensitively. The empty name
-// gives LRU; "S3-FIFO" is accepted for S3FIFO.
+// gives Default; "S3-FIFO" is accepted for S3FIFO.
 func New[K comparable](name string) (Policy[K], error) {
 	switch strings.ToUpper(strings.TrimSpace(name)) {
-	case "", LRU:
+	case LRU:
 		return newRecency[K](LRU), nil
 	case MRU:
 		return newRecency[K](MRU), nil
@@ -105,7 +110,7 @@ func New[K comparable](name string) (Policy[K], error) {
 		return newARC[K](), nil
 	case TREELRU, "TREE-LRU":
 		return newTree[K](TREELRU), nil
-	case TREELFU, "TREE-LFU":
+	case "", TREELFU, "TREE-LFU":
 		return newTree[K](TREELFU), nil
 	case TREEHD, "TREE-HD":
 		return newTree[K](TREEHD), nil
