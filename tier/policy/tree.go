@@ -20,14 +20,13 @@ package policy
 //     cache, in the manner of GreedyDual's frequency credit; a
 //     prompt's last chunk never hit, which the next turn of a chat never
 //     finds (it diverges there), is worth one pass less.
+//   - TREEHD ranks leaves by their expected hit density (hits per unit of
+//     cache time still to come), learnt online from the hits of keys and
+//     the evictions of leaves by age and class, after Least Hit Density
+//     (Beckmann et al., NSDI 2018). See hitDensity.
 //
 // TREELFU and TREEHD remember recently evicted keys (ghosts): a key that
 // comes back resumes its hit count, so chains that keep returning rise.
-//
-//   - TREEHD ranks leaves by their expected hit density (hits per unit of
-//     cache time still to come), learnt online from the hits of keys and
-//     the evictions of leaves by age and class, after Least Hit Density (Beckmann et
-//     al., NSDI 2018). See hitDensity.
 type tree[K comparable] struct {
 	name     string
 	keys     []K
@@ -151,7 +150,8 @@ func (t *tree[K]) Evict(busy func(K) bool) (K, bool) {
 }
 
 // sampleLeaf returns the idle leaf of lowest rank among treeSamples drawn
-// at random (among all of them when there are no more), or, when every drawn leaf is busy, the first idle leaf found
+// at random (among all of them when there are no more), or, when every
+// drawn leaf is busy, the first idle leaf found
 // walking from a random place; none when no leaf is idle.
 func (t *tree[K]) sampleLeaf(busy func(K) bool) int32 {
 	n := len(t.leaves)
