@@ -151,8 +151,8 @@ func (t *tree[K]) Evict(busy func(K) bool) (K, bool) {
 
 // sampleLeaf returns the idle leaf of lowest rank among treeSamples drawn
 // at random (among all of them when there are no more), or, when every
-// drawn leaf is busy, the first idle leaf found
-// walking from a random place; none when no leaf is idle.
+// drawn leaf is busy, the first idle leaf found walking from a random
+// place; none when no leaf is idle.
 func (t *tree[K]) sampleLeaf(busy func(K) bool) int32 {
 	n := len(t.leaves)
 	if n == 0 {
@@ -178,7 +178,7 @@ func (t *tree[K]) sampleLeaf(busy func(K) bool) int32 {
 	start := t.rand(n)
 	for j := range n {
 		i := t.leaves[(start+j)%n]
-		if !busy(t.keys[i]) {
+		if busy == nil || !busy(t.keys[i]) {
 			return i
 		}
 	}
