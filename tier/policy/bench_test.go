@@ -47,7 +47,7 @@ func BenchmarkAdmitEvict(b *testing.B) {
 			for ; next < benchKeys; next++ {
 				p.Admit(next)
 			}
-			for ; next < 4*benchKeys; next++ { // warm up: ghosts fill, the index settles
+			for ; next < 8*benchKeys; next++ { // warm up: ghosts fill, the index settles
 				p.Evict(busy)
 				p.Admit(next)
 			}
@@ -149,7 +149,7 @@ func BenchmarkChainAdmitEvict(b *testing.B) {
 				}
 				next++
 			}
-			for range 4 * benchKeys {
+			for range 8 * benchKeys { // warm up: the ghost history fills
 				step()
 			}
 			b.ReportAllocs()

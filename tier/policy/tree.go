@@ -165,10 +165,9 @@ func (t *tree[K]) sampleLeaf(busy func(K) bool) int32 {
 		if n > treeSamples {
 			i = t.leaves[t.rand(n)]
 		}
-		if busy != nil && busy(t.keys[i]) {
-			continue
-		}
-		if r := t.rank(i); best == none || r < bestRank {
+		// Rank first: the owner's busy check costs more (a map lookup)
+		// and is only needed for a leaf that would be the new best.
+		if r := t.rank(i); (best == none || r < bestRank) && (busy == nil || !busy(t.keys[i])) {
 			best, bestRank = i, r
 		}
 	}
