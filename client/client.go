@@ -93,6 +93,8 @@ type Client struct {
 
 	sizes       []uint32 // Store's chunk sizes, reused
 	lookupReply wire.LookupReply
+	batch       wire.LookupBatch
+	batchReply  wire.LookupBatchReply
 	slots       wire.Slots
 	dataHeader  wire.DataHeader
 	peerHeader  wire.PeerDataHeader

@@ -288,6 +288,11 @@ func (m *LookupReply) Append(b []byte) []byte {
 
 func (m *LookupReply) Decode(body []byte) error {
 	d := decoder{b: body}
+	m.decode(&d)
+	return d.end("lookup reply")
+}
+
+func (m *LookupReply) decode(d *decoder) {
 	m.Tokens = d.u32("lookup reply tokens")
 	m.Chunks = d.u32("lookup reply chunks")
 	m.Lease = d.u64("lookup reply lease")
@@ -299,7 +304,6 @@ func (m *LookupReply) Decode(body []byte) error {
 	for i := 0; i < n && d.err == nil; i++ {
 		m.ByTier = append(m.ByTier, d.u32("lookup reply tier"))
 	}
-	return d.end("lookup reply")
 }
 
 // PrepareStore reserves arena space for chunks the client will write in

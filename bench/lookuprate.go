@@ -1,0 +1,385 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"kvtier/client"
+	"kvtier/engine"
+	"kvtier/server"
+	"kvtier/wire"
+)
+
+// The LOOKUP rate is measured against what the socket itself can do, in
+// the same run: clients each on their own connection of the same kind (a
+// Unix socket) doing request/response round trips of empty frames against
+// an echo server that reads a frame and writes one back and does nothing
+// else. The kinds take turns in short slices, several rounds, and the best
+// slice of each kind counts, so a busy machine weighs on all of them alike.
+const (
+	rateClients = 4
+	ratePrompt  = 4096 // tokens per looked-up prompt
+	rateBatch   = 16   // lookups per LOOKUP_BATCH
+	rateRounds  = 8
+	rateSlice   = 150 * time.Millisecond
+)
+
+// rateKind is one thing measured: a way to open a client and the request
+// it repeats.
+type rateKind struct {
+	name  string
+	dial  func(ctx context.Context) (rateClient, error)
+	best  float64   // operations per second, best slice
+	lat   []float64 // µs per call, all slices (LOOKUP only)
+	track bool
+}
+
+// rateClient repeats one request; do returns the operations it served
+// (lookups for a batch).
+type rateClient interface {
+	do(ctx context.Context) (int, error)
+	io.Closer
+}
+
+// benchLookups runs LOOKUPs and LOOKUP_BATCHes of a cached prompt from
+// several clients against the daemon at sock, next to empty round trips
+// on the same kind of socket, and reports the rates and their ratios.
+func benchLookups(ctx context.Context, f Options, d *DaemonReport, sock string) error {
+	d.LookupClients, d.LookupPrompt, d.BatchSize = rateClients, ratePrompt, rateBatch
+	tokens := benchTokens(ratePrompt, 77)
+	n := (ratePrompt + f.Tokens - 1) / f.Tokens
+	if err := storePrompt(ctx, sock, tokens, n); err != nil {
+		return err
+	}
+	// The request and reply a LOOKUP exchanges, for the echo of the same
+	// bytes: what the socket alone costs for them.
+	reqLen := wire.HeaderSize + len((&wire.Lookup{Keys: client.Tokens(1, tokens, 0)}).Append(nil))
+	replyLen := wire.HeaderSize + len((&wire.LookupReply{ByTier: make([]uint32, 1)}).Append(nil))
+	emptyEcho, err := startEcho()
+	if err != nil {
+		return err
+	}
+	defer emptyEcho.Close()
+	kinds := []*rateKind{
+		{name: "empty", dial: func(context.Context) (rateClient, error) { return dialEcho(emptyEcho.Addr().String(), 0, 0) }},
+		{name: "same bytes", dial: func(context.Context) (rateClient, error) {
+			return dialEcho(emptyEcho.Addr().String(), reqLen-wire.HeaderSize, replyLen-wire.HeaderSize)
+		}},
+		{name: "ping", dial: func(ctx context.Context) (rateClient, error) { return dialPing(ctx, sock) }},
+		{name: "lookup", track: true, dial: func(ctx context.Context) (rateClient, error) { return dialLookup(ctx, sock, tokens, n, 1) }},
+		{name: "batch", dial: func(ctx context.Context) (rateClient, error) { return dialLookup(ctx, sock, tokens, n, rateBatch) }},
+	}
+	for round := range rateRounds {
+		for _, k := range kinds {
+			if err := k.measure(ctx); err != nil {
+				return fmt.Errorf("%s, round %d: %w", k.name, round, err)
+			}
+		}
+	}
+	d.EmptyRoundTrips, d.SameBytesRoundTrips, d.PingsPerSec = kinds[0].best, kinds[1].best, kinds[2].best
+	d.LookupsPerSec, d.BatchLookupsPerSec = kinds[3].best, kinds[4].best
+	d.LookupRatio = d.LookupsPerSec / d.EmptyRoundTrips
+	d.BatchRatio = d.BatchLookupsPerSec / d.EmptyRoundTrips
+	lat := kinds[3].lat
+	slices.Sort(lat)
+	d.LookupP50Micros = lat[len(lat)/2]
+	d.LookupP99Micros = lat[len(lat)*99/100]
+	return nil
+}
+
+// storePrompt stores the prompt's n chunks (small ones: only lookups are
+// measured).
+func storePrompt(ctx context.Context, sock string, tokens []uint32, n int) error {
+	c, err := client.DialUnix(ctx, sock, client.Options{})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	h, err := c.Scope(ctx, benchScope)
+	if err != nil {
+		return err
+	}
+	small := make([][]byte, n)
+	for i := range small {
+		small[i] = make([]byte, 4096)
+	}
+	stored, err := c.Store(ctx, client.Tokens(h, tokens, 0), small)
+	if err == nil && stored != n {
+		err = fmt.Errorf("stored %d of %d chunks", stored, n)
+	}
+	return err
+}
+
+// measure runs one slice: rateClients clients, each on a connection of
+// its own opened before the clock starts, repeat their request until the
+// slice is over.
+func (k *rateKind) measure(ctx context.Context) error {
+	cs := make([]rateClient, 0, rateClients)
+	defer func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}()
+	for range rateClients {
+		c, err := k.dial(ctx)
+		if err != nil {
+			return err
+		}
+		cs = append(cs, c)
+	}
+	counts := make([]int, len(cs))
+	lats := make([][]float64, len(cs))
+	errs := make([]error, len(cs))
+	var wg sync.WaitGroup
+	start := time.Now()
+	until := start.Add(rateSlice)
+	for i, c := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if k.track {
+				lats[i] = make([]float64, 0, 1<<16)
+			}
+			for {
+				t0 := time.Now()
+				if t0.After(until) {
+					return
+				}
+				got, err := c.do(ctx)
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				counts[i] += got
+				if k.track {
+					lats[i] = append(lats[i], float64(time.Since(t0).Nanoseconds())/1e3)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	total := 0
+	for _, n := range counts {
+		total += n
+	}
+	k.best = max(k.best, float64(total)/elapsed.Seconds())
+	for _, l := range lats {
+		k.lat = append(k.lat, l...)
+	}
+	return nil
+}
+
+// echoServer answers every frame on a Unix socket with a frame whose body
+// is as long as the request's id says, reading through a buffer as the
+// daemon's connections do: the least a server of this protocol's framing
+// can do per round trip.
+type echoServer struct {
+	ln  net.Listener
+	dir string
+}
+
+func startEcho() (*echoServer, error) {
+	dir, err := os.MkdirTemp("", "kvtier-echo")
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("unix", filepath.Join(dir, "echo.sock"))
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go echo(c)
+		}
+	}()
+	return &echoServer{ln: ln, dir: dir}, nil
+}
+
+func (e *echoServer) Addr() net.Addr { return e.ln.Addr() }
+
+func (e *echoServer) Close() error {
+	err := e.ln.Close()
+	os.RemoveAll(e.dir)
+	return err
+}
+
+// echo reads frames and answers each with a reply of the body length the
+// request's id asks for.
+func echo(c net.Conn) {
+	defer c.Close()
+	rd := wire.NewReader(bufio.NewReaderSize(c, 64<<10))
+	var out []byte
+	for {
+		h, err := rd.Header()
+		if err != nil {
+			return
+		}
+		if _, err := rd.BodyView(h); err != nil {
+			return
+		}
+		out = wire.Begin(out)
+		out = append(out, make([]byte, h.ID)...)
+		if _, err := c.Write(wire.Finish(out, wire.OpPing, wire.FlagReply, h.ID, wire.StatusOK)); err != nil {
+			return
+		}
+	}
+}
+
+// echoClient sends frames of reqBody body bytes and reads replies of
+// replyBody.
+type echoClient struct {
+	conn  net.Conn
+	rd    *wire.Reader
+	frame []byte
+	reply uint32
+}
+
+func dialEcho(addr string, reqBody, replyBody int) (*echoClient, error) {
+	conn, err := net.Dial("unix", addr)
+	if err != nil {
+		return nil, err
+	}
+	frame := append(wire.Begin(nil), make([]byte, reqBody)...)
+	frame = wire.Finish(frame, wire.OpPing, 0, uint32(replyBody), wire.StatusOK)
+	return &echoClient{conn: conn, rd: wire.NewReader(bufio.NewReaderSize(conn, 64<<10)), frame: frame, reply: uint32(replyBody)}, nil
+}
+
+func (e *echoClient) do(context.Context) (int, error) {
+	if _, err := e.conn.Write(e.frame); err != nil {
+		return 0, err
+	}
+	h, err := e.rd.Header()
+	if err == nil && h.Len != e.reply {
+		err = fmt.Errorf("echo reply of %d bytes, want %d", h.Len, e.reply)
+	}
+	if err == nil {
+		_, err = e.rd.Body(h)
+	}
+	return 1, err
+}
+
+func (e *echoClient) Close() error { return e.conn.Close() }
+
+// pingClient round-trips empty PINGs through the daemon.
+type pingClient struct{ *client.Client }
+
+func dialPing(ctx context.Context, sock string) (rateClient, error) {
+	c, err := client.DialUnix(ctx, sock, client.Options{})
+	if err != nil {
+		return nil, err
+	}
+	return pingClient{c}, nil
+}
+
+func (p pingClient) do(ctx context.Context) (int, error) { return 1, p.Ping(ctx) }
+
+// lookupClient looks the prompt up, batch at a time (1: LOOKUP, more:
+// LOOKUP_BATCH), and checks every answer.
+type lookupClient struct {
+	*client.Client
+	keys    wire.Keys
+	batch   []wire.Lookup
+	chunks  int
+	tokens  int
+	lookups int
+}
+
+func dialLookup(ctx context.Context, sock string, tokens []uint32, chunks, batch int) (rateClient, error) {
+	c, err := client.DialUnix(ctx, sock, client.Options{})
+	if err != nil {
+		return nil, err
+	}
+	h, err := c.Scope(ctx, benchScope)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	l := &lookupClient{Client: c, keys: client.Tokens(h, tokens, 0), chunks: chunks, tokens: len(tokens)}
+	if batch > 1 {
+		l.batch = make([]wire.Lookup, batch)
+		for i := range l.batch {
+			l.batch[i].Keys = l.keys
+		}
+	}
+	return l, nil
+}
+
+func (l *lookupClient) do(ctx context.Context) (int, error) {
+	if l.batch == nil {
+		hit, err := l.Lookup(ctx, l.keys, 0)
+		if err != nil {
+			return 0, err
+		}
+		return 1, l.check(&hit)
+	}
+	res, err := l.LookupBatch(ctx, l.batch)
+	if err != nil {
+		return 0, err
+	}
+	for i := range res {
+		if err := client.ResultErr(&res[i]); err != nil {
+			return 0, err
+		}
+		if err := l.check(&res[i].Reply); err != nil {
+			return 0, err
+		}
+	}
+	return len(res), nil
+}
+
+func (l *lookupClient) check(hit *wire.LookupReply) error {
+	if int(hit.Chunks) != l.chunks || int(hit.Tokens) != l.tokens {
+		return fmt.Errorf("lookup hit %d chunks, %d tokens; want %d, %d", hit.Chunks, hit.Tokens, l.chunks, l.tokens)
+	}
+	return nil
+}
+
+// benchLookupsOnly measures the lookup rates alone (--lookups-only),
+// against a daemon served in this process on a Unix socket, or the one at
+// --socket.
+func benchLookupsOnly(ctx context.Context, f Options, r *Report, progress io.Writer) error {
+	d := &DaemonReport{External: f.Socket != ""}
+	r.Daemon = d
+	if f.Socket != "" {
+		fmt.Fprintf(progress, "daemon at %s: lookups from concurrent clients, empty round trips ...\n", f.Socket)
+		return benchLookups(ctx, f, d, f.Socket)
+	}
+	eng, err := engine.Open(engine.Options{ChunkSize: f.Tokens, RAMBytes: 64 << 20, Policy: "LRU"})
+	if err != nil {
+		return err
+	}
+	defer eng.Close()
+	svc := server.NewService(eng, server.ServiceOptions{Token: benchToken})
+	defer svc.Shutdown(context.Background())
+	dir, err := os.MkdirTemp("", "kvtier-bench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	sock := filepath.Join(dir, "kvtier.sock")
+	ln, err := server.ListenUnix(sock, 0)
+	if err != nil {
+		return err
+	}
+	go svc.Serve(ln)
+	fmt.Fprintln(progress, "daemon: lookups from concurrent clients, empty round trips ...")
+	return benchLookups(ctx, f, d, sock)
+}
