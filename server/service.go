@@ -98,6 +98,7 @@ type Service struct {
 	log     *slog.Logger
 	metrics *opMetrics
 	pd      *pd
+	tiers   int // the engine's tier count, fixed when it opened (asking allocates)
 
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
@@ -122,6 +123,7 @@ func NewService(eng *engine.Engine, opts ServiceOptions) *Service {
 	opts.setDefaults()
 	s := &Service{
 		eng:       eng,
+		tiers:     eng.TierCount(),
 		opts:      opts,
 		log:       opts.Logger,
 		metrics:   newOpMetrics(),

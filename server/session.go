@@ -462,7 +462,7 @@ func (s *session) lookupOne(b []byte, m *wire.Lookup, peer bool) ([]byte, *reque
 		reply.Tokens = uint32(engine.TokensThrough(r.chunker, n, r.tokens))
 	}
 	s.byTier = s.byTier[:0]
-	for i := range eng.TierCount() {
+	for i := range s.svc.tiers {
 		s.byTier = append(s.byTier, uint32(byTier[i]))
 	}
 	reply.ByTier = s.byTier
