@@ -23,7 +23,7 @@ import mmap
 import os
 import socket
 import threading
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Union
 
 import torch
 
@@ -243,6 +243,18 @@ class Client:
     def lookup(self, keys: Keys, lease_ms: int = 0) -> LookupReply:
         """How much of the keys' prefix is cached; with lease_ms, keeps the hit resident."""
         return p.unpack_lookup_reply(self._call(p.OP_LOOKUP, p.pack_lookup(keys, lease_ms)))
+
+    def lookup_batch(self, keys: Sequence[Keys], lease_ms: int = 0) -> List[Union[LookupReply, StatusError]]:
+        """Looks up several prompts in one round trip (LOOKUP_BATCH, at most
+        protocol.MAX_BATCH). Item i answers keys[i]: its LookupReply, or, for a
+        lookup that failed alone, the StatusError (returned, not raised) that
+        lookup() would have raised."""
+        body = p.pack_lookup_batch([(k, lease_ms) for k in keys])
+        results = p.unpack_lookup_batch_reply(self._call(p.OP_LOOKUP_BATCH, body))
+        if len(results) != len(keys):
+            raise p.ProtocolError(f"LOOKUP_BATCH of {len(keys)} lookups answered with {len(results)} results")
+        return [r.reply if r.status == 0 else status_error(p.OP_LOOKUP, r.status, r.message.encode("utf-8"))
+                for r in results]
 
     def prepare_store(self, keys: Keys, sizes: Sequence[int], lease_ms: int = 0) -> Slots:
         return p.unpack_slots(self._call(p.OP_PREPARE_STORE, p.pack_prepare_store(keys, sizes, lease_ms)))
