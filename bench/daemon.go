@@ -41,6 +41,11 @@ type DaemonReport struct {
 	BatchSize           int     `json:"lookup_batch_size"`
 	BatchLookupsPerSec  float64 `json:"batch_lookups_per_sec"` // lookups, not frames
 	BatchRatio          float64 `json:"batch_ratio"`           // batched lookups / empty round trips
+	// The same with the tokens in a request buffer (wire.KindShared).
+	SharedLookupsPerSec      float64 `json:"shared_lookups_per_sec"`
+	SharedLookupRatio        float64 `json:"shared_lookup_ratio"`
+	SharedBatchLookupsPerSec float64 `json:"shared_batch_lookups_per_sec"`
+	SharedBatchRatio         float64 `json:"shared_batch_ratio"`
 
 	TCPStreamGBps    float64 `json:"tcp_stream_gbps"`
 	TCPStoreGBps     float64 `json:"tcp_store_gbps"`
@@ -367,4 +372,6 @@ func printLookupRates(w io.Writer, d *DaemonReport) {
 	row("PING through the daemon", d.PingsPerSec, "")
 	row("LOOKUP", d.LookupsPerSec, fmt.Sprintf("p50 %.1f µs, p99 %.1f µs", d.LookupP50Micros, d.LookupP99Micros))
 	row(fmt.Sprintf("LOOKUP_BATCH of %d (lookups)", d.BatchSize), d.BatchLookupsPerSec, "")
+	row("LOOKUP, request buffer", d.SharedLookupsPerSec, "tokens copied into shared memory, not sent")
+	row(fmt.Sprintf("LOOKUP_BATCH of %d, request buffer", d.BatchSize), d.SharedBatchLookupsPerSec, "")
 }

@@ -27,8 +27,9 @@ import (
 // slice of each kind counts, so a busy machine weighs on all of them alike.
 const (
 	rateClients = 4
-	ratePrompt  = 4096 // tokens per looked-up prompt
-	rateBatch   = 16   // lookups per LOOKUP_BATCH
+	ratePrompt  = 4096    // tokens per looked-up prompt
+	rateBatch   = 16      // lookups per LOOKUP_BATCH
+	rateBuffer  = 1 << 20 // bytes of a request buffer: a batch's tokens fit
 	rateRounds  = 8
 	rateSlice   = 150 * time.Millisecond
 )
@@ -75,8 +76,14 @@ func benchLookups(ctx context.Context, f Options, d *DaemonReport, sock string) 
 			return dialEcho(emptyEcho.Addr().String(), reqLen-wire.HeaderSize, replyLen-wire.HeaderSize)
 		}},
 		{name: "ping", dial: func(ctx context.Context) (rateClient, error) { return dialPing(ctx, sock) }},
-		{name: "lookup", track: true, dial: func(ctx context.Context) (rateClient, error) { return dialLookup(ctx, sock, tokens, n, 1) }},
-		{name: "batch", dial: func(ctx context.Context) (rateClient, error) { return dialLookup(ctx, sock, tokens, n, rateBatch) }},
+		{name: "lookup", track: true, dial: func(ctx context.Context) (rateClient, error) { return dialLookup(ctx, sock, tokens, n, 1, 0) }},
+		{name: "batch", dial: func(ctx context.Context) (rateClient, error) { return dialLookup(ctx, sock, tokens, n, rateBatch, 0) }},
+		{name: "lookup, request buffer", dial: func(ctx context.Context) (rateClient, error) {
+			return dialLookup(ctx, sock, tokens, n, 1, rateBuffer)
+		}},
+		{name: "batch, request buffer", dial: func(ctx context.Context) (rateClient, error) {
+			return dialLookup(ctx, sock, tokens, n, rateBatch, rateBuffer)
+		}},
 	}
 	for round := range rateRounds {
 		for _, k := range kinds {
@@ -87,8 +94,11 @@ func benchLookups(ctx context.Context, f Options, d *DaemonReport, sock string) 
 	}
 	d.EmptyRoundTrips, d.SameBytesRoundTrips, d.PingsPerSec = kinds[0].best, kinds[1].best, kinds[2].best
 	d.LookupsPerSec, d.BatchLookupsPerSec = kinds[3].best, kinds[4].best
+	d.SharedLookupsPerSec, d.SharedBatchLookupsPerSec = kinds[5].best, kinds[6].best
 	d.LookupRatio = d.LookupsPerSec / d.EmptyRoundTrips
 	d.BatchRatio = d.BatchLookupsPerSec / d.EmptyRoundTrips
+	d.SharedLookupRatio = d.SharedLookupsPerSec / d.EmptyRoundTrips
+	d.SharedBatchRatio = d.SharedBatchLookupsPerSec / d.EmptyRoundTrips
 	lat := kinds[3].lat
 	slices.Sort(lat)
 	d.LookupP50Micros = lat[len(lat)/2]
@@ -292,7 +302,8 @@ func dialPing(ctx context.Context, sock string) (rateClient, error) {
 func (p pingClient) do(ctx context.Context) (int, error) { return 1, p.Ping(ctx) }
 
 // lookupClient looks the prompt up, batch at a time (1: LOOKUP, more:
-// LOOKUP_BATCH), and checks every answer.
+// LOOKUP_BATCH), and checks every answer. With a request buffer, the
+// client copies the prompt's tokens into it on every call.
 type lookupClient struct {
 	*client.Client
 	keys    wire.Keys
@@ -302,8 +313,8 @@ type lookupClient struct {
 	lookups int
 }
 
-func dialLookup(ctx context.Context, sock string, tokens []uint32, chunks, batch int) (rateClient, error) {
-	c, err := client.DialUnix(ctx, sock, client.Options{})
+func dialLookup(ctx context.Context, sock string, tokens []uint32, chunks, batch, buffer int) (rateClient, error) {
+	c, err := client.DialUnix(ctx, sock, client.Options{RequestBuffer: buffer})
 	if err != nil {
 		return nil, err
 	}

@@ -21,9 +21,19 @@ func (c *Client) LookupBatch(ctx context.Context, lookups []wire.Lookup) ([]wire
 		return nil, err
 	}
 	defer c.end()
-	c.batch.Lookups = lookups
-	b = c.batch.Append(b)
-	c.batch.Lookups = nil // the caller's: not kept past the call
+	if c.reqTokens == nil {
+		b = (&wire.LookupBatch{Lookups: lookups}).Append(b)
+	} else {
+		// The lookups whose tokens fit in the request buffer name them
+		// there; the rest carry theirs in the frame.
+		c.shared = append(c.shared[:0], lookups...)
+		at := 0
+		for i := range c.shared {
+			at = c.shareTokens(&c.shared[i].Keys, at)
+		}
+		b = (&wire.LookupBatch{Lookups: c.shared}).Append(b)
+		clear(c.shared) // not kept past the call: they hold the caller's slices
+	}
 	_, body, err := c.roundTrip(b, wire.OpLookupBatch, c.peerFlag())
 	if err != nil {
 		return nil, err

@@ -37,6 +37,9 @@ type session struct {
 	armed  bool
 	out    []byte
 	busy   atomic.Bool
+	// reqBuf is the connection's request buffer (REQUEST_BUFFER), mapped
+	// read-only, or nil; see shared.go.
+	reqBuf []byte
 
 	writeDeadline time.Time // the deadline set on conn, see extendWriteDeadline
 
@@ -116,6 +119,7 @@ func (s *session) serve() {
 	defer s.svc.remove(s)
 	defer s.conn.Close()
 	defer s.releaseAll()
+	defer s.releaseRequestBuffer()
 	// 64 KiB holds a LOOKUP of a 16k-token prompt, or hundreds of small
 	// requests a client pipelines, so that one read takes a request in and
 	// its body is decoded where it lies (BodyView); larger reads (chunk
@@ -346,6 +350,8 @@ func (s *session) handle(h wire.Header) *requestError {
 		return s.handlePushStatus(h, body)
 	case wire.OpWait:
 		return s.handleWait(h, body)
+	case wire.OpRequestBuffer:
+		return s.handleRequestBuffer(h, body)
 	}
 	return fail(wire.StatusUnknownOp, "%s is not a request", h.Op)
 }
@@ -407,6 +413,9 @@ func (r *resolved) tokensAfter(n int) uint32 {
 
 func (s *session) resolve(k *wire.Keys) (resolved, *requestError) {
 	s.keys = s.keys[:0]
+	if k.Kind == wire.KindShared {
+		return resolved{}, fail(wire.StatusBadRequest, "keys in the request buffer are for LOOKUP and LOOKUP_BATCH only")
+	}
 	if k.Kind == wire.KindRaw {
 		s.keys = append(s.keys, k.Raw...)
 		return resolved{keys: s.keys}, nil
@@ -445,7 +454,20 @@ func (s *session) handleLookup(h wire.Header, body []byte) *requestError {
 // lookupOne serves one lookup and appends its reply to b; on an error b is
 // returned as it came.
 func (s *session) lookupOne(b []byte, m *wire.Lookup, peer bool) ([]byte, *requestError) {
-	r, rerr := s.resolve(&m.Keys)
+	keys := &m.Keys
+	var shared wire.Keys
+	if keys.Kind == wire.KindShared {
+		// Resolved as token keys over a view of the request buffer, in a
+		// copy of the keys: m's own slices must never hold the view, or
+		// the next decode into m would write into the read-only mapping.
+		tokens, rerr := s.sharedTokens(&keys.Shared)
+		if rerr != nil {
+			return b, rerr
+		}
+		shared = wire.Keys{Scope: keys.Scope, Kind: wire.KindTokens, Skip: keys.Skip, Tokens: tokens}
+		keys = &shared
+	}
+	r, rerr := s.resolve(keys)
 	if rerr != nil {
 		return b, rerr
 	}

@@ -61,7 +61,8 @@ const (
 	OpReceive         Op = 19
 	OpWait            Op = 20
 	// OpLookupBatch    Op = 21, see batch.go
-	opLimit Op = 22
+	// OpRequestBuffer  Op = 22, see shared.go
+	opLimit Op = 23
 
 	// MaxOp is the highest operation of this version.
 	MaxOp = opLimit - 1
@@ -69,7 +70,7 @@ const (
 
 var opNames = [...]string{"", "HELLO", "PING", "SCOPE", "LOOKUP", "PREPARE_STORE",
 	"COMMIT_STORE", "PREPARE_RETRIEVE", "RELEASE", "RENEW", "PREFETCH", "CLEAR",
-	"STATS", "STORE", "RETRIEVE", "SIZES", "FLUSH", "PUSH", "PUSH_STATUS", "RECEIVE", "WAIT", "LOOKUP_BATCH"}
+	"STATS", "STORE", "RETRIEVE", "SIZES", "FLUSH", "PUSH", "PUSH_STATUS", "RECEIVE", "WAIT", "LOOKUP_BATCH", "REQUEST_BUFFER"}
 
 func (o Op) String() string {
 	if o > 0 && o < opLimit {
