@@ -28,7 +28,7 @@ import (
 const (
 	rateClients = 4
 	ratePrompt  = 4096    // tokens per looked-up prompt
-	rateBatch   = 16      // lookups per LOOKUP_BATCH
+	rateBatch   = 16      // prompts, and lookups per LOOKUP_BATCH
 	rateBuffer  = 1 << 20 // bytes of a request buffer: a batch's tokens fit
 	rateRounds  = 8
 	rateSlice   = 150 * time.Millisecond
@@ -56,14 +56,13 @@ type rateClient interface {
 // on the same kind of socket, and reports the rates and their ratios.
 func benchLookups(ctx context.Context, f Options, d *DaemonReport, sock string) error {
 	d.LookupClients, d.LookupPrompt, d.BatchSize = rateClients, ratePrompt, rateBatch
-	tokens := benchTokens(ratePrompt, 77)
-	n := (ratePrompt + f.Tokens - 1) / f.Tokens
-	if err := storePrompt(ctx, sock, tokens, n); err != nil {
+	ps, err := storePrompts(ctx, sock, f.Tokens)
+	if err != nil {
 		return err
 	}
 	// The request and reply a LOOKUP exchanges, for the echo of the same
 	// bytes: what the socket alone costs for them.
-	reqLen := wire.HeaderSize + len((&wire.Lookup{Keys: client.Tokens(1, tokens, 0)}).Append(nil))
+	reqLen := wire.HeaderSize + len((&wire.Lookup{Keys: client.Tokens(1, ps[0].tokens, 0)}).Append(nil))
 	replyLen := wire.HeaderSize + len((&wire.LookupReply{ByTier: make([]uint32, 1)}).Append(nil))
 	emptyEcho, err := startEcho()
 	if err != nil {
@@ -76,13 +75,13 @@ func benchLookups(ctx context.Context, f Options, d *DaemonReport, sock string) 
 			return dialEcho(emptyEcho.Addr().String(), reqLen-wire.HeaderSize, replyLen-wire.HeaderSize)
 		}},
 		{name: "ping", dial: func(ctx context.Context) (rateClient, error) { return dialPing(ctx, sock) }},
-		{name: "lookup", track: true, dial: func(ctx context.Context) (rateClient, error) { return dialLookup(ctx, sock, tokens, n, 1, 0) }},
-		{name: "batch", dial: func(ctx context.Context) (rateClient, error) { return dialLookup(ctx, sock, tokens, n, rateBatch, 0) }},
+		{name: "lookup", track: true, dial: func(ctx context.Context) (rateClient, error) { return dialLookup(ctx, sock, ps, 1, 0) }},
+		{name: "batch", dial: func(ctx context.Context) (rateClient, error) { return dialLookup(ctx, sock, ps, rateBatch, 0) }},
 		{name: "lookup, request buffer", dial: func(ctx context.Context) (rateClient, error) {
-			return dialLookup(ctx, sock, tokens, n, 1, rateBuffer)
+			return dialLookup(ctx, sock, ps, 1, rateBuffer)
 		}},
 		{name: "batch, request buffer", dial: func(ctx context.Context) (rateClient, error) {
-			return dialLookup(ctx, sock, tokens, n, rateBatch, rateBuffer)
+			return dialLookup(ctx, sock, ps, rateBatch, rateBuffer)
 		}},
 	}
 	for round := range rateRounds {
@@ -106,27 +105,43 @@ func benchLookups(ctx context.Context, f Options, d *DaemonReport, sock string) 
 	return nil
 }
 
-// storePrompt stores the prompt's n chunks (small ones: only lookups are
-// measured).
-func storePrompt(ctx context.Context, sock string, tokens []uint32, n int) error {
+// benchPrompt is a looked-up prompt and the hit its lookup must report.
+type benchPrompt struct {
+	tokens         []uint32
+	chunks, cached int // cached of its chunks are stored
+}
+
+// storePrompts stores rateBatch prompts of ratePrompt tokens, all but the
+// last 0 to 3 chunks of each (small chunks: only lookups are measured),
+// so that every lookup hashes a whole prompt and a mixed-up answer shows.
+func storePrompts(ctx context.Context, sock string, chunkTokens int) ([]benchPrompt, error) {
 	c, err := client.DialUnix(ctx, sock, client.Options{})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer c.Close()
 	h, err := c.Scope(ctx, benchScope)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	n := (ratePrompt + chunkTokens - 1) / chunkTokens
 	small := make([][]byte, n)
 	for i := range small {
 		small[i] = make([]byte, 4096)
 	}
-	stored, err := c.Store(ctx, client.Tokens(h, tokens, 0), small)
-	if err == nil && stored != n {
-		err = fmt.Errorf("stored %d of %d chunks", stored, n)
+	ps := make([]benchPrompt, rateBatch)
+	for i := range ps {
+		p := benchPrompt{tokens: benchTokens(ratePrompt, uint32(77+i)), chunks: n, cached: max(1, n-i%4)}
+		stored, err := c.Store(ctx, client.Tokens(h, p.tokens, 0), small[:p.cached])
+		if err == nil && stored != p.cached {
+			err = fmt.Errorf("stored %d of %d chunks", stored, p.cached)
+		}
+		if err != nil {
+			return nil, err
+		}
+		ps[i] = p
 	}
-	return err
+	return ps, nil
 }
 
 // measure runs one slice: rateClients clients, each on a connection of
@@ -301,19 +316,19 @@ func dialPing(ctx context.Context, sock string) (rateClient, error) {
 
 func (p pingClient) do(ctx context.Context) (int, error) { return 1, p.Ping(ctx) }
 
-// lookupClient looks the prompt up, batch at a time (1: LOOKUP, more:
-// LOOKUP_BATCH), and checks every answer. With a request buffer, the
-// client copies the prompt's tokens into it on every call.
+// lookupClient looks the prompts up, one LOOKUP after another or all in
+// one LOOKUP_BATCH, and checks every answer. With a request buffer, the client copies each prompt's tokens
+// into it on every call.
 type lookupClient struct {
 	*client.Client
-	keys    wire.Keys
-	batch   []wire.Lookup
-	chunks  int
-	tokens  int
-	lookups int
+	prompts []benchPrompt
+	keys    []wire.Lookup
+	batch   bool // all prompts in one LOOKUP_BATCH, else one LOOKUP each
+	next    int
+	chunk   int // tokens per chunk
 }
 
-func dialLookup(ctx context.Context, sock string, tokens []uint32, chunks, batch, buffer int) (rateClient, error) {
+func dialLookup(ctx context.Context, sock string, ps []benchPrompt, batch, buffer int) (rateClient, error) {
 	c, err := client.DialUnix(ctx, sock, client.Options{RequestBuffer: buffer})
 	if err != nil {
 		return nil, err
@@ -323,25 +338,25 @@ func dialLookup(ctx context.Context, sock string, tokens []uint32, chunks, batch
 		c.Close()
 		return nil, err
 	}
-	l := &lookupClient{Client: c, keys: client.Tokens(h, tokens, 0), chunks: chunks, tokens: len(tokens)}
-	if batch > 1 {
-		l.batch = make([]wire.Lookup, batch)
-		for i := range l.batch {
-			l.batch[i].Keys = l.keys
-		}
+	l := &lookupClient{Client: c, prompts: ps, batch: batch > 1, chunk: c.ChunkTokens()}
+	l.keys = make([]wire.Lookup, len(ps))
+	for i, p := range ps {
+		l.keys[i].Keys = client.Tokens(h, p.tokens, 0)
 	}
 	return l, nil
 }
 
 func (l *lookupClient) do(ctx context.Context) (int, error) {
-	if l.batch == nil {
-		hit, err := l.Lookup(ctx, l.keys, 0)
+	if !l.batch {
+		i := l.next % len(l.prompts)
+		l.next++
+		hit, err := l.Lookup(ctx, l.keys[i].Keys, 0)
 		if err != nil {
 			return 0, err
 		}
-		return 1, l.check(&hit)
+		return 1, l.check(i, &hit)
 	}
-	res, err := l.LookupBatch(ctx, l.batch)
+	res, err := l.LookupBatch(ctx, l.keys)
 	if err != nil {
 		return 0, err
 	}
@@ -349,16 +364,18 @@ func (l *lookupClient) do(ctx context.Context) (int, error) {
 		if err := client.ResultErr(&res[i]); err != nil {
 			return 0, err
 		}
-		if err := l.check(&res[i].Reply); err != nil {
+		if err := l.check(i, &res[i].Reply); err != nil {
 			return 0, err
 		}
 	}
 	return len(res), nil
 }
 
-func (l *lookupClient) check(hit *wire.LookupReply) error {
-	if int(hit.Chunks) != l.chunks || int(hit.Tokens) != l.tokens {
-		return fmt.Errorf("lookup hit %d chunks, %d tokens; want %d, %d", hit.Chunks, hit.Tokens, l.chunks, l.tokens)
+func (l *lookupClient) check(i int, hit *wire.LookupReply) error {
+	p := &l.prompts[i]
+	want := min(len(p.tokens), p.cached*l.chunk)
+	if int(hit.Chunks) != p.cached || int(hit.Tokens) != want {
+		return fmt.Errorf("lookup of prompt %d hit %d chunks, %d tokens; want %d, %d", i, hit.Chunks, hit.Tokens, p.cached, want)
 	}
 	return nil
 }

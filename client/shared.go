@@ -69,10 +69,10 @@ func (c *Client) shareTokens(k *wire.Keys, at int) int {
 	if c.reqTokens == nil || k.Kind != wire.KindTokens || len(k.Tokens) > len(c.reqTokens)-at {
 		return at
 	}
-	copy(c.reqTokens[at:], k.Tokens)
+	n := copy(c.reqTokens[at:], k.Tokens)
 	*k = wire.Keys{Scope: k.Scope, Kind: wire.KindShared, Skip: k.Skip,
-		Shared: wire.SharedTokens{Offset: 4 * uint64(at), Count: uint32(len(k.Tokens))}}
-	return at + len(k.Tokens)
+		Shared: wire.SharedTokens{Offset: 4 * uint64(at), Count: uint32(n)}}
+	return at + n
 }
 
 // SharesTokens reports whether the connection has a request buffer

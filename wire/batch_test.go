@@ -82,3 +82,12 @@ func TestLookupBatchDecodeReuses(t *testing.T) {
 		t.Errorf("%.1f allocations per decode", a)
 	}
 }
+
+func TestRequestBufferLimits(t *testing.T) {
+	for _, n := range []uint32{0, MinRequestBuffer - 1, MaxRequestBuffer + 1} {
+		var m RequestBuffer
+		if err := m.Decode((&RequestBuffer{Bytes: n}).Append(nil)); err == nil || !errors.Is(err, ErrFrame) {
+			t.Errorf("a request buffer of %d bytes: err = %v", n, err)
+		}
+	}
+}
