@@ -56,7 +56,7 @@ type rateClient interface {
 // on the same kind of socket, and reports the rates and their ratios.
 func benchLookups(ctx context.Context, f Options, d *DaemonReport, sock string) error {
 	d.LookupClients, d.LookupPrompt, d.BatchSize = rateClients, ratePrompt, rateBatch
-	ps, err := storePrompts(ctx, sock, f.Tokens)
+	ps, err := storePrompts(ctx, sock)
 	if err != nil {
 		return err
 	}
@@ -114,7 +114,7 @@ type benchPrompt struct {
 // storePrompts stores rateBatch prompts of ratePrompt tokens, all but the
 // last 0 to 3 chunks of each (small chunks: only lookups are measured),
 // so that every lookup hashes a whole prompt and a mixed-up answer shows.
-func storePrompts(ctx context.Context, sock string, chunkTokens int) ([]benchPrompt, error) {
+func storePrompts(ctx context.Context, sock string) ([]benchPrompt, error) {
 	c, err := client.DialUnix(ctx, sock, client.Options{})
 	if err != nil {
 		return nil, err
@@ -124,7 +124,8 @@ func storePrompts(ctx context.Context, sock string, chunkTokens int) ([]benchPro
 	if err != nil {
 		return nil, err
 	}
-	n := (ratePrompt + chunkTokens - 1) / chunkTokens
+	// The daemon's chunk size: one at --socket may have its own.
+	n := (ratePrompt + c.ChunkTokens() - 1) / c.ChunkTokens()
 	small := make([][]byte, n)
 	for i := range small {
 		small[i] = make([]byte, 4096)
