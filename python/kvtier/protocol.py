@@ -47,6 +47,7 @@ OP_PUSH_STATUS = 18
 OP_RECEIVE = 19      # daemon to daemon only
 OP_WAIT = 20
 OP_LOOKUP_BATCH = 21  # many LOOKUPs in one round trip
+OP_REQUEST_BUFFER = 22  # shared memory for the token ids of lookups
 
 MAX_BATCH = 1024  # lookups in one LOOKUP_BATCH
 
@@ -58,6 +59,10 @@ TRANSFER_STATES = {TRANSFER_PENDING: "pending", TRANSFER_DONE: "done", TRANSFER_
 # Key kinds.
 KIND_TOKENS = 0
 KIND_HASHES = 1
+KIND_SHARED = 3  # token ids in the connection's request buffer
+
+MIN_REQUEST_BUFFER = 4 << 10
+MAX_REQUEST_BUFFER = MAX_META_BODY
 
 # Slot states.
 SLOT_WRITE = 0
@@ -129,6 +134,13 @@ class Keys:
                     raise ValueError(f"hash key of {len(h)} bytes, want 16")
             return head + b"".join(bytes(h) for h in self.items)
         raise ValueError(f"unsupported key kind {self.kind}")
+
+
+def pack_shared_keys(scope: int, offset: int, count: int, skip: int = 0) -> bytes:
+    """Keys of kind 3: count token ids at byte offset of the request buffer."""
+    if offset % 4:
+        raise ValueError(f"shared tokens at offset {offset}, not a multiple of 4")
+    return struct.pack("<IB3xIIQ", scope, KIND_SHARED, skip, count, offset)
 
 
 def pack_u32_array(values: Sequence[int]) -> bytes:

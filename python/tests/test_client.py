@@ -219,3 +219,28 @@ def test_lookup_batch_reply_decoder():
     ):
         with pytest.raises(p.ProtocolError):
             p.unpack_lookup_batch_reply(bad)
+
+
+def test_request_buffer_lookups_match(daemon):
+    """With a request buffer, lookups leave their tokens in shared memory
+    and answer exactly as lookups that send them; a batch whose tokens do
+    not all fit sends the rest in the frame."""
+    prompts = [list(range(20000 + 1000 * i, 20000 + 1000 * i + 3 * CHUNK)) for i in range(6)]
+    big = list(range(60000, 60000 + 1200))  # 4,800 bytes: more than a 4 KiB buffer's room
+    with Client(daemon.socket_path) as plain, Client(daemon.socket_path, request_buffer=p.MIN_REQUEST_BUFFER) as shared:
+        assert shared.shares_tokens and not plain.shares_tokens
+        s = plain.scope("reqbuf", "uint8/KV_2LTD")
+        for i, t in enumerate(prompts):
+            assert plain.store(plain.tokens(s, t[: (1 + i % 3) * CHUNK]), [_chunk(i)] * (1 + i % 3)) == 1 + i % 3
+        h = shared.scope("reqbuf", "uint8/KV_2LTD")
+        for t in prompts + [big]:
+            assert shared.lookup(shared.tokens(h, t)) == plain.lookup(plain.tokens(s, t))
+        want = plain.lookup_batch([plain.tokens(s, t) for t in prompts + [big]])
+        got = shared.lookup_batch([shared.tokens(h, t) for t in prompts + [big]])
+        assert got == want
+        assert [g.chunks for g in got[:3]] == [1, 2, 3]
+        assert shared.lookup(shared.tokens(h, prompts[0], skip=CHUNK)).chunks == 1
+        with pytest.raises(BadRequest):
+            shared.lookup(shared.tokens(h, prompts[0], skip=3))
+    with pytest.raises(ValueError):
+        Client(daemon.socket_path, request_buffer=100)
