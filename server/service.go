@@ -123,7 +123,6 @@ func NewService(eng *engine.Engine, opts ServiceOptions) *Service {
 	opts.setDefaults()
 	s := &Service{
 		eng:       eng,
-		tiers:     eng.TierCount(),
 		opts:      opts,
 		log:       opts.Logger,
 		metrics:   newOpMetrics(),
@@ -135,6 +134,9 @@ func NewService(eng *engine.Engine, opts ServiceOptions) *Service {
 		pd:        newPD(eng, opts.PDReceiveBytes, opts.Token, opts.PDPushAllow, opts.Logger),
 	}
 	s.pd.tls = opts.PDPushTLS
+	if eng != nil { // nil only where the service's metrics alone are wanted
+		s.tiers = eng.TierCount()
+	}
 	s.swept.Add(1)
 	go s.sweep()
 	return s
