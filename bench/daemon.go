@@ -30,13 +30,17 @@ type DaemonReport struct {
 	LookupsPerSec   float64 `json:"lookups_per_sec"`
 	LookupP50Micros float64 `json:"lookup_p50_us"`
 	LookupP99Micros float64 `json:"lookup_p99_us"`
-	// The baselines of the lookup rates, from as many clients on the same
+	// The baseline of the lookup rates, from as many clients on the same
 	// kind of socket in the same rounds (see lookuprate.go): round trips
-	// of empty frames with an echo server, of frames as long as LOOKUP's
-	// request and reply, and of PINGs through the daemon.
+	// of empty frames with an echo server. Beside it, round trips of
+	// frames as long as LOOKUP's request and reply, and PINGs through the
+	// daemon. Every ratio is a median of per-slice ratios to the empty
+	// round trips measured just before (lookups over round trips).
 	EmptyRoundTrips     float64 `json:"empty_round_trips_per_sec"`
 	SameBytesRoundTrips float64 `json:"same_bytes_round_trips_per_sec"`
+	SameBytesRatio      float64 `json:"same_bytes_ratio"`
 	PingsPerSec         float64 `json:"pings_per_sec"`
+	PingRatio           float64 `json:"ping_ratio"`
 	LookupRatio         float64 `json:"lookup_ratio"` // LOOKUPs / empty round trips
 	BatchSize           int     `json:"lookup_batch_size"`
 	BatchLookupsPerSec  float64 `json:"batch_lookups_per_sec"` // lookups, not frames
@@ -363,15 +367,15 @@ func printDaemon(w io.Writer, d *DaemonReport) {
 // printLookupRates writes the lookup rates beside the empty round trips
 // of the same run.
 func printLookupRates(w io.Writer, d *DaemonReport) {
-	fmt.Fprintf(w, "\n%d clients on the local socket, a cached %d-token prompt; per second, and ratio to empty round trips:\n", d.LookupClients, d.LookupPrompt)
-	row := func(name string, v float64, note string) {
-		fmt.Fprintf(w, "%-34s %10.0f %8.2f  %s\n", name, v, v/d.EmptyRoundTrips, note)
+	fmt.Fprintf(w, "\n%d clients on the local socket, cached %d-token prompts; per second (median of slices), and ratio to the empty round trips just before (median):\n", d.LookupClients, d.LookupPrompt)
+	row := func(name string, v, ratio float64, note string) {
+		fmt.Fprintf(w, "%-34s %10.0f %8.2f  %s\n", name, v, ratio, note)
 	}
-	row("empty round trips (baseline)", d.EmptyRoundTrips, "16-byte frames with an echo server")
-	row("same-bytes round trips", d.SameBytesRoundTrips, "frames as long as LOOKUP's, same echo server")
-	row("PING through the daemon", d.PingsPerSec, "")
-	row("LOOKUP", d.LookupsPerSec, fmt.Sprintf("p50 %.1f µs, p99 %.1f µs", d.LookupP50Micros, d.LookupP99Micros))
-	row(fmt.Sprintf("LOOKUP_BATCH of %d (lookups)", d.BatchSize), d.BatchLookupsPerSec, "")
-	row("LOOKUP, request buffer", d.SharedLookupsPerSec, "tokens copied into shared memory, not sent")
-	row(fmt.Sprintf("LOOKUP_BATCH of %d, request buffer", d.BatchSize), d.SharedBatchLookupsPerSec, "")
+	row("empty round trips (baseline)", d.EmptyRoundTrips, 1, "16-byte frames with an echo server")
+	row("same-bytes round trips", d.SameBytesRoundTrips, d.SameBytesRatio, "frames as long as LOOKUP's, same echo server")
+	row("PING through the daemon", d.PingsPerSec, d.PingRatio, "")
+	row("LOOKUP", d.LookupsPerSec, d.LookupRatio, fmt.Sprintf("p50 %.1f µs, p99 %.1f µs", d.LookupP50Micros, d.LookupP99Micros))
+	row(fmt.Sprintf("LOOKUP_BATCH of %d (lookups)", d.BatchSize), d.BatchLookupsPerSec, d.BatchRatio, "")
+	row("LOOKUP, request buffer", d.SharedLookupsPerSec, d.SharedLookupRatio, "tokens copied into shared memory, not sent")
+	row(fmt.Sprintf("LOOKUP_BATCH of %d, request buffer", d.BatchSize), d.SharedBatchLookupsPerSec, d.SharedBatchRatio, "")
 }

@@ -23,25 +23,34 @@ import (
 // the same run: clients each on their own connection of the same kind (a
 // Unix socket) doing request/response round trips of empty frames against
 // an echo server that reads a frame and writes one back and does nothing
-// else. The kinds take turns in short slices, several rounds, and the best
-// slice of each kind counts, so a busy machine weighs on all of them alike.
+// else. Each slice of a measured kind follows a slice of empty round trips,
+// and its ratio is to that one: the load of a shared machine drifts over
+// seconds, so only slices next to each other compare fairly. Rates and
+// ratios are the medians over the rounds.
 const (
 	rateClients = 4
 	ratePrompt  = 4096    // tokens per looked-up prompt
 	rateBatch   = 16      // prompts, and lookups per LOOKUP_BATCH
 	rateBuffer  = 1 << 20 // bytes of a request buffer: a batch's tokens fit
 	rateRounds  = 8
-	rateSlice   = 150 * time.Millisecond
+	rateSlice   = 100 * time.Millisecond
 )
 
 // rateKind is one thing measured: a way to open a client and the request
 // it repeats.
 type rateKind struct {
-	name  string
-	dial  func(ctx context.Context) (rateClient, error)
-	best  float64   // operations per second, best slice
-	lat   []float64 // µs per call, all slices (LOOKUP only)
-	track bool
+	name   string
+	dial   func(ctx context.Context) (rateClient, error)
+	rates  []float64 // operations per second, one per slice
+	ratios []float64 // each slice's rate over the empty round trips' just before
+	lat    []float64 // µs per call, all slices (LOOKUP only)
+	track  bool
+}
+
+// median returns the median of v (sorting it).
+func median(v []float64) float64 {
+	slices.Sort(v)
+	return v[len(v)/2]
 }
 
 // rateClient repeats one request; do returns the operations it served
@@ -84,20 +93,28 @@ func benchLookups(ctx context.Context, f Options, d *DaemonReport, sock string) 
 			return dialLookup(ctx, sock, ps, rateBatch, rateBuffer)
 		}},
 	}
+	empty := kinds[0]
 	for round := range rateRounds {
-		for _, k := range kinds {
-			if err := k.measure(ctx); err != nil {
+		for _, k := range kinds[1:] {
+			base, err := empty.measure(ctx)
+			if err != nil {
+				return fmt.Errorf("%s, round %d: %w", empty.name, round, err)
+			}
+			rate, err := k.measure(ctx)
+			if err != nil {
 				return fmt.Errorf("%s, round %d: %w", k.name, round, err)
 			}
+			k.ratios = append(k.ratios, rate/base)
 		}
 	}
-	d.EmptyRoundTrips, d.SameBytesRoundTrips, d.PingsPerSec = kinds[0].best, kinds[1].best, kinds[2].best
-	d.LookupsPerSec, d.BatchLookupsPerSec = kinds[3].best, kinds[4].best
-	d.SharedLookupsPerSec, d.SharedBatchLookupsPerSec = kinds[5].best, kinds[6].best
-	d.LookupRatio = d.LookupsPerSec / d.EmptyRoundTrips
-	d.BatchRatio = d.BatchLookupsPerSec / d.EmptyRoundTrips
-	d.SharedLookupRatio = d.SharedLookupsPerSec / d.EmptyRoundTrips
-	d.SharedBatchRatio = d.SharedBatchLookupsPerSec / d.EmptyRoundTrips
+	d.EmptyRoundTrips = median(empty.rates)
+	rate := func(i int) (float64, float64) { return median(kinds[i].rates), median(kinds[i].ratios) }
+	d.SameBytesRoundTrips, d.SameBytesRatio = rate(1)
+	d.PingsPerSec, d.PingRatio = rate(2)
+	d.LookupsPerSec, d.LookupRatio = rate(3)
+	d.BatchLookupsPerSec, d.BatchRatio = rate(4)
+	d.SharedLookupsPerSec, d.SharedLookupRatio = rate(5)
+	d.SharedBatchLookupsPerSec, d.SharedBatchRatio = rate(6)
 	lat := kinds[3].lat
 	slices.Sort(lat)
 	d.LookupP50Micros = lat[len(lat)/2]
@@ -147,8 +164,8 @@ func storePrompts(ctx context.Context, sock string) ([]benchPrompt, error) {
 
 // measure runs one slice: rateClients clients, each on a connection of
 // its own opened before the clock starts, repeat their request until the
-// slice is over.
-func (k *rateKind) measure(ctx context.Context) error {
+// slice is over. It returns the slice's rate.
+func (k *rateKind) measure(ctx context.Context) (float64, error) {
 	cs := make([]rateClient, 0, rateClients)
 	defer func() {
 		for _, c := range cs {
@@ -158,7 +175,7 @@ func (k *rateKind) measure(ctx context.Context) error {
 	for range rateClients {
 		c, err := k.dial(ctx)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		cs = append(cs, c)
 	}
@@ -195,17 +212,18 @@ func (k *rateKind) measure(ctx context.Context) error {
 	wg.Wait()
 	elapsed := time.Since(start)
 	if err := errors.Join(errs...); err != nil {
-		return err
+		return 0, err
 	}
 	total := 0
 	for _, n := range counts {
 		total += n
 	}
-	k.best = max(k.best, float64(total)/elapsed.Seconds())
+	rate := float64(total) / elapsed.Seconds()
+	k.rates = append(k.rates, rate)
 	for _, l := range lats {
 		k.lat = append(k.lat, l...)
 	}
-	return nil
+	return rate, nil
 }
 
 // echoServer answers every frame on a Unix socket with a frame whose body
