@@ -36,15 +36,20 @@ type DaemonReport struct {
 	// frames as long as LOOKUP's request and reply, and PINGs through the
 	// daemon. Every ratio is a median of per-slice ratios to the empty
 	// round trips measured just before (lookups over round trips).
-	EmptyRoundTrips     float64 `json:"empty_round_trips_per_sec"`
-	SameBytesRoundTrips float64 `json:"same_bytes_round_trips_per_sec"`
-	SameBytesRatio      float64 `json:"same_bytes_ratio"`
-	PingsPerSec         float64 `json:"pings_per_sec"`
-	PingRatio           float64 `json:"ping_ratio"`
-	LookupRatio         float64 `json:"lookup_ratio"` // LOOKUPs / empty round trips
-	BatchSize           int     `json:"lookup_batch_size"`
-	BatchLookupsPerSec  float64 `json:"batch_lookups_per_sec"` // lookups, not frames
-	BatchRatio          float64 `json:"batch_ratio"`           // batched lookups / empty round trips
+	EmptyRoundTrips float64 `json:"empty_round_trips_per_sec"`
+	// CPU time of the bench's process (clients, daemon, echo server) per
+	// operation, median over slices, by kind: what each costs whatever
+	// else runs on the machine. EmptyCPUMicros is the empty round trip's.
+	EmptyCPUMicros      float64            `json:"empty_round_trip_cpu_us"`
+	CPUMicros           map[string]float64 `json:"cpu_us_per_op"`
+	SameBytesRoundTrips float64            `json:"same_bytes_round_trips_per_sec"`
+	SameBytesRatio      float64            `json:"same_bytes_ratio"`
+	PingsPerSec         float64            `json:"pings_per_sec"`
+	PingRatio           float64            `json:"ping_ratio"`
+	LookupRatio         float64            `json:"lookup_ratio"` // LOOKUPs / empty round trips
+	BatchSize           int                `json:"lookup_batch_size"`
+	BatchLookupsPerSec  float64            `json:"batch_lookups_per_sec"` // lookups, not frames
+	BatchRatio          float64            `json:"batch_ratio"`           // batched lookups / empty round trips
 	// The same with the tokens in a request buffer (wire.KindShared).
 	SharedLookupsPerSec      float64 `json:"shared_lookups_per_sec"`
 	SharedLookupRatio        float64 `json:"shared_lookup_ratio"`
@@ -368,14 +373,17 @@ func printDaemon(w io.Writer, d *DaemonReport) {
 // of the same run.
 func printLookupRates(w io.Writer, d *DaemonReport) {
 	fmt.Fprintf(w, "\n%d clients on the local socket, cached %d-token prompts; per second (median of slices), and ratio to the empty round trips just before (median):\n", d.LookupClients, d.LookupPrompt)
-	row := func(name string, v, ratio float64, note string) {
-		fmt.Fprintf(w, "%-34s %10.0f %8.2f  %s\n", name, v, ratio, note)
+	fmt.Fprintf(w, "%-34s %10s %8s %8s %8s\n", "", "per s", "ratio", "CPU µs", "CPU rt")
+	row := func(name, kind string, v, ratio float64, note string) {
+		cpu := d.CPUMicros[kind]
+		fmt.Fprintf(w, "%-34s %10.0f %8.2f %8.2f %8.2f  %s\n", name, v, ratio, cpu, d.EmptyCPUMicros/cpu, note)
 	}
-	row("empty round trips (baseline)", d.EmptyRoundTrips, 1, "16-byte frames with an echo server")
-	row("same-bytes round trips", d.SameBytesRoundTrips, d.SameBytesRatio, "frames as long as LOOKUP's, same echo server")
-	row("PING through the daemon", d.PingsPerSec, d.PingRatio, "")
-	row("LOOKUP", d.LookupsPerSec, d.LookupRatio, fmt.Sprintf("p50 %.1f µs, p99 %.1f µs", d.LookupP50Micros, d.LookupP99Micros))
-	row(fmt.Sprintf("LOOKUP_BATCH of %d (lookups)", d.BatchSize), d.BatchLookupsPerSec, d.BatchRatio, "")
-	row("LOOKUP, request buffer", d.SharedLookupsPerSec, d.SharedLookupRatio, "tokens copied into shared memory, not sent")
-	row(fmt.Sprintf("LOOKUP_BATCH of %d, request buffer", d.BatchSize), d.SharedBatchLookupsPerSec, d.SharedBatchRatio, "")
+	row("empty round trips (baseline)", "empty", d.EmptyRoundTrips, 1, "16-byte frames with an echo server")
+	row("same-bytes round trips", "same bytes", d.SameBytesRoundTrips, d.SameBytesRatio, "frames as long as LOOKUP's, same echo server")
+	row("PING through the daemon", "ping", d.PingsPerSec, d.PingRatio, "")
+	row("LOOKUP", "lookup", d.LookupsPerSec, d.LookupRatio, fmt.Sprintf("p50 %.1f µs, p99 %.1f µs", d.LookupP50Micros, d.LookupP99Micros))
+	row(fmt.Sprintf("LOOKUP_BATCH of %d (lookups)", d.BatchSize), "batch", d.BatchLookupsPerSec, d.BatchRatio, "")
+	row("LOOKUP, request buffer", "lookup, request buffer", d.SharedLookupsPerSec, d.SharedLookupRatio, "tokens copied into shared memory, not sent")
+	row(fmt.Sprintf("LOOKUP_BATCH of %d, request buffer", d.BatchSize), "batch, request buffer", d.SharedBatchLookupsPerSec, d.SharedBatchRatio, "")
+	fmt.Fprintf(w, "(CPU µs: this process's CPU time per operation, clients, daemon and echo server together; CPU rt: the empty round trip's over it)\n")
 }

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"kvtier/client"
 	"kvtier/engine"
 	"kvtier/server"
@@ -43,6 +45,7 @@ type rateKind struct {
 	dial   func(ctx context.Context) (rateClient, error)
 	rates  []float64 // operations per second, one per slice
 	ratios []float64 // each slice's rate over the empty round trips' just before
+	cpu    []float64 // µs of this process's CPU time per operation, one per slice
 	lat    []float64 // µs per call, all slices (LOOKUP only)
 	track  bool
 }
@@ -107,7 +110,11 @@ func benchLookups(ctx context.Context, f Options, d *DaemonReport, sock string) 
 			k.ratios = append(k.ratios, rate/base)
 		}
 	}
-	d.EmptyRoundTrips = median(empty.rates)
+	d.EmptyRoundTrips, d.EmptyCPUMicros = median(empty.rates), median(empty.cpu)
+	d.CPUMicros = make(map[string]float64, len(kinds))
+	for _, k := range kinds {
+		d.CPUMicros[k.name] = median(k.cpu)
+	}
 	rate := func(i int) (float64, float64) { return median(kinds[i].rates), median(kinds[i].ratios) }
 	d.SameBytesRoundTrips, d.SameBytesRatio = rate(1)
 	d.PingsPerSec, d.PingRatio = rate(2)
@@ -183,6 +190,7 @@ func (k *rateKind) measure(ctx context.Context) (float64, error) {
 	lats := make([][]float64, len(cs))
 	errs := make([]error, len(cs))
 	var wg sync.WaitGroup
+	cpu0 := processCPU()
 	start := time.Now()
 	until := start.Add(rateSlice)
 	for i, c := range cs {
@@ -211,6 +219,7 @@ func (k *rateKind) measure(ctx context.Context) (float64, error) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	cpu := processCPU() - cpu0
 	if err := errors.Join(errs...); err != nil {
 		return 0, err
 	}
@@ -220,10 +229,22 @@ func (k *rateKind) measure(ctx context.Context) (float64, error) {
 	}
 	rate := float64(total) / elapsed.Seconds()
 	k.rates = append(k.rates, rate)
+	k.cpu = append(k.cpu, float64(cpu.Nanoseconds())/1e3/float64(max(total, 1)))
 	for _, l := range lats {
 		k.lat = append(k.lat, l...)
 	}
 	return rate, nil
+}
+
+// processCPU returns the CPU time this process has used, user and
+// system. Clients, daemon and echo server all run in it, so over a slice
+// it is what the slice's requests cost, whoever else uses the machine.
+func processCPU() time.Duration {
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // echoServer answers every frame on a Unix socket with a frame whose body
