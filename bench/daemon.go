@@ -385,5 +385,9 @@ func printLookupRates(w io.Writer, d *DaemonReport) {
 	row(fmt.Sprintf("LOOKUP_BATCH of %d (lookups)", d.BatchSize), "batch", d.BatchLookupsPerSec, d.BatchRatio, "")
 	row("LOOKUP, request buffer", "lookup, request buffer", d.SharedLookupsPerSec, d.SharedLookupRatio, "tokens copied into shared memory, not sent")
 	row(fmt.Sprintf("LOOKUP_BATCH of %d, request buffer", d.BatchSize), "batch, request buffer", d.SharedBatchLookupsPerSec, d.SharedBatchRatio, "")
+	if d.External {
+		fmt.Fprintf(w, "(CPU µs: this process's CPU time per operation, clients and echo server: the daemon at --socket is not counted, so CPU rt says little)\n")
+		return
+	}
 	fmt.Fprintf(w, "(CPU µs: this process's CPU time per operation, clients, daemon and echo server together; CPU rt: the empty round trip's over it)\n")
 }
