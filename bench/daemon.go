@@ -89,7 +89,7 @@ func benchDaemon(ctx context.Context, f Options, r *Report, src, dst [][]byte, p
 		d := &DaemonReport{External: true}
 		r.Daemon = d
 		fmt.Fprintf(progress, "daemon at %s: lookups from concurrent clients, empty round trips ...\n", f.Socket)
-		return benchLookups(ctx, f, d, f.Socket)
+		return benchLookups(ctx, d, f.Socket)
 	}
 	total := int64(f.Chunks * r.ChunkBytes)
 	eng, err := engine.Open(engine.Options{ChunkSize: f.Tokens, RAMBytes: 2*total + int64(r.ChunkBytes), Policy: "LRU", Prefault: true})
@@ -123,7 +123,7 @@ func benchDaemon(ctx context.Context, f Options, r *Report, src, dst [][]byte, p
 		return fmt.Errorf("local protocol: %w", err)
 	}
 	fmt.Fprintln(progress, "daemon: lookups from concurrent clients, empty round trips ...")
-	if err := benchLookups(ctx, f, d, sock); err != nil {
+	if err := benchLookups(ctx, d, sock); err != nil {
 		return fmt.Errorf("lookups: %w", err)
 	}
 	fmt.Fprintln(progress, "daemon: TCP protocol and a plain TCP stream ...")

@@ -63,10 +63,10 @@ type rateClient interface {
 	io.Closer
 }
 
-// benchLookups runs LOOKUPs and LOOKUP_BATCHes of a cached prompt from
+// benchLookups runs LOOKUPs and LOOKUP_BATCHes of cached prompts from
 // several clients against the daemon at sock, next to empty round trips
 // on the same kind of socket, and reports the rates and their ratios.
-func benchLookups(ctx context.Context, f Options, d *DaemonReport, sock string) error {
+func benchLookups(ctx context.Context, d *DaemonReport, sock string) error {
 	d.LookupClients, d.LookupPrompt, d.BatchSize = rateClients, ratePrompt, rateBatch
 	ps, err := storePrompts(ctx, sock)
 	if err != nil {
@@ -76,15 +76,15 @@ func benchLookups(ctx context.Context, f Options, d *DaemonReport, sock string) 
 	// bytes: what the socket alone costs for them.
 	reqLen := wire.HeaderSize + len((&wire.Lookup{Keys: client.Tokens(1, ps[0].tokens, 0)}).Append(nil))
 	replyLen := wire.HeaderSize + len((&wire.LookupReply{ByTier: make([]uint32, 1)}).Append(nil))
-	emptyEcho, err := startEcho()
+	echoSrv, err := startEcho()
 	if err != nil {
 		return err
 	}
-	defer emptyEcho.Close()
+	defer echoSrv.Close()
 	kinds := []*rateKind{
-		{name: "empty", dial: func(context.Context) (rateClient, error) { return dialEcho(emptyEcho.Addr().String(), 0, 0) }},
+		{name: "empty", dial: func(context.Context) (rateClient, error) { return dialEcho(echoSrv.Addr().String(), 0, 0) }},
 		{name: "same bytes", dial: func(context.Context) (rateClient, error) {
-			return dialEcho(emptyEcho.Addr().String(), reqLen-wire.HeaderSize, replyLen-wire.HeaderSize)
+			return dialEcho(echoSrv.Addr().String(), reqLen-wire.HeaderSize, replyLen-wire.HeaderSize)
 		}},
 		{name: "ping", dial: func(ctx context.Context) (rateClient, error) { return dialPing(ctx, sock) }},
 		{name: "lookup", track: true, dial: func(ctx context.Context) (rateClient, error) { return dialLookup(ctx, sock, ps, 1, 0) }},
@@ -428,7 +428,7 @@ func benchLookupsOnly(ctx context.Context, f Options, r *Report, progress io.Wri
 	r.Daemon = d
 	if f.Socket != "" {
 		fmt.Fprintf(progress, "daemon at %s: lookups from concurrent clients, empty round trips ...\n", f.Socket)
-		return benchLookups(ctx, f, d, f.Socket)
+		return benchLookups(ctx, d, f.Socket)
 	}
 	eng, err := engine.Open(engine.Options{ChunkSize: f.Tokens, RAMBytes: 64 << 20, Policy: "LRU"})
 	if err != nil {
@@ -449,5 +449,5 @@ func benchLookupsOnly(ctx context.Context, f Options, r *Report, progress io.Wri
 	}
 	go svc.Serve(ln)
 	fmt.Fprintln(progress, "daemon: lookups from concurrent clients, empty round trips ...")
-	return benchLookups(ctx, f, d, sock)
+	return benchLookups(ctx, d, sock)
 }
