@@ -28,6 +28,7 @@ func main() {
 	root.AddCommand(serveCmd(), controllerCmd(), benchCmd(), replayCmd(), versionCmd())
 	root.AddCommand(clusterCmd())
 	root.AddCommand(healthcheckCmd())
+	root.AddCommand(chaosCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "kvtier:", err)
 		os.Exit(1)
