@@ -87,11 +87,11 @@ func (l *Log) String() string {
 type Daemon struct {
 	Cmd    *exec.Cmd
 	Log    *Log
-	Sock   string // the local socket
-	TCP    string // the TCP protocol's address
-	Admin  string // http://host:port of the admin API
+	Sock   string        // the local socket
+	TCP    string        // the TCP protocol's address
+	Admin  string        // http://host:port of the admin API
 	exited chan struct{} // closed once the process has exited
-	err    error           // Wait's result, set before exited is closed
+	err    error         // Wait's result, set before exited is closed
 }
 
 var (
