@@ -25,11 +25,18 @@ type controller struct {
 // returns once it answers /healthz.
 func startController(t testing.TB, addr string) *controller {
 	t.Helper()
+	return startControllerArgs(t, addr)
+}
+
+// startControllerArgs is startController with more arguments.
+func startControllerArgs(t testing.TB, addr string, extra ...string) *controller {
+	t.Helper()
 	bin, err := servetest.Binary()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &controller{cmd: exec.Command(bin, "controller", "--listen", addr, "--hash-seed", "0", "--heartbeat-interval", "250ms"),
+	args := append([]string{"controller", "--listen", addr, "--hash-seed", "0", "--heartbeat-interval", "250ms"}, extra...)
+	p := &controller{cmd: exec.Command(bin, args...),
 		log: &servetest.Log{}, exited: make(chan error, 1)}
 	p.cmd.Stderr = p.log
 	if err := p.cmd.Start(); err != nil {

@@ -62,6 +62,20 @@ func StartDurable(t testing.TB, port int, dir string) *Server {
 	return start(t, port, "--save", "", "--appendonly", "yes", "--appendfsync", "always", "--dir", dir)
 }
 
+// StartPassword runs redis-server on a free port, without persistence,
+// requiring password (requirepass): URL then lacks it, and a client must
+// give it.
+func StartPassword(t testing.TB, password string) *Server {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	return start(t, port, "--save", "", "--appendonly", "no", "--dir", t.TempDir(), "--requirepass", password)
+}
+
 func start(t testing.TB, port int, args ...string) *Server {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
