@@ -86,6 +86,25 @@ func recovered(t testing.TB, c *conn) time.Duration {
 	})
 }
 
+// pushOut stores remoteFillers chunks from id from, each made durable
+// before the next, so that the targets leave RAM again.
+func pushOut(t testing.TB, c *conn, from int, r *Report) {
+	t.Helper()
+	// The first FLUSH reports, and forgets, the writes refused while the
+	// store was sick, whose chunks have left RAM since: not durable.
+	c.flush()
+	for i := from; i < from+remoteFillers; i++ {
+		if ok, err := c.put(i); !ok {
+			t.Fatalf("store %d: %v", i, err)
+		}
+		if ok, rep, err := c.flush(); !ok {
+			t.Fatalf("FLUSH after store %d not durable: %+v %v", i, rep, err)
+		}
+		r.Stored++
+		r.Durable++
+	}
+}
+
 func allRemote() []int {
 	ids := make([]int, remoteTargets+remoteFillers)
 	for i := range ids {
