@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -274,10 +275,17 @@ func hostile(network, addr, kind string) (time.Duration, error) {
 		if _, err := c.Write(junk); err != nil {
 			return 0, nil
 		}
-	case "truncated": // a header announcing 4 KiB, then a few bytes of it
-		wire.Header{Len: 4096, Op: wire.OpHello, ID: 1}.Put(frame)
-		if _, err := c.Write(frame[:wire.HeaderSize+4]); err != nil {
-			return 0, nil
+	case "truncated": // a whole HELLO, then a frame cut short: its header and part of its body
+		if _, err := c.Write(frame); err != nil {
+			return 0, err
+		}
+		if err := readFrame(c); err != nil {
+			return 0, fmt.Errorf("HELLO reply: %v", err)
+		}
+		part := make([]byte, wire.HeaderSize+8)
+		wire.Header{Len: 64, Op: wire.OpScope, ID: 2}.Put(part)
+		if _, err := c.Write(part); err != nil {
+			return 0, err
 		}
 	}
 	sent := time.Now()
@@ -290,4 +298,21 @@ func hostile(network, addr, kind string) (time.Duration, error) {
 			return time.Since(sent), nil
 		}
 	}
+}
+
+// readFrame reads one frame (a reply) from c.
+func readFrame(c net.Conn) error {
+	hdr := make([]byte, wire.HeaderSize)
+	if _, err := io.ReadFull(c, hdr); err != nil {
+		return err
+	}
+	h, err := wire.ParseHeader(hdr)
+	if err != nil {
+		return err
+	}
+	if h.Status != wire.StatusOK {
+		return fmt.Errorf("status %v", h.Status)
+	}
+	_, err = io.CopyN(io.Discard, c, int64(h.Len))
+	return err
 }
