@@ -179,7 +179,8 @@ func sigkillDisk(t testing.TB, o Options, r *Report) {
 		if _, _, err := c.get(0); err != nil {
 			t.Fatalf("round %d: first RETRIEVE after the restart: %v", round, err)
 		}
-		r.Recovery = max(r.Recovery, time.Since(start))
+		back := time.Since(start)
+		r.Recovery = max(r.Recovery, back)
 		r.Stored += len(l.acked)
 		r.Durable += len(l.durable)
 		lost := r.Lost
@@ -214,7 +215,7 @@ func sigkillDisk(t testing.TB, o Options, r *Report) {
 		}
 		r.Note("round %d: disk tier before the kill: %d puts, %d evictions, %d removes, %d objects; queues %+v", round, ds.Puts, ds.Evictions, ds.Removes, ds.Objects, qs)
 		r.Note("round %d: %d acknowledged, %d durable, %d after a FLUSH that reported missing chunks, %d in flight at the kill; restart to first answer %v",
-			round, len(l.acked), len(l.durable), len(l.reported), len(l.inFlight), time.Since(start).Round(time.Millisecond))
+			round, len(l.acked), len(l.durable), len(l.reported), len(l.inFlight), back.Round(time.Millisecond))
 		d.Kill()
 	}
 }
