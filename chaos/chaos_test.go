@@ -11,7 +11,8 @@ import (
 
 // The suite runs every fault with a short load by default (CI's budget);
 // KVTIER_CHAOS_DURATION (a Go duration) runs each longer, with more kill
-// rounds, e.g. KVTIER_CHAOS_DURATION=30s go test -run TestSuite ./chaos.
+// rounds, e.g. KVTIER_CHAOS_DURATION=30s go test -run TestSuite ./chaos;
+// KVTIER_CHAOS_REPORT names a file to write the table of figures to.
 func TestMain(m *testing.M) {
 	Child()
 	code := m.Run()
@@ -56,4 +57,9 @@ func TestSuite(t *testing.T) {
 		table.WriteString(r.Row())
 	}
 	t.Logf("\n%s", table.String())
+	if path := os.Getenv("KVTIER_CHAOS_REPORT"); path != "" {
+		if err := os.WriteFile(path, []byte(table.String()), 0o644); err != nil {
+			t.Error(err)
+		}
+	}
 }

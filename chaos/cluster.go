@@ -151,11 +151,17 @@ func clusterKill(t testing.TB, o Options, r *Report) {
 	verify(t, rd, span(0, 16), func(int) bool { return true }, r) // now in d2's RAM
 	// Stores go on for the load time while the controller is dead.
 	deadline := time.Now().Add(o.load())
-	for i := 100; i < 108 || (time.Now().Before(deadline) && i < 600); i++ {
-		if ok, err := w.put(i); !ok {
-			t.Errorf("store %d on d1 with the controller dead: %v", i, err)
+	outage := 100
+	for ; outage < 108 || (time.Now().Before(deadline) && outage < 600); outage++ {
+		if ok, err := w.put(outage); !ok {
+			t.Errorf("store %d on d1 with the controller dead: %v", outage, err)
 		}
 		r.Stored++
+	}
+	durableOutage := false
+	if ok, _, err := w.flush(); err == nil && ok {
+		durableOutage = true
+		r.Durable += outage - 100
 	}
 	restarted := time.Now()
 	c = startController(t, ctrl)
@@ -185,6 +191,7 @@ func clusterKill(t testing.TB, o Options, r *Report) {
 	verify(t, rd, span(18, n), func(int) bool { return true }, r)
 	w = dialTCP(t, d1.TCP, run)
 	verify(t, w, span(0, n), func(int) bool { return true }, r)
+	verify(t, w, span(100, outage), func(int) bool { return durableOutage }, r)
 	if c.cmd.ProcessState != nil {
 		t.Errorf("the controller exited: %v", c.cmd.ProcessState)
 	}
