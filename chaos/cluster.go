@@ -192,8 +192,14 @@ func clusterKill(t testing.TB, o Options, r *Report) {
 	w = dialTCP(t, d1.TCP, run)
 	verify(t, w, span(0, n), func(int) bool { return true }, r)
 	verify(t, w, span(100, outage), func(int) bool { return durableOutage }, r)
-	if c.cmd.ProcessState != nil {
-		t.Errorf("the controller exited: %v", c.cmd.ProcessState)
+	select {
+	case err := <-c.exited:
+		t.Errorf("the restarted controller exited: %v", err)
+	default:
 	}
-	_ = d2
+	if h := tierStats(t, d2, "p2p").Hits; h == 0 {
+		t.Error("d2's P2P tier served nothing")
+	} else {
+		r.Note("d2's P2P tier served %d chunks", h)
+	}
 }
