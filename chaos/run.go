@@ -110,9 +110,15 @@ func (t *runner) SkipNow() {
 	t.mu.Unlock()
 	runtime.Goexit()
 }
-func (t *runner) Skip(args ...any) { t.skipMsg = fmt.Sprint(args...); t.SkipNow() }
+func (t *runner) Skip(args ...any) { t.skip(fmt.Sprint(args...)) }
 func (t *runner) Skipf(format string, args ...any) {
-	t.skipMsg = fmt.Sprintf(format, args...)
+	t.skip(fmt.Sprintf(format, args...))
+}
+func (t *runner) skip(msg string) {
+	t.Log(msg)
+	t.mu.Lock()
+	t.skipMsg = msg
+	t.mu.Unlock()
 	t.SkipNow()
 }
 func (t *runner) Skipped() bool {
@@ -120,7 +126,11 @@ func (t *runner) Skipped() bool {
 	defer t.mu.Unlock()
 	return t.skipped
 }
-func (t *runner) Cleanup(f func()) { t.cleanups = append(t.cleanups, f) }
+func (t *runner) Cleanup(f func()) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.cleanups = append(t.cleanups, f)
+}
 func (t *runner) TempDir() string {
 	dir, err := os.MkdirTemp("", "kvtier-chaos-")
 	if err != nil {
