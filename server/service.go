@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"kvtier/engine"
+	"kvtier/internal/ratelog"
 	"kvtier/kvevents/announce"
 	"kvtier/netallow"
 	"kvtier/wire"
@@ -96,6 +97,7 @@ type Service struct {
 	eng     *engine.Engine
 	opts    ServiceOptions
 	log     *slog.Logger
+	logs    ratelog.Set // lines a hostile or failing peer could repeat per connection
 	metrics *opMetrics
 	pd      *pd
 	tiers   int // the engine's tier count, fixed when it opened (asking allocates)

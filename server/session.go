@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"sync/atomic"
@@ -129,9 +130,9 @@ func (s *session) serve() {
 	s.charge.pool = s.svc.bodies
 	s.rd.Pool = &s.charge
 	defer s.settle()
-	log := s.svc.log.With("peer", s.conn.RemoteAddr().String(), "local", s.local)
+	peer := s.conn.RemoteAddr().String()
 	if err := s.handshake(); err != nil {
-		log.Info("handshake refused", "err", err)
+		s.svc.logs.Log(s.svc.log, slog.LevelInfo, "handshake refused", "peer", peer, "local", s.local, "err", err)
 		return
 	}
 	for {
@@ -146,7 +147,7 @@ func (s *session) serve() {
 		s.busy.Store(true)
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !isClosedErr(err) {
-				log.Info("closing connection", "err", err)
+				s.svc.logs.Log(s.svc.log, slog.LevelInfo, "closing connection", "peer", peer, "local", s.local, "err", err)
 				s.replyError(h.Op, h.ID, &requestError{status: wire.StatusBadRequest, err: err})
 			}
 			return
@@ -158,7 +159,7 @@ func (s *session) serve() {
 		if rerr != nil {
 			s.replyError(h.Op, h.ID, rerr)
 			if rerr.fatal {
-				log.Info("closing connection", "op", h.Op, "err", rerr.err)
+				s.svc.logs.Log(s.svc.log, slog.LevelInfo, "closing connection", "peer", peer, "local", s.local, "op", h.Op, "err", rerr.err)
 				return
 			}
 		}

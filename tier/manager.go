@@ -130,6 +130,7 @@ type lowerTier struct {
 	// failLogEvery: a tier that refuses everything (a full disk, a store
 	// that is down) would otherwise log once per write.
 	failLog *ratelog.Limiter
+	redoLog ratelog.Set // FLUSH's writes again, refused once more: one per chunk
 
 	// Sync's bookkeeping: writes are counted in one of two generations,
 	// so Sync can wait for those queued before it without waiting for

@@ -54,6 +54,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"kvtier/chunk"
+	"kvtier/internal/ratelog"
 	"kvtier/tier"
 	"kvtier/tier/policy"
 )
@@ -171,6 +172,7 @@ type Tier struct {
 	unprobed  bool          // opened on a full file system: probe before writing
 	recheck   time.Duration // recheckEvery; tests shorten it
 	logs      spaceLogs
+	corrupt   ratelog.Set // one line per damaged record read: a bad disk has many
 }
 
 var (
@@ -622,7 +624,7 @@ func (t *Tier) Get(ctx context.Context, key chunk.Key, dst []byte) (int, error) 
 	}
 	n, err := t.finishGet(key, loc, seg, err, bad)
 	if errors.Is(err, tier.ErrCorrupt) {
-		t.log.Warn("dropped corrupt record", "key", key, "segment", loc.seg, "offset", loc.off, "err", bad)
+		t.corrupt.Log(t.log, slog.LevelWarn, "dropped corrupt record", "key", key, "segment", loc.seg, "offset", loc.off, "err", bad)
 	}
 	return n, err
 }
