@@ -139,6 +139,7 @@ type lowerTier struct {
 	gen      atomic.Uint32
 	inflight [2]atomic.Int64
 	missed   missedSet
+	gone     goneSet // lost for good; reported by every Sync until stored again
 }
 
 // failLogEvery is the least time between two log lines about one tier's
@@ -731,6 +732,7 @@ func (m *Manager) Remove(key chunk.Key) bool {
 	found := m.ram.Remove(key)
 	for _, lt := range m.lower {
 		found = Remove(lt.Tier, key) || found
+		lt.gone.forget(func(k chunk.Key) bool { return k == key })
 	}
 	return found
 }
@@ -744,6 +746,9 @@ func (m *Manager) Clear(scope uint64) (removed []int, notCleared []string) {
 	removed = make([]int, 1+len(m.lower))
 	removed[0] = m.ram.Clear(scope)
 	var keys []chunk.Key
+	for _, lt := range m.lower {
+		lt.gone.forget(func(k chunk.Key) bool { return scope == 0 || k.Scope == scope })
+	}
 	for i, lt := range m.lower {
 		l, ok := lt.Tier.(Lister)
 		if _, canRemove := lt.Tier.(Remover); !ok || !canRemove {

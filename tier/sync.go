@@ -24,8 +24,9 @@ type TierSync struct {
 	Redone int
 	// Missing is how many chunks the tier lacks for good: their write was
 	// dropped or refused, and writing them again failed, or they had left
-	// RAM by then (evicted or removed), or there were too many to
-	// remember.
+	// RAM by then, or there were too many to remember. Such a chunk is
+	// counted by every later Sync too, until the tier holds it (stored
+	// again) or it is removed or cleared: each later Sync covers it as well.
 	Missing int
 }
 
@@ -60,6 +61,67 @@ func (s *missedSet) take() (map[chunk.Key]struct{}, int) {
 	keys, lost := s.keys, s.lost
 	s.keys, s.lost = nil, 0
 	return keys, lost
+}
+
+// forget drops the keys match selects: a chunk removed or cleared on
+// purpose is no longer owed to any tier.
+func (s *missedSet) forget(match func(chunk.Key) bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k := range s.keys {
+		if match(k) {
+			delete(s.keys, k)
+		}
+	}
+}
+
+// goneSet is what a lower tier lacks for good: acknowledged chunks whose
+// write was lost and which had left RAM before a Sync could write them
+// again. Unlike missedSet it is not emptied by Sync: every later Sync
+// covers those chunks too and must keep saying they are missing, until the
+// tier holds them or they are removed. overflow counts those beyond
+// maxMissed, which cannot be told apart and so are reported until the
+// daemon restarts.
+type goneSet struct {
+	mu       sync.Mutex
+	keys     map[chunk.Key]struct{}
+	overflow int
+}
+
+func (g *goneSet) add(k chunk.Key) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.keys == nil {
+		g.keys = make(map[chunk.Key]struct{})
+	}
+	if len(g.keys) >= maxMissed {
+		g.overflow++
+		return
+	}
+	g.keys[k] = struct{}{}
+}
+
+// drain empties the set of keys, adds n to the overflow and returns the
+// keys and the overflow from before.
+func (g *goneSet) drain(n int) (map[chunk.Key]struct{}, int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	keys, overflow := g.keys, g.overflow
+	g.keys = nil
+	g.overflow += n
+	return keys, overflow
+}
+
+// forget drops the keys match selects: a chunk removed or cleared on
+// purpose is no longer owed to any tier.
+func (g *goneSet) forget(match func(chunk.Key) bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for k := range g.keys {
+		if match(k) {
+			delete(g.keys, k)
+		}
+	}
 }
 
 // Sync returns once every chunk stored before it was called is in every
@@ -117,18 +179,30 @@ func waitZero(ctx context.Context, n interface{ Load() int64 }) int {
 
 // redo writes again, synchronously, the chunks whose write to lt was
 // dropped or refused, if they are still in RAM and lt still lacks them.
+// Those that left RAM move to lt.gone; those in lt.gone that were stored
+// again since leave it.
 func (m *Manager) redo(ctx context.Context, lt *lowerTier, r *TierSync) {
 	keys, lost := lt.missed.take()
-	r.Missing += lost
+	gone, overflow := lt.gone.drain(lost)
+	r.Missing += overflow + lost
+	if keys == nil && len(gone) > 0 {
+		keys = make(map[chunk.Key]struct{}, len(gone))
+	}
+	for k := range gone {
+		keys[k] = struct{}{}
+	}
 	var id [1]arena.ID
 	for k := range keys {
 		if Contains(lt.Tier, k) {
 			continue // written since, by a later store of the same chunk
 		}
-		if ctx.Err() != nil || m.ram.Acquire([]chunk.Key{k}, id[:]) != 1 {
-			if ctx.Err() != nil {
-				lt.missed.add(k) // for the next Sync
-			}
+		if ctx.Err() != nil {
+			lt.missed.add(k) // for the next Sync
+			r.Missing++
+			continue
+		}
+		if m.ram.Acquire([]chunk.Key{k}, id[:]) != 1 {
+			lt.gone.add(k)
 			r.Missing++
 			continue
 		}

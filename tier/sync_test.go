@@ -112,3 +112,65 @@ func TestSyncReportsWhatItCouldNotFinish(t *testing.T) {
 		t.Fatalf("%d of 3 chunks in the lower tier", got)
 	}
 }
+
+// TestSyncKeepsReportingWhatIsLostForGood: a chunk whose write was refused
+// and which then left RAM is on no lower tier, and every Sync after its
+// store covers it, so every one must count it missing, not only the first
+// — until it is stored again, removed or cleared.
+func TestSyncKeepsReportingWhatIsLostForGood(t *testing.T) {
+	ram := newRAM(t, 16<<20)
+	failing := &failTier{Tier: newRAM(t, 16<<20)}
+	failing.fails.Store(1 << 30)
+	m, _ := tier.NewManager(ram, []tier.Tier{failing}, tier.Options{QueueDepth: 4, Writers: 1, WriteWait: -1})
+	defer m.Close()
+	ctx := context.Background()
+
+	// lose stores k, waits for its write to be refused, then drops it from
+	// RAM only, as an eviction would.
+	lose := func(k chunk.Key, i int) {
+		t.Helper()
+		_, qs := m.Stats()
+		before := qs[0].Failed
+		if _, err := m.Store(ctx, []chunk.Key{k}, [][]byte{payload(i, 4096)}); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for _, qs = m.Stats(); qs[0].Failed == before; _, qs = m.Stats() {
+			if time.Now().After(deadline) {
+				t.Fatal("the lower tier was never asked to write the chunk")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if !ram.Remove(k) {
+			t.Fatalf("%v was not in RAM", k)
+		}
+	}
+	missing := func(want int, when string) {
+		t.Helper()
+		rep, err := m.Sync(ctx)
+		if err != nil || rep[0].Missing != want || rep[0].Pending != 0 {
+			t.Fatalf("Sync %s = %+v, %v; want %d missing", when, rep, err, want)
+		}
+	}
+
+	lose(key(1), 1)
+	missing(1, "after the loss")
+	missing(1, "again: the chunk is still acknowledged and on no disk")
+
+	failing.fails.Store(0)
+	if _, err := m.Store(ctx, []chunk.Key{key(1)}, [][]byte{payload(1, 4096)}); err != nil {
+		t.Fatal(err)
+	}
+	missing(0, "after the chunk was stored again")
+
+	failing.fails.Store(1 << 30)
+	lose(key(2), 2)
+	missing(1, "after a second loss")
+	m.Remove(key(2))
+	missing(0, "after the lost chunk was removed")
+
+	lose(key(3), 3)
+	missing(1, "after a third loss")
+	m.Clear(key(3).Scope)
+	missing(0, "after its scope was cleared")
+}
