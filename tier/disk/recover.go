@@ -4,23 +4,39 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
 
 // recover rebuilds the index from the segment files at Open. Records enter
 // the eviction policy in log order, so after a restart the oldest go first
-// (under LRU and FIFO). Torn tails are cut off, garbage between records is
-// punched out, segments left without records are deleted, and if the files
-// hold more than the capacity (it may have been lowered) the policy's
-// victims are evicted.
+// (under LRU and FIFO). Where a checkpoint vouches for a segment's records
+// (checkpoint.go), only the part written after it is scanned. Torn tails
+// are cut off, garbage between records is punched out, segments left
+// without records are deleted, and if the files hold more than the
+// capacity (it may have been lowered) the policy's victims are evicted.
 func (t *Tier) recover() error {
+	start := time.Now()
 	ids, err := listSegments(t.dir)
+	if err != nil {
+		return err
+	}
+	cp, err := t.takeCheckpoint()
 	if err != nil {
 		return err
 	}
 	w := newWorker(t.opts.BounceSize)
 	var sum scanReport
+	rs := restorer{w: w}
+	if cp != nil {
+		rs.cp, rs.first = cp, make(map[uint64][2]int, len(cp.segs))
+		n := 0
+		for _, e := range cp.segs {
+			rs.first[e.id] = [2]int{n, len(rs.first)}
+			n += e.recs
+		}
+	}
 	for _, id := range ids {
 		seg := &segment{id: id, path: filepath.Join(t.dir, segmentName(id)), fd: -1, ready: make(chan struct{})}
 		close(seg.ready)
@@ -30,16 +46,28 @@ func (t *Tier) recover() error {
 		}
 		seg.fd = fd
 		t.segs[id] = seg
-		rep, err := scan(seg, w, func(h header) error { return t.recoverRecord(seg, h) })
+		from, err := t.restore(&rs, seg, &sum)
+		if err != nil {
+			return fmt.Errorf("disk: restore %s from the checkpoint: %w", seg.path, err)
+		}
+		if from == 0 {
+			t.rec.FullScans++
+		}
+		rep, err := scan(seg, w, from, func(h header) error {
+			t.rec.Scanned++
+			return t.recoverRecord(seg, h)
+		})
 		if err != nil {
 			return fmt.Errorf("disk: scan %s: %w", seg.path, err)
 		}
+		seg.tail = rep.end // a checkpoint lists what lies below
 		sum.records += rep.records
 		sum.skipped += rep.skipped
 		sum.garbage += rep.garbage
 		sum.truncated += rep.truncated
 		t.nextSeg = id + 1
 	}
+	t.rec.Checkpoint = cp != nil
 	evicted := 0
 	for t.used > t.opts.Capacity {
 		i := t.idx.victim(t.now())
@@ -68,8 +96,11 @@ func (t *Tier) recover() error {
 	if sum.garbage > 0 || sum.truncated > 0 {
 		t.log.Warn("repaired segments", "garbage_runs", sum.garbage, "truncated_bytes", sum.truncated)
 	}
+	t.rec.Duration = time.Since(start)
 	t.log.Info("opened", "records", t.idx.live, "used", t.used, "segments", len(t.segs),
-		"direct_io", t.direct, "skipped_bytes", sum.skipped, "evicted", evicted)
+		"direct_io", t.direct, "skipped_bytes", sum.skipped, "evicted", evicted,
+		"checkpoint", t.rec.Checkpoint, "from_checkpoint", t.rec.FromCheckpoint,
+		"scanned", t.rec.Scanned, "took", t.rec.Duration)
 	return nil
 }
 

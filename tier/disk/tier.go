@@ -103,7 +103,16 @@ type Options struct {
 	// order does not persist: after a restart records enter the policy
 	// in log order, oldest first.
 	Policy string
-	Logger *slog.Logger
+	// CheckpointRecords is how many records may be stored after the last
+	// checkpoint of the index before the next one is written, which bounds
+	// what Open must scan after a crash (checkpoint.go); default 16384,
+	// negative: no checkpoints at all, Open scans every segment.
+	CheckpointRecords int
+	// CheckpointInterval also writes a checkpoint this often when the
+	// index changed; default one minute, negative: only by count and at
+	// Close.
+	CheckpointInterval time.Duration
+	Logger             *slog.Logger
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -126,6 +135,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.CheckpointRecords == 0 {
+		o.CheckpointRecords = 16384
+	}
+	if o.CheckpointInterval == 0 {
+		o.CheckpointInterval = time.Minute
 	}
 	switch {
 	case o.DirectIO < DirectAuto || o.DirectIO > DirectOff:
@@ -171,6 +186,17 @@ type Tier struct {
 	unprobed  bool          // opened on a full file system: probe before writing
 	recheck   time.Duration // recheckEvery; tests shorten it
 	logs      spaceLogs
+
+	// Checkpoints: see checkpoint.go.
+	rec       Recovery
+	ckptMu    sync.Mutex        // one checkpoint at a time
+	ckptBuf   []ckptRec         // reused snapshot space, under ckptMu
+	ckptPuts  int               // records stored since the last snapshot, under mu
+	ckptDirty bool              // the index changed since the last snapshot, under mu
+	ckptKick  chan struct{}     // wakes the checkpointer early
+	ckptStop  chan struct{}     // closed by Close
+	ckptDone  chan struct{}     // closed when the checkpointer has stopped
+	ckptHook  func(step string) // tests: called between the steps of writing
 }
 
 var (
@@ -241,6 +267,7 @@ func Open(dir string, opts Options) (*Tier, error) {
 		t.logs.readOnly.Log("at_open", true)
 	}
 	t.sched = newSched(opts.QueueDepth, opts.BounceSize, t.exec)
+	t.startCheckpointer()
 	return t, nil
 }
 
@@ -534,6 +561,7 @@ func (t *Tier) finishPut(r reservation, n int, err error) {
 	t.writing -= r.need
 	if err == nil {
 		t.idx.publish(r.slot)
+		t.notePutLocked()
 		t.st.Puts++
 		t.st.BytesWritten += uint64(n)
 		if o := t.observer(); o != nil {
@@ -744,8 +772,10 @@ func (t *Tier) Close() error {
 	t.closed = true
 	t.space.Broadcast()
 	t.mu.Unlock()
+	t.stopCheckpointer()
 	t.calls.Wait()
 	t.sched.close()
+	t.finalCheckpoint()
 	return t.closeFiles()
 }
 
