@@ -15,7 +15,7 @@ type Recovery struct {
 	Checkpoint     bool          // a valid checkpoint was found and used
 	FromCheckpoint int           // records taken from the checkpoint without reading them
 	Scanned        int           // records found by reading their header blocks
-	FullScans      int           // segments read from their first block
+	FullScans      int           // segments read from their first block: new since the checkpoint, or not matching it
 	Duration       time.Duration // time Open spent rebuilding the index
 }
 
