@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"kvtier/chunk"
+	"kvtier/tier"
 )
 
 // CHECKPOINT FORMAT
@@ -486,4 +487,23 @@ func (t *Tier) writeCheckpointLogged() {
 		return
 	}
 	t.log.Debug("checkpoint written", "took", time.Since(start))
+}
+
+// Checkpoint writes a checkpoint of the index now, besides the ones the
+// tier writes on its own (Options.CheckpointRecords, CheckpointInterval and
+// Close). It fails on a closed tier or one configured without checkpoints.
+func (t *Tier) Checkpoint() error {
+	if t.opts.CheckpointRecords < 0 {
+		return errors.New("disk: checkpoints are turned off")
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return tier.ErrClosed
+	}
+	t.calls.Add(1) // Close waits for us before closing the files
+	t.ckptDirty = false
+	t.mu.Unlock()
+	defer t.calls.Done()
+	return t.checkpointNow()
 }

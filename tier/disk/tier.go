@@ -105,7 +105,7 @@ type Options struct {
 	Policy string
 	// CheckpointRecords is how many records may be stored after the last
 	// checkpoint of the index before the next one is written, which bounds
-	// what Open must scan after a crash (checkpoint.go); default 16384,
+	// what Open must scan after a crash (checkpoint.go); default 8192,
 	// negative: no checkpoints at all, Open scans every segment.
 	CheckpointRecords int
 	// CheckpointInterval also writes a checkpoint this often when the
@@ -137,7 +137,7 @@ func (o Options) withDefaults() (Options, error) {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	if o.CheckpointRecords == 0 {
-		o.CheckpointRecords = 16384
+		o.CheckpointRecords = 8192
 	}
 	if o.CheckpointInterval == 0 {
 		o.CheckpointInterval = time.Minute
