@@ -65,6 +65,7 @@ backend's own client library on the same server. Machines are noisy: read the ra
 	fl.StringVar(&f.Socket, "socket", "", "measure LOOKUPs against the daemon already serving this local socket (another process) instead of one in this process")
 	fl.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	fl.BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.AddCommand(benchScaleCmd())
 	return cmd
 }
 

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"kvtier/chunk"
 )
 
 // recover rebuilds the index from the segment files at Open. Records enter
@@ -30,6 +32,11 @@ func (t *Tier) recover() error {
 	var sum scanReport
 	rs := restorer{w: w}
 	if cp != nil {
+		// Size the index for what the checkpoint lists: growing a map of
+		// a million keys step by step costs a third of the restore.
+		listed := len(cp.recs) / ckptRecLen
+		t.idx.byKey = make(map[chunk.Key]int32, listed+listed/8)
+		t.idx.slots = make([]slot, 1, listed+listed/8+1)
 		rs.cp, rs.first = cp, make(map[uint64][2]int, len(cp.segs))
 		n := 0
 		for _, e := range cp.segs {
