@@ -209,6 +209,11 @@ func (t *Tier) snapshotLocked(recs []ckptRec) (*ckptSnapshot, error) {
 	s := &ckptSnapshot{nextSeg: t.nextSeg, recs: recs[:0]}
 	from := make(map[uint64]int64, len(t.segs))
 	for id, seg := range t.segs {
+		select {
+		case <-seg.ready: // fd and openErr are set once ready is closed
+		default:
+			continue
+		}
 		if seg.retiring || seg.failed || seg.fd < 0 || seg.openErr != nil {
 			continue
 		}

@@ -4,7 +4,9 @@
 // Chunks are appended as self-describing records (see FORMAT in format.go)
 // to segment files in one directory. Each record carries its key, its
 // location and checksums of header and payload, so the in-memory index can
-// be rebuilt after a restart by reading only the header blocks, and no torn,
+// be rebuilt after a restart by reading only the header blocks — and only
+// those written after the last checkpoint of the index (checkpoint.go),
+// which the tier writes every few thousand records and at Close — and no torn,
 // misplaced or bit-rotted record is ever handed out: every Get verifies the
 // payload against its xxh3 checksum and drops a record that fails.
 //
