@@ -94,14 +94,6 @@ type ckptSeg struct {
 	recs     int // record entries for this segment
 }
 
-// ckptRec is one record entry, tagged with its segment number.
-type ckptRec struct {
-	key  chunk.Key
-	seg  uint64
-	off  int64
-	size int64
-}
-
 // checkpoint is a decoded, structurally valid checkpoint. Records stay in
 // their encoded form until recovery walks them.
 type checkpoint struct {
@@ -197,17 +189,18 @@ func checkRecs(c *checkpoint, first int, s ckptSeg) error {
 type ckptSnapshot struct {
 	nextSeg uint64
 	segs    []ckptSeg
-	held    []*segment // segments referenced (refs) until the file is written
-	recs    []ckptRec
+	held    []*segment       // segments referenced (refs) until the file is written
+	from    map[uint64]int64 // scan-from offsets, by segment number
+	recs    []slot           // a copy of the index's slots; then the records listed
 }
 
-// snapshotLocked copies the index for a checkpoint. Segments whose file is
-// not open yet, that failed or that are being deleted are left out (Open
-// scans them in full); the others are referenced so that they cannot be
-// deleted before the checkpoint is written.
-func (t *Tier) snapshotLocked(recs []ckptRec) (*ckptSnapshot, error) {
-	s := &ckptSnapshot{nextSeg: t.nextSeg, recs: recs[:0]}
-	from := make(map[uint64]int64, len(t.segs))
+// snapshotLocked copies the index for a checkpoint: only a memmove of the
+// slots happens under the lock, the rest is settle's. Segments whose file
+// is not open yet, that failed or that are being deleted are left out
+// (Open scans them in full); the others are referenced so that they cannot
+// be deleted before the checkpoint is written.
+func (t *Tier) snapshotLocked(buf []slot) (*ckptSnapshot, error) {
+	s := &ckptSnapshot{nextSeg: t.nextSeg, from: make(map[uint64]int64, len(t.segs))}
 	for id, seg := range t.segs {
 		select {
 		case <-seg.ready: // fd and openErr are set once ready is closed
@@ -219,32 +212,41 @@ func (t *Tier) snapshotLocked(recs []ckptRec) (*ckptSnapshot, error) {
 		}
 		var st unix.Stat_t
 		if err := unix.Fstat(seg.fd, &st); err != nil {
+			for _, h := range s.held {
+				h.refs--
+			}
 			return nil, fmt.Errorf("stat %s: %w", seg.path, err)
 		}
-		from[id] = seg.tail
+		s.from[id] = seg.tail
 		s.segs = append(s.segs, ckptSeg{id: id, ino: st.Ino})
-	}
-	for i := range t.idx.slots {
-		sl := &t.idx.slots[i]
-		if sl.state == slotWriting {
-			if f, ok := from[sl.seg]; ok && sl.off < f {
-				from[sl.seg] = sl.off
-			}
-		}
-	}
-	for i := range t.idx.slots {
-		sl := &t.idx.slots[i]
-		if _, ok := from[sl.seg]; ok && sl.state == slotLive {
-			s.recs = append(s.recs, ckptRec{key: sl.key, seg: sl.seg, off: sl.off, size: sl.size})
-		}
-	}
-	for i := range s.segs {
-		seg := t.segs[s.segs[i].id]
 		seg.refs++
 		s.held = append(s.held, seg)
-		s.segs[i].scanFrom = from[seg.id]
 	}
+	s.recs = append(buf[:0], t.idx.slots...)
 	return s, nil
+}
+
+// settle turns the copied slots into the records to list: a segment's
+// scan-from offset is its end, or the offset of its earliest record still
+// being written, and only live records of listed segments stay.
+func (s *ckptSnapshot) settle() {
+	for i := range s.recs {
+		sl := &s.recs[i]
+		if f, ok := s.from[sl.seg]; ok && sl.state == slotWriting && sl.off < f {
+			s.from[sl.seg] = sl.off
+		}
+	}
+	n := 0
+	for _, sl := range s.recs {
+		if _, ok := s.from[sl.seg]; ok && sl.state == slotLive {
+			s.recs[n] = sl
+			n++
+		}
+	}
+	s.recs = s.recs[:n]
+	for i := range s.segs {
+		s.segs[i].scanFrom = s.from[s.segs[i].id]
+	}
 }
 
 // checkpointNow writes a checkpoint of the index. Puts, Gets and evictions
@@ -260,7 +262,8 @@ func (t *Tier) checkpointNow() error {
 		return err
 	}
 	defer t.releaseSnapshot(snap)
-	t.ckptBuf = snap.recs
+	t.ckptBuf = snap.recs[:0]
+	snap.settle()
 	if t.opts.Sync == SyncNone {
 		// Listed records must be on disk before the list is.
 		for _, seg := range snap.held {
@@ -294,7 +297,7 @@ func writeCheckpoint(dir string, snap *ckptSnapshot, hook func(string)) error {
 	}
 	slices.SortFunc(snap.segs, func(a, b ckptSeg) int { return cmpU64(a.id, b.id) })
 	recs := snap.recs
-	slices.SortFunc(recs, func(a, b ckptRec) int {
+	slices.SortFunc(recs, func(a, b slot) int {
 		if c := cmpU64(a.seg, b.seg); c != 0 {
 			return c
 		}

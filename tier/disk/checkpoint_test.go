@@ -213,6 +213,17 @@ func TestBadCheckpointFallsBack(t *testing.T) {
 			cp[len(cp)-ckptTrailerLen-len(c.recs)] ^= 1 // the first record's key
 			writeFile(t, filepath.Join(dir, checkpointName), resum(cp))
 		},
+		"key listed twice": func(t *testing.T, dir string, cp []byte) {
+			// Well-formed, and the headers checked match, but the
+			// second record entry repeats the first one's key.
+			c, err := decodeCheckpoint(cp)
+			if err != nil || c.segs[0].recs < 3 {
+				t.Fatalf("%v, %+v", err, c.segs)
+			}
+			recs := len(cp) - ckptTrailerLen - len(c.recs)
+			copy(cp[recs+ckptRecLen:recs+ckptRecLen+24], cp[recs:recs+24])
+			writeFile(t, filepath.Join(dir, checkpointName), resum(cp))
+		},
 	}
 	for name, damage := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -199,7 +199,7 @@ type Tier struct {
 	// Checkpoints: see checkpoint.go.
 	rec       Recovery
 	ckptMu    sync.Mutex        // one checkpoint at a time
-	ckptBuf   []ckptRec         // reused snapshot space, under ckptMu
+	ckptBuf   []slot            // reused snapshot space, under ckptMu
 	ckptPuts  int               // records stored since the last snapshot, under mu
 	ckptDirty bool              // the index changed since the last snapshot, under mu
 	ckptKick  chan struct{}     // wakes the checkpointer early
