@@ -41,8 +41,10 @@ type DiskRow struct {
 	FullScan      time.Duration
 	CleanStop     time.Duration
 	Crash         time.Duration
-	CrashScanned  int // records the crash recovery read from the log
-	CleanScanned  int // records the clean-stop recovery read (0 expected)
+	CleanCPU      time.Duration // CPU time (user + system, all threads) of the clean-stop Open
+	CrashCPU      time.Duration // the same for the crash
+	CrashScanned  int           // records the crash recovery read from the log
+	CleanScanned  int           // records the clean-stop recovery read (0 expected)
 	CleanFromCkpt int
 }
 
@@ -84,25 +86,25 @@ func Disk(ctx context.Context, dir string, counts []int, tail int, log io.Writer
 			return rows, err
 		}
 		row := DiskRow{Records: n}
-		rec, err := timedOpen(dir, nil)
+		rec, cpu, err := timedOpen(dir, nil)
 		if err != nil {
 			return rows, err
 		}
-		row.Crash, row.CrashScanned = rec.Duration, rec.Scanned
+		row.Crash, row.CrashScanned, row.CrashCPU = rec.Duration, rec.Scanned, cpu
 		st, err := os.Stat(filepath.Join(dir, "CHECKPOINT"))
 		if err != nil {
 			return rows, fmt.Errorf("after the clean stop: %w", err)
 		}
 		row.CheckpointB = float64(st.Size()) / float64(n)
-		rec, err = timedOpen(dir, &row.IndexBytes)
+		rec, cpu, err = timedOpen(dir, &row.IndexBytes)
 		if err != nil {
 			return rows, err
 		}
-		row.CleanStop, row.CleanScanned, row.CleanFromCkpt = rec.Duration, rec.Scanned, rec.FromCheckpoint
+		row.CleanStop, row.CleanScanned, row.CleanFromCkpt, row.CleanCPU = rec.Duration, rec.Scanned, rec.FromCheckpoint, cpu
 		if err := os.Remove(filepath.Join(dir, "CHECKPOINT")); err != nil {
 			return rows, err
 		}
-		rec, err = timedOpen(dir, nil)
+		rec, _, err = timedOpen(dir, nil)
 		if err != nil {
 			return rows, err
 		}
@@ -117,18 +119,21 @@ func Disk(ctx context.Context, dir string, counts []int, tail int, log io.Writer
 }
 
 // timedOpen drops the tier's files from the page cache, opens it, checks
-// that it holds what it should, and closes it (writing a checkpoint). If
-// heap is set, it receives the heap bytes per record the open tier holds.
-func timedOpen(dir string, heap *float64) (disk.Recovery, error) {
+// that it holds what it should, and closes it (writing a checkpoint). It
+// returns how Open recovered and the process CPU time Open took; if heap is
+// set, it receives the heap bytes per record the open tier holds.
+func timedOpen(dir string, heap *float64) (disk.Recovery, time.Duration, error) {
 	dropCache(dir)
 	var before runtime.MemStats
 	if heap != nil {
 		runtime.GC()
 		runtime.ReadMemStats(&before)
 	}
+	cpu0 := cpuTime()
 	d, err := disk.Open(dir, diskOptions())
+	cpu := cpuTime() - cpu0
 	if err != nil {
-		return disk.Recovery{}, err
+		return disk.Recovery{}, 0, err
 	}
 	defer d.Close()
 	rec := d.Recovered()
@@ -140,9 +145,18 @@ func timedOpen(dir string, heap *float64) (disk.Recovery, error) {
 		*heap = (float64(after.HeapAlloc) - float64(before.HeapAlloc)) / float64(st.Objects)
 	}
 	if !d.Contains(scaleKey(0)) || !d.Contains(scaleKey(uint64(st.Objects-1))) {
-		return rec, errors.New("disk: a stored record is missing after the restart")
+		return rec, cpu, errors.New("disk: a stored record is missing after the restart")
 	}
-	return rec, nil
+	return rec, cpu, nil
+}
+
+// cpuTime is the process's user and system time so far.
+func cpuTime() time.Duration {
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // dropCache asks the kernel to forget the cached pages of dir's files, so

@@ -134,13 +134,13 @@ func (r *Result) Print(w io.Writer) {
 	if len(r.Disk) > 0 {
 		fmt.Fprintln(w, "Disk tier restart (512-byte payloads, page cache emptied of the tier's files before each Open):")
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, "| records | full scan | µs/record | clean stop | µs/record | crash (SIGKILL) | log records read | µs/record | full/clean | index heap B/record | checkpoint B/record |")
-		fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+		fmt.Fprintln(w, "| records | full scan | µs/record | clean stop | µs/record | CPU | crash (SIGKILL) | log records read | µs/record | CPU | full/clean | index heap B/record | checkpoint B/record |")
+		fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 		for _, d := range r.Disk {
-			fmt.Fprintf(w, "| %d | %v | %.1f | %v | %.2f | %v | %d | %.2f | %.0f× | %.0f | %.0f |\n", d.Records,
+			fmt.Fprintf(w, "| %d | %v | %.1f | %v | %.2f | %v | %v | %d | %.2f | %v | %.0f× | %.0f | %.0f |\n", d.Records,
 				d.FullScan.Round(time.Millisecond), d.PerRecord(d.FullScan),
-				d.CleanStop.Round(time.Millisecond), d.PerRecord(d.CleanStop),
-				d.Crash.Round(time.Millisecond), d.CrashScanned, d.PerRecord(d.Crash),
+				d.CleanStop.Round(time.Millisecond), d.PerRecord(d.CleanStop), d.CleanCPU.Round(time.Millisecond),
+				d.Crash.Round(time.Millisecond), d.CrashScanned, d.PerRecord(d.Crash), d.CrashCPU.Round(time.Millisecond),
 				float64(d.FullScan)/float64(d.CleanStop), d.IndexBytes, d.CheckpointB)
 		}
 		fmt.Fprintln(w)
