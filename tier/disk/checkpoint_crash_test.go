@@ -19,7 +19,8 @@ func crashCkptOptions(o Options) Options {
 // TestCrashDuringCheckpoint SIGKILLs children that write a checkpoint
 // every five records, each time at a step of writing one (after the
 // temporary file is written, after it is synced, after the rename, after
-// the directory sync), alternating plain runs and eviction churn. Whatever
+// the directory sync), alternating plain runs and eviction churn, with
+// O_DIRECT and through the page cache. Whatever
 // checkpoint the kill leaves, acknowledged Puts must read back exactly,
 // acknowledged Removes must stay removed, and nothing may read back wrong.
 func TestCrashDuringCheckpoint(t *testing.T) {
@@ -48,7 +49,11 @@ func TestCrashDuringCheckpoint(t *testing.T) {
 			}
 			return false
 		}
-		seen := runCrashChildUntil(t, dir, base, DirectAuto, churn, true, kill, false, 0, put, removed)
+		mode := DirectAuto
+		if trial%3 == 2 {
+			mode = DirectOff // through the page cache
+		}
+		seen := runCrashChildUntil(t, dir, base, mode, churn, true, kill, false, 0, put, removed)
 		if seenCkpt >= nth {
 			atStep[step]++
 		}
