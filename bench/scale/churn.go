@@ -1,6 +1,7 @@
 package scale
 
 import (
+	"runtime"
 	"time"
 
 	"kvtier/tier/policy"
@@ -40,7 +41,7 @@ func Churn(counts []int, rounds int) ([]ChurnRow, error) {
 }
 
 // churnTime fills a tier of capacity pages with n chunks and returns the
-// best over rounds of the mean time to store n/2 more (a fresh tier each
+// best over rounds of the mean CPU time to store n/2 more (a fresh tier each
 // round).
 func churnTime(name string, capacity, n, rounds int) (time.Duration, error) {
 	best := time.Duration(1 << 62)
@@ -54,9 +55,11 @@ func churnTime(name string, capacity, n, rounds int) (time.Duration, error) {
 			a.Close()
 			return 0, err
 		}
-		start := time.Now()
+		runtime.LockOSThread()
+		start := threadCPU()
 		err = insert(t, a, n, n+m)
-		d := time.Since(start) / time.Duration(m)
+		d := (threadCPU() - start) / time.Duration(m)
+		runtime.UnlockOSThread()
 		a.Close()
 		if err != nil {
 			return 0, err
