@@ -686,3 +686,25 @@ func TestSizeSetMatchesASortedSlice(t *testing.T) {
 		}
 	}
 }
+
+// The arena's fd goes to every local client; a client that could shrink it
+// would make the daemon's next touch of the cut pages a SIGBUS.
+func TestFdIsSealedAgainstResizing(t *testing.T) {
+	a, err := New(Options{Name: "seal-test", Capacity: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	for _, size := range []int64{0, 1 << 20, 8 << 20} {
+		if err := unix.Ftruncate(a.Fd(), size); !errors.Is(err, unix.EPERM) {
+			t.Errorf("ftruncate(arena fd, %d) = %v, want EPERM", size, err)
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(a.Fd(), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Size != 4<<20 {
+		t.Errorf("arena file is %d bytes after the refused resizes, want %d", st.Size, 4<<20)
+	}
+}

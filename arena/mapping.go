@@ -55,7 +55,7 @@ func mapShared(name string, capacity int64, hugePages bool) (mem []byte, fd int,
 		}
 		b.Fallback = err
 	}
-	mem, fd, err = mapMemfd(name, capacity, unix.MFD_CLOEXEC)
+	mem, fd, err = mapMemfd(name, capacity, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, -1, b, err
 	}
@@ -75,7 +75,7 @@ func mapHugeTLB(name string, capacity int64) ([]byte, int, error) {
 	if capacity%size != 0 {
 		return nil, -1, fmt.Errorf("hugetlb: capacity %d is not a multiple of the huge page size %d", capacity, size)
 	}
-	mem, fd, err := mapMemfd(name, capacity, unix.MFD_CLOEXEC|unix.MFD_HUGETLB)
+	mem, fd, err := mapMemfd(name, capacity, unix.MFD_CLOEXEC|unix.MFD_HUGETLB|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, -1, fmt.Errorf("hugetlb: %w", err)
 	}
@@ -90,6 +90,14 @@ func mapMemfd(name string, capacity int64, flags int) ([]byte, int, error) {
 	if err := unix.Ftruncate(fd, capacity); err != nil {
 		unix.Close(fd)
 		return nil, -1, fmt.Errorf("ftruncate memfd to %d bytes: %w", capacity, err)
+	}
+	// The fd is handed to every local client. Unsealed, a client could
+	// shrink the file under the daemon's mapping and the daemon's next
+	// touch of the cut pages would be a SIGBUS; the seals make its
+	// ftruncate fail with EPERM instead.
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		unix.Close(fd)
+		return nil, -1, fmt.Errorf("sealing memfd against resizing: %w", err)
 	}
 	mem, err := unix.Mmap(fd, 0, int(capacity), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {

@@ -56,6 +56,8 @@ type Options struct {
 	// Socket, when set, measures LOOKUPs against the daemon serving this
 	// local socket (another process) instead of one served in this process.
 	Socket string
+	// LookupsOnly measures the lookup rates and their baselines alone.
+	LookupsOnly bool
 }
 
 // Report is what Run measured, and what `kvtier bench --json` prints.
@@ -88,6 +90,8 @@ type Report struct {
 	VLLMBlockTokens  int     `json:"hash_vllm_block_tokens"`
 	SGLangPageTokens int     `json:"hash_sglang_page_tokens"`
 
+	LookupsOnly bool `json:"lookups_only,omitempty"` // --lookups-only: only Daemon's lookup rates were measured
+
 	Daemon *DaemonReport   `json:"daemon,omitempty"`
 	Remote []*RemoteReport `json:"remote,omitempty"`
 	Codecs []codec.Report  `json:"codecs,omitempty"`
@@ -110,7 +114,10 @@ func Run(ctx context.Context, f Options, progress io.Writer) (*Report, error) {
 	if chunkBytes <= 0 {
 		return nil, fmt.Errorf("chunk shape gives %d bytes", chunkBytes)
 	}
-	r := &Report{ChunkBytes: chunkBytes, Chunks: f.Chunks}
+	r := &Report{ChunkBytes: chunkBytes, Chunks: f.Chunks, LookupsOnly: f.LookupsOnly}
+	if f.LookupsOnly {
+		return r, benchLookupsOnly(ctx, f, r, progress)
+	}
 	fmt.Fprintf(progress, "chunk %d bytes × %d chunks, best of %d rounds\n", chunkBytes, f.Chunks, f.Rounds)
 
 	src, err := mapBuffers(f.Chunks, chunkBytes)

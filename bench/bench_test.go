@@ -40,7 +40,8 @@ func TestRunSmallShape(t *testing.T) {
 	if d := r.Daemon; d == nil || !(d.PDPushGBps > 0) || !(d.PDStreamGBps > 0) || !(d.PDPushRatio > 0) {
 		t.Errorf("PD figures not measured: %+v", r.Daemon)
 	}
-	for _, row := range []string{"RAM tier store", "disk tier read", "local protocol", "TCP protocol", "P2P retrieve", "P2P retrieve via controller", "PD push"} {
+	checkLookupRates(t, r.Daemon)
+	for _, row := range []string{"RAM tier store", "disk tier read", "local protocol", "TCP protocol", "P2P retrieve", "P2P retrieve via controller", "PD push", "LOOKUP_BATCH"} {
 		if !strings.Contains(table.String(), row) {
 			t.Errorf("printed report has no %q row:\n%s", row, table.String())
 		}
@@ -56,5 +57,44 @@ func TestRunRejectsBadOptions(t *testing.T) {
 		if _, err := Run(context.Background(), f, &bytes.Buffer{}); err == nil {
 			t.Errorf("Run(%+v) accepted bad options", f)
 		}
+	}
+}
+
+// checkLookupRates wants every lookup rate and its baselines measured.
+func checkLookupRates(t *testing.T, d *DaemonReport) {
+	t.Helper()
+	if d == nil {
+		t.Fatal("no daemon report")
+	}
+	for name, v := range map[string]float64{"empty round trips": d.EmptyRoundTrips, "same-bytes round trips": d.SameBytesRoundTrips,
+		"pings": d.PingsPerSec, "lookups": d.LookupsPerSec, "batched lookups": d.BatchLookupsPerSec,
+		"lookups, request buffer": d.SharedLookupsPerSec, "batched lookups, request buffer": d.SharedBatchLookupsPerSec,
+		"lookup ratio": d.LookupRatio, "batch ratio": d.BatchRatio, "p50": d.LookupP50Micros} {
+		if !(v > 0) {
+			t.Errorf("%s = %v, want a positive measurement", name, v)
+		}
+	}
+}
+
+// TestLookupsOnly measures the lookup rates alone and prints only them.
+func TestLookupsOnly(t *testing.T) {
+	f := Options{Layers: 2, Heads: 2, HeadDim: 64, Tokens: 256, DType: "bf16", Chunks: 1, Rounds: 1, LookupsOnly: true}
+	r, err := Run(context.Background(), f, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkLookupRates(t, r.Daemon)
+	if r.RAMStoreGBps != 0 || r.Daemon.LocalStoreGBps != 0 {
+		t.Error("--lookups-only measured more than lookups")
+	}
+	var out bytes.Buffer
+	r.Print(&out)
+	for _, row := range []string{"empty round trips (baseline)", "LOOKUP ", "LOOKUP_BATCH of 16", "request buffer"} {
+		if !strings.Contains(out.String(), row) {
+			t.Errorf("no %q row in:\n%s", row, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "RAM tier") {
+		t.Errorf("--lookups-only printed other measurements:\n%s", out.String())
 	}
 }

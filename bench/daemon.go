@@ -8,9 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
-	"sync"
-	"time"
 
 	"kvtier/chunk"
 	"kvtier/client"
@@ -33,6 +30,31 @@ type DaemonReport struct {
 	LookupsPerSec   float64 `json:"lookups_per_sec"`
 	LookupP50Micros float64 `json:"lookup_p50_us"`
 	LookupP99Micros float64 `json:"lookup_p99_us"`
+	// The baseline of the lookup rates, from as many clients on the same
+	// kind of socket in the same rounds (see lookuprate.go): round trips
+	// of empty frames with an echo server. Beside it, round trips of
+	// frames as long as LOOKUP's request and reply, and PINGs through the
+	// daemon. Every ratio is a median of per-slice ratios to the empty
+	// round trips measured just before (lookups over round trips).
+	EmptyRoundTrips float64 `json:"empty_round_trips_per_sec"`
+	// CPU time of the bench's process (clients, daemon, echo server) per
+	// operation, median over slices, by kind: what each costs whatever
+	// else runs on the machine. EmptyCPUMicros is the empty round trip's.
+	EmptyCPUMicros      float64            `json:"empty_round_trip_cpu_us"`
+	CPUMicros           map[string]float64 `json:"cpu_us_per_op"`
+	SameBytesRoundTrips float64            `json:"same_bytes_round_trips_per_sec"`
+	SameBytesRatio      float64            `json:"same_bytes_ratio"`
+	PingsPerSec         float64            `json:"pings_per_sec"`
+	PingRatio           float64            `json:"ping_ratio"`
+	LookupRatio         float64            `json:"lookup_ratio"` // LOOKUPs / empty round trips
+	BatchSize           int                `json:"lookup_batch_size"`
+	BatchLookupsPerSec  float64            `json:"batch_lookups_per_sec"` // lookups, not frames
+	BatchRatio          float64            `json:"batch_ratio"`           // batched lookups / empty round trips
+	// The same with the tokens in a request buffer (wire.KindShared).
+	SharedLookupsPerSec      float64 `json:"shared_lookups_per_sec"`
+	SharedLookupRatio        float64 `json:"shared_lookup_ratio"`
+	SharedBatchLookupsPerSec float64 `json:"shared_batch_lookups_per_sec"`
+	SharedBatchRatio         float64 `json:"shared_batch_ratio"`
 
 	TCPStreamGBps    float64 `json:"tcp_stream_gbps"`
 	TCPStoreGBps     float64 `json:"tcp_store_gbps"`
@@ -66,8 +88,8 @@ func benchDaemon(ctx context.Context, f Options, r *Report, src, dst [][]byte, p
 	if f.Socket != "" {
 		d := &DaemonReport{External: true}
 		r.Daemon = d
-		fmt.Fprintf(progress, "daemon at %s: lookups from concurrent clients ...\n", f.Socket)
-		return benchLookups(ctx, f, d, f.Socket)
+		fmt.Fprintf(progress, "daemon at %s: lookups from concurrent clients, empty round trips ...\n", f.Socket)
+		return benchLookups(ctx, d, f.Socket)
 	}
 	total := int64(f.Chunks * r.ChunkBytes)
 	eng, err := engine.Open(engine.Options{ChunkSize: f.Tokens, RAMBytes: 2*total + int64(r.ChunkBytes), Policy: "LRU", Prefault: true})
@@ -100,8 +122,8 @@ func benchDaemon(ctx context.Context, f Options, r *Report, src, dst [][]byte, p
 	if err := benchLocal(ctx, f, r, d, sock, src, dst); err != nil {
 		return fmt.Errorf("local protocol: %w", err)
 	}
-	fmt.Fprintln(progress, "daemon: lookups from concurrent clients ...")
-	if err := benchLookups(ctx, f, d, sock); err != nil {
+	fmt.Fprintln(progress, "daemon: lookups from concurrent clients, empty round trips ...")
+	if err := benchLookups(ctx, d, sock); err != nil {
 		return fmt.Errorf("lookups: %w", err)
 	}
 	fmt.Fprintln(progress, "daemon: TCP protocol and a plain TCP stream ...")
@@ -222,85 +244,6 @@ func localRetrieve(ctx context.Context, c *client.Client, keys wire.Keys, dst []
 	return c.Release(ctx, slots.Lease)
 }
 
-// benchLookups runs LOOKUPs of a cached 4,096-token prompt from several
-// clients at once for a fixed time and reports the rate and latencies.
-func benchLookups(ctx context.Context, f Options, d *DaemonReport, sock string) error {
-	const clients, promptTokens, duration = 4, 4096, time.Second
-	d.LookupClients, d.LookupPrompt = clients, promptTokens
-	tokens := benchTokens(promptTokens, 77)
-	// Store the prompt's chunks (small ones: only the lookup is measured).
-	setup, err := client.DialUnix(ctx, sock, client.Options{})
-	if err != nil {
-		return err
-	}
-	h, err := setup.Scope(ctx, benchScope)
-	if err != nil {
-		setup.Close()
-		return err
-	}
-	n := (promptTokens + f.Tokens - 1) / f.Tokens
-	small := make([][]byte, n)
-	for i := range small {
-		small[i] = make([]byte, 4096)
-	}
-	_, err = setup.Store(ctx, client.Tokens(h, tokens, 0), small)
-	setup.Close()
-	if err != nil {
-		return err
-	}
-
-	lat := make([][]time.Duration, clients)
-	errs := make([]error, clients)
-	var wg sync.WaitGroup
-	start := time.Now()
-	for i := range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = lookupLoop(ctx, sock, tokens, n, start.Add(duration), &lat[i])
-		}()
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	all := slices.Concat(lat...)
-	slices.Sort(all)
-	d.LookupsPerSec = float64(len(all)) / elapsed.Seconds()
-	d.LookupP50Micros = float64(all[len(all)/2].Nanoseconds()) / 1e3
-	d.LookupP99Micros = float64(all[len(all)*99/100].Nanoseconds()) / 1e3
-	return nil
-}
-
-func lookupLoop(ctx context.Context, sock string, tokens []uint32, wantChunks int, until time.Time, lat *[]time.Duration) error {
-	c, err := client.DialUnix(ctx, sock, client.Options{})
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	h, err := c.Scope(ctx, benchScope)
-	if err != nil {
-		return err
-	}
-	keys := client.Tokens(h, tokens, 0)
-	*lat = make([]time.Duration, 0, 1<<18)
-	for {
-		t0 := time.Now()
-		if t0.After(until) {
-			return nil
-		}
-		hit, err := c.Lookup(ctx, keys, 0)
-		if err != nil {
-			return err
-		}
-		if int(hit.Chunks) != wantChunks {
-			return fmt.Errorf("lookup hit %d of %d chunks", hit.Chunks, wantChunks)
-		}
-		*lat = append(*lat, time.Since(t0))
-	}
-}
-
 // benchTCP times STORE and RETRIEVE over loopback TCP next to a plain TCP
 // stream of the same bytes, measured in the same round.
 func benchTCP(ctx context.Context, f Options, r *Report, d *DaemonReport, addr string, src, dst [][]byte) error {
@@ -411,8 +354,8 @@ func plainTCPStream(src, dst [][]byte) (float64, error) {
 
 func printDaemon(w io.Writer, d *DaemonReport) {
 	if d.External {
-		fmt.Fprintf(w, "\nLOOKUP of a %d-token prompt against the daemon at --socket, %d clients: %.0f/s, p50 %.1f µs, p99 %.1f µs\n",
-			d.LookupPrompt, d.LookupClients, d.LookupsPerSec, d.LookupP50Micros, d.LookupP99Micros)
+		fmt.Fprintf(w, "\nagainst the daemon at --socket:\n")
+		printLookupRates(w, d)
 		return
 	}
 	fmt.Fprintf(w, "\nthrough the daemon (in this process; client and daemon share the machine's cores):\n")
@@ -423,6 +366,28 @@ func printDaemon(w io.Writer, d *DaemonReport) {
 	fmt.Fprintf(w, "%-28s %10.2f %10.2f %8.2f  (baseline: plain loopback TCP stream, same rounds)\n", "P2P retrieve (peer's RAM)", d.P2PRetrieveGBps, d.P2PStreamGBps, d.P2PRetrieveRatio)
 	fmt.Fprintf(w, "%-28s %10.2f %10.2f %8.2f  (peer found through a controller, same rounds)\n", "P2P retrieve via controller", d.P2PCtrlRetrieveGBps, d.P2PStreamGBps, d.P2PCtrlRetrieveRatio)
 	fmt.Fprintf(w, "%-28s %10.2f %10.2f %8.2f  (baseline: plain loopback TCP stream, same rounds)\n", "PD push (daemon to daemon)", d.PDPushGBps, d.PDStreamGBps, d.PDPushRatio)
-	fmt.Fprintf(w, "LOOKUP of a %d-token prompt, %d clients: %.0f/s, p50 %.1f µs, p99 %.1f µs\n",
-		d.LookupPrompt, d.LookupClients, d.LookupsPerSec, d.LookupP50Micros, d.LookupP99Micros)
+	printLookupRates(w, d)
+}
+
+// printLookupRates writes the lookup rates beside the empty round trips
+// of the same run.
+func printLookupRates(w io.Writer, d *DaemonReport) {
+	fmt.Fprintf(w, "\n%d clients on the local socket, cached %d-token prompts; per second (median of slices), and ratio to the empty round trips just before (median):\n", d.LookupClients, d.LookupPrompt)
+	fmt.Fprintf(w, "%-34s %10s %8s %8s %8s\n", "", "per s", "ratio", "CPU µs", "CPU rt")
+	row := func(name, kind string, v, ratio float64, note string) {
+		cpu := d.CPUMicros[kind]
+		fmt.Fprintf(w, "%-34s %10.0f %8.2f %8.2f %8.2f  %s\n", name, v, ratio, cpu, d.EmptyCPUMicros/cpu, note)
+	}
+	row("empty round trips (baseline)", "empty", d.EmptyRoundTrips, 1, "16-byte frames with an echo server")
+	row("same-bytes round trips", "same bytes", d.SameBytesRoundTrips, d.SameBytesRatio, "frames as long as LOOKUP's, same echo server")
+	row("PING through the daemon", "ping", d.PingsPerSec, d.PingRatio, "")
+	row("LOOKUP", "lookup", d.LookupsPerSec, d.LookupRatio, fmt.Sprintf("p50 %.1f µs, p99 %.1f µs", d.LookupP50Micros, d.LookupP99Micros))
+	row(fmt.Sprintf("LOOKUP_BATCH of %d (lookups)", d.BatchSize), "batch", d.BatchLookupsPerSec, d.BatchRatio, "")
+	row("LOOKUP, request buffer", "lookup, request buffer", d.SharedLookupsPerSec, d.SharedLookupRatio, "tokens copied into shared memory, not sent")
+	row(fmt.Sprintf("LOOKUP_BATCH of %d, request buffer", d.BatchSize), "batch, request buffer", d.SharedBatchLookupsPerSec, d.SharedBatchRatio, "")
+	if d.External {
+		fmt.Fprintf(w, "(CPU µs: this process's CPU time per operation, clients and echo server: the daemon at --socket is not counted, so CPU rt says little)\n")
+		return
+	}
+	fmt.Fprintf(w, "(CPU µs: this process's CPU time per operation, clients, daemon and echo server together; CPU rt: the empty round trip's over it)\n")
 }

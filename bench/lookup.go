@@ -93,6 +93,10 @@ func nsPerUnit(units int, fn func()) float64 {
 
 // Print writes r as a table, each figure beside its baseline.
 func (r *Report) Print(w io.Writer) {
+	if r.LookupsOnly {
+		printLookupRates(w, r.Daemon)
+		return
+	}
 	fmt.Fprintf(w, "chunk: %d bytes (%.1f MiB), %d chunks per round\n\n", r.ChunkBytes, float64(r.ChunkBytes)/(1<<20), r.Chunks)
 	fmt.Fprintf(w, "%-28s %10s %10s %8s\n", "measurement", "GB/s", "baseline", "ratio")
 	fmt.Fprintf(w, "%-28s %10.2f %10s %8s\n", "memcpy (baseline)", r.MemcpyGBps, "", "")

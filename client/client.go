@@ -39,6 +39,12 @@ type Options struct {
 	// longer (the page tables of the whole arena are filled), but the first
 	// write into each slot does not page-fault. For long-lived connectors.
 	Populate bool
+	// RequestBuffer, on the local socket, asks the daemon for a request
+	// buffer of this many bytes (wire.MinRequestBuffer to
+	// wire.MaxRequestBuffer; 0: none): shared memory where Lookup and
+	// LookupBatch leave a prompt's token ids instead of sending them
+	// through the socket (wire.KindShared). 4 bytes hold a token.
+	RequestBuffer int
 	// Peer marks the client as another daemon's P2P tier (wire.FlagPeer):
 	// LOOKUP, SIZES and RETRIEVE are answered from the daemon's RAM and
 	// node-local tiers only, and Retrieve checks every chunk against the
@@ -80,6 +86,10 @@ type Client struct {
 	rd    *wire.Reader
 	hello wire.HelloReply
 	arena []byte // the shared arena, local connections only
+	// reqBuf is the request buffer (Options.RequestBuffer) and reqTokens
+	// the same memory as token ids; nil without one.
+	reqBuf    []byte
+	reqTokens []uint32
 
 	mu          sync.Mutex
 	setDeadline time.Time // deadline on conn when set by deadline() without a ctx deadline
@@ -93,6 +103,8 @@ type Client struct {
 
 	sizes       []uint32 // Store's chunk sizes, reused
 	lookupReply wire.LookupReply
+	shared      []wire.Lookup // a batch's lookups, rewritten to name the request buffer
+	batchReply  wire.LookupBatchReply
 	slots       wire.Slots
 	dataHeader  wire.DataHeader
 	peerHeader  wire.PeerDataHeader
@@ -107,8 +119,12 @@ func DialUnix(ctx context.Context, path string, o Options) (*Client, error) {
 		return nil, fmt.Errorf("kvtier client: %w", err)
 	}
 	c := newClient(conn, o)
-	if err := c.handshake(ctx, true); err != nil {
-		conn.Close()
+	err = c.handshake(ctx, true)
+	if err == nil && o.RequestBuffer > 0 {
+		err = c.mapRequestBuffer(ctx, o.RequestBuffer)
+	}
+	if err != nil {
+		c.Close()
 		return nil, err
 	}
 	return c, nil
@@ -172,7 +188,7 @@ func (c *Client) handshake(ctx context.Context, local bool) error {
 	var fd = -1
 	if local {
 		var err error
-		if fd, err = c.readHelloFd(); err != nil {
+		if fd, err = c.readFd(); err != nil {
 			return err
 		}
 	}
@@ -202,11 +218,12 @@ func (c *Client) handshake(ctx context.Context, local bool) error {
 	return nil
 }
 
-// readHelloFd peeks the first byte of the HELLO reply with recvmsg, which
-// is where the daemon attached the arena's memfd, and returns the fd (-1
-// when none came, as in an error reply). The byte itself is left for the
-// frame reader by reading it with MSG_PEEK.
-func (c *Client) readHelloFd() (int, error) {
+// readFd peeks the first byte of a reply with recvmsg, which is where the
+// daemon attaches a memfd (the arena's to HELLO's reply, a request
+// buffer's to REQUEST_BUFFER's), and returns the fd (-1 when none came,
+// as in an error reply). The byte itself is left for the frame reader by
+// reading it with MSG_PEEK; nothing else may be buffered yet.
+func (c *Client) readFd() (int, error) {
 	uc, ok := c.conn.(*net.UnixConn)
 	if !ok {
 		return -1, errors.New("kvtier client: not a Unix connection")
@@ -243,7 +260,7 @@ func (c *Client) readHelloFd() (int, error) {
 		err = opErr
 	}
 	if err != nil {
-		return -1, fmt.Errorf("kvtier client: reading the HELLO reply: %w", err)
+		return -1, fmt.Errorf("kvtier client: reading a reply's file descriptor: %w", err)
 	}
 	return fd, nil
 }
@@ -260,6 +277,10 @@ func (c *Client) Close() error {
 	if c.arena != nil {
 		unix.Munmap(c.arena)
 		c.arena = nil
+	}
+	if c.reqBuf != nil {
+		unix.Munmap(c.reqBuf)
+		c.reqBuf = nil
 	}
 	return err
 }
@@ -418,6 +439,7 @@ func (c *Client) Lookup(ctx context.Context, k wire.Keys, leaseMS uint32) (wire.
 	}
 	defer c.end()
 	m := wire.Lookup{LeaseMS: leaseMS, Keys: k}
+	c.shareTokens(&m.Keys, 0)
 	_, body, err := c.roundTrip(m.Append(b), wire.OpLookup, c.peerFlag())
 	if err == nil {
 		if err = c.lookupReply.Decode(body); err != nil {

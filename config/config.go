@@ -214,7 +214,7 @@ func defaults(getenv func(string) string, euid int) Config {
 		MaxLocalDiskSize:  0,
 		RemoteSerde:       "raw",
 		RemoteTimeout:     100 * time.Millisecond, // a round trip; transfers get more (remote.CallDeadline)
-		CachePolicy:       "LRU",
+		CachePolicy:       policy.Default,
 		DataDir:           defaultDataDir(getenv, euid),
 		AdminAddr:         "127.0.0.1:7480",
 		SocketPath:        defaultSocketPath(getenv, euid),
@@ -226,7 +226,7 @@ func defaults(getenv func(string) string, euid int) Config {
 		HeartbeatInterval: time.Second,
 		DiskDirectIO:      "auto",
 		DiskSegmentSize:   256 * MiB,
-		DiskCachePolicy:   "LRU",
+		DiskCachePolicy:   policy.Default,
 		WriteQueueDepth:   64,
 		WriteWait:         5 * time.Millisecond,
 		LeaseTTL:          10 * time.Second,

@@ -63,6 +63,7 @@ type proxy struct {
 	log             *slog.Logger
 	noParams        *ratelog.Limiter // per request when the prefill side has no KV connector
 	relayErrs       *ratelog.Limiter // per request while an instance is failing
+	logs            ratelog.Set      // upstream errors: per request while an instance answers with one
 	bufs            sync.Pool        // *[]byte relay buffers
 	mux             *http.ServeMux
 }
@@ -377,7 +378,7 @@ func (p *proxy) upstreamStatus(w http.ResponseWriter, stage string, u *upstream,
 	if m := upstreamMessage(body); m != "" {
 		msg += ": " + m
 	}
-	p.log.Info("upstream error", "stage", stage, "instance", u.name, "status", resp.StatusCode)
+	p.logs.Log(p.log, slog.LevelInfo, "upstream error", "stage", stage, "instance", u.name, "status", resp.StatusCode)
 	proxyError(w, resp.StatusCode, "upstream_error", msg, d)
 }
 

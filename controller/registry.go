@@ -46,6 +46,7 @@ type registry struct {
 	// resyncErrs: a daemon that refuses the controller (a token mismatch)
 	// fails every resync asked of it; one line per 10 s says so.
 	resyncErrs *ratelog.Limiter
+	logs       ratelog.Set // lines a misconfigured daemon would repeat at every beat
 
 	// changing serializes registrations and drops, which wait for the
 	// subscriber; mu guards members and is never held across that wait,
@@ -158,7 +159,7 @@ func (r *registry) register(reg cluster.Register) (cluster.Registered, error) {
 	if old, ok := r.members[reg.Instance]; ok && old.reg.Addr != reg.Addr {
 		// Two daemons sharing an instance id would take the name from
 		// each other at every beat: say so, since nothing else will.
-		r.log.Warn("instance registered again from another address; instance ids must be unique",
+		r.logs.Log(r.log, slog.LevelWarn, "instance registered again from another address; instance ids must be unique",
 			"instance", reg.Instance, "was", old.reg.Addr, "now", reg.Addr)
 	}
 	delete(r.members, reg.Instance)

@@ -16,6 +16,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"kvtier/cluster"
+	"kvtier/internal/ratelog"
 	"kvtier/router/index"
 	"kvtier/router/ingest"
 	"kvtier/router/redisindex"
@@ -59,7 +60,8 @@ type sharedRegistry struct {
 	pods     *index.Pods
 	sub      *ingest.Subscriber
 	log      *slog.Logger
-	look     *registry // serves lookups from the daemon table sync keeps
+	logs     ratelog.Set // lines that repeat per registration, beat or request while Redis or a daemon fails
+	look     *registry   // serves lookups from the daemon table sync keeps
 
 	beats, clearing, channel string // keys
 
@@ -179,13 +181,13 @@ func (r *sharedRegistry) register(reg cluster.Register) (cluster.Registered, err
 	if res[1] != "" {
 		var old cluster.Register
 		if json.Unmarshal([]byte(res[1]), &old) == nil && old.Addr != reg.Addr {
-			r.log.Warn("instance registered again from another address; instance ids must be unique",
+			r.logs.Log(r.log, slog.LevelWarn, "instance registered again from another address; instance ids must be unique",
 				"instance", reg.Instance, "was", old.Addr, "now", reg.Addr)
 		}
 		r.clearPod(reg.Instance)
 	}
 	if err := r.syncLocked(); err != nil {
-		r.log.Warn("registry sync after a registration failed", "err", err)
+		r.logs.Log(r.log, slog.LevelWarn, "registry sync after a registration failed", "err", err)
 	}
 	r.log.Info("daemon registered", "instance", reg.Instance, "addr", reg.Addr, "events", reg.Events)
 	return cluster.Registered{Session: session, HeartbeatIntervalMS: r.interval.Milliseconds()}, nil
@@ -221,7 +223,7 @@ func (r *sharedRegistry) serveBeat(w http.ResponseWriter, req *http.Request, lea
 		r.syncMu.Lock()
 		r.clearDaemon(hb.Instance, "deregistered")
 		if err := r.syncLocked(); err != nil {
-			r.log.Warn("registry sync after a deregistration failed", "err", err)
+			r.logs.Log(r.log, slog.LevelWarn, "registry sync after a deregistration failed", "err", err)
 		}
 		r.syncMu.Unlock()
 	}
@@ -244,7 +246,7 @@ func (r *sharedRegistry) clearDaemon(instance, why string) {
 	})
 	if err != nil {
 		// The lease runs out and a replica clears it again.
-		r.log.Warn("releasing a cleared daemon failed", "instance", instance, "err", err)
+		r.logs.Log(r.log, slog.LevelWarn, "releasing a cleared daemon failed", "instance", instance, "err", err)
 		return
 	}
 	r.log.Info("daemon dropped", "instance", instance, "why", why)
@@ -256,7 +258,7 @@ func (r *sharedRegistry) clearPod(instance string) {
 	pod := cluster.HolderPrefix + instance
 	id, err := r.pods.Intern(pod)
 	if err != nil {
-		r.log.Warn("clearing a daemon's entries failed", "instance", instance, "err", err)
+		r.logs.Log(r.log, slog.LevelWarn, "clearing a daemon's entries failed", "instance", instance, "err", err)
 		return
 	}
 	r.ix.ClearPod(id)
@@ -332,7 +334,7 @@ func (r *sharedRegistry) syncLocked() error {
 		ep := ingest.Endpoint{Pod: cluster.HolderPrefix + instance, Address: rec.reg.Events,
 			Topic: cluster.Topic(instance), FixedPod: true, Shared: true}
 		if err := r.sub.Add(ep); err != nil {
-			r.log.Warn("cannot follow a daemon's chunk stream", "instance", instance, "events", rec.reg.Events, "err", err)
+			r.logs.Log(r.log, slog.LevelWarn, "cannot follow a daemon's chunk stream", "instance", instance, "events", rec.reg.Events, "err", err)
 			continue
 		}
 		r.followed[instance] = rec.session
@@ -431,7 +433,7 @@ func (r *sharedRegistry) run(ctx context.Context) {
 	err := r.sync()
 	failing := err != nil
 	if failing {
-		r.log.Warn("shared registry: Redis unreachable; serving the last view", "err", err)
+		r.logs.Log(r.log, slog.LevelWarn, "shared registry: Redis unreachable; serving the last view", "err", err)
 	}
 	for {
 		select {
@@ -444,7 +446,7 @@ func (r *sharedRegistry) run(ctx context.Context) {
 		}
 		// Log the first failure of a run, and the recovery.
 		if err != nil && !failing {
-			r.log.Warn("shared registry: Redis unreachable; serving the last view", "err", err)
+			r.logs.Log(r.log, slog.LevelWarn, "shared registry: Redis unreachable; serving the last view", "err", err)
 		} else if err == nil && failing {
 			r.log.Info("shared registry: Redis reachable again")
 		}

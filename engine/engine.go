@@ -181,7 +181,10 @@ func (e *Engine) Store(ctx context.Context, r Request, chunks [][]byte) (int, er
 	if len(chunks) > len(keys) {
 		return 0, fmt.Errorf("engine: %d chunk buffers for %d chunks after skip", len(chunks), len(keys))
 	}
-	return e.mgr.Store(ctx, keys[:len(chunks)], chunks)
+	if first > 0 { // the chunk before Skip is the first one's parent
+		return e.mgr.StoreAfter(ctx, (*kp)[first-1], keys[:len(chunks)], chunks)
+	}
+	return e.mgr.StoreChain(ctx, keys[:len(chunks)], chunks)
 }
 
 // Retrieved says what Retrieve returned.

@@ -94,21 +94,11 @@ func (e *Engine) CommitStore(id LeaseID, count int) (int, error) {
 		return 0, ErrNotStoreLease
 	}
 	n := min(count, len(l.keys))
-	// Commit only the reservations (ids[j] != 0) among the first n; the
-	// lease is out of the table, so its slices are the caller's until
-	// discard. They are compacted in place: keys[k], ids[k] for k < m.
-	m := 0
+	// The lease's keys are consecutive chunks of the prompt; those stored
+	// already have no reservation (id 0), which CommitRun skips while
+	// still naming each chunk's parent to the tiers.
+	err := e.mgr.CommitRun(l.keys[:n], l.ids[:n])
 	for j := range n {
-		if l.ids[j] != 0 {
-			l.keys[m], l.ids[m] = l.keys[j], l.ids[j]
-			if m != j {
-				l.ids[j] = 0
-			}
-			m++
-		}
-	}
-	err := e.mgr.Commit(l.keys[:m], l.ids[:m])
-	for j := range m {
 		l.ids[j] = 0 // Commit consumed these references
 	}
 	if err != nil {

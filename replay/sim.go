@@ -143,21 +143,30 @@ func (s *simulation) store(b int32, pos int, busy func(int32) bool) {
 	s.e.admit(b, pos)
 }
 
-// policyEvictor adapts a policy with uint64 keys.
+// policyEvictor adapts a policy with uint64 keys. A prefix-aware policy
+// learns each block's parent: the block before it in the request.
 type policyEvictor struct {
+	t       *trace
 	p       policy.Policy[uint64]
 	busy    func(int32) bool
 	keyBusy func(uint64) bool
 }
 
-func newPolicyEvictor(p policy.Policy[uint64]) *policyEvictor {
-	e := &policyEvictor{p: p}
+func newPolicyEvictor(t *trace, p policy.Policy[uint64]) *policyEvictor {
+	e := &policyEvictor{t: t, p: p}
 	e.keyBusy = func(k uint64) bool { return e.busy(int32(k)) }
 	return e
 }
 
 func (e *policyEvictor) access(b int32, _ int) { e.p.Access(uint64(b)) }
-func (e *policyEvictor) admit(b int32, _ int)  { e.p.Admit(uint64(b)) }
+func (e *policyEvictor) admit(b int32, pos int) {
+	hasParent := e.t.depth[pos] > 0
+	var parent uint64
+	if hasParent {
+		parent = uint64(e.t.refs[pos-1])
+	}
+	policy.AdmitAfter(e.p, uint64(b), parent, hasParent)
+}
 func (e *policyEvictor) evict(busy func(int32) bool) (int32, bool) {
 	e.busy = busy
 	k, ok := e.p.Evict(e.keyBusy)
@@ -185,7 +194,7 @@ func (t *trace) run(name string, capacity int) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("replay: %w", err)
 	}
-	return t.simulate(p.Name(), newPolicyEvictor(p), capacity), nil
+	return t.simulate(p.Name(), newPolicyEvictor(t, p), capacity), nil
 }
 
 // Simulate replays reqs through a cache of capacityBlocks blocks under the

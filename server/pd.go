@@ -13,6 +13,7 @@ import (
 	"kvtier/chunk"
 	"kvtier/client"
 	"kvtier/engine"
+	"kvtier/internal/ratelog"
 	"kvtier/netallow"
 )
 
@@ -46,6 +47,7 @@ func pdTimeout(ms uint32) time.Duration {
 type pd struct {
 	eng   *engine.Engine
 	log   *slog.Logger
+	logs  ratelog.Set // failed pushes: one per transfer while a destination is down
 	token string
 	allow *netallow.List // where PUSH may send chunks (and the token)
 	tls   *tls.Config    // dial destinations over TLS with it, when set

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"sync"
 	"time"
@@ -206,7 +207,7 @@ func (p *pd) run(t *transfer) {
 	t.cancel()
 	if failed {
 		p.failed.Add(1)
-		p.log.Info("push failed", "transfer", t.id, "dest", t.dest, "err", msg)
+		p.logs.Log(p.log, slog.LevelInfo, "push failed", "transfer", t.id, "dest", t.dest, "err", msg)
 	} else {
 		p.done.Add(1)
 	}

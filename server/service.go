@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"kvtier/engine"
+	"kvtier/internal/ratelog"
 	"kvtier/kvevents/announce"
 	"kvtier/netallow"
 	"kvtier/wire"
@@ -96,14 +97,20 @@ type Service struct {
 	eng     *engine.Engine
 	opts    ServiceOptions
 	log     *slog.Logger
+	logs    ratelog.Set // lines a hostile or failing peer could repeat per connection
 	metrics *opMetrics
 	pd      *pd
+	tiers   int // the engine's tier count, fixed when it opened (asking allocates)
 
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
 	sessions  map[*session]struct{}
 	closing   bool
 	wg        sync.WaitGroup // sessions and accept loops
+	// closed mirrors closing for the sessions' request loops, which check
+	// it before every request: an atomic load, where taking mu would make
+	// every connection's requests contend on one lock.
+	closed atomic.Bool
 
 	conns    atomic.Int64
 	refused  atomic.Uint64
@@ -129,6 +136,9 @@ func NewService(eng *engine.Engine, opts ServiceOptions) *Service {
 		pd:        newPD(eng, opts.PDReceiveBytes, opts.Token, opts.PDPushAllow, opts.Logger),
 	}
 	s.pd.tls = opts.PDPushTLS
+	if eng != nil { // nil only where the service's metrics alone are wanted
+		s.tiers = eng.TierCount()
+	}
 	s.swept.Add(1)
 	go s.sweep()
 	return s
@@ -272,11 +282,7 @@ func (s *Service) remove(sess *session) {
 	s.wg.Done()
 }
 
-func (s *Service) isClosing() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closing
-}
+func (s *Service) isClosing() bool { return s.closed.Load() }
 
 // Connections returns the number of open client connections.
 func (s *Service) Connections() int64 { return s.conns.Load() }
@@ -292,6 +298,7 @@ func (s *Service) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	s.closing = true
+	s.closed.Store(true)
 	s.pd.cancel() // wakes RECEIVEs waiting for budget and WAITs; pending pushes fail
 	for ln := range s.listeners {
 		ln.Close()

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"sync/atomic"
@@ -20,6 +21,9 @@ import (
 	"kvtier/engine"
 	"kvtier/wire"
 )
+
+// readBuffer is the size of a connection's read buffer.
+const readBuffer = 64 << 10
 
 // session serves one connection. Its goroutine owns all of it.
 type session struct {
@@ -34,6 +38,9 @@ type session struct {
 	armed  bool
 	out    []byte
 	busy   atomic.Bool
+	// reqBuf is the connection's request buffer (REQUEST_BUFFER), mapped
+	// read-only, or nil; see shared.go.
+	reqBuf []byte
 
 	writeDeadline time.Time // the deadline set on conn, see extendWriteDeadline
 
@@ -55,6 +62,7 @@ type session struct {
 	bufs     net.Buffers // over vec, kept here so that WriteTo does not allocate per chunk
 	hdr      [wire.HeaderSize]byte
 	lookup   wire.Lookup
+	batch    wire.LookupBatch
 	prepS    wire.PrepareStore
 	prepR    wire.PrepareRetrieve
 	keysOnly wire.KeysOnly
@@ -112,17 +120,19 @@ func (s *session) serve() {
 	defer s.svc.remove(s)
 	defer s.conn.Close()
 	defer s.releaseAll()
-	// 16 KiB holds hundreds of small requests a client pipelines; larger
-	// reads (chunk bytes) bypass it, so a bigger one would only cost every
-	// idle connection memory.
-	s.br = bufio.NewReaderSize(s.conn, 16<<10)
+	defer s.releaseRequestBuffer()
+	// 64 KiB holds a LOOKUP of a 16k-token prompt, or hundreds of small
+	// requests a client pipelines, so that one read takes a request in and
+	// its body is decoded where it lies (BodyView); larger reads (chunk
+	// bytes) bypass the buffer. 1,024 idle connections hold 64 MiB.
+	s.br = bufio.NewReaderSize(s.conn, readBuffer)
 	s.rd = wire.NewReader(s.br)
 	s.charge.pool = s.svc.bodies
 	s.rd.Pool = &s.charge
 	defer s.settle()
-	log := s.svc.log.With("peer", s.conn.RemoteAddr().String(), "local", s.local)
+	peer := s.conn.RemoteAddr().String()
 	if err := s.handshake(); err != nil {
-		log.Info("handshake refused", "err", err)
+		s.svc.logs.Log(s.svc.log, slog.LevelInfo, "handshake refused", "peer", peer, "local", s.local, "err", err)
 		return
 	}
 	for {
@@ -137,7 +147,7 @@ func (s *session) serve() {
 		s.busy.Store(true)
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !isClosedErr(err) {
-				log.Info("closing connection", "err", err)
+				s.svc.logs.Log(s.svc.log, slog.LevelInfo, "closing connection", "peer", peer, "local", s.local, "err", err)
 				s.replyError(h.Op, h.ID, &requestError{status: wire.StatusBadRequest, err: err})
 			}
 			return
@@ -149,7 +159,7 @@ func (s *session) serve() {
 		if rerr != nil {
 			s.replyError(h.Op, h.ID, rerr)
 			if rerr.fatal {
-				log.Info("closing connection", "op", h.Op, "err", rerr.err)
+				s.svc.logs.Log(s.svc.log, slog.LevelInfo, "closing connection", "peer", peer, "local", s.local, "op", h.Op, "err", rerr.err)
 				return
 			}
 		}
@@ -292,6 +302,17 @@ func (s *session) handle(h wire.Header) *requestError {
 	if h.Flags&wire.FlagMore != 0 {
 		return fatal(wire.StatusBadRequest, "%s does not take data frames", h.Op)
 	}
+	if h.Op == wire.OpLookup || h.Op == wire.OpLookupBatch {
+		// Answered before the stream is read again: decode in place.
+		body, err := s.rd.BodyView(h)
+		if err != nil {
+			return bodyError(err)
+		}
+		if h.Op == wire.OpLookup {
+			return s.handleLookup(h, body)
+		}
+		return s.handleLookupBatch(h, body)
+	}
 	body, err := s.rd.Body(h)
 	if err != nil {
 		return bodyError(err)
@@ -330,6 +351,8 @@ func (s *session) handle(h wire.Header) *requestError {
 		return s.handlePushStatus(h, body)
 	case wire.OpWait:
 		return s.handleWait(h, body)
+	case wire.OpRequestBuffer:
+		return s.handleRequestBuffer(h, body)
 	}
 	return fail(wire.StatusUnknownOp, "%s is not a request", h.Op)
 }
@@ -391,6 +414,9 @@ func (r *resolved) tokensAfter(n int) uint32 {
 
 func (s *session) resolve(k *wire.Keys) (resolved, *requestError) {
 	s.keys = s.keys[:0]
+	if k.Kind == wire.KindShared {
+		return resolved{}, fail(wire.StatusBadRequest, "keys in the request buffer are for LOOKUP and LOOKUP_BATCH only")
+	}
 	if k.Kind == wire.KindRaw {
 		s.keys = append(s.keys, k.Raw...)
 		return resolved{keys: s.keys}, nil
@@ -418,14 +444,38 @@ func (s *session) handleLookup(h wire.Header, body []byte) *requestError {
 	if err := m.Decode(body); err != nil {
 		return fail(wire.StatusBadRequest, "%v", err)
 	}
-	r, rerr := s.resolve(&m.Keys)
+	b, rerr := s.lookupOne(wire.Begin(s.out), m, h.Flags&wire.FlagPeer != 0)
 	if rerr != nil {
 		return rerr
+	}
+	s.out = b
+	return s.reply(h, 0)
+}
+
+// lookupOne serves one lookup and appends its reply to b; on an error b is
+// returned as it came.
+func (s *session) lookupOne(b []byte, m *wire.Lookup, peer bool) ([]byte, *requestError) {
+	keys := &m.Keys
+	var shared wire.Keys
+	if keys.Kind == wire.KindShared {
+		// Resolved as token keys over a view of the request buffer, in a
+		// copy of the keys: m's own slices must never hold the view, or
+		// the next decode into m would write into the read-only mapping.
+		tokens, rerr := s.sharedTokens(&keys.Shared)
+		if rerr != nil {
+			return b, rerr
+		}
+		shared = wire.Keys{Scope: keys.Scope, Kind: wire.KindTokens, Skip: keys.Skip, Tokens: tokens}
+		keys = &shared
+	}
+	r, rerr := s.resolve(keys)
+	if rerr != nil {
+		return b, rerr
 	}
 	eng := s.svc.eng
 	var n int
 	var byTier [engine.MaxTiers]int
-	if h.Flags&wire.FlagPeer != 0 {
+	if peer {
 		n, byTier = eng.LookupKeysLocal(r.keys)
 	} else {
 		n, byTier = eng.LookupKeys(r.keys)
@@ -435,18 +485,40 @@ func (s *session) handleLookup(h wire.Header, body []byte) *requestError {
 		reply.Tokens = uint32(engine.TokensThrough(r.chunker, n, r.tokens))
 	}
 	s.byTier = s.byTier[:0]
-	for i := range eng.TierCount() {
+	for i := range s.svc.tiers {
 		s.byTier = append(s.byTier, uint32(byTier[i]))
 	}
 	reply.ByTier = s.byTier
 	if m.LeaseMS > 0 && n > r.first {
 		id := eng.PinHit(r.keys[r.first:n], leaseAsked(m.LeaseMS))
 		if rerr := s.hold(id); rerr != nil {
-			return rerr
+			return b, rerr
 		}
 		reply.Lease = uint64(id)
 	}
-	s.out = reply.Append(wire.Begin(s.out))
+	return reply.Append(b), nil
+}
+
+// handleLookupBatch serves LOOKUP_BATCH: each lookup as LOOKUP would, in
+// order, into one reply. A lookup that fails gets its status in its entry
+// and the others go on; only a malformed frame fails the whole request.
+func (s *session) handleLookupBatch(h wire.Header, body []byte) *requestError {
+	m := &s.batch
+	if err := m.Decode(body); err != nil {
+		return fail(wire.StatusBadRequest, "%v", err)
+	}
+	peer := h.Flags&wire.FlagPeer != 0
+	b := binary.LittleEndian.AppendUint32(wire.Begin(s.out), uint32(len(m.Lookups)))
+	for i := range m.Lookups {
+		at := len(b)
+		b = binary.LittleEndian.AppendUint32(b, uint32(wire.StatusOK))
+		var rerr *requestError
+		if b, rerr = s.lookupOne(b, &m.Lookups[i], peer); rerr != nil {
+			res := wire.LookupResult{Status: rerr.status, Message: rerr.err.Error()}
+			b = res.Append(b[:at])
+		}
+	}
+	s.out = b
 	return s.reply(h, 0)
 }
 

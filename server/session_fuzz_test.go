@@ -36,6 +36,7 @@ func FuzzSession(f *testing.F) {
 	f.Add(frame(wire.OpCommitStore, 0, 3, (&wire.Commit{Lease: 1, Count: 1}).Append(nil)))
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
 	f.Add(frame(wire.OpFlush, 0, 3, (&wire.Flush{TimeoutMS: 10}).Append(nil)))
+	f.Add(append(scope, frame(wire.OpLookupBatch, 0, 3, (&wire.LookupBatch{Lookups: []wire.Lookup{{Keys: keys}, {LeaseMS: 5, Keys: keys}}}).Append(nil))...))
 	f.Fuzz(func(t *testing.T, input []byte) {
 		fuzzOnce.Do(func() { fuzzDaemon = startPersistent(t) })
 		d := fuzzDaemon

@@ -39,6 +39,10 @@ type RAM interface {
 	Reserve(size int) (arena.ID, []byte, error)
 	// Commit makes a reserved object visible under key.
 	Commit(key chunk.Key, id arena.ID)
+	// CommitAfter is Commit naming the chunk's parent in its prefix chain
+	// (the chunk before it in the prompt) when hasParent is true, for
+	// prefix-aware eviction policies.
+	CommitAfter(key, parent chunk.Key, hasParent bool, id arena.ID)
 	// Clear removes every object of scope (all when scope is 0).
 	Clear(scope uint64) int
 }
@@ -126,6 +130,7 @@ type lowerTier struct {
 	// failLogEvery: a tier that refuses everything (a full disk, a store
 	// that is down) would otherwise log once per write.
 	failLog *ratelog.Limiter
+	redoLog ratelog.Set // FLUSH's writes again, refused once more: one per chunk
 
 	// Sync's bookkeeping: writes are counted in one of two generations,
 	// so Sync can wait for those queued before it without waiting for
@@ -146,6 +151,22 @@ type writeJob struct {
 	key chunk.Key
 	id  arena.ID
 	gen uint32 // the lower tier's generation it is counted in
+	up  link   // key's parent, for a ChainPutter
+}
+
+// link names a chunk's parent in its prefix chain, when it is known.
+type link struct {
+	parent chunk.Key
+	ok     bool
+}
+
+// parentOf returns the link of keys[i] when keys is a run of consecutive
+// chunks of one prompt and first names the parent of keys[0].
+func parentOf(keys []chunk.Key, i int, first link) link {
+	if i > 0 {
+		return link{keys[i-1], true}
+	}
+	return first
 }
 
 // NewManager builds a manager over ram and the lower tiers, fastest first,
@@ -237,6 +258,25 @@ func (m *Manager) lookup(keys []chunk.Key, upTo int) (n int, byTier [MaxTiers]in
 // count as stored, and are queued again for any lower tier that lacks
 // them. Full lower-tier queues block it at most Options.WriteWait in all.
 func (m *Manager) Store(ctx context.Context, keys []chunk.Key, chunks [][]byte) (int, error) {
+	return m.store(ctx, false, link{}, keys, chunks)
+}
+
+// StoreAfter is Store for keys that are consecutive chunks of one prompt,
+// following parent (the chunk just before keys[0]): every tier whose
+// eviction is prefix-aware learns each chunk's parent.
+func (m *Manager) StoreAfter(ctx context.Context, parent chunk.Key, keys []chunk.Key, chunks [][]byte) (int, error) {
+	return m.store(ctx, true, link{parent, true}, keys, chunks)
+}
+
+// StoreChain is Store for keys that are consecutive chunks of one prompt
+// starting at its first chunk.
+func (m *Manager) StoreChain(ctx context.Context, keys []chunk.Key, chunks [][]byte) (int, error) {
+	return m.store(ctx, true, link{}, keys, chunks)
+}
+
+// store is Store; when chained, keys[i-1] is the parent of keys[i] and
+// first the link of keys[0].
+func (m *Manager) store(ctx context.Context, chained bool, first link, keys []chunk.Key, chunks [][]byte) (int, error) {
 	if len(chunks) < len(keys) {
 		return 0, fmt.Errorf("tier manager: %d keys but %d chunks", len(keys), len(chunks))
 	}
@@ -252,11 +292,15 @@ func (m *Manager) Store(ctx context.Context, keys []chunk.Key, chunks [][]byte) 
 		if err := ctx.Err(); err != nil {
 			return i, err
 		}
+		var up link
+		if chained {
+			up = parentOf(keys, i, first)
+		}
 		if m.ram.Contains(k) {
 			// Already in RAM. A lower tier may still lack it (a write
 			// dropped under backpressure, or the tier joined later).
 			if m.lowerMissing(k) && m.ram.Acquire(keys[i:i+1], idScratch[:]) == 1 {
-				m.enqueueWrites(k, idScratch[0], len(m.lower), &budget)
+				m.enqueueWrites(k, up, idScratch[0], len(m.lower), &budget)
 				m.arena.Unref(idScratch[0])
 			}
 			continue
@@ -266,8 +310,8 @@ func (m *Manager) Store(ctx context.Context, keys []chunk.Key, chunks [][]byte) 
 			return i, err
 		}
 		copy(buf, chunks[i])
-		m.ram.Commit(k, id)
-		m.enqueueWrites(k, id, len(m.lower), &budget)
+		m.ram.CommitAfter(k, up.parent, up.ok, id)
+		m.enqueueWrites(k, up, id, len(m.lower), &budget)
 		m.arena.Unref(id)
 	}
 	return len(keys), nil
@@ -291,11 +335,25 @@ func (m *Manager) Reserve(size int) (arena.ID, []byte, error) {
 // is already in RAM keeps its object. Commit consumes the callers'
 // references on ids whatever happens.
 func (m *Manager) Commit(keys []chunk.Key, ids []arena.ID) error {
+	return m.commit(keys, ids, false)
+}
+
+// CommitRun is Commit for consecutive chunks of one prompt, in order:
+// keys[i-1] is the parent of keys[i], which prefix-aware eviction policies
+// learn. An id of 0 marks a chunk that was stored already and has no
+// reservation: it is skipped, and stays the parent of the next.
+func (m *Manager) CommitRun(keys []chunk.Key, ids []arena.ID) error {
+	return m.commit(keys, ids, true)
+}
+
+func (m *Manager) commit(keys []chunk.Key, ids []arena.ID, run bool) error {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	defer func() {
 		for _, id := range ids[:len(keys)] {
-			m.arena.Unref(id)
+			if !run || id != 0 {
+				m.arena.Unref(id)
+			}
 		}
 	}()
 	if m.closed {
@@ -304,11 +362,15 @@ func (m *Manager) Commit(keys []chunk.Key, ids []arena.ID) error {
 	budget := writeBudget{wait: m.opts.WriteWait}
 	defer budget.stop()
 	for i, k := range keys {
-		if m.ram.Contains(k) {
+		if run && ids[i] == 0 || m.ram.Contains(k) {
 			continue
 		}
-		m.ram.Commit(k, ids[i])
-		m.enqueueWrites(k, ids[i], len(m.lower), &budget)
+		var up link
+		if run {
+			up = parentOf(keys, i, link{})
+		}
+		m.ram.CommitAfter(k, up.parent, up.ok, ids[i])
+		m.enqueueWrites(k, up, ids[i], len(m.lower), &budget)
 	}
 	return nil
 }
@@ -352,7 +414,7 @@ func (b *writeBudget) stop() {
 
 // enqueueWrites queues object id for the first upTo lower tiers, blocking
 // on full queues only within budget. Called with m.mu read-locked.
-func (m *Manager) enqueueWrites(k chunk.Key, id arena.ID, upTo int, budget *writeBudget) {
+func (m *Manager) enqueueWrites(k chunk.Key, up link, id arena.ID, upTo int, budget *writeBudget) {
 	for _, lt := range m.lower[:upTo] {
 		if lt.readOnly {
 			continue
@@ -360,7 +422,7 @@ func (m *Manager) enqueueWrites(k chunk.Key, id arena.ID, upTo int, budget *writ
 		if !m.arena.Ref(id) {
 			return
 		}
-		job := writeJob{key: k, id: id, gen: lt.gen.Load() & 1}
+		job := writeJob{key: k, id: id, gen: lt.gen.Load() & 1, up: up}
 		lt.pending.Add(1)
 		lt.inflight[job.gen].Add(1)
 		select {
@@ -388,7 +450,7 @@ func (m *Manager) writer(lt *lowerTier) {
 	defer m.wg.Done()
 	for job := range lt.queue {
 		if !Contains(lt.Tier, job.key) {
-			if err := lt.Put(context.Background(), job.key, m.arena.Bytes(job.id)); err != nil {
+			if err := put(lt.Tier, job, m.arena.Bytes(job.id)); err != nil {
 				lt.missed.add(job.key)
 				m.writeFailed(lt, job.key, err)
 			} else {
@@ -406,6 +468,15 @@ func (m *Manager) writer(lt *lowerTier) {
 		lt.inflight[job.gen].Add(-1)
 		lt.pending.Add(-1)
 	}
+}
+
+// put writes one job's chunk to t, naming its parent when t is a
+// ChainPutter and the parent is known.
+func put(t Tier, job writeJob, data []byte) error {
+	if cp, ok := t.(ChainPutter); ok && job.up.ok {
+		return cp.PutAfter(context.Background(), job.key, job.up.parent, data)
+	}
+	return t.Put(context.Background(), job.key, data)
 }
 
 // writeFailed counts a refused write and logs the first of a run: a store
@@ -426,8 +497,9 @@ func (m *Manager) writeSucceeded(lt *lowerTier) {
 
 // Acquire refs the RAM objects of the leading keys stored anywhere in the
 // hierarchy, promoting lower-tier hits into RAM, and returns how many it
-// acquired. ids must have room for len(keys). The caller Unrefs each id on
-// Arena(). This is the zero-copy read path. A lower tier that fails a read
+// acquired. ids must have room for len(keys), which are consecutive
+// chunks of one prompt (promoted chunks are admitted as each other's
+// children). The caller Unrefs each id on Arena(). This is the zero-copy read path. A lower tier that fails a read
 // ends the prefix there without an error: the caller recomputes the rest.
 func (m *Manager) Acquire(ctx context.Context, keys []chunk.Key, ids []arena.ID) (int, error) {
 	return m.acquire(ctx, keys, ids, len(m.lower))
@@ -446,7 +518,11 @@ func (m *Manager) acquire(ctx context.Context, keys []chunk.Key, ids []arena.ID,
 	if n == len(keys) || upTo == 0 {
 		return n, nil
 	}
-	got, err := m.promote(ctx, keys[n:], ids[n:], upTo)
+	var first link
+	if n > 0 {
+		first = link{keys[n-1], true}
+	}
+	got, err := m.promote(ctx, first, keys[n:], ids[n:], upTo)
 	return n + got, err
 }
 
@@ -503,7 +579,7 @@ func (m *Manager) copyOut(ids []arena.ID, dst [][]byte) (int, error) {
 // ends there: that is a shorter hit, not an error. So is a lower tier
 // that fails a read (readFailure). It returns the length of the prefix it
 // acquired.
-func (m *Manager) promote(ctx context.Context, keys []chunk.Key, ids []arena.ID, upTo int) (int, error) {
+func (m *Manager) promote(ctx context.Context, first link, keys []chunk.Key, ids []arena.ID, upTo int) (int, error) {
 	errs := make([]error, len(keys))
 	sem := make(chan struct{}, m.opts.FetchParallel)
 	var wg sync.WaitGroup
@@ -535,7 +611,7 @@ func (m *Manager) promote(ctx context.Context, keys []chunk.Key, ids []arena.ID,
 		wg.Add(1)
 		go func(i int) {
 			defer func() { <-sem; wg.Done() }()
-			errs[i] = m.fill(ctx, keys[i], t, id, buf)
+			errs[i] = m.fill(ctx, keys[i], parentOf(keys, i, first), t, id, buf)
 		}(n)
 	}
 	wg.Wait()
@@ -597,7 +673,7 @@ func (m *Manager) holder(k chunk.Key, upTo int) int {
 // its bytes) and commits it. On failure it drops the reservation. A hit in
 // a tier below the first lower tier is also offered to the tiers above it,
 // without waiting: a read never waits for write backpressure.
-func (m *Manager) fill(ctx context.Context, k chunk.Key, t int, id arena.ID, buf []byte) error {
+func (m *Manager) fill(ctx context.Context, k chunk.Key, up link, t int, id arena.ID, buf []byte) error {
 	lt := m.lower[t]
 	n, err := lt.Get(ctx, k, buf)
 	if err == nil && n != len(buf) {
@@ -607,12 +683,12 @@ func (m *Manager) fill(ctx context.Context, k chunk.Key, t int, id arena.ID, buf
 		m.arena.Unref(id)
 		return err
 	}
-	m.ram.Commit(k, id)
+	m.ram.CommitAfter(k, up.parent, up.ok, id)
 	m.promoted.Add(1)
 	if t > 0 {
 		m.mu.RLock()
 		if !m.closed {
-			m.enqueueWrites(k, id, t, &writeBudget{wait: -1})
+			m.enqueueWrites(k, up, id, t, &writeBudget{wait: -1})
 		}
 		m.mu.RUnlock()
 	}

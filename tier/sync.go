@@ -2,6 +2,7 @@ package tier
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -137,7 +138,7 @@ func (m *Manager) redo(ctx context.Context, lt *lowerTier, r *TierSync) {
 			lt.failed.Add(1)
 			lt.missed.add(k)
 			r.Missing++
-			m.opts.Logger.Warn("lower tier write failed again", "tier", lt.Name(), "key", k, "err", err)
+			lt.redoLog.Log(m.opts.Logger, slog.LevelWarn, "lower tier write failed again", "tier", lt.Name(), "key", k, "err", err)
 			continue
 		}
 		r.Redone++

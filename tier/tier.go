@@ -52,6 +52,14 @@ type Tier interface {
 	Put(ctx context.Context, key chunk.Key, data []byte) error
 }
 
+// ChainPutter is implemented by tiers whose eviction can follow prefix
+// chains (a prefix-aware policy, package policy). The manager calls
+// PutAfter instead of Put when it knows the chunk's parent: the chunk just
+// before it in its prompt.
+type ChainPutter interface {
+	PutAfter(ctx context.Context, key, parent chunk.Key, data []byte) error
+}
+
 // Remover is implemented by tiers that can delete one object. A store
 // without per-key deletion (another daemon's protocol) leaves objects to
 // its own eviction.

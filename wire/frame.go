@@ -60,7 +60,9 @@ const (
 	OpPushStatus      Op = 18
 	OpReceive         Op = 19
 	OpWait            Op = 20
-	opLimit           Op = 21
+	// OpLookupBatch    Op = 21, see batch.go
+	// OpRequestBuffer  Op = 22, see shared.go
+	opLimit Op = 23
 
 	// MaxOp is the highest operation of this version.
 	MaxOp = opLimit - 1
@@ -68,7 +70,7 @@ const (
 
 var opNames = [...]string{"", "HELLO", "PING", "SCOPE", "LOOKUP", "PREPARE_STORE",
 	"COMMIT_STORE", "PREPARE_RETRIEVE", "RELEASE", "RENEW", "PREFETCH", "CLEAR",
-	"STATS", "STORE", "RETRIEVE", "SIZES", "FLUSH", "PUSH", "PUSH_STATUS", "RECEIVE", "WAIT"}
+	"STATS", "STORE", "RETRIEVE", "SIZES", "FLUSH", "PUSH", "PUSH_STATUS", "RECEIVE", "WAIT", "LOOKUP_BATCH", "REQUEST_BUFFER"}
 
 func (o Op) String() string {
 	if o > 0 && o < opLimit {

@@ -31,6 +31,9 @@ func messages() []func() message {
 		func() message { return new(PeerDataHeader) },
 		func() message { return new(Flush) },
 		func() message { return new(FlushReply) },
+		func() message { return new(LookupBatch) },
+		func() message { return new(LookupBatchReply) },
+		func() message { return new(RequestBuffer) },
 	}
 }
 
@@ -47,6 +50,10 @@ func FuzzDecode(f *testing.F) {
 	f.Add((&Hello{Version: 1, Token: "t", Name: "n"}).Append(nil))
 	f.Add((&LookupReply{Tokens: 1, ByTier: []uint32{1, 2}}).Append(nil))
 	f.Add((&FlushReply{Tiers: []FlushTier{{Name: "disk", Pending: 1, Redone: 2, Missing: 3}}}).Append(nil))
+	f.Add((&LookupBatch{Lookups: []Lookup{{LeaseMS: 5, Keys: keys}, {Keys: Keys{Scope: 2, Kind: KindHashes, Hashes: []chunk.Hash{{1}}}}}}).Append(nil))
+	f.Add((&LookupBatchReply{Results: []LookupResult{{Reply: LookupReply{Tokens: 1, ByTier: []uint32{1}}}, {Status: StatusNotFound, Message: "no"}}}).Append(nil))
+	f.Add((&Lookup{Keys: Keys{Scope: 1, Kind: KindShared, Skip: 16, Shared: SharedTokens{Offset: 64, Count: 100}}}).Append(nil))
+	f.Add((&RequestBuffer{Bytes: 1 << 20}).Append(nil))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, body []byte) {
 		ParseHeader(body)
@@ -86,6 +93,14 @@ func TestRoundTrips(t *testing.T) {
 		&PeerDataHeader{DataHeader: DataHeader{Tokens: 7, Sizes: []uint32{1, 2}}, Sums: []uint64{1 << 63, 5}},
 		&Flush{TimeoutMS: 60_000},
 		&FlushReply{Tiers: []FlushTier{{Name: "disk"}, {Name: "redis", Pending: 4, Redone: 2, Missing: 1}}},
+		&LookupBatch{Lookups: []Lookup{{LeaseMS: 100, Keys: keys}, {Keys: Keys{Kind: KindRaw, Raw: []chunk.Key{{Scope: 7}}}}}},
+		&Lookup{Keys: Keys{Scope: 2, Kind: KindShared, Skip: 256, Shared: SharedTokens{Offset: 1 << 20, Count: 4096}}},
+		&RequestBuffer{Bytes: MaxRequestBuffer},
+		&LookupBatchReply{Results: []LookupResult{
+			{Reply: LookupReply{Tokens: 512, Chunks: 2, Lease: 77, ByTier: []uint32{1, 1}}},
+			{Status: StatusNotFound, Message: "scope handle 9 is not registered"},
+			{Reply: LookupReply{}},
+		}},
 	}
 	for _, m := range cases {
 		b := m.Append(nil)
@@ -144,6 +159,12 @@ func typeName(m message) string {
 		return "flush"
 	case *FlushReply:
 		return "flushreply"
+	case *LookupBatch:
+		return "lookupbatch"
+	case *LookupBatchReply:
+		return "lookupbatchreply"
+	case *RequestBuffer:
+		return "requestbuffer"
 	}
 	return ""
 }
@@ -165,10 +186,12 @@ func TestDecodeRejectsHugeCounts(t *testing.T) {
 
 func TestKeysRules(t *testing.T) {
 	bad := []Keys{
-		{Scope: 0, Kind: KindTokens},           // tokens need a scope
-		{Scope: 1, Kind: KindRaw},              // raw keys carry their own
-		{Scope: 1, Kind: KindHashes, Skip: 16}, // skip is for tokens
-		{Scope: 1, Kind: KeyKind(7)},           // unknown kind
+		{Scope: 0, Kind: KindTokens},                                            // tokens need a scope
+		{Scope: 1, Kind: KindRaw},                                               // raw keys carry their own
+		{Scope: 1, Kind: KindHashes, Skip: 16},                                  // skip is for tokens
+		{Scope: 1, Kind: KeyKind(7)},                                            // unknown kind
+		{Scope: 0, Kind: KindShared},                                            // shared tokens need a scope
+		{Scope: 1, Kind: KindShared, Shared: SharedTokens{Offset: 6, Count: 1}}, // not at a multiple of 4
 	}
 	for _, k := range bad {
 		var m KeysOnly

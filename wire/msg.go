@@ -158,6 +158,7 @@ const (
 //	       retrieved); zero otherwise
 //	12 4 count of tokens or keys
 //	16 . count × u32 tokens | count × 16-byte hashes | count × (u64 scope, 16-byte hash)
+//	     | with KindShared, a u64 byte offset into the request buffer
 type Keys struct {
 	Scope  uint32
 	Kind   KeyKind
@@ -165,15 +166,19 @@ type Keys struct {
 	Tokens []uint32
 	Hashes []chunk.Hash
 	Raw    []chunk.Key
+	// Shared names KindShared tokens: where in the request buffer.
+	Shared SharedTokens
 }
 
-// Len is the number of tokens (KindTokens) or keys.
+// Len is the number of tokens (KindTokens, KindShared) or keys.
 func (k *Keys) Len() int {
 	switch k.Kind {
 	case KindTokens:
 		return len(k.Tokens)
 	case KindHashes:
 		return len(k.Hashes)
+	case KindShared:
+		return int(k.Shared.Count)
 	}
 	return len(k.Raw)
 }
@@ -190,6 +195,8 @@ func (k *Keys) Append(b []byte) []byte {
 		for i := range k.Hashes {
 			b = append(b, k.Hashes[i][:]...)
 		}
+	case KindShared:
+		b = appendU64(b, k.Shared.Offset)
 	default:
 		for i := range k.Raw {
 			b = appendU64(b, k.Raw[i].Scope)
@@ -204,7 +211,7 @@ func (k *Keys) decode(d *decoder) {
 	k.Kind = KeyKind(d.u8("keys kind"))
 	d.zero(3, "keys reserved")
 	k.Skip = d.u32("keys skip")
-	k.Tokens, k.Hashes, k.Raw = k.Tokens[:0], k.Hashes[:0], k.Raw[:0]
+	k.Tokens, k.Hashes, k.Raw, k.Shared = k.Tokens[:0], k.Hashes[:0], k.Raw[:0], SharedTokens{}
 	switch k.Kind {
 	case KindTokens:
 		n := d.count(4, "keys tokens")
@@ -224,10 +231,12 @@ func (k *Keys) decode(d *decoder) {
 			e := p[24*i:]
 			k.Raw = append(k.Raw, chunk.Key{Scope: binary.LittleEndian.Uint64(e), Hash: chunk.Hash(e[8:24])})
 		}
+	case KindShared:
+		k.Shared.decode(d)
 	default:
 		d.fail("keys: unknown kind %d", k.Kind)
 	}
-	if d.err == nil && k.Kind != KindTokens && k.Skip != 0 {
+	if d.err == nil && k.Kind != KindTokens && k.Kind != KindShared && k.Skip != 0 {
 		d.fail("keys: skip %d is only allowed with token keys", k.Skip)
 	}
 	if d.err == nil && (k.Kind == KindRaw) != (k.Scope == 0) {
@@ -288,6 +297,11 @@ func (m *LookupReply) Append(b []byte) []byte {
 
 func (m *LookupReply) Decode(body []byte) error {
 	d := decoder{b: body}
+	m.decode(&d)
+	return d.end("lookup reply")
+}
+
+func (m *LookupReply) decode(d *decoder) {
 	m.Tokens = d.u32("lookup reply tokens")
 	m.Chunks = d.u32("lookup reply chunks")
 	m.Lease = d.u64("lookup reply lease")
@@ -299,7 +313,6 @@ func (m *LookupReply) Decode(body []byte) error {
 	for i := 0; i < n && d.err == nil; i++ {
 		m.ByTier = append(m.ByTier, d.u32("lookup reply tier"))
 	}
-	return d.end("lookup reply")
 }
 
 // PrepareStore reserves arena space for chunks the client will write in

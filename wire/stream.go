@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 )
@@ -16,6 +17,7 @@ import (
 // Shrink hands them back between requests.
 type Reader struct {
 	r   io.Reader
+	br  *bufio.Reader // r, when it is one: BodyView reads bodies in place
 	hdr [HeaderSize]byte
 	buf []byte
 	// Pool, when set, lends every body buffer larger than SmallBody; an
@@ -40,7 +42,10 @@ const SmallBody = 64 << 10
 // NewReader returns a Reader of r. Wrap r in a bufio.Reader if frames are
 // small and frequent; chunk bytes bypass such a buffer anyway once they are
 // larger than it.
-func NewReader(r io.Reader) *Reader { return &Reader{r: r} }
+func NewReader(r io.Reader) *Reader {
+	br, _ := r.(*bufio.Reader)
+	return &Reader{r: r, br: br}
+}
 
 // Header reads the next frame header.
 func (r *Reader) Header() (Header, error) {
@@ -83,6 +88,25 @@ func (r *Reader) Body(h Header) ([]byte, error) {
 		}
 	}
 	return r.buf, nil
+}
+
+// BodyView is Body without the copy when it can be: if the Reader reads
+// from a bufio.Reader that already holds the whole body, the body is
+// returned where it lies in that buffer. Such a view is valid only until
+// the next read of any kind (Header, Body, ReadData), so it is for
+// requests that are decoded and answered before the stream is read again;
+// otherwise it is Body.
+func (r *Reader) BodyView(h Header) ([]byte, error) {
+	n := int(h.Len)
+	if r.br == nil || h.Len > MaxMetaBody || r.br.Buffered() < n {
+		return r.Body(h)
+	}
+	b, err := r.br.Peek(n)
+	if err != nil {
+		return nil, unexpected(err)
+	}
+	r.br.Discard(n)
+	return b, nil
 }
 
 // grow makes buf's capacity at least n, keeping its contents.

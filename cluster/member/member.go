@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"kvtier/cluster"
+	"kvtier/internal/ratelog"
 )
 
 // Options configure a Member.
@@ -42,6 +43,7 @@ type Member struct {
 	opts   Options
 	client *cluster.Client
 	wanted atomic.Int64 // resync requests not yet served by a pass that began after them
+	logs   ratelog.Set  // failed beats and registrations: one per beat while the controller is away
 }
 
 // New returns a Member; nothing runs until Run.
@@ -108,7 +110,7 @@ func (m *Member) Run(ctx context.Context) {
 				m.opts.Log.Warn("controller forgot this daemon; registering again")
 				session, interval = m.register(ctx, interval)
 			} else if ctx.Err() == nil {
-				m.opts.Log.Warn("cluster heartbeat failed", "err", err)
+				m.logs.Log(m.opts.Log, slog.LevelWarn, "cluster heartbeat failed", "err", err)
 			}
 		}
 		tick.Reset(interval)
@@ -121,7 +123,7 @@ func (m *Member) register(ctx context.Context, interval time.Duration) (string, 
 	reply, err := m.client.Register(ctx, m.opts.Register)
 	if err != nil {
 		if ctx.Err() == nil {
-			m.opts.Log.Warn("cluster registration failed; retrying", "controllers", m.opts.Controllers, "err", err)
+			m.logs.Log(m.opts.Log, slog.LevelWarn, "cluster registration failed; retrying", "controllers", m.opts.Controllers, "err", err)
 		}
 		return "", interval
 	}

@@ -63,6 +63,7 @@ backend's own client library on the same server. Machines are noisy: read the ra
 	fl.StringArrayVar(&f.Remotes, "remote", nil, "also measure this remote tier URL (redis://…, s3://…) against its raw client library (repeatable)")
 	fl.IntVar(&f.RemoteChunks, "remote-chunks", 8, "chunks per remote measurement")
 	fl.StringVar(&f.Socket, "socket", "", "measure LOOKUPs against the daemon already serving this local socket (another process) instead of one in this process")
+	fl.BoolVar(&f.LookupsOnly, "lookups-only", false, "measure only the LOOKUP and LOOKUP_BATCH rates and their round-trip baselines")
 	fl.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	fl.BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.AddCommand(benchScaleCmd())

@@ -2,8 +2,9 @@
 // (the engine behind the cache protocols and an HTTP admin API),
 // `controller` runs the KV-aware router over vLLM's KV events, `cluster`
 // runs operations on a controller's daemons (clear, pin, copy, move), `bench`
-// measures the tiers against raw baselines in one run, and `replay` drives
-// a request trace through the real engine.
+// measures the tiers against raw baselines in one run, `replay` drives
+// a request trace through the real engine, and `chaos` runs the fault
+// suite against this binary's own daemons.
 //
 // This package parses commands and flags and wires packages together; the
 // work lives in those packages (engine and server, controller, bench,
@@ -31,6 +32,7 @@ func main() {
 	root.AddCommand(serveCmd(), controllerCmd(), benchCmd(), replayCmd(), versionCmd())
 	root.AddCommand(clusterCmd())
 	root.AddCommand(healthcheckCmd())
+	root.AddCommand(chaosCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "kvtier:", err)
 		os.Exit(1)

@@ -32,6 +32,9 @@ type replayFlags struct {
 	sweep         string
 	noProgress    bool
 	json          bool
+	synth         string
+	seed          uint64
+	synthRequests int
 	router        routerFlags
 	nodes         nodesFlags
 }
@@ -75,7 +78,10 @@ P2P between the nodes.`,
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.trace, "trace", "../shared/traces/conversation_trace.jsonl", "trace file (JSON lines)")
-	fl.StringVar(&f.policy, "policy", "LRU", "RAM-tier eviction policy for the engine run ("+strings.Join(policy.Names(), ", ")+")")
+	fl.StringVar(&f.synth, "synth", "", "instead of --trace, generate a synthetic trace of this kind ("+strings.Join(replay.SynthKinds(), ", ")+")")
+	fl.Uint64Var(&f.seed, "seed", 1, "--synth: generator seed (the same seed gives the same trace)")
+	fl.IntVar(&f.synthRequests, "synth-requests", 12000, "--synth: requests to generate")
+	fl.StringVar(&f.policy, "policy", policy.Default, "RAM-tier eviction policy for the engine run ("+strings.Join(policy.Names(), ", ")+")")
 	fl.Float64Var(&f.ramFrac, "ram", 0.10, "RAM tier capacity as a fraction of the trace's distinct blocks")
 	fl.Float64Var(&f.diskFrac, "disk", 0.30, "disk tier capacity as a fraction of the trace's distinct blocks (0 disables the disk tier)")
 	fl.StringVar(&f.diskDir, "disk-dir", "", "directory for the disk tier (default: a temporary directory, removed afterwards)")
@@ -144,7 +150,7 @@ func runReplay(ctx context.Context, f replayFlags, out, progress io.Writer) erro
 	if f.ramFrac <= 0 || f.diskFrac < 0 || f.bytesPerToken <= 0 {
 		return fmt.Errorf("--ram and --bytes-per-token must be positive, --disk not negative")
 	}
-	reqs, err := readTrace(f.trace)
+	reqs, err := loadTrace(&f)
 	if err != nil {
 		return err
 	}
@@ -183,6 +189,20 @@ func runReplay(ctx context.Context, f replayFlags, out, progress io.Writer) erro
 	}
 	printReplay(out, r)
 	return nil
+}
+
+// loadTrace reads --trace or, with --synth, generates a trace and names
+// it in f.trace for the report.
+func loadTrace(f *replayFlags) ([]replay.Request, error) {
+	if f.synth == "" {
+		return readTrace(f.trace)
+	}
+	reqs, err := replay.Synthesize(f.synth, f.seed, f.synthRequests)
+	if err != nil {
+		return nil, fmt.Errorf("--synth: %w", err)
+	}
+	f.trace = fmt.Sprintf("synth:%s:seed=%d:n=%d", strings.ToLower(f.synth), f.seed, f.synthRequests)
+	return reqs, nil
 }
 
 func readTrace(path string) ([]replay.Request, error) {

@@ -41,7 +41,7 @@ func runNodesReplay(ctx context.Context, f replayFlags, out, progress io.Writer)
 	if f.ramFrac <= 0 || f.diskFrac < 0 || f.nodes.remote < 0 {
 		return fmt.Errorf("--ram must be positive, --disk and --remote not negative")
 	}
-	reqs, err := readTrace(f.trace)
+	reqs, err := loadTrace(&f)
 	if err != nil {
 		return err
 	}

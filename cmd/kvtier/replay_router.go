@@ -28,7 +28,7 @@ type routerReport struct {
 
 // runRouterReplay compares routing policies over simulated vLLM pods.
 func runRouterReplay(ctx context.Context, f replayFlags, out, progress io.Writer) error {
-	reqs, err := readTrace(f.trace)
+	reqs, err := loadTrace(&f)
 	if err != nil {
 		return err
 	}

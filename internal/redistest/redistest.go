@@ -42,13 +42,48 @@ func Start(t testing.TB) *Server {
 // StartOn runs redis-server on port, for restarting a server in place.
 func StartOn(t testing.TB, port int) *Server {
 	t.Helper()
+	return start(t, port, "--save", "", "--appendonly", "no", "--dir", t.TempDir())
+}
+
+// StartDurable runs redis-server on port (0 for a free one) with its
+// append-only file in dir, fsync'ed before every reply (appendfsync
+// always): a write it acknowledged survives a SIGKILL, and a server
+// started again on the same dir has it back.
+func StartDurable(t testing.TB, port int, dir string) *Server {
+	t.Helper()
+	if port == 0 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port = l.Addr().(*net.TCPAddr).Port
+		l.Close()
+	}
+	return start(t, port, "--save", "", "--appendonly", "yes", "--appendfsync", "always", "--dir", dir)
+}
+
+// StartPassword runs redis-server on a free port, without persistence,
+// requiring password (requirepass): URL then lacks it, and a client must
+// give it.
+func StartPassword(t testing.TB, password string) *Server {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	return start(t, port, "--save", "", "--appendonly", "no", "--dir", t.TempDir(), "--requirepass", password)
+}
+
+func start(t testing.TB, port int, args ...string) *Server {
+	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		citest.Missing(t, "redis-server not installed (apt-get install redis-server): %v", err)
 	}
 	s := &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port)}
-	s.cmd = exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", t.TempDir())
+	s.cmd = exec.Command(bin, append([]string{"--port", fmt.Sprint(port), "--bind", "127.0.0.1"}, args...)...)
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -41,8 +41,22 @@ var buildOnce = sync.OnceValues(func() (string, error) {
 	return bin, nil
 })
 
-// Binary returns the path of a kvtier binary built from this tree.
-func Binary() (string, error) { return buildOnce() }
+// usedBinary, when set by UseBinary, replaces the build.
+var usedBinary string
+
+// Binary returns the path of a kvtier binary built from this tree, or the
+// one UseBinary named.
+func Binary() (string, error) {
+	if usedBinary != "" {
+		return usedBinary, nil
+	}
+	return buildOnce()
+}
+
+// UseBinary makes Binary return bin instead of building one: `kvtier
+// chaos` runs the helpers with its own executable, where no Go toolchain
+// need exist. Call it before any Start.
+func UseBinary(bin string) { usedBinary = bin }
 
 // Cleanup removes the built binary; call it from TestMain after m.Run.
 func Cleanup() {
@@ -73,10 +87,11 @@ func (l *Log) String() string {
 type Daemon struct {
 	Cmd    *exec.Cmd
 	Log    *Log
-	Sock   string // the local socket
-	TCP    string // the TCP protocol's address
-	Admin  string // http://host:port of the admin API
-	exited chan error
+	Sock   string        // the local socket
+	TCP    string        // the TCP protocol's address
+	Admin  string        // http://host:port of the admin API
+	exited chan struct{} // closed once the process has exited
+	err    error         // Wait's result, set before exited is closed
 }
 
 var (
@@ -110,12 +125,12 @@ func Start(t testing.TB, dir, conf string) *Daemon {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
-	d := &Daemon{Cmd: cmd, Log: &Log{}, Sock: sock, exited: make(chan error, 1)}
+	d := &Daemon{Cmd: cmd, Log: &Log{}, Sock: sock, exited: make(chan struct{})}
 	cmd.Stderr = d.Log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { d.exited <- cmd.Wait() }()
+	go func() { d.err = cmd.Wait(); close(d.exited) }()
 	t.Cleanup(d.Kill)
 	d.waitListening(t)
 	if resp, err := http.Get(d.Admin + "/readyz"); err != nil || resp.StatusCode != 200 {
@@ -137,8 +152,8 @@ func (d *Daemon) waitListening(t testing.TB) {
 			d.TCP = m[1]
 		}
 		select {
-		case err := <-d.exited:
-			t.Fatalf("kvtier serve exited before listening: %v\n%s", err, log)
+		case <-d.exited:
+			t.Fatalf("kvtier serve exited before listening: %v\n%s", d.err, log)
 		case <-time.After(10 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
@@ -148,7 +163,7 @@ func (d *Daemon) waitListening(t testing.TB) {
 }
 
 // Kill ends the daemon with SIGKILL: nothing of its shutdown runs, as
-// when a node dies.
+// when a node dies. Killing a daemon that has exited returns at once.
 func (d *Daemon) Kill() {
 	d.Cmd.Process.Signal(syscall.SIGKILL)
 	select {

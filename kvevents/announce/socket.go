@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"kvtier/internal/ratelog"
 	"kvtier/kvevents"
 )
 
@@ -31,6 +32,7 @@ type Socket[T any] struct {
 	topic []byte
 	sock  zmq4.Socket
 	log   *slog.Logger
+	logs  ratelog.Set // send failures: one per batch while the socket fails
 	enc   kvevents.Encoder
 	fill  func(T, *kvevents.Batch)
 
@@ -113,7 +115,7 @@ func (s *Socket[T]) send() {
 		// zmq4 may keep the frames until written: give it its own copies.
 		msg := zmq4.NewMsgFrom(s.topic, append([]byte(nil), seqFrame[:]...), append([]byte(nil), payload...))
 		if err := s.sock.SendMulti(msg); err != nil {
-			s.log.Warn(s.label+": sending", "err", err)
+			s.logs.Log(s.log, slog.LevelWarn, s.label+": sending", "err", err)
 			continue
 		}
 		s.sent.Add(1)

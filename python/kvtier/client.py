@@ -22,8 +22,10 @@ import json
 import mmap
 import os
 import socket
+import struct
+import sys
 import threading
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Union
 
 import torch
 
@@ -93,18 +95,27 @@ def default_socket_path() -> str:
 class Client:
     """One connection to ``kvtier serve`` over its Unix socket, with the arena mapped."""
 
-    def __init__(self, path: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT, name: str = "kvtier-python"):
+    def __init__(self, path: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT, name: str = "kvtier-python",
+                 request_buffer: int = 0):
+        """request_buffer > 0 asks the daemon for a request buffer of that many
+        bytes (REQUEST_BUFFER, docs/protocol.md): lookup() and lookup_batch()
+        then copy token ids there instead of sending them through the socket."""
         self.path = path or default_socket_path()
         self.timeout = timeout
-        self._lock = threading.Lock()
+        # Reentrant: a lookup holds it while it fills the request buffer and
+        # then sends through _call, which takes it again.
+        self._lock = threading.RLock()
         self._next_id = 1
         self._sock: Optional[socket.socket] = None
         self._arena: Optional[mmap.mmap] = None
+        self._reqbuf: Optional[mmap.mmap] = None
         try:
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._sock.settimeout(timeout)
             self._sock.connect(self.path)
             self.hello = self._handshake(name)
+            if request_buffer:
+                self._map_request_buffer(request_buffer)
         except OSError as e:
             self.close()
             raise ConnectionLost(f"kvtier: connecting to {self.path}: {e}") from e
@@ -130,6 +141,9 @@ class Client:
             self._sock.close()
             self._sock = None
         self._arena_bytes = None
+        if self._reqbuf is not None:
+            self._reqbuf.close()
+            self._reqbuf = None
         if self._arena is not None:
             try:
                 self._arena.close()
@@ -164,8 +178,50 @@ class Client:
             for fd in fds:
                 os.close(fd)
 
+    def _map_request_buffer(self, size: int) -> None:
+        if not p.MIN_REQUEST_BUFFER <= size <= p.MAX_REQUEST_BUFFER:
+            raise ValueError(f"a request buffer of {size} bytes; {p.MIN_REQUEST_BUFFER} to {p.MAX_REQUEST_BUFFER} are allowed")
+        if sys.byteorder != "little":
+            raise ValueError("a request buffer holds little-endian tokens; this host is not little-endian")
+        with self._lock:
+            rid = self._next_id
+            self._next_id += 1
+            self._sock.sendall(p.frame(p.OP_REQUEST_BUFFER, rid, struct.pack("<I", size)))
+            first, fds = self._recv_with_fd()
+            try:
+                header = p.unpack_header(first + self._recv_exact(p.HEADER_SIZE - len(first)))
+                body = self._recv_exact(header.length)
+                if header.status != 0:
+                    raise status_error(p.OP_REQUEST_BUFFER, header.status, body)
+                if header.op != p.OP_REQUEST_BUFFER or header.request_id != rid or not fds:
+                    raise p.ProtocolError("REQUEST_BUFFER: no memfd, or a reply to another request")
+                granted = p.unpack_u32(body, "request buffer reply")
+                if granted < size:
+                    raise p.ProtocolError(f"REQUEST_BUFFER granted {granted} bytes for {size} asked")
+                self._reqbuf = mmap.mmap(fds[0], granted, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+    @property
+    def shares_tokens(self) -> bool:
+        """Whether lookups leave their token ids in a request buffer."""
+        return self._reqbuf is not None
+
+    def _lookup_body(self, keys: Keys, lease_ms: int, at: int) -> tuple:
+        """A LOOKUP body for keys, with their token ids written into the
+        request buffer from byte at when they fit there (the caller holds the
+        lock until the reply); returns the body and the next free byte."""
+        if self._reqbuf is not None and keys.kind == p.KIND_TOKENS:
+            data = p.pack_u32_array(keys.items)
+            if at + len(data) <= len(self._reqbuf):
+                self._reqbuf[at:at + len(data)] = data
+                body = struct.pack("<I", lease_ms) + p.pack_shared_keys(keys.scope, at, len(data) // 4, keys.skip)
+                return body, at + len(data)
+        return p.pack_lookup(keys, lease_ms), at
+
     def _recv_with_fd(self) -> tuple:
-        """Reads the start of the HELLO reply with recvmsg: the memfd rides on its first byte."""
+        """Reads the start of a reply with recvmsg: a memfd rides on its first byte (HELLO, REQUEST_BUFFER)."""
         fds = array.array("i")
         data, ancdata, _flags, _addr = self._sock.recvmsg(p.HEADER_SIZE, socket.CMSG_SPACE(fds.itemsize))
         if not data:
@@ -242,7 +298,27 @@ class Client:
 
     def lookup(self, keys: Keys, lease_ms: int = 0) -> LookupReply:
         """How much of the keys' prefix is cached; with lease_ms, keeps the hit resident."""
-        return p.unpack_lookup_reply(self._call(p.OP_LOOKUP, p.pack_lookup(keys, lease_ms)))
+        with self._lock:
+            body, _ = self._lookup_body(keys, lease_ms, 0)
+            return p.unpack_lookup_reply(self._call(p.OP_LOOKUP, body))
+
+    def lookup_batch(self, keys: Sequence[Keys], lease_ms: int = 0) -> List[Union[LookupReply, StatusError]]:
+        """Looks up several prompts in one round trip (LOOKUP_BATCH, at most
+        protocol.MAX_BATCH). Item i answers keys[i]: its LookupReply, or, for a
+        lookup that failed alone, the StatusError (returned, not raised) that
+        lookup() would have raised."""
+        if not 0 < len(keys) <= p.MAX_BATCH:
+            raise ValueError(f"a batch of {len(keys)} lookups; 1 to {p.MAX_BATCH} are allowed")
+        with self._lock:
+            parts, at = [struct.pack("<I", len(keys))], 0
+            for k in keys:
+                part, at = self._lookup_body(k, lease_ms, at)
+                parts.append(part)
+            results = p.unpack_lookup_batch_reply(self._call(p.OP_LOOKUP_BATCH, b"".join(parts)))
+        if len(results) != len(keys):
+            raise p.ProtocolError(f"LOOKUP_BATCH of {len(keys)} lookups answered with {len(results)} results")
+        return [r.reply if r.status == 0 else status_error(p.OP_LOOKUP, r.status, r.message.encode("utf-8"))
+                for r in results]
 
     def prepare_store(self, keys: Keys, sizes: Sequence[int], lease_ms: int = 0) -> Slots:
         return p.unpack_slots(self._call(p.OP_PREPARE_STORE, p.pack_prepare_store(keys, sizes, lease_ms)))

@@ -46,6 +46,10 @@ OP_PUSH = 17         # prefill/decode transfer, docs/disaggregation.md
 OP_PUSH_STATUS = 18
 OP_RECEIVE = 19      # daemon to daemon only
 OP_WAIT = 20
+OP_LOOKUP_BATCH = 21  # many LOOKUPs in one round trip
+OP_REQUEST_BUFFER = 22  # shared memory for the token ids of lookups
+
+MAX_BATCH = 1024  # lookups in one LOOKUP_BATCH
 
 TRANSFER_PENDING = 0
 TRANSFER_DONE = 1
@@ -55,6 +59,10 @@ TRANSFER_STATES = {TRANSFER_PENDING: "pending", TRANSFER_DONE: "done", TRANSFER_
 # Key kinds.
 KIND_TOKENS = 0
 KIND_HASHES = 1
+KIND_SHARED = 3  # token ids in the connection's request buffer
+
+MIN_REQUEST_BUFFER = 4 << 10
+MAX_REQUEST_BUFFER = MAX_META_BODY
 
 # Slot states.
 SLOT_WRITE = 0
@@ -128,6 +136,13 @@ class Keys:
         raise ValueError(f"unsupported key kind {self.kind}")
 
 
+def pack_shared_keys(scope: int, offset: int, count: int, skip: int = 0) -> bytes:
+    """Keys of kind 3: count token ids at byte offset of the request buffer."""
+    if offset % 4:
+        raise ValueError(f"shared tokens at offset {offset}, not a multiple of 4")
+    return struct.pack("<IB3xIIQ", scope, KIND_SHARED, skip, count, offset)
+
+
 def pack_u32_array(values: Sequence[int]) -> bytes:
     """Packs u32s without a count. An ``array('I')`` (as the vLLM connector keeps
     prompts) is used as is; anything else is converted once, range-checked."""
@@ -162,6 +177,13 @@ def pack_scope(world_size: int, rank: int, model: str, fmt: str, namespace: str 
 
 def pack_lookup(keys: Keys, lease_ms: int) -> bytes:
     return struct.pack("<I", lease_ms) + keys.pack()
+
+
+def pack_lookup_batch(lookups: Sequence) -> bytes:
+    """A LOOKUP_BATCH body from (keys, lease_ms) pairs, 1 to MAX_BATCH of them."""
+    if not 0 < len(lookups) <= MAX_BATCH:
+        raise ValueError(f"a batch of {len(lookups)} lookups; 1 to {MAX_BATCH} are allowed")
+    return struct.pack("<I", len(lookups)) + b"".join(pack_lookup(k, lease) for k, lease in lookups)
 
 
 def pack_prepare_store(keys: Keys, sizes: Sequence[int], lease_ms: int) -> bytes:
@@ -266,12 +288,43 @@ class LookupReply:
 
 def unpack_lookup_reply(body: bytes) -> LookupReply:
     r = _Reader(body, "lookup reply")
+    reply = _lookup_reply_fields(r)
+    r.end()
+    return reply
+
+
+@dataclass
+class LookupResult:
+    """One lookup of a LOOKUP_BATCH: status 0 and the reply, or the error status and message."""
+    status: int
+    message: str = ""
+    reply: LookupReply = None
+
+
+def _lookup_reply_fields(r: "_Reader") -> LookupReply:
     tokens, chunks, lease, n = r.unpack("IIQB")
     if n > 8:
         raise ProtocolError(f"lookup reply: {n} tiers, limit 8")
     by_tier = list(r.unpack(f"{n}I")) if n else []
-    r.end()
     return LookupReply(tokens, chunks, lease, by_tier)
+
+
+def unpack_lookup_batch_reply(body: bytes) -> List[LookupResult]:
+    r = _Reader(body, "lookup batch reply")
+    (n,) = r.unpack("I")
+    if n > MAX_BATCH or n * 6 > len(body) - 4:
+        raise ProtocolError(f"lookup batch reply: {n} results in {len(body)} bytes")
+    results = []
+    for _ in range(n):
+        (status,) = r.unpack("I")
+        if status not in STATUS_NAMES:
+            raise ProtocolError(f"lookup batch reply: unknown status {status}")
+        if status == 0:
+            results.append(LookupResult(0, reply=_lookup_reply_fields(r)))
+        else:
+            results.append(LookupResult(status, message=r.string()))
+    r.end()
+    return results
 
 
 @dataclass

@@ -166,3 +166,81 @@ def test_flush_reply_decoder():
         p.unpack_flush_reply(struct.pack("<B", 9))  # more tiers than a daemon has
     with pytest.raises(p.ProtocolError):
         p.unpack_flush_reply(struct.pack("<BH", 1, 2) + b"\xff\xfe" + struct.pack("<III", 0, 0, 0))
+
+
+def test_lookup_batch_matches_single_lookups(daemon):
+    """LOOKUP_BATCH answers each prompt as LOOKUP does, in one round trip;
+    a failing lookup fails alone, as the exception lookup() would raise."""
+    from kvtier.client import StatusError
+    whole = list(range(7000, 7000 + 3 * CHUNK))
+    with Client(daemon.socket_path) as c:
+        s = c.scope("batch", "uint8/KV_2LTD")
+        assert c.store(c.tokens(s, whole), [_chunk(i) for i in range(3)]) == 3
+        keys = [
+            c.tokens(s, whole),
+            c.tokens(s, whole[:CHUNK] + list(range(1, 1 + CHUNK))),  # first chunk only
+            c.tokens(s, list(range(90000, 90000 + 2 * CHUNK))),        # a miss
+            c.tokens(s, whole, skip=CHUNK),
+            c.tokens(999, whole),                                      # unknown scope handle
+            c.tokens(s, whole, skip=3),                                # skip not a chunk multiple
+        ]
+        got = c.lookup_batch(keys)
+        assert len(got) == len(keys)
+        for k, g in zip(keys, got):
+            try:
+                want = c.lookup(k)
+            except StatusError as e:
+                assert isinstance(g, type(e)) and g.message == e.message
+                continue
+            assert g == want
+        assert [g.chunks for g in got[:4]] == [3, 1, 0, 3]
+        assert isinstance(got[4], NotFound) and isinstance(got[5], BadRequest)
+        leased = c.lookup_batch(keys[:1], lease_ms=1000)[0]
+        assert leased.lease != 0
+        c.release(leased.lease)
+        with pytest.raises(ValueError):
+            c.lookup_batch([])
+        with pytest.raises(ValueError):
+            c.lookup_batch([keys[0]] * (p.MAX_BATCH + 1))
+        assert c.ping(b"still usable") == b"still usable"
+
+
+def test_lookup_batch_reply_decoder():
+    ok = struct.pack("<IIIQB", 0, 32, 2, 0, 1) + struct.pack("<I", 2)
+    err = struct.pack("<IH", 3, 2) + b"no"
+    got = p.unpack_lookup_batch_reply(struct.pack("<I", 2) + ok + err)
+    assert got[0].status == 0 and got[0].reply.tokens == 32 and got[0].reply.by_tier == [2]
+    assert (got[1].status, got[1].message) == (3, "no")
+    for bad in (
+        struct.pack("<I", 3) + ok + err,          # announces more results than it carries
+        struct.pack("<I", 1) + ok + b"\0",        # trailing bytes
+        struct.pack("<II", 1, 77) + b"\0\0",      # unknown status
+        struct.pack("<I", 5000) + b"\0" * 64,     # over MAX_BATCH
+    ):
+        with pytest.raises(p.ProtocolError):
+            p.unpack_lookup_batch_reply(bad)
+
+
+def test_request_buffer_lookups_match(daemon):
+    """With a request buffer, lookups leave their tokens in shared memory
+    and answer exactly as lookups that send them; a batch whose tokens do
+    not all fit sends the rest in the frame."""
+    prompts = [list(range(20000 + 1000 * i, 20000 + 1000 * i + 3 * CHUNK)) for i in range(6)]
+    big = list(range(60000, 60000 + 1200))  # 4,800 bytes: more than a 4 KiB buffer's room
+    with Client(daemon.socket_path) as plain, Client(daemon.socket_path, request_buffer=p.MIN_REQUEST_BUFFER) as shared:
+        assert shared.shares_tokens and not plain.shares_tokens
+        s = plain.scope("reqbuf", "uint8/KV_2LTD")
+        for i, t in enumerate(prompts):
+            assert plain.store(plain.tokens(s, t[: (1 + i % 3) * CHUNK]), [_chunk(i)] * (1 + i % 3)) == 1 + i % 3
+        h = shared.scope("reqbuf", "uint8/KV_2LTD")
+        for t in prompts + [big]:
+            assert shared.lookup(shared.tokens(h, t)) == plain.lookup(plain.tokens(s, t))
+        want = plain.lookup_batch([plain.tokens(s, t) for t in prompts + [big]])
+        got = shared.lookup_batch([shared.tokens(h, t) for t in prompts + [big]])
+        assert got == want
+        assert [g.chunks for g in got[:3]] == [1, 2, 3]
+        assert shared.lookup(shared.tokens(h, prompts[0], skip=CHUNK)).chunks == 1
+        with pytest.raises(BadRequest):
+            shared.lookup(shared.tokens(h, prompts[0], skip=3))
+    with pytest.raises(ValueError):
+        Client(daemon.socket_path, request_buffer=100)

@@ -79,10 +79,14 @@ func (x *index) add(s slot) int32 {
 }
 
 // publish makes a written slot live and admits it to the policy.
-func (x *index) publish(i int32) {
+func (x *index) publish(i int32) { x.publishAfter(i, parent{}) }
+
+// publishAfter is publish naming the record's parent, when known, for a
+// prefix-aware policy.
+func (x *index) publishAfter(i int32, up parent) {
 	x.slots[i].state = slotLive
 	x.live++
-	x.order.Admit(x.slots[i].key)
+	policy.AdmitAfter(x.order, x.slots[i].key, up.key, up.ok)
 }
 
 // drop forgets slot i entirely. A live record leaves the policy as removed

@@ -56,6 +56,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"kvtier/chunk"
+	"kvtier/internal/ratelog"
 	"kvtier/tier"
 	"kvtier/tier/policy"
 )
@@ -195,6 +196,7 @@ type Tier struct {
 	unprobed  bool          // opened on a full file system: probe before writing
 	recheck   time.Duration // recheckEvery; tests shorten it
 	logs      spaceLogs
+	corrupt   ratelog.Set // one line per damaged record read: a bad disk has many
 
 	// Checkpoints: see checkpoint.go.
 	rec       Recovery
@@ -217,6 +219,7 @@ var (
 	_ tier.Lister          = (*Tier)(nil)
 	_ tier.Observable      = (*Tier)(nil)
 	_ tier.StatsReporter   = (*Tier)(nil)
+	_ tier.ChainPutter     = (*Tier)(nil)
 	_ io.Closer            = (*Tier)(nil)
 )
 
@@ -379,6 +382,24 @@ func (t *Tier) List(scope uint64, fn func(chunk.Key, int) bool) {
 // system makes the tier evict to fit or turn read-only (see space.go); a
 // read-only tier fails Puts with ErrReadOnly.
 func (t *Tier) Put(ctx context.Context, key chunk.Key, data []byte) error {
+	return t.putAfter(ctx, key, parent{}, data)
+}
+
+// PutAfter implements tier.ChainPutter: it is Put for a chunk whose parent
+// in its prefix chain is up, which a prefix-aware policy keeps while the
+// chunk is stored. Parents are not logged: after a restart records are
+// admitted as roots.
+func (t *Tier) PutAfter(ctx context.Context, key, up chunk.Key, data []byte) error {
+	return t.putAfter(ctx, key, parent{up, true}, data)
+}
+
+// parent is a record's parent in its prefix chain, when known.
+type parent struct {
+	key chunk.Key
+	ok  bool
+}
+
+func (t *Tier) putAfter(ctx context.Context, key chunk.Key, up parent, data []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -386,11 +407,11 @@ func (t *Tier) Put(ctx context.Context, key chunk.Key, data []byte) error {
 	if need > t.opts.Capacity {
 		return fmt.Errorf("disk: put %v: %d bytes on disk: %w", key, need, tier.ErrTooLarge)
 	}
-	err := t.put(ctx, key, data, need)
+	err := t.put(ctx, key, up, data, need)
 	if isNoSpace(err) && t.noSpace(need, err) {
 		// The capacity in force was lowered to what the file system
 		// holds: try once more, evicting down to it.
-		if err = t.put(ctx, key, data, need); isNoSpace(err) {
+		if err = t.put(ctx, key, up, data, need); isNoSpace(err) {
 			t.noSpace(need, err)
 		}
 	}
@@ -398,7 +419,7 @@ func (t *Tier) Put(ctx context.Context, key chunk.Key, data []byte) error {
 }
 
 // put makes one attempt at storing a need-byte record.
-func (t *Tier) put(ctx context.Context, key chunk.Key, data []byte, need int64) error {
+func (t *Tier) put(ctx context.Context, key chunk.Key, up parent, data []byte, need int64) error {
 	if stored, err := t.enter(key); stored || err != nil {
 		return err
 	}
@@ -409,6 +430,7 @@ func (t *Tier) put(ctx context.Context, key chunk.Key, data []byte, need int64) 
 
 	t.mu.Lock()
 	r, err := t.reserveLocked(key, int64(len(data)), need)
+	r.up = up
 	t.mu.Unlock()
 	if err != nil || r.seg == nil {
 		return err
@@ -462,6 +484,7 @@ type reservation struct {
 	off   int64
 	need  int64 // bytes on disk
 	fresh bool  // seg is new: this Put creates its file
+	up    parent
 }
 
 // enter registers a Put call unless the tier is closed or key is already
@@ -569,7 +592,7 @@ func (t *Tier) finishPut(r reservation, n int, err error) {
 	defer t.space.Broadcast()
 	t.writing -= r.need
 	if err == nil {
-		t.idx.publish(r.slot)
+		t.idx.publishAfter(r.slot, r.up)
 		t.notePutLocked()
 		t.st.Puts++
 		t.st.BytesWritten += uint64(n)
@@ -638,7 +661,7 @@ func (t *Tier) Get(ctx context.Context, key chunk.Key, dst []byte) (int, error) 
 	}
 	n, err := t.finishGet(key, loc, seg, err, bad)
 	if errors.Is(err, tier.ErrCorrupt) {
-		t.log.Warn("dropped corrupt record", "key", key, "segment", loc.seg, "offset", loc.off, "err", bad)
+		t.corrupt.Log(t.log, slog.LevelWarn, "dropped corrupt record", "key", key, "segment", loc.seg, "offset", loc.off, "err", bad)
 	}
 	return n, err
 }

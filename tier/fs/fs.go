@@ -47,6 +47,7 @@ import (
 	"syscall"
 
 	"kvtier/chunk"
+	"kvtier/internal/ratelog"
 	"kvtier/tier"
 	"kvtier/tier/remote"
 )
@@ -57,6 +58,7 @@ type Tier struct {
 	cfg    Config
 	dir    string // Root/Prefix, with a trailing separator
 	logger *slog.Logger
+	logs   ratelog.Set // sweep failures: once per sweep, or per file, while the directory is unhealthy
 
 	closed atomic.Bool
 	stop   context.CancelFunc

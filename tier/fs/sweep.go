@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -41,7 +42,7 @@ func (t *Tier) sweep(ctx context.Context) {
 	used, objects, err := t.scan(ctx, time.Now(), nil)
 	if err != nil {
 		if ctx.Err() == nil {
-			t.logger.Warn("fs tier: sweep failed", "dir", t.dir, "err", err)
+			t.logs.Log(t.logger, slog.LevelWarn, "fs tier: sweep failed", "dir", t.dir, "err", err)
 		}
 		return
 	}
@@ -54,7 +55,7 @@ func (t *Tier) sweep(ctx context.Context) {
 	victims := &oldest{need: need}
 	if _, _, err := t.scan(ctx, time.Now(), victims.offer); err != nil {
 		if ctx.Err() == nil {
-			t.logger.Warn("fs tier: eviction scan failed", "dir", t.dir, "err", err)
+			t.logs.Log(t.logger, slog.LevelWarn, "fs tier: eviction scan failed", "dir", t.dir, "err", err)
 		}
 		return
 	}
@@ -67,7 +68,7 @@ func (t *Tier) sweep(ctx context.Context) {
 			freed += v.size
 			n++
 		} else if !errors.Is(err, fs.ErrNotExist) {
-			t.logger.Warn("fs tier: evict", "path", v.path, "err", err)
+			t.logs.Log(t.logger, slog.LevelWarn, "fs tier: evict", "path", v.path, "err", err)
 		}
 	}
 	t.evictions.Add(uint64(n))

@@ -205,11 +205,19 @@ func (t *Tier) evictOne() bool {
 // If key is already stored, the new object is simply not indexed and is
 // freed when the caller drops its reference.
 func (t *Tier) Commit(key chunk.Key, id arena.ID) {
+	t.CommitAfter(key, chunk.Key{}, false, id)
+}
+
+// CommitAfter is Commit for a chunk whose parent in its prefix chain (the
+// chunk just before it in the prompt) is parent, when hasParent is true. A
+// prefix-aware policy (policy.Prefixed) keeps parents while their
+// children are cached; the others ignore it.
+func (t *Tier) CommitAfter(key, parent chunk.Key, hasParent bool, id arena.ID) {
 	t.mu.Lock()
 	admitted := false
 	if _, dup := t.index[key]; !dup && t.arena.Ref(id) {
 		t.index[key] = id
-		t.policy.Admit(key)
+		policy.AdmitAfter(t.policy, key, parent, hasParent)
 		t.puts.Add(1)
 		t.bytesWritten.Add(uint64(t.arena.Size(id)))
 		admitted = true

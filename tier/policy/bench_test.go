@@ -47,7 +47,7 @@ func BenchmarkAdmitEvict(b *testing.B) {
 			for ; next < benchKeys; next++ {
 				p.Admit(next)
 			}
-			for ; next < 4*benchKeys; next++ { // warm up: ghosts fill, the index settles
+			for ; next < 8*benchKeys; next++ { // warm up: ghosts fill, the index settles
 				p.Evict(busy)
 				p.Admit(next)
 			}
@@ -124,6 +124,38 @@ func BenchmarkChunkKey(b *testing.B) {
 				p.Evict(nil)
 				p.Admit(key(next))
 				next++
+			}
+		})
+	}
+}
+
+// BenchmarkChainAdmitEvict is BenchmarkAdmitEvict for the prefix-aware
+// policies fed as the tiers feed them: prompts of 16 chunks, each chunk
+// admitted as the child of the one before, the chain's head hit first.
+func BenchmarkChainAdmitEvict(b *testing.B) {
+	for _, name := range []string{TREELRU, TREELFU, TREEHD} {
+		b.Run(name, func(b *testing.B) {
+			p := benchNew[uint64](b, name).(Prefixed[uint64])
+			next := uint64(0)
+			step := func() {
+				if p.Len() >= benchKeys {
+					p.Evict(nil)
+				}
+				if next%16 == 0 {
+					p.Admit(next)
+				} else {
+					p.Access(next - next%16)
+					p.AdmitChild(next, next-1)
+				}
+				next++
+			}
+			for range 8 * benchKeys { // warm up: the ghost history fills
+				step()
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				step()
 			}
 		})
 	}

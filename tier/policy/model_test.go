@@ -86,7 +86,7 @@ func run(t *testing.T, ops []byte) {
 	for _, name := range Names() {
 		p, _ := New[int](name)
 		var ref *model
-		if name != S3FIFO && name != ARC {
+		if name == LRU || name == LFU || name == FIFO || name == MRU {
 			ref = &model{name: name}
 		}
 		resident := map[int]bool{}

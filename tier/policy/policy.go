@@ -55,16 +55,48 @@ const (
 	MRU    = "MRU"
 	S3FIFO = "S3FIFO"
 	ARC    = "ARC"
+	// The prefix-aware policies (tree.go).
+	TREELRU = "TREELRU"
+	TREELFU = "TREELFU"
+	TREEHD  = "TREEHD"
 )
 
-// Names lists the policies New accepts, default first.
-func Names() []string { return []string{LRU, LFU, FIFO, MRU, S3FIFO, ARC} }
+// Prefixed is implemented by the policies that use the prefix chain: a
+// chunk is only worth keeping while every chunk before it in its prompt is
+// kept, since a lookup stops at the first miss. The owner admits a chain's
+// first key with Admit and every later one with AdmitChild, naming the key
+// just before it. Keys' parents never change (chunk keys are chained
+// hashes), so hits need no parent.
+type Prefixed[K comparable] interface {
+	Policy[K]
+	// AdmitChild is Admit for a key whose parent in its prefix chain is
+	// parent. An untracked parent makes k the root of a chain of its own.
+	AdmitChild(k, parent K)
+}
+
+// AdmitAfter admits k to p, as the child of parent when p is Prefixed and
+// hasParent is true, and as a plain Admit otherwise.
+func AdmitAfter[K comparable](p Policy[K], k, parent K, hasParent bool) {
+	if pp, ok := p.(Prefixed[K]); ok && hasParent {
+		pp.AdmitChild(k, parent)
+		return
+	}
+	p.Admit(k)
+}
+
+// Names lists the policies New accepts: the classic ones, LRU first, then
+// the prefix-aware ones.
+func Names() []string { return []string{LRU, LFU, FIFO, MRU, S3FIFO, ARC, TREELRU, TREELFU, TREEHD} }
+
+// Default is the policy of the tiers when configuration names none: the
+// best across the traces of docs/bench.md ("Eviction policies").
+const Default = TREELFU
 
 // New returns an empty policy by name, case-insensitively. The empty name
-// gives LRU; "S3-FIFO" is accepted for S3FIFO.
+// gives Default; "S3-FIFO" is accepted for S3FIFO.
 func New[K comparable](name string) (Policy[K], error) {
 	switch strings.ToUpper(strings.TrimSpace(name)) {
-	case "", LRU:
+	case LRU:
 		return newRecency[K](LRU), nil
 	case MRU:
 		return newRecency[K](MRU), nil
@@ -76,6 +108,12 @@ func New[K comparable](name string) (Policy[K], error) {
 		return newS3FIFO[K](), nil
 	case ARC:
 		return newARC[K](), nil
+	case TREELRU, "TREE-LRU":
+		return newTree[K](TREELRU), nil
+	case "", TREELFU, "TREE-LFU":
+		return newTree[K](TREELFU), nil
+	case TREEHD, "TREE-HD":
+		return newTree[K](TREEHD), nil
 	}
 	return nil, fmt.Errorf("policy: unknown eviction policy %q (valid: %s)", name, strings.Join(Names(), ", "))
 }

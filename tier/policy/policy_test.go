@@ -29,7 +29,7 @@ func evictAll(p Policy[int]) []int {
 
 func TestNewNames(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
-		{"", LRU}, {"lru", LRU}, {"Lfu", LFU}, {"fifo", FIFO}, {"MRU", MRU},
+		{"", Default}, {"lru", LRU}, {"tree-lfu", TREELFU}, {"Lfu", LFU}, {"fifo", FIFO}, {"MRU", MRU},
 		{"s3fifo", S3FIFO}, {"S3-FIFO", S3FIFO}, {" arc ", ARC},
 	} {
 		p, err := New[uint64](tc.in)
@@ -350,6 +350,8 @@ func slots(p Policy[int]) int {
 		return len(p.pool.slots)
 	case *arc[int]:
 		return len(p.pool.slots)
+	case *tree[int]:
+		return len(p.nodes)
 	}
 	panic("unknown policy type")
 }

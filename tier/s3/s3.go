@@ -70,6 +70,7 @@ import (
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
 	"kvtier/chunk"
+	"kvtier/internal/ratelog"
 	"kvtier/tier"
 	"kvtier/tier/remote"
 )
@@ -96,6 +97,7 @@ type Tier struct {
 	transport *http.Transport
 	known     *presence
 	log       *slog.Logger
+	logs      ratelog.Set // failed removes: one per chunk while the store is down
 	closed    atomic.Bool
 
 	hits, misses, puts, removes atomic.Uint64
@@ -410,7 +412,7 @@ func (t *Tier) Remove(key chunk.Key) bool {
 		return false
 	}
 	if err := t.client.RemoveObject(ctx, t.cfg.Bucket, name, minio.RemoveObjectOptions{}); err != nil {
-		t.log.Warn("s3 remove failed", "object", name, "err", err)
+		t.logs.Log(t.log, slog.LevelWarn, "s3 remove failed", "object", name, "err", err)
 		return false
 	}
 	t.removes.Add(1)

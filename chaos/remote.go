@@ -1,0 +1,151 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"kvtier/internal/redistest"
+	"kvtier/internal/servetest"
+)
+
+// remoteTargets chunks are made to live only in the remote store:
+// remoteFillers stored after them push them out of the 1 MiB RAM tier.
+const (
+	remoteTargets = 12
+	remoteFillers = 40
+)
+
+// remoteRig starts a daemon with a 1 MiB RAM tier over remoteURL and
+// stores the targets and fillers, each made durable by FLUSH (the store
+// acknowledged it) before the next.
+func remoteRig(t testing.TB, remoteURL string) (*servetest.Daemon, *conn) {
+	t.Helper()
+	dir := t.TempDir()
+	d := servetest.Start(t, dir, baseConf+fmt.Sprintf("max_local_cpu_size: 0.0009765625\nremote_url: %q\n", remoteURL))
+	c := dialUnix(t, d.Sock, newRun())
+	for i := range remoteTargets + remoteFillers {
+		if ok, err := c.put(i); !ok {
+			t.Fatalf("store %d: %v", i, err)
+		}
+		if ok, rep, err := c.flush(); !ok {
+			t.Fatalf("FLUSH after store %d not durable: %+v %v", i, rep, err)
+		}
+	}
+	for i := range remoteTargets {
+		hit, err := c.c.Lookup(context.Background(), c.keys(i), 0)
+		if err != nil || hit.Chunks != 1 || len(hit.ByTier) < 2 || hit.ByTier[0] != 0 {
+			t.Fatalf("target %d is not held by the remote store alone: %+v %v", i, hit, err)
+		}
+	}
+	return d, c
+}
+
+// sickReads reads every target while the store is sick: each must be a
+// miss, never an error. It notes the slowest read.
+func sickReads(t testing.TB, c *conn, what string, r *Report) {
+	t.Helper()
+	var worst time.Duration
+	for i := range remoteTargets {
+		start := time.Now()
+		found, wrong, err := c.get(i)
+		worst = max(worst, time.Since(start))
+		if err != nil || wrong > 0 {
+			t.Errorf("target %d with the store %s: %d wrong bytes, %v (want a miss)", i, what, wrong, err)
+			r.WrongBytes += wrong
+		}
+		if found {
+			t.Errorf("target %d was read from a %s store", i, what)
+		}
+	}
+	r.Note("%d reads with the store %s: all misses, slowest %v", remoteTargets, what, worst.Round(time.Millisecond))
+}
+
+// storesWhileSick stores chunks while the store is sick: the daemon must
+// still acknowledge them (they are in RAM).
+func storesWhileSick(t testing.TB, c *conn, from, n int, r *Report) {
+	t.Helper()
+	for i := from; i < from+n; i++ {
+		if ok, err := c.put(i); !ok {
+			t.Errorf("store %d with the remote store sick: %v", i, err)
+			continue
+		}
+		r.Stored++
+	}
+}
+
+// recovered waits until target 0 reads back from the store again and
+// returns how long that took.
+func recovered(t testing.TB, c *conn) time.Duration {
+	t.Helper()
+	return waitUntil(t, "a target to read back after the store recovered", func() bool {
+		found, _, err := c.get(0)
+		return err == nil && found
+	})
+}
+
+// pushOut stores remoteFillers chunks from id from, each made durable
+// before the next, so that the targets leave RAM again.
+func pushOut(t testing.TB, c *conn, from int, r *Report) {
+	t.Helper()
+	// The first FLUSH reports, and forgets, the writes refused while the
+	// store was sick, whose chunks have left RAM since: not durable.
+	c.flush()
+	for i := from; i < from+remoteFillers; i++ {
+		if ok, err := c.put(i); !ok {
+			t.Fatalf("store %d: %v", i, err)
+		}
+		if ok, rep, err := c.flush(); !ok {
+			t.Fatalf("FLUSH after store %d not durable: %+v %v", i, rep, err)
+		}
+		r.Stored++
+		r.Durable++
+	}
+}
+
+func allRemote() []int {
+	ids := make([]int, remoteTargets+remoteFillers)
+	for i := range ids {
+		ids[i] = i
+	}
+	return ids
+}
+
+// redisHung hangs Redis with SIGSTOP, so its port still accepts
+// connections and nothing answers.
+func redisHung(t testing.TB, o Options, r *Report) {
+	r.Checked = "with Redis hung (SIGSTOP) chunks held only there read as misses, never errors, stores are still acknowledged, and after SIGCONT every durable chunk reads back"
+	srv := redistest.Start(t)
+	_, c := remoteRig(t, srv.URL())
+	r.Stored, r.Durable = remoteTargets+remoteFillers, remoteTargets+remoteFillers
+	if err := srv.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	sickReads(t, c, "hung", r)
+	storesWhileSick(t, c, 1000, 8, r)
+	time.Sleep(o.load())
+	if err := srv.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	r.Recovery = recovered(t, c)
+	verify(t, c, allRemote(), func(int) bool { return true }, r)
+}
+
+// redisKilled kills Redis, which keeps an append-only file fsync'ed
+// before each reply, and starts it again on the same port and files.
+func redisKilled(t testing.TB, o Options, r *Report) {
+	r.Checked = "with Redis killed (SIGKILL) reads are misses, never errors; restarted on its append-only file, every chunk it acknowledged reads back"
+	dir := t.TempDir()
+	srv := redistest.StartDurable(t, 0, dir)
+	_, c := remoteRig(t, srv.URL())
+	r.Stored, r.Durable = remoteTargets+remoteFillers, remoteTargets+remoteFillers
+	srv.Stop()
+	sickReads(t, c, "dead", r)
+	storesWhileSick(t, c, 1000, 8, r)
+	time.Sleep(o.load())
+	redistest.StartDurable(t, srv.Port(), dir)
+	r.Recovery = recovered(t, c)
+	verify(t, c, allRemote(), func(int) bool { return true }, r)
+}

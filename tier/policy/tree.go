@@ -1,0 +1,309 @@
+package policy
+
+// tree is the prefix-aware family: it knows each key's parent in its prefix
+// chain (the chunk just before it in a prompt, given to AdmitChild) and
+// evicts only leaves of the prefix forest, so the cache stays closed under
+// prefixes as far as pins allow. A lookup stops at the first missing chunk:
+// a chunk whose parent is gone can never be a hit, so evicting a parent
+// before its children strands them.
+//
+// Among the leaves, the victim is the one of lowest rank in a random sample
+// of treeSamples leaves (exact ordering would need a heap, and a parent that
+// turns into a leaf would enter it somewhere in the middle). The sample
+// keeps Evict's cost flat in the number of keys; the generator is seeded,
+// so runs are reproducible.
+//
+//   - TREELRU ranks leaves by their last use: least recent first. This is
+//     the radix-tree eviction of prefix caches in serving engines.
+//   - TREELFU ranks leaves by last use pushed later by their reuse: each
+//     hit on the leaf, up to three, is worth one more pass of the whole
+//     cache, in the manner of GreedyDual's frequency credit; a
+//     prompt's last chunk never hit, which the next turn of a chat never
+//     finds (it diverges there), is worth one pass less.
+//   - TREEHD ranks leaves by their expected hit density (hits per unit of
+//     cache time still to come), learnt online from the hits of keys and
+//     the evictions of leaves by age and class, after Least Hit Density
+//     (Beckmann et al., NSDI 2018). See hitDensity.
+//
+// TREELFU and TREEHD remember recently evicted keys (ghosts): a key that
+// comes back resumes its hit count, so chains that keep returning rise.
+type tree[K comparable] struct {
+	name     string
+	keys     []K
+	nodes    []tnode
+	free     int32
+	index    map[K]int32
+	leaves   []int32 // every tracked node without tracked children
+	n        int
+	clock    uint64 // one tick per Admit or Access
+	rng      uint64
+	learned  bool // TREEHD: rank by hd
+	frequent bool // TREELFU: reuse extends a leaf's life
+	hd       hitDensity
+	ghosts   ghosts[K]
+}
+
+// tnode is one tracked key's place in the forest: its parent, its first
+// child and its siblings (so a removed parent can orphan its children), its
+// position in the leaf array, and what the rank needs.
+type tnode struct {
+	parent, child, prev, next int32
+	leaf                      int32  // index in tree.leaves, or none
+	last                      uint64 // clock at the last admission or hit
+	hits                      uint16 // saturating
+	hadChild                  bool   // ever had a child: not a prompt's last chunk
+	live                      bool
+}
+
+// treeSamples is how many leaves Evict compares; treeGhosts, how many
+// evicted keys per tracked key the history remembers.
+const (
+	treeSamples = 32
+	treeGhosts  = 4
+)
+
+func newTree[K comparable](name string) *tree[K] {
+	t := &tree[K]{name: name, free: none, index: make(map[K]int32), rng: 0x9E3779B97F4A7C15,
+		learned: name == TREEHD, frequent: name == TREELFU, ghosts: newGhosts[K]()}
+	t.hd.init()
+	return t
+}
+
+func (t *tree[K]) Name() string { return t.name }
+func (t *tree[K]) Len() int     { return t.n }
+
+func (t *tree[K]) Admit(k K) { t.admit(k, none) }
+
+// AdmitChild implements Prefixed.
+func (t *tree[K]) AdmitChild(k, parent K) {
+	p, ok := t.index[parent]
+	if !ok {
+		p = none
+	}
+	t.admit(k, p)
+}
+
+func (t *tree[K]) admit(k K, parent int32) {
+	if _, ok := t.index[k]; ok {
+		t.Access(k)
+		return
+	}
+	t.clock++
+	i := t.alloc(k)
+	t.index[k] = i
+	t.n++
+	t.nodes[i].last = t.clock
+	if g, ok := t.ghosts.take(k); ok {
+		if t.learned {
+			t.hd.returned(g.hits, g.hadChild, g.last, g.gone, t.clock)
+		}
+		t.nodes[i].hits = min(g.hits, ^uint16(0)-1) + 1
+
+	}
+	if parent != none {
+		t.link(parent, i)
+	}
+	t.addLeaf(i)
+}
+
+func (t *tree[K]) Access(k K) {
+	i, ok := t.index[k]
+	if !ok {
+		return
+	}
+	t.clock++
+	nd := &t.nodes[i]
+	if t.learned {
+		t.hd.hit(nd, t.clock)
+	}
+	nd.last = t.clock
+	if nd.hits < ^uint16(0) {
+		nd.hits++
+	}
+}
+
+func (t *tree[K]) Remove(k K) {
+	if i, ok := t.index[k]; ok {
+		t.drop(i)
+	}
+	t.ghosts.forget(k)
+}
+
+func (t *tree[K]) Evict(busy func(K) bool) (K, bool) {
+	i := t.sampleLeaf(busy)
+	if i == none {
+		i = t.anyIdle(busy)
+	}
+	if i == none {
+		var zero K
+		return zero, false
+	}
+	k := t.keys[i]
+	if t.learned {
+		t.hd.evicted(&t.nodes[i], t.clock)
+	}
+	if t.learned || t.frequent {
+		t.ghosts.add(k, &t.nodes[i], t.clock, treeGhosts*t.n)
+	}
+	t.drop(i)
+	return k, true
+}
+
+// sampleLeaf returns the idle leaf of lowest rank among treeSamples drawn
+// at random (among all of them when there are no more), or, when every
+// drawn leaf is busy, the first idle leaf found walking from a random
+// place; none when no leaf is idle.
+func (t *tree[K]) sampleLeaf(busy func(K) bool) int32 {
+	n := len(t.leaves)
+	if n == 0 {
+		return none
+	}
+	best := none
+	var bestRank float64
+	for j := range min(treeSamples, n) {
+		i := t.leaves[j] // few leaves: compare them all
+		if n > treeSamples {
+			i = t.leaves[t.rand(n)]
+		}
+		// Rank first: the owner's busy check costs more (a map lookup)
+		// and is only needed for a leaf that would be the new best.
+		if r := t.rank(i); (best == none || r < bestRank) && (busy == nil || !busy(t.keys[i])) {
+			best, bestRank = i, r
+		}
+	}
+	if best != none {
+		return best
+	}
+	start := t.rand(n)
+	for j := range n {
+		i := t.leaves[(start+j)%n]
+		if busy == nil || !busy(t.keys[i]) {
+			return i
+		}
+	}
+	return none
+}
+
+// anyIdle is the last resort when every leaf is busy: some idle inner node
+// (whose children are all busy). Evicting it orphans its children. It scans
+// every slot, which only pins of whole subtrees make necessary.
+func (t *tree[K]) anyIdle(busy func(K) bool) int32 {
+	for i := range t.nodes {
+		if t.nodes[i].live && (busy == nil || !busy(t.keys[i])) {
+			return int32(i)
+		}
+	}
+	return none
+}
+
+// rank orders leaves for eviction: lower goes first.
+func (t *tree[K]) rank(i int32) float64 {
+	nd := &t.nodes[i]
+	if t.learned {
+		return t.hd.density(nd, t.clock)
+	}
+	if !t.frequent {
+		return float64(nd.last)
+	}
+	// A reuse level is worth one more pass of the whole cache; a prompt's
+	// last chunk is worth none.
+	f := float64(min(nd.hits, 3))
+	if !nd.hadChild && nd.hits == 0 {
+		f = -1
+	}
+	return float64(nd.last) + f*float64(t.n)
+}
+
+// rand returns a pseudo-random integer in [0, n) (xorshift64*).
+func (t *tree[K]) rand(n int) int {
+	t.rng ^= t.rng >> 12
+	t.rng ^= t.rng << 25
+	t.rng ^= t.rng >> 27
+	return int(((t.rng * 2685821657736338717) >> 32) * uint64(n) >> 32)
+}
+
+// alloc takes a node for k, reusing a released one when there is any.
+func (t *tree[K]) alloc(k K) int32 {
+	nd := tnode{parent: none, child: none, prev: none, next: none, leaf: none, live: true}
+	if i := t.free; i != none {
+		t.free = t.nodes[i].next
+		t.keys[i], t.nodes[i] = k, nd
+		return i
+	}
+	t.keys = append(t.keys, k)
+	t.nodes = append(t.nodes, nd)
+	return int32(len(t.nodes) - 1)
+}
+
+// link makes i the newest child of p; p stops being a leaf.
+func (t *tree[K]) link(p, i int32) {
+	pn := &t.nodes[p]
+	if pn.child == none {
+		t.removeLeaf(p)
+	} else {
+		t.nodes[pn.child].prev = i
+	}
+	t.nodes[i].parent, t.nodes[i].next = p, pn.child
+	pn.child = i
+	pn.hadChild = true
+}
+
+// unlink takes i off its parent's child list; a parent left without
+// children becomes a leaf.
+func (t *tree[K]) unlink(i int32) {
+	nd := &t.nodes[i]
+	p := nd.parent
+	if p == none {
+		return
+	}
+	if nd.prev != none {
+		t.nodes[nd.prev].next = nd.next
+	} else {
+		t.nodes[p].child = nd.next
+	}
+	if nd.next != none {
+		t.nodes[nd.next].prev = nd.prev
+	}
+	nd.parent, nd.prev, nd.next = none, none, none
+	if t.nodes[p].child == none {
+		t.addLeaf(p)
+	}
+}
+
+// drop stops tracking node i: off its parent, its children orphaned (they
+// become roots), off the leaf array, released.
+func (t *tree[K]) drop(i int32) {
+	t.unlink(i)
+	for c := t.nodes[i].child; c != none; {
+		next := t.nodes[c].next
+		t.nodes[c].parent, t.nodes[c].prev, t.nodes[c].next = none, none, none
+		c = next
+	}
+	t.nodes[i].child = none
+	t.removeLeaf(i)
+	delete(t.index, t.keys[i])
+	var zero K
+	t.keys[i] = zero
+	t.nodes[i] = tnode{parent: none, child: none, prev: none, next: t.free, leaf: none}
+	t.free = i
+	t.n--
+}
+
+func (t *tree[K]) addLeaf(i int32) {
+	t.nodes[i].leaf = int32(len(t.leaves))
+	t.leaves = append(t.leaves, i)
+}
+
+// removeLeaf takes i out of the leaf array by moving the last leaf into
+// its place.
+func (t *tree[K]) removeLeaf(i int32) {
+	pos := t.nodes[i].leaf
+	if pos == none {
+		return
+	}
+	last := t.leaves[len(t.leaves)-1]
+	t.leaves[pos] = last
+	t.nodes[last].leaf = pos
+	t.leaves = t.leaves[:len(t.leaves)-1]
+	t.nodes[i].leaf = none
+}

@@ -1,0 +1,226 @@
+package policy
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+var treeNames = []string{TREELRU, TREELFU, TREEHD}
+
+// treeModel is the naive reference of the prefix forest: each tracked key
+// and its tracked parent.
+type treeModel map[int]int // key -> parent (-1: root)
+
+func (m treeModel) hasChild(k int) bool {
+	for _, p := range m {
+		if p == k {
+			return true
+		}
+	}
+	return false
+}
+
+// remove forgets k; its children become roots.
+func (m treeModel) remove(k int) {
+	delete(m, k)
+	for c, p := range m {
+		if p == k {
+			m[c] = -1
+		}
+	}
+}
+
+// runTree interprets ops against every prefix-aware policy and checks the
+// invariants: Evict takes a tracked idle key, fails only when every key
+// is busy, and takes a key with tracked children only when every leaf is
+// busy — so the cache stays closed under prefixes whenever it can.
+func runTree(t *testing.T, ops []byte) {
+	for _, name := range treeNames {
+		p := mustNewPrefixed(t, name)
+		m := treeModel{}
+		for j := 0; j+2 < len(ops); j += 3 {
+			op, k, q := ops[j]%8, int(ops[j+1])%32, int(ops[j+2])%32
+			switch op {
+			case 0, 1, 2: // admit k under q when q is tracked, else as a root
+				if _, ok := m[k]; ok {
+					p.Access(k)
+					continue
+				}
+				if _, ok := m[q]; ok && q != k && op != 0 {
+					p.AdmitChild(k, q)
+					m[k] = q
+				} else {
+					p.Admit(k)
+					m[k] = -1
+				}
+			case 3, 4:
+				p.Access(k)
+			case 5:
+				p.Remove(k)
+				m.remove(k)
+			default: // q's bits say which keys (mod 5) are busy
+				busy := func(k int) bool { return q>>(k%5)&1 == 1 }
+				got, ok := p.Evict(busy)
+				idle, idleLeaf := false, false
+				for r := range m {
+					idle = idle || !busy(r)
+					idleLeaf = idleLeaf || !busy(r) && !m.hasChild(r)
+				}
+				_, tracked := m[got]
+				switch {
+				case ok != idle:
+					t.Fatalf("%s op %d: Evict ok = %v with idle keys present = %v", name, j/3, ok, idle)
+				case ok && !tracked:
+					t.Fatalf("%s op %d: evicted untracked key %d", name, j/3, got)
+				case ok && busy(got):
+					t.Fatalf("%s op %d: evicted busy key %d", name, j/3, got)
+				case ok && idleLeaf && m.hasChild(got):
+					t.Fatalf("%s op %d: evicted %d, which has children, while an idle leaf was left", name, j/3, got)
+				}
+				if ok {
+					m.remove(got)
+				}
+			}
+			if p.Len() != len(m) {
+				t.Fatalf("%s op %d: Len = %d, want %d", name, j/3, p.Len(), len(m))
+			}
+		}
+	}
+}
+
+func mustNewPrefixed(t testing.TB, name string) Prefixed[int] {
+	p, err := New[int](name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pp, ok := p.(Prefixed[int])
+	if !ok {
+		t.Fatalf("%s is not Prefixed", name)
+	}
+	return pp
+}
+
+func TestTreeInvariants(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for range 300 {
+		ops := make([]byte, 3*(50+r.IntN(400)))
+		for i := range ops {
+			ops[i] = byte(r.UintN(256))
+		}
+		runTree(t, ops)
+	}
+}
+
+func FuzzTreePolicies(f *testing.F) {
+	f.Add([]byte{0, 1, 0, 1, 2, 1, 1, 3, 2, 7, 0, 0, 7, 0, 31, 5, 1, 0})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		if len(ops) > 6144 {
+			ops = ops[:6144]
+		}
+		runTree(t, ops)
+	})
+}
+
+// TestTreeEvictsChainsFromTheTail admits chains and checks that eviction
+// eats each chain from its end: a key never goes while its child stays.
+func TestTreeEvictsChainsFromTheTail(t *testing.T) {
+	for _, name := range treeNames {
+		p := mustNewPrefixed(t, name)
+		const chains, length = 20, 10
+		for c := range chains {
+			p.Admit(c * 100)
+			for d := 1; d < length; d++ {
+				p.AdmitChild(c*100+d, c*100+d-1)
+			}
+		}
+		gone := map[int]bool{}
+		for range chains * length {
+			k, ok := p.Evict(nil)
+			if !ok {
+				t.Fatalf("%s: Evict failed with keys left", name)
+			}
+			if d := k % 100; d < length-1 && !gone[k+1] {
+				t.Fatalf("%s: evicted %d before its child %d", name, k, k+1)
+			}
+			gone[k] = true
+		}
+		if p.Len() != 0 {
+			t.Fatalf("%s: Len = %d after evicting everything", name, p.Len())
+		}
+	}
+}
+
+// TestTreeLRUOrder checks TREELRU's ranking where the sample sees every
+// leaf: the least recently used leaf goes first.
+func TestTreeLRUOrder(t *testing.T) {
+	p := mustNewPrefixed(t, TREELRU)
+	for k := range 8 {
+		p.Admit(k)
+	}
+	p.Access(0)
+	p.Access(1)
+	for _, want := range []int{2, 3, 4, 5, 6, 7, 0, 1} {
+		if got, _ := p.Evict(nil); got != want {
+			t.Fatalf("Evict = %d, want %d", got, want)
+		}
+	}
+}
+
+// TestTreeLFUKeepsReusedLeaves: in a full cache taking one-off keys, a
+// leaf hit twice outlives two passes of them where TREELRU drops it in the
+// first.
+func TestTreeLFUKeepsReusedLeaves(t *testing.T) {
+	const size = 64
+	for _, tc := range []struct {
+		name      string
+		survivals int // one-off admissions the reused key must outlive
+		survives  bool
+	}{{TREELFU, 2 * size, true}, {TREELRU, size, false}} {
+		p := mustNewPrefixed(t, tc.name)
+		p.Admit(1000)
+		p.Access(1000)
+		p.Access(1000)
+		for k := range size - 1 {
+			p.Admit(k)
+		}
+		survived := true
+		for k := size; k < size+tc.survivals; k++ {
+			if v, _ := p.Evict(nil); v == 1000 {
+				survived = false
+			}
+			p.Admit(k)
+		}
+		if survived != tc.survives {
+			t.Errorf("%s: reused key survived %d one-off admissions: %v, want %v", tc.name, tc.survivals, survived, tc.survives)
+		}
+	}
+}
+
+// TestTreeAllocs checks that admitting under a parent, hitting and evicting
+// allocate nothing once the slices have grown.
+func TestTreeAllocs(t *testing.T) {
+	for _, name := range treeNames {
+		p := mustNewPrefixed(t, name)
+		next := 0
+		step := func() {
+			p.Evict(nil)
+			if next%8 == 0 {
+				p.Admit(next)
+			} else {
+				p.AdmitChild(next, next-1)
+				p.Access(next - 1)
+			}
+			next++
+		}
+		for range 1 << 12 {
+			p.Admit(next)
+			next++
+		}
+		for range 1 << 14 {
+			step()
+		}
+		if a := testing.AllocsPerRun(1000, step); a > 0.01 {
+			t.Errorf("%s: %.2f allocations per admit+evict", name, a)
+		}
+	}
+}
