@@ -108,9 +108,9 @@ type Options struct {
 	Headroom   int64
 	QueueDepth int // I/O goroutines, i.e. I/Os in flight; default 2
 	BounceSize int // per-goroutine staging for unaligned buffers; default 1 MiB
-	// Policy names the eviction policy (policy.Names); default LRU. The
-	// order does not persist: after a restart records enter the policy
-	// in log order, oldest first.
+	// Policy names the eviction policy (policy.Names); default
+	// policy.Default. The order does not persist: after a restart records
+	// enter the policy in log order, oldest first, as roots.
 	Policy string
 	// CheckpointRecords is how many records may be stored after the last
 	// checkpoint of the index before the next one is written, which bounds
