@@ -17,9 +17,12 @@ import (
 	"runtime/debug"
 
 	"github.com/spf13/cobra"
+
+	"kvtier/bench/scale"
 )
 
 func main() {
+	scale.RunChildIfAsked() // a disk-fill child of `kvtier bench scale`
 	root := &cobra.Command{
 		Use:           "kvtier",
 		Short:         "kvtier: a tiered KV-cache layer for LLM serving",

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"kvtier/chunk"
@@ -71,13 +72,16 @@ func TestCorruptHeader(t *testing.T) {
 		t.Fatalf("Get with a damaged header: %v", err)
 	}
 
-	// While closed: the scan must skip the record and find the ones after it.
+	// While closed: the scan must skip the record and find the ones after
+	// it. The checkpoint of the clean stop would spare the scan, so it goes.
 	cold := testKey(10)
 	path, off = location(t, d, cold)
 	d.Close()
 	flipByte(t, path, off+60) // inside the payload checksum
+	if err := os.Remove(filepath.Join(dir, checkpointName)); err != nil {
+		t.Fatal(err)
+	}
 	d = openTier(t, dir, opts)
-	defer d.Close()
 	for k, v := range want {
 		if k == hot || k == cold {
 			if d.Contains(k) {
@@ -86,6 +90,24 @@ func TestCorruptHeader(t *testing.T) {
 			continue
 		}
 		checkGet(t, d, k, v)
+	}
+
+	// With a checkpoint, a header damaged at rest is only seen by the Get
+	// that reads it, which must drop the record rather than serve it.
+	cold = testKey(11)
+	path, off = location(t, d, cold)
+	d.Close()
+	flipByte(t, path, off+60)
+	d = openTier(t, dir, opts)
+	defer d.Close()
+	if !d.Recovered().Checkpoint {
+		t.Fatal("the clean stop's checkpoint was not used")
+	}
+	if _, err := d.Get(context.Background(), cold, make([]byte, len(want[cold]))); !errors.Is(err, tier.ErrCorrupt) {
+		t.Fatalf("Get of a record whose header was damaged at rest: %v", err)
+	}
+	if d.Contains(cold) {
+		t.Fatal("the damaged record stayed indexed after its Get")
 	}
 }
 

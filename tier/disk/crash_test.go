@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -23,6 +24,7 @@ const (
 	crashBaseEnv = "KVTIER_DISK_CRASH_BASE"
 	crashModeEnv = "KVTIER_DISK_CRASH_DIRECT"
 	crashChurn   = "KVTIER_DISK_CRASH_CHURN"
+	crashCkpt    = "KVTIER_DISK_CRASH_CHECKPOINT"
 )
 
 func TestMain(m *testing.M) {
@@ -57,7 +59,12 @@ func crashChild(dir string) {
 	base, _ := strconv.ParseUint(os.Getenv(crashBaseEnv), 10, 64)
 	mode, _ := strconv.Atoi(os.Getenv(crashModeEnv))
 	churn := os.Getenv(crashChurn) != ""
-	d, err := Open(dir, crashOptions(DirectMode(mode), churn))
+	ckpt := os.Getenv(crashCkpt) != ""
+	opts := crashOptions(DirectMode(mode), churn)
+	if ckpt {
+		opts = crashCkptOptions(opts)
+	}
+	d, err := Open(dir, opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "open:", err)
 		os.Exit(2)
@@ -67,6 +74,14 @@ func crashChild(dir string) {
 		out.Lock()
 		fmt.Fprintf(os.Stdout, "%s %d\n", what, n) // one write(2): a whole line or nothing
 		out.Unlock()
+	}
+	if ckpt {
+		// Say where each checkpoint is, and linger there, so the parent's
+		// SIGKILL lands between the steps of writing it.
+		d.ckptHook = func(step string) {
+			report("C", uint64(slices.Index(ckptSteps, step)))
+			time.Sleep(3 * time.Millisecond)
+		}
 	}
 	put := func(n uint64) {
 		k := testKey(n)
@@ -200,6 +215,17 @@ func checkUnacknowledged(t *testing.T, d *Tier, base, seen uint64, put map[uint6
 func runCrashChild(t *testing.T, dir string, base uint64, mode DirectMode, churn bool, acks int, delay time.Duration,
 	put, removed map[uint64]bool) uint64 {
 	t.Helper()
+	kill := func(_ string, count int) bool { return count == acks }
+	return runCrashChildUntil(t, dir, base, mode, churn, false, kill, acks == 0, delay, put, removed)
+}
+
+// runCrashChildUntil is runCrashChild with the moment of the kill chosen by
+// kill, asked with each line the child prints and the number of lines
+// before it (or after delay, if early), and with checkpoints in the child
+// if ckpt.
+func runCrashChildUntil(t *testing.T, dir string, base uint64, mode DirectMode, churn, ckpt bool,
+	kill func(line string, count int) bool, early bool, delay time.Duration, put, removed map[uint64]bool) uint64 {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(),
 		crashDirEnv+"="+dir,
@@ -207,6 +233,9 @@ func runCrashChild(t *testing.T, dir string, base uint64, mode DirectMode, churn
 		fmt.Sprintf("%s=%d", crashModeEnv, mode))
 	if churn {
 		cmd.Env = append(cmd.Env, crashChurn+"=1")
+	}
+	if ckpt {
+		cmd.Env = append(cmd.Env, crashCkpt+"=1")
 	}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -220,14 +249,14 @@ func runCrashChild(t *testing.T, dir string, base uint64, mode DirectMode, churn
 	var hung atomic.Bool
 	watchdog := time.AfterFunc(30*time.Second, func() { hung.Store(true); cmd.Process.Kill() })
 	defer watchdog.Stop()
-	if acks == 0 {
+	if early {
 		time.Sleep(delay)
 		cmd.Process.Kill()
 	}
 	var seen uint64
 	lines := bufio.NewScanner(stdout)
 	for count := 0; lines.Scan(); count++ {
-		if count == acks {
+		if kill(lines.Text(), count) {
 			cmd.Process.Kill() // lines already in the pipe still count
 		}
 		var what string
@@ -235,9 +264,12 @@ func runCrashChild(t *testing.T, dir string, base uint64, mode DirectMode, churn
 		if _, err := fmt.Sscanf(lines.Text(), "%s %d", &what, &n); err != nil {
 			t.Fatalf("child said %q", lines.Text())
 		}
-		if what == "R" {
+		switch what {
+		case "C":
+			continue
+		case "R":
 			removed[n] = true
-		} else {
+		default:
 			put[n] = true
 		}
 		seen = max(seen, n-base+1)

@@ -16,6 +16,10 @@ import (
 //
 //	LOCK                   empty; flock'ed exclusively by the process that has the tier open
 //	<16 hex digits>.seg    segment files, named by a segment number that only grows
+//	CHECKPOINT             a copy of the index, so that Open need not read every
+//	                       header block (CHECKPOINT FORMAT in checkpoint.go);
+//	                       optional: without it Open scans every segment
+//	CHECKPOINT.tmp         a checkpoint being written; deleted by Open
 //
 // A segment is a run of records, each starting at a multiple of 4096 bytes:
 //

@@ -42,6 +42,7 @@ func (t *Tier) evictOneLocked() bool {
 func (t *Tier) dropLocked(i int32) {
 	s := t.idx.slots[i]
 	t.idx.drop(i)
+	t.ckptDirty = true
 	if o := t.observer(); o != nil {
 		o.Dropped(t.Name(), s.key)
 	}

@@ -1,45 +1,50 @@
 package disk
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"kvtier/chunk"
+	"kvtier/tier/policy"
 )
 
 // recover rebuilds the index from the segment files at Open. Records enter
 // the eviction policy in log order, so after a restart the oldest go first
-// (under LRU and FIFO). Torn tails are cut off, garbage between records is
-// punched out, segments left without records are deleted, and if the files
-// hold more than the capacity (it may have been lowered) the policy's
-// victims are evicted.
+// (under LRU and FIFO). Where a checkpoint vouches for a segment's records
+// (checkpoint.go), only the part written after it is scanned. Torn tails
+// are cut off, garbage between records is punched out, segments left
+// without records are deleted, and if the files hold more than the
+// capacity (it may have been lowered) the policy's victims are evicted.
 func (t *Tier) recover() error {
+	start := time.Now()
 	ids, err := listSegments(t.dir)
 	if err != nil {
 		return err
 	}
-	w := newWorker(t.opts.BounceSize)
-	var sum scanReport
-	for _, id := range ids {
-		seg := &segment{id: id, path: filepath.Join(t.dir, segmentName(id)), fd: -1, ready: make(chan struct{})}
-		close(seg.ready)
-		fd, err := openFile(seg.path, openFlags(t.direct), 0)
-		if err != nil {
-			return fmt.Errorf("disk: open %s: %w", seg.path, err)
-		}
-		seg.fd = fd
-		t.segs[id] = seg
-		rep, err := scan(seg, w, func(h header) error { return t.recoverRecord(seg, h) })
-		if err != nil {
-			return fmt.Errorf("disk: scan %s: %w", seg.path, err)
-		}
-		sum.records += rep.records
-		sum.skipped += rep.skipped
-		sum.garbage += rep.garbage
-		sum.truncated += rep.truncated
-		t.nextSeg = id + 1
+	cp, err := t.takeCheckpoint()
+	if err != nil {
+		return err
 	}
+	var sum scanReport
+	err = t.rebuild(ids, cp, &sum)
+	if errors.Is(err, errCheckpoint) {
+		// Only a checkpoint that lists a key twice gets this far, and
+		// what restoring it changed a full scan would have changed too.
+		t.log.Warn("checkpoint not used: scanning every segment", "err", err)
+		if err = t.resetIndex(); err == nil {
+			cp, sum = nil, scanReport{}
+			err = t.rebuild(ids, nil, &sum)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	t.rec.Checkpoint = cp != nil
 	evicted := 0
 	for t.used > t.opts.Capacity {
 		i := t.idx.victim(t.now())
@@ -68,8 +73,76 @@ func (t *Tier) recover() error {
 	if sum.garbage > 0 || sum.truncated > 0 {
 		t.log.Warn("repaired segments", "garbage_runs", sum.garbage, "truncated_bytes", sum.truncated)
 	}
+	t.rec.Duration = time.Since(start)
 	t.log.Info("opened", "records", t.idx.live, "used", t.used, "segments", len(t.segs),
-		"direct_io", t.direct, "skipped_bytes", sum.skipped, "evicted", evicted)
+		"direct_io", t.direct, "skipped_bytes", sum.skipped, "evicted", evicted,
+		"checkpoint", t.rec.Checkpoint, "from_checkpoint", t.rec.FromCheckpoint,
+		"scanned", t.rec.Scanned, "took", t.rec.Duration)
+	return nil
+}
+
+// rebuild indexes the segments ids, from cp where it vouches for them.
+func (t *Tier) rebuild(ids []uint64, cp *checkpoint, sum *scanReport) error {
+	w := newWorker(t.opts.BounceSize)
+	rs := restorer{w: w}
+	if cp != nil {
+		// Size the index for what the checkpoint lists: growing a map of
+		// a million keys step by step costs a third of the restore.
+		listed := len(cp.recs) / ckptRecLen
+		t.idx.byKey = make(map[chunk.Key]int32, listed+listed/8)
+		t.idx.slots = make([]slot, 1, listed+listed/8+1)
+		rs.cp, rs.first = cp, make(map[uint64][2]int, len(cp.segs))
+		n := 0
+		for _, e := range cp.segs {
+			rs.first[e.id] = [2]int{n, len(rs.first)}
+			n += e.recs
+		}
+	}
+	for _, id := range ids {
+		seg := &segment{id: id, path: filepath.Join(t.dir, segmentName(id)), fd: -1, ready: make(chan struct{})}
+		close(seg.ready)
+		fd, err := openFile(seg.path, openFlags(t.direct), 0)
+		if err != nil {
+			return fmt.Errorf("disk: open %s: %w", seg.path, err)
+		}
+		seg.fd = fd
+		t.segs[id] = seg
+		from, err := t.restore(&rs, seg, sum)
+		if err != nil {
+			return fmt.Errorf("disk: restore %s from the checkpoint: %w", seg.path, err)
+		}
+		if from == 0 {
+			t.rec.FullScans++
+		}
+		rep, err := scan(seg, w, from, func(h header) error {
+			t.rec.Scanned++
+			return t.recoverRecord(seg, h)
+		})
+		if err != nil {
+			return fmt.Errorf("disk: scan %s: %w", seg.path, err)
+		}
+		seg.tail = rep.end // a checkpoint lists what lies below
+		sum.records += rep.records
+		sum.skipped += rep.skipped
+		sum.garbage += rep.garbage
+		sum.truncated += rep.truncated
+		t.nextSeg = id + 1
+	}
+	return nil
+}
+
+// resetIndex forgets what a failed rebuild indexed and closes its files.
+func (t *Tier) resetIndex() error {
+	order, err := policy.New[chunk.Key](t.opts.Policy)
+	if err != nil {
+		return err
+	}
+	for _, seg := range t.segs {
+		unix.Close(seg.fd)
+	}
+	t.segs = make(map[uint64]*segment)
+	t.idx = newIndex(order)
+	t.used, t.rec = 0, Recovery{}
 	return nil
 }
 

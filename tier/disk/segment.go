@@ -206,21 +206,24 @@ type scanReport struct {
 	skipped   int64 // bytes of holes and garbage between records, punched
 	garbage   int   // runs of invalid non-zero blocks
 	truncated int64 // bytes cut off the end
+	end       int64 // the segment's length after the scan
 }
 
-// scan walks segment seg's records in file order and calls found for each
-// one whose header is intact and whose bytes all lie inside the file.
+// scan walks segment seg's records in file order from offset from (a block
+// boundary where a record starts, or the end of the segment's last
+// checkpointed record) and calls found for each one whose header is intact
+// and whose bytes all lie inside the file.
 // Payloads are not read: Get verifies them. Whatever lies between records
 // (holes, torn or corrupted blocks) is punched out, and a torn tail is
 // truncated. w provides aligned scratch space.
-func scan(seg *segment, w *worker, found func(header) error) (scanReport, error) {
+func scan(seg *segment, w *worker, from int64, found func(header) error) (scanReport, error) {
 	var rep scanReport
 	var st unix.Stat_t
 	if err := unix.Fstat(seg.fd, &st); err != nil {
 		return rep, fmt.Errorf("stat: %w", err)
 	}
 	size := st.Size
-	var off, end int64 // end: just past the last valid record
+	off, end := from, from // end: just past the last valid record
 	for off+blockSize <= size {
 		h, err := readHeaderAt(seg, w, off)
 		if err != nil {
@@ -263,6 +266,7 @@ func scan(seg *segment, w *worker, found func(header) error) (scanReport, error)
 		}
 		rep.truncated = size - end
 	}
+	rep.end = end
 	return rep, nil
 }
 

@@ -1,0 +1,269 @@
+package scale
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"golang.org/x/sys/unix"
+
+	"kvtier/chunk"
+	"kvtier/tier/disk"
+)
+
+// childEnv names the environment variable that turns a process into a
+// fill child: "dir,records,tail".
+const childEnv = "KVTIER_SCALE_FILL"
+
+// recordPayload is the payload of every measured record: recovery reads
+// one header block per record whatever the payload, and a small payload
+// keeps a million records within a few GiB.
+const recordPayload = 512
+
+// DiskRow is the disk tier at one record count.
+type DiskRow struct {
+	Records       int
+	IndexBytes    float64 // heap bytes per record held by the open tier's index
+	CheckpointB   float64 // checkpoint file bytes per record
+	FullScan      time.Duration
+	CleanStop     time.Duration
+	Crash         time.Duration
+	CleanCPU      time.Duration // CPU time (user + system, all threads) of the clean-stop Open
+	CrashCPU      time.Duration // the same for the crash
+	CrashScanned  int           // records the crash recovery read from the log
+	CleanScanned  int           // records the clean-stop recovery read (0 expected)
+	CleanFromCkpt int
+}
+
+// PerRecord returns d per record in microseconds.
+func (r DiskRow) PerRecord(d time.Duration) float64 {
+	return float64(d.Microseconds()) / float64(r.Records)
+}
+
+func diskOptions() disk.Options {
+	return disk.Options{Capacity: 1 << 50, Sync: disk.SyncNone, CheckpointInterval: -1}
+}
+
+// scaleKey is the key of record n.
+func scaleKey(n uint64) chunk.Key {
+	k := chunk.Key{Scope: 0x5ca1e}
+	binary.LittleEndian.PutUint64(k.Hash[:], n)
+	binary.LittleEndian.PutUint64(k.Hash[8:], n*0x9e3779b97f4a7c15)
+	return k
+}
+
+// Disk measures the disk tier's restart at each record count, growing one
+// directory: a child process fills it to n records, checkpoints at n-tail,
+// stores tail more and is SIGKILLed; then Open is timed after the crash,
+// after a clean stop (the checkpoint Close writes) and with no checkpoint
+// at all (a full scan of every header block, which is what every restart
+// cost before checkpoints). The page cache is emptied of the tier's files
+// before each Open.
+func Disk(ctx context.Context, dir string, counts []int, tail int, log io.Writer) ([]DiskRow, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var rows []DiskRow
+	for _, n := range counts {
+		if ctx.Err() != nil {
+			return rows, ctx.Err()
+		}
+		fmt.Fprintf(log, "disk: filling to %d records (SIGKILL with %d after the last checkpoint)\n", n, tail)
+		if err := fillChild(dir, n, min(tail, n)); err != nil {
+			return rows, err
+		}
+		row := DiskRow{Records: n}
+		rec, cpu, err := timedOpen(dir, nil)
+		if err != nil {
+			return rows, err
+		}
+		row.Crash, row.CrashScanned, row.CrashCPU = rec.Duration, rec.Scanned, cpu
+		st, err := os.Stat(filepath.Join(dir, "CHECKPOINT"))
+		if err != nil {
+			return rows, fmt.Errorf("after the clean stop: %w", err)
+		}
+		row.CheckpointB = float64(st.Size()) / float64(n)
+		rec, cpu, err = timedOpen(dir, &row.IndexBytes)
+		if err != nil {
+			return rows, err
+		}
+		row.CleanStop, row.CleanScanned, row.CleanFromCkpt, row.CleanCPU = rec.Duration, rec.Scanned, rec.FromCheckpoint, cpu
+		if err := os.Remove(filepath.Join(dir, "CHECKPOINT")); err != nil {
+			return rows, err
+		}
+		rec, _, err = timedOpen(dir, nil)
+		if err != nil {
+			return rows, err
+		}
+		row.FullScan = rec.Duration
+		if rec.Checkpoint || rec.Scanned != n {
+			return rows, fmt.Errorf("full scan found %d of %d records", rec.Scanned, n)
+		}
+		fmt.Fprintf(log, "disk: %d records: crash %v, clean stop %v, full scan %v\n", n, row.Crash, row.CleanStop, row.FullScan)
+		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
+// timedOpen drops the tier's files from the page cache, opens it, checks
+// that it holds what it should, and closes it (writing a checkpoint). It
+// returns how Open recovered and the process CPU time Open took; if heap is
+// set, it receives the heap bytes per record the open tier holds.
+func timedOpen(dir string, heap *float64) (disk.Recovery, time.Duration, error) {
+	dropCache(dir)
+	var before runtime.MemStats
+	if heap != nil {
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+	}
+	cpu0 := cpuTime()
+	d, err := disk.Open(dir, diskOptions())
+	cpu := cpuTime() - cpu0
+	if err != nil {
+		return disk.Recovery{}, 0, err
+	}
+	defer d.Close()
+	rec := d.Recovered()
+	st := d.Stats()
+	if heap != nil {
+		runtime.GC()
+		var after runtime.MemStats
+		runtime.ReadMemStats(&after)
+		*heap = (float64(after.HeapAlloc) - float64(before.HeapAlloc)) / float64(st.Objects)
+	}
+	if !d.Contains(scaleKey(0)) || !d.Contains(scaleKey(uint64(st.Objects-1))) {
+		return rec, cpu, errors.New("disk: a stored record is missing after the restart")
+	}
+	return rec, cpu, nil
+}
+
+// cpuTime is the process's user and system time so far.
+func cpuTime() time.Duration {
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// dropCache asks the kernel to forget the cached pages of dir's files, so
+// that an Open reads them from the device (only this directory's files:
+// the machine is shared).
+func dropCache(dir string) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		f, err := os.Open(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		unix.Fdatasync(int(f.Fd()))
+		unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+		f.Close()
+	}
+}
+
+// fillChild runs a child process that brings dir to n records, checkpoints
+// at n-tail and is killed once it has stored the rest.
+func fillChild(dir string, n, tail int) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s,%d,%d", childEnv, dir, n, tail))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	line, _ := bufio.NewReader(out).ReadString('\n')
+	cmd.Process.Kill()
+	werr := cmd.Wait()
+	if strings.TrimSpace(line) != "ready" {
+		return fmt.Errorf("fill child: %q, %v", line, werr)
+	}
+	return nil
+}
+
+// RunChildIfAsked runs the fill child when this process was started as one
+// (see fillChild) and then never returns; otherwise it returns at once.
+// Binaries that run Disk call it first thing in main (tests in TestMain).
+func RunChildIfAsked() {
+	spec := os.Getenv(childEnv)
+	if spec == "" {
+		return
+	}
+	if err := fill(spec); err != nil {
+		fmt.Fprintln(os.Stderr, "fill child:", err)
+		os.Exit(2)
+	}
+	time.Sleep(time.Hour) // the parent kills us
+	os.Exit(3)
+}
+
+func fill(spec string) error {
+	parts := strings.Split(spec, ",")
+	if len(parts) != 3 {
+		return fmt.Errorf("bad %s %q", childEnv, spec)
+	}
+	n, err1 := strconv.Atoi(parts[1])
+	tail, err2 := strconv.Atoi(parts[2])
+	if err := errors.Join(err1, err2); err != nil {
+		return err
+	}
+	opts := diskOptions()
+	opts.CheckpointRecords = 1 << 40
+	d, err := disk.Open(parts[0], opts)
+	if err != nil {
+		return err
+	}
+	have := int(d.Stats().Objects)
+	// Four writers keep the device busy; the records are numbered
+	// 0..n-1 whatever order they land in.
+	put := func(to int) error {
+		next := atomic.Int64{}
+		next.Store(int64(have))
+		var g errgroup.Group
+		for range 4 {
+			g.Go(func() error {
+				payload := make([]byte, recordPayload)
+				for i := next.Add(1) - 1; i < int64(to); i = next.Add(1) - 1 {
+					binary.LittleEndian.PutUint64(payload, uint64(i))
+					if err := d.Put(context.Background(), scaleKey(uint64(i)), payload); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		}
+		have = to
+		return g.Wait()
+	}
+	if err := put(n - tail); err != nil {
+		return err
+	}
+	if err := d.Checkpoint(); err != nil {
+		return err
+	}
+	if err := put(n); err != nil {
+		return err
+	}
+	fmt.Println("ready")
+	return nil
+}
