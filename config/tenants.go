@@ -48,6 +48,10 @@ func decodeTenants(dst reflect.Value, n *yaml.Node) error {
 	if len(n.Content) > maxTenants {
 		return fmt.Errorf("%d tenants; at most %d", len(n.Content), maxTenants)
 	}
+	if len(n.Content) == 0 { // "tenants: []" is no tenants, as omitting the key
+		dst.Set(reflect.Zero(dst.Type()))
+		return nil
+	}
 	out := make([]Tenant, 0, len(n.Content))
 	for i, item := range n.Content {
 		t, err := decodeTenant(item)
