@@ -25,9 +25,16 @@ var tenantPaths = map[string]bool{
 
 type tenantKey struct{}
 
-// SetTenants makes the admin API accept the tenants' tokens; call it
-// before serving.
-func (a *API) SetTenants(ts *tenant.Set) { a.guard.tenants = ts }
+// SetTenants makes the admin API accept the tenants' tokens and export
+// per-tenant metrics; call it before serving. Nil or no tenants changes
+// nothing.
+func (a *API) SetTenants(ts *tenant.Set) error {
+	if !ts.Enabled() {
+		return nil
+	}
+	a.guard.tenants = ts
+	return a.Register(newTenantCollector(a.eng, ts))
+}
 
 // tenantOf returns the tenant of a request the guard let through with a
 // tenant's token, or nil for full access.

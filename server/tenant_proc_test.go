@@ -252,6 +252,19 @@ func TestTenantAdminProcess(t *testing.T) {
 	if st, _ := adminDo(t, p, "wrong-token-0123456789", "GET", "/api/v1/keys", ""); st != http.StatusUnauthorized {
 		t.Errorf("a wrong token lists keys: %d", st)
 	}
+	_, metrics := adminDo(t, p, tAdmin, "GET", "/metrics", "")
+	for _, want := range []string{
+		`kvtier_tenant_chunks{tenant="alpha",tier="mem"} 2`,
+		`kvtier_tenant_bytes{tenant="alpha",tier="mem"} 8192`,
+		`kvtier_tenant_chunks{tenant="beta",tier="mem"} 0`,
+	} {
+		if !strings.Contains(metrics, want+"\n") {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if !strings.Contains(metrics, `kvtier_tenant_refused_total{tenant="beta"} `) || strings.Contains(metrics, `kvtier_tenant_refused_total{tenant="beta"} 0`+"\n") {
+		t.Errorf("beta's refusals are not counted:\n%s", grepLines(metrics, "kvtier_tenant_"))
+	}
 	if st, body := adminDo(t, p, tBeta, "POST", "/api/v1/clear", `{"scope": "0x`+scope+`"}`); st != http.StatusForbidden {
 		t.Errorf("beta clears alpha's scope: %d %s", st, body)
 	}
@@ -343,4 +356,14 @@ func rawKeys(t *testing.T, keys []admin.KeyInfo) []chunk.Key {
 		out = append(out, ck)
 	}
 	return out
+}
+
+func grepLines(s, substr string) string {
+	var b strings.Builder
+	for line := range strings.Lines(s) {
+		if strings.Contains(line, substr) {
+			b.WriteString(line)
+		}
+	}
+	return b.String()
 }

@@ -99,7 +99,9 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 	if err != nil {
 		return errors.Join(err, eng.Close())
 	}
-	adm.SetTenants(tenants)
+	if err := adm.SetTenants(tenants); err != nil {
+		return errors.Join(err, eng.Close())
+	}
 	events, err := startEvents(cfg, eng, log)
 	if err != nil {
 		return errors.Join(err, eng.Close())
