@@ -347,6 +347,7 @@ func TestDocsListEveryMetric(t *testing.T) {
 	doc := string(data)
 	ch := make(chan *prometheus.Desc, 64)
 	newCollector(nil).Describe(ch)
+	newTenantCollector(nil, nil).Describe(ch)
 	svc := server.NewService(nil, server.ServiceOptions{})
 	defer svc.Shutdown(context.Background())
 	for _, c := range svc.Collectors() {

@@ -93,7 +93,17 @@ func (a *API) clear(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	scope := uint64(req.Scope)
-	removed, notCleared := a.eng.Clear(scope)
+	removed, notCleared := []int(nil), []string(nil)
+	if t := tenantOf(r); t != nil {
+		scopes, err := a.tenantScopes(t, []uint64{scope})
+		if err != nil {
+			writeError(w, http.StatusForbidden, err)
+			return
+		}
+		removed, notCleared = a.clearScopes(scopes)
+	} else {
+		removed, notCleared = a.eng.Clear(scope)
+	}
 	res := ClearResult{Scope: scope, Removed: map[string]int{}, NotCleared: notCleared}
 	for i, name := range a.eng.TierNames() {
 		if !slices.Contains(notCleared, name) {

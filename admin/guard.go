@@ -14,6 +14,7 @@ import (
 	"kvtier/internal/ratelog"
 	"kvtier/internal/tlsreload"
 	"kvtier/internal/webguard"
+	"kvtier/tenant"
 )
 
 // guard applies docs/security.md to every admin request before the mux:
@@ -34,6 +35,7 @@ type guard struct {
 	next              http.Handler
 	refused           *ratelog.Limiter
 	count             atomic.Uint64
+	tenants           *tenant.Set // see tenants.go
 }
 
 func newGuard(adminToken, controllerToken string, readOpen bool, next http.Handler, log *slog.Logger) *guard {
@@ -45,6 +47,9 @@ func newGuard(adminToken, controllerToken string, readOpen bool, next http.Handl
 func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
 		g.next.ServeHTTP(w, r)
+		return
+	}
+	if g.serveTenant(w, r) {
 		return
 	}
 	if status, err := g.check(r); err != nil {

@@ -39,7 +39,8 @@ type KeyList struct {
 
 // scopes lists every scope with chunks in a local tier, with what the
 // engine knows of it from the scopes clients registered.
-func (a *API) scopes(w http.ResponseWriter, _ *http.Request) {
+func (a *API) scopes(w http.ResponseWriter, r *http.Request) {
+	t := tenantOf(r)
 	byID := map[uint64]*ScopeInfo{}
 	a.eng.ListChunks([]uint64{0}, func(name string, k chunk.Key, size int) bool {
 		si := byID[k.Scope]
@@ -53,6 +54,9 @@ func (a *API) scopes(w http.ResponseWriter, _ *http.Request) {
 	})
 	out := make([]ScopeInfo, 0, len(byID))
 	for id, si := range byID {
+		if t != nil && !a.tenantOwns(t, id) {
+			continue
+		}
 		if s, ok := a.eng.Scope(id); ok {
 			si.Model, si.WorldSize, si.Rank, si.Format, si.Namespace = s.Model, s.WorldSize, s.Rank, s.Format, s.Namespace
 		}
@@ -76,6 +80,13 @@ func (a *API) keys(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err)
 		return
+	}
+	if t := tenantOf(r); t != nil {
+		var status int
+		if scopes, status, err = a.tenantKeyScopes(t, scopes, q.Get("model")); err != nil {
+			writeError(w, status, err)
+			return
+		}
 	}
 	prefix := strings.ToLower(q.Get("prefix"))
 	if _, err := hex.DecodeString(prefix + strings.Repeat("0", len(prefix)%2)); err != nil || len(prefix) > 32 {

@@ -199,9 +199,11 @@ func (c *Client) handshake(ctx context.Context, local bool) error {
 	if err == nil {
 		err = c.hello.Decode(body)
 	}
-	if err == nil && local && (!c.hello.HasArena || fd < 0) {
+	if err == nil && local && c.hello.HasArena && fd < 0 {
 		err = errors.New("the daemon did not share its arena")
 	}
+	// A tenant's local connection gets no arena (docs/security.md):
+	// Local() is false and the client copies, as over TCP.
 	if err == nil && fd >= 0 {
 		flags := unix.MAP_SHARED
 		if c.opts.Populate {

@@ -130,6 +130,10 @@ type Config struct {
 	// asks (host:port, host or CIDR entries, see package netallow); empty
 	// allows loopback addresses only. The push presents tcp_token there.
 	PDPushAllow []string `yaml:"pd_push_allow"`
+	// Tenants bind tokens to namespaces: a connection or admin request
+	// presenting a tenant's token reaches the scopes of its namespaces
+	// only (docs/security.md#tenants; tenants.go).
+	Tenants []Tenant `yaml:"tenants"`
 
 	// KVEventsEndpoint, when set, is the ZMQ address where the daemon
 	// publishes vLLM-format KV events for the chunks its RAM and disk

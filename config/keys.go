@@ -95,6 +95,8 @@ func decodeField(dst reflect.Value, n *yaml.Node) error {
 		return nil
 	case listType:
 		return decodeList(dst, n)
+	case tenantsType:
+		return decodeTenants(dst, n)
 	}
 	if n.Kind != yaml.ScalarNode && dst.Kind() != reflect.Map {
 		return wantError(dst.Type(), n)
@@ -152,6 +154,8 @@ func parseField(dst reflect.Value, s string) error {
 	case listType:
 		dst.Set(reflect.ValueOf(splitList(s)))
 		return nil
+	case tenantsType:
+		return parseTenants(dst, s)
 	}
 	bad := fmt.Errorf("want %s, got %q", want(dst.Type()), clip(s))
 	switch dst.Kind() {
@@ -209,6 +213,8 @@ func want(t reflect.Type) string {
 		return `a size such as "512MiB"`
 	case listType:
 		return "a list of strings"
+	case tenantsType:
+		return "a list of tenants (name, token or token_file or token_env, namespaces)"
 	}
 	switch t.Kind() {
 	case reflect.Int:

@@ -31,6 +31,7 @@ func (c Config) Redacted() Config {
 	if c.ExtraConfig != nil {
 		c.ExtraConfig = redactMap(c.ExtraConfig)
 	}
+	c.Tenants = redactTenants(c.Tenants)
 	return c
 }
 

@@ -38,6 +38,7 @@ func (c Config) Validate() error {
 		errs = append(errs, &KeyError{Key: key, Err: fmt.Errorf(format, args...)})
 	}
 
+	c.validateTenants(bad)
 	if c.ChunkSize < 1 || c.ChunkSize > maxChunkSize {
 		bad("chunk_size", "want 1 to %d tokens, got %d", maxChunkSize, c.ChunkSize)
 	}

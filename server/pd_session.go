@@ -254,6 +254,7 @@ func (s *session) handlePush(h wire.Header, body []byte) *requestError {
 	if rerr != nil {
 		return rerr
 	}
+	s.notePush(m.Transfer)
 	s.out = binary.LittleEndian.AppendUint32(wire.Begin(s.out), uint32(queued))
 	return s.reply(h, 0)
 }
@@ -264,7 +265,7 @@ func (s *session) handlePushStatus(h wire.Header, body []byte) *requestError {
 		return fail(wire.StatusBadRequest, "%v", err)
 	}
 	st, ok := s.svc.pd.status(m.Transfer)
-	if !ok {
+	if !ok || !s.pushVisible(m.Transfer) {
 		return fail(wire.StatusNotFound, "transfer %d is unknown here (never pushed, or ended more than %v ago)", m.Transfer, keepEnded)
 	}
 	s.out = st.Append(wire.Begin(s.out))

@@ -16,6 +16,7 @@ import (
 	"kvtier/internal/ratelog"
 	"kvtier/kvevents/announce"
 	"kvtier/netallow"
+	"kvtier/tenant"
 	"kvtier/wire"
 )
 
@@ -25,6 +26,9 @@ type ServiceOptions struct {
 	// unless every TCP listener is on loopback. The local socket relies on
 	// its file mode instead.
 	Token string
+	// Tenants, when set, bind tokens to namespaces (tenant.go): then every
+	// connection, local ones too, presents Token or a tenant's token.
+	Tenants *tenant.Set
 	// MaxLeases bounds the leases one connection may hold (default 4096).
 	MaxLeases int
 	// MaxScopes bounds the scopes one connection may register (default 256).

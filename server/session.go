@@ -19,6 +19,7 @@ import (
 
 	"kvtier/chunk"
 	"kvtier/engine"
+	"kvtier/tenant"
 	"kvtier/wire"
 )
 
@@ -29,7 +30,8 @@ const readBuffer = 64 << 10
 type session struct {
 	svc   *Service
 	conn  net.Conn
-	local bool // Unix socket: the arena is shared
+	local bool // Unix socket
+	arena bool // the arena is shared: local, and not a tenant's (tenant.go)
 	br    *bufio.Reader
 	rd    *wire.Reader
 	// charge is the body pool's handle, with the current frame's
@@ -45,6 +47,11 @@ type session struct {
 	writeDeadline time.Time // the deadline set on conn, see extendWriteDeadline
 
 	scopes []scopeEntry // handle h is scopes[h-1]
+
+	// tenant is the tenant whose token the connection presented, nil for
+	// full access; pushed the transfers it started (see tenant.go).
+	tenant *tenant.Tenant
+	pushed map[uint64]struct{}
 
 	// leases are the engine leases this connection holds: only it may
 	// release, renew or commit them, and they end when it closes.
@@ -218,19 +225,20 @@ func (s *session) handshake() error {
 	case rerr != nil:
 	case hello.Version != wire.Version:
 		rerr = fatal(wire.StatusBadRequest, "protocol version %d; this daemon speaks %d", hello.Version, wire.Version)
-	case !s.local && !tokenMatches(s.svc.opts.Token, hello.Token):
-		rerr = fatal(wire.StatusUnauthorized, "wrong or missing token")
+	default:
+		rerr = s.authenticate(hello.Token)
 	}
 	if rerr != nil {
 		s.replyError(h.Op, h.ID, rerr)
 		return rerr
 	}
+	s.arena = s.local && s.tenant == nil
 	eng := s.svc.eng
-	reply := wire.HelloReply{Version: wire.Version, HasArena: s.local,
+	reply := wire.HelloReply{Version: wire.Version, HasArena: s.arena,
 		ChunkTokens: uint32(eng.ChunkSize()), ArenaBytes: uint64(eng.ArenaBytes()),
 		LeaseMS: uint32(eng.LeaseTTL(0) / time.Millisecond), MaxChunk: wire.MaxChunkBody}
 	s.out = wire.Finish(reply.Append(wire.Begin(s.out)), wire.OpHello, wire.FlagReply, h.ID, wire.StatusOK)
-	if !s.local {
+	if !s.arena {
 		return s.send(s.out)
 	}
 	uc, ok := s.conn.(*net.UnixConn)
@@ -292,6 +300,9 @@ func (s *session) reply(h wire.Header, flags wire.Flags) *requestError {
 func (s *session) handle(h wire.Header) *requestError {
 	if h.Flags&wire.FlagReply != 0 {
 		return fatal(wire.StatusBadRequest, "a client sent a reply frame")
+	}
+	if rerr := s.tenantOp(h.Op); rerr != nil {
+		return rerr
 	}
 	switch h.Op {
 	case wire.OpStore:
@@ -373,6 +384,9 @@ func (s *session) handleScope(h wire.Header, body []byte) *requestError {
 		return fail(wire.StatusBadRequest, "%v", err)
 	}
 	sc := m.Chunk()
+	if rerr := s.scopeAllowed(sc); rerr != nil {
+		return rerr
+	}
 	handle := 0
 	for i := range s.scopes {
 		if s.scopes[i].scope == sc {
@@ -418,6 +432,9 @@ func (s *session) resolve(k *wire.Keys) (resolved, *requestError) {
 		return resolved{}, fail(wire.StatusBadRequest, "keys in the request buffer are for LOOKUP and LOOKUP_BATCH only")
 	}
 	if k.Kind == wire.KindRaw {
+		if rerr := s.rawAllowed(k.Raw); rerr != nil {
+			return resolved{}, rerr
+		}
 		s.keys = append(s.keys, k.Raw...)
 		return resolved{keys: s.keys}, nil
 	}
@@ -523,8 +540,8 @@ func (s *session) handleLookupBatch(h wire.Header, body []byte) *requestError {
 }
 
 func (s *session) requireArena(op wire.Op) *requestError {
-	if !s.local {
-		return fail(wire.StatusUnsupported, "%s needs the shared arena of the local socket; use STORE and RETRIEVE over TCP", op)
+	if !s.arena {
+		return fail(wire.StatusUnsupported, "%s needs the shared arena of the local socket, which tenants do not get; use STORE and RETRIEVE", op)
 	}
 	return nil
 }
@@ -670,8 +687,14 @@ func (s *session) handleClear(h wire.Header, body []byte) *requestError {
 		}
 		scope = s.scopes[handle-1].id
 	}
-	removed, _ := s.svc.eng.Clear(scope)
-	s.out = binary.LittleEndian.AppendUint64(wire.Begin(s.out), uint64(removed[0]))
+	var n uint64
+	if scope == 0 && s.tenant != nil {
+		n = s.clearTenant()
+	} else {
+		removed, _ := s.svc.eng.Clear(scope)
+		n = uint64(removed[0])
+	}
+	s.out = binary.LittleEndian.AppendUint64(wire.Begin(s.out), n)
 	return s.reply(h, 0)
 }
 

@@ -28,6 +28,7 @@ import (
 	"kvtier/kvevents/announce"
 	"kvtier/netallow"
 	"kvtier/server"
+	"kvtier/tenant"
 )
 
 // Shutdown bounds. Together they stay under Kubernetes' default 30 s grace
@@ -90,8 +91,15 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 		"policy", cfg.CachePolicy, "chunk_size", cfg.ChunkSize, "disk_dir", cfg.LocalDisk, "disk_bytes", opts.DiskBytes,
 		"disk_policy", opts.DiskPolicy)
 
+	tenants, err := tenant.New(cfg, os.Getenv)
+	if err != nil {
+		return errors.Join(err, eng.Close())
+	}
 	adm, err := admin.New(eng, cfg, log)
 	if err != nil {
+		return errors.Join(err, eng.Close())
+	}
+	if err := adm.SetTenants(tenants); err != nil {
 		return errors.Join(err, eng.Close())
 	}
 	events, err := startEvents(cfg, eng, log)
@@ -106,7 +114,7 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 	if err != nil {
 		return errors.Join(err, eng.Close())
 	}
-	svc := server.NewService(eng, server.ServiceOptions{Token: cfg.TCPToken, Events: events, Logger: log,
+	svc := server.NewService(eng, server.ServiceOptions{Token: cfg.TCPToken, Tenants: tenants, Events: events, Logger: log,
 		MaxConns: cfg.MaxConnections, FrameTimeout: cfg.FrameTimeout, PDReceiveBytes: int64(cfg.PDReceiveBytes),
 		PDPushAllow: pushAllow, PDPushTLS: pushTLS})
 	if err := adm.Register(svc.Collectors()...); err != nil {
