@@ -87,12 +87,20 @@ func recovered(t testing.TB, c *conn) time.Duration {
 }
 
 // pushOut stores remoteFillers chunks from id from, each made durable
-// before the next, so that the targets leave RAM again.
-func pushOut(t testing.TB, c *conn, from int, r *Report) {
+// before the next, so that the targets leave RAM again. The chunks stored
+// sick (ids sick, sickN of them) had their writes refused and may have
+// left RAM since; every FLUSH reports those missing until they are stored
+// again, which pushOut does first, as a client that needs them durable
+// would.
+func pushOut(t testing.TB, c *conn, from, sick, sickN int, r *Report) {
 	t.Helper()
-	// The first FLUSH reports, and forgets, the writes refused while the
-	// store was sick, whose chunks have left RAM since: not durable.
-	c.flush()
+	if ok, _, _ := c.flush(); !ok {
+		for i := sick; i < sick+sickN; i++ {
+			if ok, err := c.put(i); !ok {
+				t.Fatalf("store %d again: %v", i, err)
+			}
+		}
+	}
 	for i := from; i < from+remoteFillers; i++ {
 		if ok, err := c.put(i); !ok {
 			t.Fatalf("store %d: %v", i, err)

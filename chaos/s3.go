@@ -121,7 +121,7 @@ func s3HungKilled(t testing.TB, o Options, r *Report) {
 
 	// Reading back promoted the targets into RAM; push them out again,
 	// so the reads below go to the store, then kill it.
-	pushOut(t, c, 2000, r)
+	pushOut(t, c, 2000, 1000, 8, r)
 	s.kill()
 	sickReads(t, c, "dead", r)
 	storesWhileSick(t, c, 3000, 8, r)
