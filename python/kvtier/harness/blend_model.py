@@ -54,15 +54,20 @@ def inv_freq(head_dim: int, theta: float) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, half, dtype=torch.float64) / half))
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, style: str) -> torch.Tensor:
+def rope_tables(positions: torch.Tensor, freqs: torch.Tensor, dtype: torch.dtype):
+    """cos and sin of position × frequency ([..., tokens, 1, head_dim/2]), computed in float64
+    so a rotation by p1 then p2 matches one by p1 + p2 to float32 rounding."""
+    angles = positions.to(torch.float64)[..., None] * freqs
+    return angles.cos().to(dtype).unsqueeze(-2), angles.sin().to(dtype).unsqueeze(-2)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, style: str, tables=None) -> torch.Tensor:
     """Rotates ``x`` ([tokens, heads, head_dim] or [batch, tokens, heads, head_dim]) to ``positions``.
 
     neox pairs dimension i with i + head_dim/2; GPT-J pairs 2i with 2i+1.
-    Angles are computed in float64 so a rotation by p1 then p2 matches one by
-    p1 + p2 to float32 rounding.
+    ``tables`` are :func:`rope_tables` of the positions, when the caller has them.
     """
-    angles = positions.to(torch.float64)[..., None] * freqs  # [..., tokens, half]
-    cos, sin = angles.cos().to(x.dtype).unsqueeze(-2), angles.sin().to(x.dtype).unsqueeze(-2)
+    cos, sin = tables if tables is not None else rope_tables(positions, freqs, x.dtype)
     if style == "neox":
         a, b = x.chunk(2, dim=-1)
         return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
@@ -107,13 +112,14 @@ class BlendLM(nn.Module):
 
     # ----- pieces shared by every pass ------------------------------------
 
-    def _qkv(self, lay: _Layer, x: torch.Tensor, positions: torch.Tensor):
+    def _qkv(self, lay: _Layer, x: torch.Tensor, positions: torch.Tensor, tables=None):
         cfg = self.cfg
         h = _rms(x, lay.attn_norm, cfg.eps)
         q, k, v = (lay.wqkv(h)).split(cfg.heads * cfg.head_dim, dim=-1)
         shape = x.shape[:-1] + (cfg.heads, cfg.head_dim)
-        q = rope(q.reshape(shape), positions, self.freqs, cfg.rope_style)
-        k = rope(k.reshape(shape), positions, self.freqs, cfg.rope_style)
+        tables = tables if tables is not None else rope_tables(positions, self.freqs, x.dtype)
+        q = rope(q.reshape(shape), positions, self.freqs, cfg.rope_style, tables)
+        k = rope(k.reshape(shape), positions, self.freqs, cfg.rope_style, tables)
         return q, k, v.reshape(shape)
 
     def _finish(self, lay: _Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
@@ -151,14 +157,14 @@ class BlendLM(nn.Module):
         cfg = self.cfg
         b, t = tokens.shape
         pos = torch.arange(t)
+        tables = rope_tables(pos, self.freqs, torch.float32)
         x = self.embed(tokens)
-        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+        bias = torch.full((t, t), float("-inf")).triu(1)
         scale = 1.0 / math.sqrt(cfg.head_dim)
         for lay in self.layers:
-            q, k, v = self._qkv(lay, x, pos)
-            scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
-            scores = scores.masked_fill(mask, float("-inf"))
-            attn = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v)
+            q, k, v = (y.transpose(1, 2) for y in self._qkv(lay, x, pos, tables))  # [b, heads, t, d]
+            scores = torch.matmul(q, k.transpose(-1, -2)) * scale + bias
+            attn = torch.matmul(scores.softmax(-1), v).transpose(1, 2)
             x = self._finish(lay, x, attn)
         return self.logits(x)
 
