@@ -209,3 +209,21 @@ def test_settings_from_lmcache_keys():
     d = BlendSettings.from_lmcache({})
     assert (d.enable, d.special_str, list(d.recompute_ratios), list(d.check_layers)) == \
         (False, " # # ", [0.15], [1])
+
+
+def test_evaluation_command_pieces(daemon):
+    """The measurement loop on a small random model: every ratio gets a row, and r=100% adds no error."""
+    from kvtier.harness import blend_eval, blend_task
+    model = BlendLM(SMALL)
+    pool, queries = blend_task.workload(blend_task.Workload(queries=3, pool=8, doc_min=30, doc_max=60))
+    with Client(daemon.socket_path) as c:
+        store = SegmentStore(c, "blend-eval-test", namespace=str(random.random()))
+        b = Blender(model, store, settings(), encode)
+        for seg in [[blend_task.BOS]] + [d.tokens for d in pool]:
+            store.store(seg, b.segment_kv(seg))
+        res = blend_eval.evaluate(model, queries, pool, b, [0, 15, 100], log=lambda s: None)
+    assert sorted(res["rows"]) == [0, 15, 100]
+    assert res["rows"][100]["max_logit_err"] <= TOL and res["rows"][100]["agree"] == 1.0
+    assert res["rows"][0]["max_logit_err"] > TOL
+    text = blend_eval.table(res, [1])
+    assert "| 15% |" in text and "full prefill task accuracy" in text

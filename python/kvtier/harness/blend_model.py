@@ -132,21 +132,23 @@ class BlendLM(nn.Module):
         return self.lm_head(_rms(x, self.final_norm, self.cfg.eps))
 
     def _attend(self, q: torch.Tensor, qpos: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                block: int = 256) -> torch.Tensor:
-        """Causal attention of queries at ``qpos`` over keys at positions 0..len(keys)-1.
+                block: int = 512) -> torch.Tensor:
+        """Causal attention of queries at ``qpos`` (ascending) over keys at positions 0..len(keys)-1.
 
         Queries are processed in blocks so the score matrix stays small on
-        long prompts; each block only reads keys up to its last position.
+        long prompts; a block reads keys up to its last position and masks
+        only the columns past its first one (the rest are visible to all of
+        its queries), which keeps long prompts memory-bound work down.
         """
         scale = 1.0 / math.sqrt(self.cfg.head_dim)
         kt, vt = keys.transpose(0, 1), values.transpose(0, 1)  # [heads, N, d]
         out = torch.empty_like(q)
         for s in range(0, len(q), block):
             pos = qpos[s:s + block]
-            n = int(pos.max()) + 1
-            scores = torch.matmul(q[s:s + block].transpose(0, 1), kt[:, :n].transpose(1, 2)) * scale
-            mask = torch.arange(n)[None, :] > pos[:, None]
-            scores.masked_fill_(mask[None], float("-inf"))
+            lo, n = int(pos[0]), int(pos[-1]) + 1
+            scores = torch.matmul(q[s:s + block].transpose(0, 1) * scale, kt[:, :n].transpose(1, 2))
+            mask = torch.arange(lo, n)[None, :] > pos[:, None]
+            scores[:, :, lo:n].masked_fill_(mask[None], float("-inf"))
             out[s:s + block] = torch.matmul(scores.softmax(-1), vt[:, :n]).transpose(0, 1)
         return out
 
@@ -207,8 +209,9 @@ class BlendLM(nn.Module):
         this prompt. Tokens without loaded K/V (markers, uncached segments,
         the question) are computed in every layer. Up to and including the
         first check layer every token is computed fresh; there the loaded
-        tokens are ranked by how far the fresh K/V is from the loaded one,
-        and only the top ``ratios[0]`` share of them stay selected. A later
+        tokens are ranked by how far the fresh K/V is from the loaded one
+        (the check layer itself uses the fresh K/V of all of them), and only
+        the top ``ratios[0]`` share of them stay selected. A later
         check layer ``check_layers[j]`` narrows the selection to ``ratios[j]``
         of the loaded tokens (the last ratio when fewer are given). From
         then on only selected tokens are computed; the others keep their
@@ -230,11 +233,14 @@ class BlendLM(nn.Module):
             if i < first_check or len(sel) == n and i not in checks:
                 keys, values = k, v  # every token fresh: exactly the full prefill's K/V
             else:
-                if i in checks:
-                    keep = self._select(k, v, lk[sel], lv[sel], have[sel], math.ceil(checks[i] * total - 1e-9))
-                    sel, q, k, v, x = sel[keep], q[keep], k[keep], v[keep], x[keep]
+                # Loaded K/V for tokens not computed here; fresh K/V for those
+                # that are — at a check layer that is every token still
+                # selected, before narrowing: they were computed anyway.
                 keys, values = lk.clone(), lv.clone()
                 keys[sel], values[sel] = k, v
+                if i in checks:
+                    keep = self._select(k, v, lk[sel], lv[sel], have[sel], math.ceil(checks[i] * total - 1e-9))
+                    sel, q, x = sel[keep], q[keep], x[keep]
             kv.append((keys, values))
             x = self._finish(lay, x, self._attend(q, pos[sel], keys, values))
         mask = torch.zeros(n, dtype=torch.bool)
