@@ -35,11 +35,14 @@ from ..client import Client
 from ..testing import Daemon, daemon_binary
 from . import blend_task as bt
 
-def greedy2(model, logits: torch.Tensor, kv) -> List[int]:
-    """The two greedy answer tokens after a prefill with last logits ``logits`` and K/V ``kv``."""
+def greedy2(model, logits: torch.Tensor, kv, follow: List[int]) -> List[int]:
+    """The two greedy answers after a prefill with last logits ``logits`` and K/V ``kv``:
+    the first, then — after it and the question's ``follow`` tokens, decoded over the
+    same K/V — the second."""
     first = int(logits.argmax())
-    second, _ = model.decode(first, kv)
-    return [first, int(second.argmax())]
+    for tok in [first] + list(follow):
+        out, kv = model.decode(tok, kv)
+    return [first, int(out.argmax())]
 
 
 def kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
@@ -55,7 +58,7 @@ def evaluate(model, queries, pool, blender, ratios, log=print) -> dict:
         t = time.perf_counter()
         want, kv = model.prefill(prompt)
         full_time += time.perf_counter() - t
-        want_ans = greedy2(model, want, kv)
+        want_ans = greedy2(model, want, kv, q.follow)
         full_correct += want_ans == q.answer
         for r in ratios:
             t = time.perf_counter()
@@ -64,7 +67,7 @@ def evaluate(model, queries, pool, blender, ratios, log=print) -> dict:
             row["time"] += time.perf_counter() - t
             row["kl"] += kl(want, res.logits)
             row["maxerr"] = max(row["maxerr"], float((want - res.logits).abs().max()))
-            ans = greedy2(model, res.logits, res.kv)
+            ans = greedy2(model, res.logits, res.kv, q.follow)
             row["agree"] += ans == want_ans
             row["correct"] += ans == q.answer
         if (qi + 1) % 10 == 0:

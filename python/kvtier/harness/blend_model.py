@@ -242,7 +242,10 @@ class BlendLM(nn.Module):
                     keep = self._select(k, v, lk[sel], lv[sel], have[sel], math.ceil(checks[i] * total - 1e-9))
                     sel, q, x = sel[keep], q[keep], x[keep]
             kv.append((keys, values))
-            x = self._finish(lay, x, self._attend(q, pos[sel], keys, values))
+            # Selected tokens are spread over the prompt; small query blocks
+            # keep each block's key range close to what its queries can see.
+            block = 512 if len(sel) == n else 128
+            x = self._finish(lay, x, self._attend(q, pos[sel], keys, values, block))
         mask = torch.zeros(n, dtype=torch.bool)
         mask[sel] = True
         return self.logits(x[-1]), kv, mask

@@ -3,15 +3,16 @@
 A prompt is a start segment, several documents and a question, separated by
 the blend marker " # # " (two "#" tokens)::
 
-    <s> # # doc_1 # # doc_2 # # ... # # doc_n # # ? e_a e_b
+    <s> # # doc_1 # # doc_2 # # ... # # doc_n # # ? c_a   ->  v_a, then c_b -> v_b
 
-Each document is filler words with a few facts ``e v`` (entity, value)
-scattered through it; every entity occurs in exactly one document of the
-pool. The question names two entities held by two different documents and
-the answer is their two values, ``v_a v_b``: answering needs attention from
-the question into both documents. Deviation of blended K/V from full
-prefill changes what the question's tokens read, so it shows in the
-answer's logits and accuracy.
+Each document is filler words with one value token ``v`` somewhere in it;
+the 64 values come in 8 classes (``c0``..``c7``), and the documents of one
+prompt hold values of distinct classes. The question names a class, the
+answer is the value of that class; then a second class, held by another
+document, and its value: the answer ``v_a v_b`` needs attention from the
+question into both documents, and the value's position in a 300-1,000-token document is
+random. Deviation of blended K/V from full prefill changes what the
+question's tokens read, so it shows in the answer's logits and accuracy.
 
 Training uses the same format with shorter documents (and up to three
 question groups per sequence so each sequence gives more answer targets);
@@ -39,14 +40,14 @@ from .blend_model import BlendLM, BlendModelConfig
 
 # ----- vocabulary -------------------------------------------------------
 
-SPECIALS = ["<pad>", "<s>", "#", "?", "is"]
-N_ENTITIES, N_VALUES, N_FILLER = 200, 64, 100
-WORDS = (SPECIALS + [f"e{i:03d}" for i in range(N_ENTITIES)] + [f"v{i:02d}" for i in range(N_VALUES)]
+SPECIALS = ["<pad>", "<s>", "#", "?"]
+N_CLASSES, N_VALUES, N_FILLER = 8, 64, 200
+WORDS = (SPECIALS + [f"c{i}" for i in range(N_CLASSES)] + [f"v{i:02d}" for i in range(N_VALUES)]
          + [f"w{i:03d}" for i in range(N_FILLER)])
 IDS = {w: i for i, w in enumerate(WORDS)}
-BOS, HASH, QUESTION, IS = IDS["<s>"], IDS["#"], IDS["?"], IDS["is"]
-ENTITY0 = len(SPECIALS)
-VALUE0 = ENTITY0 + N_ENTITIES
+BOS, HASH, QUESTION = IDS["<s>"], IDS["#"], IDS["?"]
+CLASS0 = len(SPECIALS)
+VALUE0 = CLASS0 + N_CLASSES
 FILLER0 = VALUE0 + N_VALUES
 VOCAB = 384  # >= len(WORDS), rounded up
 MARKER = " # # "
@@ -70,26 +71,27 @@ def decode(ids: Sequence[int]) -> str:
 @dataclass
 class Doc:
     tokens: List[int]
-    facts: List[Tuple[int, int]]  # (entity id, value id)
+    value: int  # the document's one value token
 
 
-def make_doc(rng: random.Random, length: int, entities: Sequence[int]) -> Doc:
-    """Filler of ``length`` tokens with one fact per entity at random, non-overlapping places."""
-    body = [FILLER0 + rng.randrange(N_FILLER) for _ in range(length - 2 * len(entities))]
-    facts = [(e, VALUE0 + rng.randrange(N_VALUES)) for e in entities]
-    cuts = sorted(rng.sample(range(len(body) + 1), len(facts))) if body else [0] * len(facts)
-    out, prev = [], 0
-    for cut, (e, v) in zip(cuts, facts):
-        out += body[prev:cut] + [e, v]
-        prev = cut
-    out += body[prev:]
-    return Doc(out, facts)
+def value_class(v: int) -> int:
+    """The class token naming a value's class (values come in N_CLASSES classes of equal size)."""
+    return CLASS0 + (v - VALUE0) // (N_VALUES // N_CLASSES)
 
 
-def make_pool(rng: random.Random, n_docs: int, lo: int, hi: int, facts_per_doc: int) -> List[Doc]:
-    ents = rng.sample(range(ENTITY0, ENTITY0 + N_ENTITIES), n_docs * facts_per_doc)
-    return [make_doc(rng, rng.randint(lo, hi), ents[i * facts_per_doc:(i + 1) * facts_per_doc])
-            for i in range(n_docs)]
+def make_doc(rng: random.Random, length: int, cls: int) -> Doc:
+    """Filler of ``length`` tokens with one value of class ``cls`` (0-based) at a random place."""
+    per = N_VALUES // N_CLASSES
+    v = VALUE0 + cls * per + rng.randrange(per)
+    body = [FILLER0 + rng.randrange(N_FILLER) for _ in range(length - 1)]
+    at = rng.randrange(len(body) + 1)
+    return Doc(body[:at] + [v] + body[at:], v)
+
+
+def make_pool(rng: random.Random, n_docs: int, lo: int, hi: int, distinct: bool = False) -> List[Doc]:
+    """Documents of lo..hi tokens; with ``distinct``, no two share a value class."""
+    classes = rng.sample(range(N_CLASSES), n_docs) if distinct else [rng.randrange(N_CLASSES) for _ in range(n_docs)]
+    return [make_doc(rng, rng.randint(lo, hi), c) for c in classes]
 
 
 def join(docs: Sequence[Sequence[int]], question: Sequence[int]) -> List[int]:
@@ -104,15 +106,28 @@ def join(docs: Sequence[Sequence[int]], question: Sequence[int]) -> List[int]:
 @dataclass
 class Query:
     docs: List[int]  # indices into the pool, in prompt order
-    question: List[int]
-    answer: List[int]
+    question: List[int]  # "?" and the first class: the prompt ends here
+    follow: List[int]  # the second class, given after the first answer
+    answer: List[int]  # the two values
 
 
 def make_query(rng: random.Random, pool: Sequence[Doc], n_docs: int) -> Query:
-    idx = rng.sample(range(len(pool)), n_docs)
+    """n_docs documents of distinct value classes, in random order, and a question naming two classes."""
+    order = list(range(len(pool)))
+    rng.shuffle(order)
+    idx, seen = [], set()
+    for i in order:
+        c = value_class(pool[i].value)
+        if c not in seen:
+            idx.append(i)
+            seen.add(c)
+            if len(idx) == n_docs:
+                break
+    if len(idx) < n_docs:
+        raise ValueError(f"the pool has documents of only {len(idx)} value classes; {n_docs} wanted")
     a, b = rng.sample(idx, 2)
-    fa, fb = rng.choice(pool[a].facts), rng.choice(pool[b].facts)
-    return Query(idx, [QUESTION, fa[0], fb[0]], [fa[1], fb[1]])
+    va, vb = pool[a].value, pool[b].value
+    return Query(idx, [QUESTION, value_class(va)], [value_class(vb)], [va, vb])
 
 
 @dataclass(frozen=True)
@@ -126,12 +141,11 @@ class Workload:
     max_docs: int = 6
     doc_min: int = 300
     doc_max: int = 1000
-    facts_per_doc: int = 3
 
 
 def workload(w: Workload) -> Tuple[List[Doc], List[Query]]:
     rng = random.Random(w.seed)
-    pool = make_pool(rng, w.pool, w.doc_min, w.doc_max, w.facts_per_doc)
+    pool = make_pool(rng, w.pool, w.doc_min, w.doc_max)
     return pool, [make_query(rng, pool, rng.randint(w.min_docs, w.max_docs)) for _ in range(w.queries)]
 
 
@@ -141,20 +155,19 @@ def workload(w: Workload) -> Tuple[List[Doc], List[Query]]:
 @dataclass(frozen=True)
 class TrainConfig:
     model: BlendModelConfig = field(default_factory=BlendModelConfig)
-    steps: int = 200
+    steps: int = 160
     batch: int = 8
     lr: float = 4e-3
     warmup: int = 20
-    doc_min: int = 6
-    doc_max: int = 20
-    facts_per_doc: int = 1
-    groups: int = 3
+    doc_min: int = 4
+    doc_max: int = 14
+    groups: int = 6
     # Every long_every-th step trains on one prompt with longer documents
     # instead, so retrieval is seen at longer distances (the evaluation's
     # 300-1,000-token documents cost too much to train on here).
     long_every: int = 8
-    long_doc_min: int = 60
-    long_doc_max: int = 200
+    long_doc_min: int = 40
+    long_doc_max: int = 120
     seed: int = 0
 
     def digest(self) -> str:
@@ -183,14 +196,13 @@ def training_sequence(rng: random.Random, tc: TrainConfig, long: bool = False) -
     """One training prompt and its targets (-100 where there is no loss)."""
     n = rng.randint(4, 6)
     lo, hi = (tc.long_doc_min, tc.long_doc_max) if long else (tc.doc_min, tc.doc_max)
-    pool = make_pool(rng, n, lo, hi, tc.facts_per_doc)
+    pool = make_pool(rng, n, lo, hi, distinct=True)
     tokens = join([d.tokens for d in pool], [])
     targets = [-100] * len(tokens)
     for _ in range(tc.groups):
         q = make_query(rng, pool, n)
-        seq = q.question + q.answer
-        tokens += seq
-        targets += [-100] * (len(q.question) - 1) + q.answer + [-100]
+        tokens += q.question + [q.answer[0]] + q.follow + [q.answer[1]]
+        targets += [-100, q.answer[0], -100, q.answer[1], -100]
     return tokens, targets
 
 
