@@ -9,7 +9,7 @@
 // other than LMCache's default is logged once as a warning), or refuses it
 // (any value but the default is an error) — the last for features kvtier
 // lacks and settings without which it would silently cache or return
-// something else: a file that relies on blending or PD disaggregation
+// something else: a file that relies on layerwise pipelining or GDS
 // fails loudly instead of silently losing the feature.
 //
 // Loading is strict, because a typo in a cache configuration does not crash

@@ -76,6 +76,10 @@ type lmcacheKey struct {
 	Disposition disposition
 	Target      string // the kvtier key, for implemented and mapped keys
 	Reason      string // why, for ignored and refused keys; refusals say what to do
+	// Valid, when set, rejects values the key's owner would refuse even
+	// though the daemon does not act on them, so a bad setting is reported
+	// when the file is loaded rather than by the engine later.
+	Valid func(v any) error
 }
 
 func same(name string, k valueKind, def any) lmcacheKey {
@@ -98,7 +102,7 @@ func refuse(name string, k valueKind, def any, why string) lmcacheKey {
 // lacks is refused at its switch; its other settings do nothing while the
 // switch is off, in LMCache as in kvtier, so they only warn.
 const (
-	whyBlend      = "a CacheBlend setting; CacheBlend is not supported yet (enable_blending is refused)"
+	whyBlend      = "a CacheBlend setting of the engine side: kvtier's blender (python/kvtier/blend.py) reads enable_blending and the blend_* keys from the connector's configuration, and the daemon stores segment K/V like any chunk (docs/blend.md)"
 	whyP2P        = "LMCache's P2P listener; kvtier's peers reach a daemon at its tcp_addr: set controller_url (peers found through the controller) or list them in p2p_peers"
 	whyController = "an LMCache controller worker setting; the kvtier controller reaches a daemon at the admin and TCP addresses it registers"
 	whyPD         = "a prefill/decode disaggregation setting of the engine side: kvtier's vLLM connector reads enable_pd, pd_role and pd_peer_host/pd_peer_init_port from its kv_connector_extra_config; a daemon serves both roles and takes pushes at its tcp_addr (docs/disaggregation.md)"
@@ -136,12 +140,12 @@ var lmcacheKeys = []lmcacheKey{
 	same("save_decode_cache", kindBool, false),
 	ignore("pre_caching_hash_algorithm", kindString, "builtin",
 		"kvtier keys chunks with its own hash, the same in every process and on every machine; engine-native block hashes are chosen by the connector"),
-	refuse("enable_blending", kindBool, false, "CacheBlend"),
-	ignore("blend_recompute_ratios", kindFloats, nil, whyBlend),
-	ignore("blend_thresholds", kindFloats, nil, whyBlend),
-	ignore("blend_check_layers", kindInts, nil, whyBlend),
-	ignore("blend_min_tokens", kindInt, 256, whyBlend),
-	ignore("blend_special_str", kindString, " # # ", whyBlend),
+	ignore("enable_blending", kindBool, false, whyBlend),
+	checked(ignore("blend_recompute_ratios", kindFloats, nil, whyBlend), validBlendRatios),
+	checked(ignore("blend_thresholds", kindFloats, nil, whyBlend), validBlendThresholds),
+	checked(ignore("blend_check_layers", kindInts, nil, whyBlend), validBlendLayers),
+	checked(ignore("blend_min_tokens", kindInt, 256, whyBlend), validBlendMinTokens),
+	checked(ignore("blend_special_str", kindString, " # # ", whyBlend), validBlendMarker),
 	ignore("retrieve_locations", kindStrings, nil, whyLocations),
 	ignore("store_location", kindString, nil, whyLocations),
 	same("enable_p2p", kindBool, false),
@@ -417,6 +421,11 @@ func showList(n int, item func(int) string) string {
 // check decides what a value of an ignored or refused key does: nothing at
 // LMCache's default, a warning or an error otherwise.
 func (k *lmcacheKey) check(v any) (*warning, error) {
+	if k.Valid != nil && v != nil {
+		if err := k.Valid(v); err != nil {
+			return nil, err
+		}
+	}
 	if k.isDefault(v) {
 		return nil, nil
 	}

@@ -159,8 +159,18 @@ func TestLMCacheNonDefaultValues(t *testing.T) {
 	}{
 		{"py_enable_gc: false", outcome{true, "py_enable_gc", "f.yaml:1", "not Python"}},
 		{"pin_timeout_sec: 60", outcome{true, "pin_timeout_sec", "f.yaml:1", "lease_ttl"}},
-		{"blend_special_str: '###'", outcome{true, "blend_special_str", "f.yaml:1", "enable_blending is refused"}},
+		{"blend_special_str: '###'", outcome{true, "blend_special_str", "f.yaml:1", "docs/blend.md"}},
 		{"blend_recompute_ratios: [0.15]", outcome{true, "blend_recompute_ratios", "f.yaml:1", "CacheBlend"}},
+		{"blend_recompute_ratios: [0, 1]", outcome{true, "blend_recompute_ratios", "f.yaml:1", "engine side"}},
+		{"blend_check_layers: [1, 2]", outcome{true, "blend_check_layers", "f.yaml:1", "CacheBlend"}},
+		{"blend_min_tokens: 0", outcome{true, "blend_min_tokens", "f.yaml:1", "CacheBlend"}},
+		{"blend_recompute_ratios: [0.15, 1.5]", outcome{false, "blend_recompute_ratios", "f.yaml:1", "recompute ratio 1.5 is outside [0, 1]"}},
+		{"blend_recompute_ratios: -0.1", outcome{false, "blend_recompute_ratios", "f.yaml:1", "recompute ratio -0.1 is outside [0, 1]"}},
+		{"blend_recompute_ratios: [.nan]", outcome{false, "blend_recompute_ratios", "f.yaml:1", "is outside [0, 1]"}},
+		{"blend_check_layers: [1, -2]", outcome{false, "blend_check_layers", "f.yaml:1", "check layer -2 is not a layer index"}},
+		{"blend_min_tokens: -1", outcome{false, "blend_min_tokens", "f.yaml:1", "want 0 or more tokens"}},
+		{"blend_special_str: '  '", outcome{false, "blend_special_str", "f.yaml:1", "non-blank separator"}},
+		{"blend_thresholds: [0.5]", outcome{false, "blend_thresholds", "f.yaml:1", "leave blend_thresholds unset"}},
 		{"pd_role: sender", outcome{true, "pd_role", "f.yaml:1", "disaggregation"}},
 		{"nixl_role: receiver", outcome{true, "nixl_role", "f.yaml:1", "disaggregation"}},
 		{"p2p_init_ports: '8000, 8001'", outcome{true, "p2p_init_ports", "f.yaml:1", "P2P"}},
@@ -172,7 +182,7 @@ func TestLMCacheNonDefaultValues(t *testing.T) {
 		{"ec_chunk_size: 64", outcome{true, "ec_chunk_size", "f.yaml:1", "encoder-cache"}},
 		{"ec: {max_local_cpu_size: 1}", outcome{true, "ec", "f.yaml:1", "encoder-cache"}},
 		{"use_layerwise: true", outcome{false, "use_layerwise", "f.yaml:1", "(layerwise pipelining); remove it or set it to false"}},
-		{"enable_blending: on", outcome{false, "enable_blending", "f.yaml:1", "CacheBlend"}},
+		{"enable_blending: on", outcome{true, "enable_blending", "f.yaml:1", "CacheBlend"}},
 		{"enable_p2p: true", outcome{false, "enable_p2p", "f.yaml:1", "P2P"}},
 		{"enable_controller: true", outcome{true, "enable_controller", "f.yaml:1", "controller_url"}},
 		{"controller_reply_url: tcp://c:8301", outcome{true, "controller_reply_url", "f.yaml:1", "no reply address"}},
@@ -208,6 +218,8 @@ func TestLMCacheNonDefaultValues(t *testing.T) {
 		{"KVTIER_ENABLE_CONTROLLER=1", outcome{true, "enable_controller", "env KVTIER_ENABLE_CONTROLLER", "controller_url"}},
 		{"LMCACHE_MP_PORT=x", outcome{false, "mp_port", "env LMCACHE_MP_PORT", `want an integer, got "x"`}},
 		{"LMCACHE_BLEND_CHECK_LAYERS=1,b", outcome{false, "blend_check_layers", "env LMCACHE_BLEND_CHECK_LAYERS", "want a list of integers"}},
+		{"LMCACHE_BLEND_RECOMPUTE_RATIOS=0.1,2", outcome{false, "blend_recompute_ratios", "env LMCACHE_BLEND_RECOMPUTE_RATIOS", "recompute ratio 2.0 is outside [0, 1]"}},
+		{"LMCACHE_ENABLE_BLENDING=true", outcome{true, "enable_blending", "env LMCACHE_ENABLE_BLENDING", "docs/blend.md"}},
 	}
 	for _, tc := range envCases {
 		_, ws, err := loadWarn(t, "", tc.env)
