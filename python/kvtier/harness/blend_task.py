@@ -14,9 +14,11 @@ question into both documents, and the value's position in a 300-1,000-token docu
 random. Deviation of blended K/V from full prefill changes what the
 question's tokens read, so it shows in the answer's logits and accuracy.
 
-Training uses the same format with shorter documents (and up to three
-question groups per sequence so each sequence gives more answer targets);
-evaluation uses the long-document workload of :func:`workload`. Weights are
+Training uses the same format (with six question groups per sequence so
+each sequence gives more answer targets) over a curriculum of document
+lengths, 4-14 tokens, then 20-60, then 100-300; with a rotary base of 1e6 the
+lookup learnt there carries over to the evaluation's long-document workload
+(:func:`workload`). Weights are
 cached under ``~/.cache/kvtier`` (or $KVTIER_BLEND_CACHE) keyed by a hash of
 the training settings and of the source of the code that trains the model,
 so they are trained once per change, reproducibly from the seed.
