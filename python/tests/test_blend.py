@@ -227,3 +227,26 @@ def test_evaluation_command_pieces(daemon):
     assert res["rows"][0]["max_logit_err"] > TOL
     text = blend_eval.table(res, [1])
     assert "| 15% |" in text and "full prefill task accuracy" in text
+
+
+def test_deviation_measures():
+    m = BlendLM(SMALL)
+    k, v = torch.zeros(3, 2, 16), torch.zeros(3, 2, 16)
+    lk, lv = k.clone(), v.clone()
+    lk[0, 0, 0] = 2.0  # token 0: key off by 2 in head 0
+    lv[1, 1, 0] = 1.0  # token 1: value off by 1 in head 1
+    v[2, 0] = 10.0  # token 2: value off by 1 in head 0, whose fresh values are large
+    lv[2, 0] = 10.0
+    lv[2, 0, 0] = 9.0
+    want = {"k": [4, 0, 0], "v": [0, 1, 1], "kv": [4, 1, 1]}
+    for mode, dev in want.items():
+        m.selection = mode
+        assert m.deviation(k, v, lk, lv).tolist() == dev
+    # Normalised per head: head 1's fresh values are all zero (the floor
+    # applies), head 0's mean squared norm is 1600/3, so token 2 counts less.
+    m.selection = "v-norm"
+    d = m.deviation(k, v, lk, lv)
+    assert d[1] > 1e6 and d[2] == pytest.approx(3 / 1600)
+    m.selection = "q"
+    with pytest.raises(ValueError, match="unknown deviation measure 'q'"):
+        m.deviation(k, v, lk, lv)

@@ -31,8 +31,8 @@ def trained():
 
 def test_quality_on_trained_model(trained, kvtier_bin, tmp_path):
     out = tmp_path / "blend.json"
-    # Documents of 100-250 tokens keep this test to about a minute; the
-    # documented table uses the full 300-1,000-token workload.
+    # Four queries over documents of 100-250 tokens keep this test to a few
+    # seconds; the documented table uses the full 300-1,000-token workload.
     subprocess.run([sys.executable, "-m", "kvtier.harness.blend_eval", "--queries", "4", "--ratios", "0,15,100",
                     "--doc-min", "100", "--doc-max", "250", "--kvtier-bin", kvtier_bin, "--json", str(out)],
                    cwd=HERE, check=True, timeout=1800)

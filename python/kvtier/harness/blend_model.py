@@ -250,11 +250,31 @@ class BlendLM(nn.Module):
         mask[sel] = True
         return self.logits(x[-1]), kv, mask
 
-    @staticmethod
-    def _select(k, v, lk, lv, have, take: int) -> torch.Tensor:
+    # How the check layer measures a token's deviation: "kv" sums squared
+    # differences of keys and values, "k" and "v" use one of them; with
+    # "-norm" each head's differences are divided by that head's mean squared
+    # fresh norm first, so a head with large activations does not decide alone.
+    selection = "kv"
+    SELECTIONS = ("kv", "k", "v", "kv-norm", "k-norm", "v-norm")
+
+    def deviation(self, k, v, lk, lv) -> torch.Tensor:
+        """Per-token deviation of fresh K/V from loaded K/V, by :attr:`selection`."""
+        mode = self.selection
+        if mode not in self.SELECTIONS:
+            raise ValueError(f"unknown deviation measure {mode!r}: want one of {self.SELECTIONS}")
+        parts, norm = mode.split("-")[0], mode.endswith("-norm")
+
+        def dev_of(fresh, old):
+            d = (fresh - old).pow(2).sum(-1)  # [tokens, heads]
+            if norm:
+                d = d / fresh.pow(2).sum(-1).mean(0).clamp_min(1e-12)
+            return d.sum(-1)
+        return sum(dev_of(*p) for c, p in (("k", (k, lk)), ("v", (v, lv))) if c in parts)
+
+    def _select(self, k, v, lk, lv, have, take: int) -> torch.Tensor:
         """Positions (into the current selection) to keep: every token without loaded
         K/V, plus the ``take`` loaded ones whose K/V deviates most."""
-        dev = (k - lk).pow(2).sum((-1, -2)) + (v - lv).pow(2).sum((-1, -2))
+        dev = self.deviation(k, v, lk, lv)
         loaded_idx = have.nonzero().flatten()
         keep = ~have
         if take > 0:

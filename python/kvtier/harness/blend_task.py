@@ -14,9 +14,11 @@ question into both documents, and the value's position in a 300-1,000-token docu
 random. Deviation of blended K/V from full prefill changes what the
 question's tokens read, so it shows in the answer's logits and accuracy.
 
-Training uses the same format with shorter documents (and up to three
-question groups per sequence so each sequence gives more answer targets);
-evaluation uses the long-document workload of :func:`workload`. Weights are
+Training uses the same format (with six question groups per sequence so
+each sequence gives more answer targets) over a curriculum of document
+lengths, 4-14 tokens, then 20-60, then 100-300; with a rotary base of 1e6 the
+lookup learnt there carries over to the evaluation's long-document workload
+(:func:`workload`). Weights are
 cached under ``~/.cache/kvtier`` (or $KVTIER_BLEND_CACHE) keyed by a hash of
 the training settings and of the source of the code that trains the model,
 so they are trained once per change, reproducibly from the seed.
@@ -152,23 +154,30 @@ def workload(w: Workload) -> Tuple[List[Doc], List[Query]]:
 # ----- training ------------------------------------------------------------
 
 
+def _long_context_model() -> BlendModelConfig:
+    # A rotary base of 1e6 (Llama 3 uses 5e5) leaves the lowest frequencies
+    # nearly still over a 6,000-token prompt, so attention from the question
+    # can match a value token by content at any distance; with 1e4 the
+    # lowest pair turns by ~2 rad over such a prompt and a lookup learnt on
+    # short documents does not carry over.
+    return BlendModelConfig(rope_theta=1e6)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    model: BlendModelConfig = field(default_factory=BlendModelConfig)
-    steps: int = 160
-    batch: int = 8
+    model: BlendModelConfig = field(default_factory=_long_context_model)
+    # Curriculum: (steps, batch, doc_min, doc_max) per stage. The task is
+    # learnt on short documents, then the same lookup is trained over longer
+    # ones so attention keeps finding the one value token among more filler.
+    stages: Tuple[Tuple[int, int, int, int], ...] = ((300, 8, 4, 14), (100, 4, 20, 60), (60, 1, 100, 300))
     lr: float = 4e-3
     warmup: int = 20
-    doc_min: int = 4
-    doc_max: int = 14
     groups: int = 6
-    # Every long_every-th step trains on one prompt with longer documents
-    # instead, so retrieval is seen at longer distances (the evaluation's
-    # 300-1,000-token documents cost too much to train on here).
-    long_every: int = 8
-    long_doc_min: int = 40
-    long_doc_max: int = 120
     seed: int = 0
+
+    @property
+    def steps(self) -> int:
+        return sum(s[0] for s in self.stages)
 
     def digest(self) -> str:
         """Hash of the settings and of the code that makes the weights.
@@ -192,10 +201,9 @@ def _TRAINING_CODE():
             bm.BlendLM._finish, bm.BlendLM.logits, bm.BlendLM.forward)
 
 
-def training_sequence(rng: random.Random, tc: TrainConfig, long: bool = False) -> Tuple[List[int], List[int]]:
-    """One training prompt and its targets (-100 where there is no loss)."""
+def training_sequence(rng: random.Random, tc: TrainConfig, lo: int, hi: int) -> Tuple[List[int], List[int]]:
+    """One training prompt with documents of lo..hi tokens, and its targets (-100 where there is no loss)."""
     n = rng.randint(4, 6)
-    lo, hi = (tc.long_doc_min, tc.long_doc_max) if long else (tc.doc_min, tc.doc_max)
     pool = make_pool(rng, n, lo, hi, distinct=True)
     tokens = join([d.tokens for d in pool], [])
     targets = [-100] * len(tokens)
@@ -206,8 +214,9 @@ def training_sequence(rng: random.Random, tc: TrainConfig, long: bool = False) -
     return tokens, targets
 
 
-def batch(rng: random.Random, tc: TrainConfig, long: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
-    seqs = [training_sequence(rng, tc, long) for _ in range(1 if long else tc.batch)]
+def batch(rng: random.Random, tc: TrainConfig, stage: Tuple[int, int, int, int]) -> Tuple[torch.Tensor, torch.Tensor]:
+    _, size, lo, hi = stage
+    seqs = [training_sequence(rng, tc, lo, hi) for _ in range(size)]
     t = max(len(s) for s, _ in seqs)
     x = torch.zeros(len(seqs), t, dtype=torch.long)
     y = torch.full((len(seqs), t), -100, dtype=torch.long)
@@ -225,8 +234,9 @@ def train(tc: TrainConfig, log=print) -> BlendLM:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / tc.warmup) * max(0.05, 1 - s / tc.steps))
     t0, acc_sum, loss_sum = time.monotonic(), 0.0, 0.0
-    for step in range(tc.steps):
-        x, y = batch(rng, tc, long=tc.long_every > 0 and step % tc.long_every == tc.long_every - 1)
+    plan = [stage for stage in tc.stages for _ in range(stage[0])]
+    for step, stage in enumerate(plan):
+        x, y = batch(rng, tc, stage)
         logits = model(x)
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
                                                  ignore_index=-100)
@@ -294,7 +304,9 @@ def use_fast_blas(module: str) -> None:
 def main() -> None:
     import argparse
     ap = argparse.ArgumentParser(description="Train (or find cached) the CacheBlend evaluation model.")
-    ap.add_argument("--threads", type=int, default=2)
+    # One thread: on a shared 2-core machine a second torch thread waits on
+    # the other load and made training steps ten times slower, not faster.
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     use_fast_blas("kvtier.harness.blend_task")
     torch.set_num_threads(args.threads)
