@@ -33,7 +33,7 @@ type tree[K comparable] struct {
 	nodes    []tnode
 	free     int32
 	index    map[K]int32
-	leaves   []int32 // every tracked node without tracked children
+	leaves   []leaf // every tracked node without tracked children
 	n        int
 	clock    uint64 // one tick per Admit or Access
 	rng      uint64
@@ -53,6 +53,18 @@ type tnode struct {
 	hits                      uint16 // saturating
 	hadChild                  bool   // ever had a child: not a prompt's last chunk
 	live                      bool
+}
+
+// leaf is one entry of the leaf array: the node and a copy of what its
+// rank needs, so that comparing sampled leaves reads the leaf array only.
+// The nodes are spread over the whole cache and each one read at random
+// is a likely cache miss; at a million keys those misses were most of an
+// eviction's cost. Access and addLeaf keep the copy current.
+type leaf struct {
+	last     uint64
+	node     int32
+	hits     uint16
+	hadChild bool
 }
 
 // treeSamples is how many leaves Evict compares; treeGhosts, how many
@@ -120,6 +132,10 @@ func (t *tree[K]) Access(k K) {
 	if nd.hits < ^uint16(0) {
 		nd.hits++
 	}
+	if nd.leaf != none {
+		l := &t.leaves[nd.leaf]
+		l.last, l.hits = nd.last, nd.hits
+	}
 }
 
 func (t *tree[K]) Remove(k K) {
@@ -161,14 +177,14 @@ func (t *tree[K]) sampleLeaf(busy func(K) bool) int32 {
 	best := none
 	var bestRank float64
 	for j := range min(treeSamples, n) {
-		i := t.leaves[j] // few leaves: compare them all
+		l := &t.leaves[j] // few leaves: compare them all
 		if n > treeSamples {
-			i = t.leaves[t.rand(n)]
+			l = &t.leaves[t.rand(n)]
 		}
 		// Rank first: the owner's busy check costs more (a map lookup)
 		// and is only needed for a leaf that would be the new best.
-		if r := t.rank(i); (best == none || r < bestRank) && (busy == nil || !busy(t.keys[i])) {
-			best, bestRank = i, r
+		if r := t.rank(l); (best == none || r < bestRank) && (busy == nil || !busy(t.keys[l.node])) {
+			best, bestRank = l.node, r
 		}
 	}
 	if best != none {
@@ -176,7 +192,7 @@ func (t *tree[K]) sampleLeaf(busy func(K) bool) int32 {
 	}
 	start := t.rand(n)
 	for j := range n {
-		i := t.leaves[(start+j)%n]
+		i := t.leaves[(start+j)%n].node
 		if busy == nil || !busy(t.keys[i]) {
 			return i
 		}
@@ -197,10 +213,9 @@ func (t *tree[K]) anyIdle(busy func(K) bool) int32 {
 }
 
 // rank orders leaves for eviction: lower goes first.
-func (t *tree[K]) rank(i int32) float64 {
-	nd := &t.nodes[i]
+func (t *tree[K]) rank(nd *leaf) float64 {
 	if t.learned {
-		return t.hd.density(nd, t.clock)
+		return t.hd.density(nd.hits, nd.hadChild, nd.last, t.clock)
 	}
 	if !t.frequent {
 		return float64(nd.last)
@@ -290,8 +305,9 @@ func (t *tree[K]) drop(i int32) {
 }
 
 func (t *tree[K]) addLeaf(i int32) {
-	t.nodes[i].leaf = int32(len(t.leaves))
-	t.leaves = append(t.leaves, i)
+	nd := &t.nodes[i]
+	nd.leaf = int32(len(t.leaves))
+	t.leaves = append(t.leaves, leaf{last: nd.last, node: i, hits: nd.hits, hadChild: nd.hadChild})
 }
 
 // removeLeaf takes i out of the leaf array by moving the last leaf into
@@ -303,7 +319,7 @@ func (t *tree[K]) removeLeaf(i int32) {
 	}
 	last := t.leaves[len(t.leaves)-1]
 	t.leaves[pos] = last
-	t.nodes[last].leaf = pos
+	t.nodes[last.node].leaf = pos
 	t.leaves = t.leaves[:len(t.leaves)-1]
 	t.nodes[i].leaf = none
 }
