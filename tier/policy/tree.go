@@ -10,8 +10,10 @@ package policy
 // Among the leaves, the victim is the one of lowest rank in a random sample
 // of treeSamples leaves (exact ordering would need a heap, and a parent that
 // turns into a leaf would enter it somewhere in the middle). The sample
-// keeps Evict's cost flat in the number of keys; the generator is seeded,
-// so runs are reproducible.
+// keeps Evict's cost flat in the number of keys: it reads the leaf array
+// only (each entry carries what the rank needs) and in runs of neighbours,
+// so a large cache costs a few cache misses per eviction, not one per
+// sampled leaf. The generator is seeded, so runs are reproducible.
 //
 //   - TREELRU ranks leaves by their last use: least recent first. This is
 //     the radix-tree eviction of prefix caches in serving engines.
@@ -71,6 +73,7 @@ type leaf struct {
 // evicted keys per tracked key the history remembers.
 const (
 	treeSamples = 32
+	treeRun     = 8
 	treeGhosts  = 4
 )
 
@@ -176,11 +179,17 @@ func (t *tree[K]) sampleLeaf(busy func(K) bool) int32 {
 	}
 	best := none
 	var bestRank float64
+	// The sample is treeSamples/treeRun runs of treeRun neighbours, each
+	// from a random place: a run shares cache lines, so a large cache
+	// costs treeSamples/treeRun misses instead of treeSamples. Neighbours
+	// in the array are not neighbours in age (removals move the last leaf
+	// into the hole), so the runs lose little of a random sample.
+	start := 0
 	for j := range min(treeSamples, n) {
-		l := &t.leaves[j] // few leaves: compare them all
-		if n > treeSamples {
-			l = &t.leaves[t.rand(n)]
+		if n > treeSamples && j%treeRun == 0 {
+			start = t.rand(n) - j
 		}
+		l := &t.leaves[(start+j)%n] // few leaves: compare them all
 		// Rank first: the owner's busy check costs more (a map lookup)
 		// and is only needed for a leaf that would be the new best.
 		if r := t.rank(l); (best == none || r < bestRank) && (busy == nil || !busy(t.keys[l.node])) {
@@ -190,7 +199,7 @@ func (t *tree[K]) sampleLeaf(busy func(K) bool) int32 {
 	if best != none {
 		return best
 	}
-	start := t.rand(n)
+	start = t.rand(n)
 	for j := range n {
 		i := t.leaves[(start+j)%n].node
 		if busy == nil || !busy(t.keys[i]) {
