@@ -177,36 +177,51 @@ func (t *tree[K]) sampleLeaf(busy func(K) bool) int32 {
 	if n == 0 {
 		return none
 	}
+	// Rank the sample first and ask the owner about the best leaf only:
+	// its busy check is a map lookup that misses the caches as often as
+	// the sample does. Only when that leaf is busy (pins are few) is the
+	// same sample drawn again, checking every leaf that would be a new
+	// best.
+	rng := t.rng
+	if best := t.bestOfSample(n, nil); busy == nil || !busy(t.keys[best]) {
+		return best
+	}
+	t.rng = rng
+	if best := t.bestOfSample(n, busy); best != none {
+		return best
+	}
+	start := t.rand(n)
+	for j := range n {
+		i := t.leaves[(start+j)%n].node
+		if !busy(t.keys[i]) {
+			return i
+		}
+	}
+	return none
+}
+
+// bestOfSample returns the leaf of lowest rank among treeSamples of the n
+// leaves for which busy (may be nil) is false, or none.
+//
+// The sample is treeSamples/treeRun runs of treeRun neighbours, each from a
+// random place: a run shares cache lines, so a large cache costs
+// treeSamples/treeRun misses instead of treeSamples. Neighbours in the
+// array are not neighbours in age (removals move the last leaf into the
+// hole), so the runs lose little of a random sample.
+func (t *tree[K]) bestOfSample(n int, busy func(K) bool) int32 {
 	best := none
 	var bestRank float64
-	// The sample is treeSamples/treeRun runs of treeRun neighbours, each
-	// from a random place: a run shares cache lines, so a large cache
-	// costs treeSamples/treeRun misses instead of treeSamples. Neighbours
-	// in the array are not neighbours in age (removals move the last leaf
-	// into the hole), so the runs lose little of a random sample.
 	start := 0
 	for j := range min(treeSamples, n) {
 		if n > treeSamples && j%treeRun == 0 {
 			start = t.rand(n) - j
 		}
 		l := &t.leaves[(start+j)%n] // few leaves: compare them all
-		// Rank first: the owner's busy check costs more (a map lookup)
-		// and is only needed for a leaf that would be the new best.
 		if r := t.rank(l); (best == none || r < bestRank) && (busy == nil || !busy(t.keys[l.node])) {
 			best, bestRank = l.node, r
 		}
 	}
-	if best != none {
-		return best
-	}
-	start = t.rand(n)
-	for j := range n {
-		i := t.leaves[(start+j)%n].node
-		if busy == nil || !busy(t.keys[i]) {
-			return i
-		}
-	}
-	return none
+	return best
 }
 
 // anyIdle is the last resort when every leaf is busy: some idle inner node
