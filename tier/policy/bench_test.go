@@ -185,7 +185,7 @@ func BenchmarkAdmitEvictSize(b *testing.B) {
 					}
 					next++
 				}
-				for range 3 * size { // warm up: the ghost history fills
+				for range 5 * size { // warm up: the ghost history fills (4 per key)
 					step()
 				}
 				b.ReportAllocs()
