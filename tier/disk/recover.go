@@ -91,6 +91,7 @@ func (t *Tier) rebuild(ids []uint64, cp *checkpoint, sum *scanReport) error {
 		listed := len(cp.recs) / ckptRecLen
 		t.idx.byKey = make(map[chunk.Key]int32, listed+listed/8)
 		t.idx.slots = make([]slot, 1, listed+listed/8+1)
+		policy.Grow(t.idx.order, listed) // and the policy's map: as costly
 		rs.cp, rs.first = cp, make(map[uint64][2]int, len(cp.segs))
 		n := 0
 		for _, e := range cp.segs {

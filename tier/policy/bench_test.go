@@ -2,6 +2,7 @@ package policy
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -158,5 +159,41 @@ func BenchmarkChainAdmitEvict(b *testing.B) {
 				step()
 			}
 		})
+	}
+}
+
+// BenchmarkAdmitEvictSize is BenchmarkChainAdmitEvict at several cache
+// sizes, with LRU as the baseline, to show whether an eviction's cost
+// stays flat as the cache grows (random reads across a large cache miss
+// the CPU caches; a policy whose victim choice reads many scattered slots
+// slows down with size where a list head does not).
+func BenchmarkAdmitEvictSize(b *testing.B) {
+	for _, size := range []int{10_000, 100_000, 1_000_000} {
+		for _, name := range []string{LRU, TREELRU, TREELFU, TREEHD} {
+			b.Run(fmt.Sprintf("%s/%d", name, size), func(b *testing.B) {
+				p := benchNew[uint64](b, name)
+				next := uint64(0)
+				step := func() {
+					if p.Len() >= size {
+						p.Evict(nil)
+					}
+					if next%16 == 0 {
+						p.Admit(next)
+					} else {
+						p.Access(next - next%16)
+						AdmitAfter(p, next, next-1, true)
+					}
+					next++
+				}
+				for range 5 * size { // warm up: the ghost history fills (4 per key)
+					step()
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					step()
+				}
+			})
+		}
 	}
 }

@@ -73,8 +73,8 @@ func (h *hitDensity) init() {
 	}
 }
 
-func (h *hitDensity) density(nd *tnode, now uint64) float64 {
-	return float64(h.table[hdClass(nd)][ageBucket(now-nd.last)])
+func (h *hitDensity) density(hits uint16, hadChild bool, last, now uint64) float64 {
+	return float64(h.table[classOf(hits, hadChild)][ageBucket(now-last)])
 }
 
 func (h *hitDensity) hit(nd *tnode, now uint64) { h.count(nd, now, 0) }

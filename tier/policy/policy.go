@@ -117,3 +117,21 @@ func New[K comparable](name string) (Policy[K], error) {
 	}
 	return nil, fmt.Errorf("policy: unknown eviction policy %q (valid: %s)", name, strings.Join(Names(), ", "))
 }
+
+// Grower is implemented by policies that can make room for n tracked keys
+// at once. An owner about to admit many keys (the disk tier restoring a
+// checkpoint) calls it first: building a map of a million keys step by
+// step rehashes it about twenty times.
+type Grower interface {
+	// Grow makes room for n more tracked keys. It only sizes the key map
+	// while nothing is tracked (a map cannot grow in place); the slices
+	// grow either way.
+	Grow(n int)
+}
+
+// Grow calls p.Grow(n) when p is a Grower and n is positive.
+func Grow[K comparable](p Policy[K], n int) {
+	if g, ok := p.(Grower); ok && n > 0 {
+		g.Grow(n)
+	}
+}

@@ -1,5 +1,7 @@
 package policy
 
+import "slices"
+
 // none marks the absence of a slot index.
 const none int32 = -1
 
@@ -168,4 +170,13 @@ func (p *pool[K]) newestIdle(q *queue, busy func(K) bool) int32 {
 		}
 	}
 	return none
+}
+
+// grow makes room for n more nodes (see Grower).
+func (p *pool[K]) grow(n int) {
+	if len(p.index) == 0 {
+		p.index = make(map[K]int32, n)
+	}
+	p.keys = slices.Grow(p.keys, n)
+	p.slots = slices.Grow(p.slots, n)
 }

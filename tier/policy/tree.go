@@ -10,8 +10,10 @@ package policy
 // Among the leaves, the victim is the one of lowest rank in a random sample
 // of treeSamples leaves (exact ordering would need a heap, and a parent that
 // turns into a leaf would enter it somewhere in the middle). The sample
-// keeps Evict's cost flat in the number of keys; the generator is seeded,
-// so runs are reproducible.
+// keeps Evict's cost flat in the number of keys: it reads the leaf array
+// only (each entry carries what the rank needs) and in runs of neighbours,
+// so a large cache costs a few cache misses per eviction, not one per
+// sampled leaf. The generator is seeded, so runs are reproducible.
 //
 //   - TREELRU ranks leaves by their last use: least recent first. This is
 //     the radix-tree eviction of prefix caches in serving engines.
@@ -33,7 +35,7 @@ type tree[K comparable] struct {
 	nodes    []tnode
 	free     int32
 	index    map[K]int32
-	leaves   []int32 // every tracked node without tracked children
+	leaves   []leaf // every tracked node without tracked children
 	n        int
 	clock    uint64 // one tick per Admit or Access
 	rng      uint64
@@ -55,10 +57,23 @@ type tnode struct {
 	live                      bool
 }
 
+// leaf is one entry of the leaf array: the node and a copy of what its
+// rank needs, so that comparing sampled leaves reads the leaf array only.
+// The nodes are spread over the whole cache and each one read at random
+// is a likely cache miss; at a million keys those misses were most of an
+// eviction's cost. Access and addLeaf keep the copy current.
+type leaf struct {
+	last     uint64
+	node     int32
+	hits     uint16
+	hadChild bool
+}
+
 // treeSamples is how many leaves Evict compares; treeGhosts, how many
 // evicted keys per tracked key the history remembers.
 const (
 	treeSamples = 32
+	treeRun     = 8
 	treeGhosts  = 4
 )
 
@@ -120,6 +135,10 @@ func (t *tree[K]) Access(k K) {
 	if nd.hits < ^uint16(0) {
 		nd.hits++
 	}
+	if nd.leaf != none {
+		l := &t.leaves[nd.leaf]
+		l.last, l.hits = nd.last, nd.hits
+	}
 }
 
 func (t *tree[K]) Remove(k K) {
@@ -158,30 +177,51 @@ func (t *tree[K]) sampleLeaf(busy func(K) bool) int32 {
 	if n == 0 {
 		return none
 	}
-	best := none
-	var bestRank float64
-	for j := range min(treeSamples, n) {
-		i := t.leaves[j] // few leaves: compare them all
-		if n > treeSamples {
-			i = t.leaves[t.rand(n)]
-		}
-		// Rank first: the owner's busy check costs more (a map lookup)
-		// and is only needed for a leaf that would be the new best.
-		if r := t.rank(i); (best == none || r < bestRank) && (busy == nil || !busy(t.keys[i])) {
-			best, bestRank = i, r
-		}
+	// Rank the sample first and ask the owner about the best leaf only:
+	// its busy check is a map lookup that misses the caches as often as
+	// the sample does. Only when that leaf is busy (pins are few) is the
+	// same sample drawn again, checking every leaf that would be a new
+	// best.
+	rng := t.rng
+	if best := t.bestOfSample(n, nil); busy == nil || !busy(t.keys[best]) {
+		return best
 	}
-	if best != none {
+	t.rng = rng
+	if best := t.bestOfSample(n, busy); best != none {
 		return best
 	}
 	start := t.rand(n)
 	for j := range n {
-		i := t.leaves[(start+j)%n]
-		if busy == nil || !busy(t.keys[i]) {
+		i := t.leaves[(start+j)%n].node
+		if !busy(t.keys[i]) {
 			return i
 		}
 	}
 	return none
+}
+
+// bestOfSample returns the leaf of lowest rank among treeSamples of the n
+// leaves for which busy (may be nil) is false, or none.
+//
+// The sample is treeSamples/treeRun runs of treeRun neighbours, each from a
+// random place: a run shares cache lines, so a large cache costs
+// treeSamples/treeRun misses instead of treeSamples. Neighbours in the
+// array are not neighbours in age (removals move the last leaf into the
+// hole), so the runs lose little of a random sample.
+func (t *tree[K]) bestOfSample(n int, busy func(K) bool) int32 {
+	best := none
+	var bestRank float64
+	start := 0
+	for j := range min(treeSamples, n) {
+		if n > treeSamples && j%treeRun == 0 {
+			start = t.rand(n) - j
+		}
+		l := &t.leaves[(start+j)%n] // few leaves: compare them all
+		if r := t.rank(l); (best == none || r < bestRank) && (busy == nil || !busy(t.keys[l.node])) {
+			best, bestRank = l.node, r
+		}
+	}
+	return best
 }
 
 // anyIdle is the last resort when every leaf is busy: some idle inner node
@@ -197,10 +237,9 @@ func (t *tree[K]) anyIdle(busy func(K) bool) int32 {
 }
 
 // rank orders leaves for eviction: lower goes first.
-func (t *tree[K]) rank(i int32) float64 {
-	nd := &t.nodes[i]
+func (t *tree[K]) rank(nd *leaf) float64 {
 	if t.learned {
-		return t.hd.density(nd, t.clock)
+		return t.hd.density(nd.hits, nd.hadChild, nd.last, t.clock)
 	}
 	if !t.frequent {
 		return float64(nd.last)
@@ -290,8 +329,9 @@ func (t *tree[K]) drop(i int32) {
 }
 
 func (t *tree[K]) addLeaf(i int32) {
-	t.nodes[i].leaf = int32(len(t.leaves))
-	t.leaves = append(t.leaves, i)
+	nd := &t.nodes[i]
+	nd.leaf = int32(len(t.leaves))
+	t.leaves = append(t.leaves, leaf{last: nd.last, node: i, hits: nd.hits, hadChild: nd.hadChild})
 }
 
 // removeLeaf takes i out of the leaf array by moving the last leaf into
@@ -303,7 +343,7 @@ func (t *tree[K]) removeLeaf(i int32) {
 	}
 	last := t.leaves[len(t.leaves)-1]
 	t.leaves[pos] = last
-	t.nodes[last].leaf = pos
+	t.nodes[last.node].leaf = pos
 	t.leaves = t.leaves[:len(t.leaves)-1]
 	t.nodes[i].leaf = none
 }

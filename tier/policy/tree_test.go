@@ -60,7 +60,11 @@ func runTree(t *testing.T, ops []byte) {
 				m.remove(k)
 			default: // q's bits say which keys (mod 5) are busy
 				busy := func(k int) bool { return q>>(k%5)&1 == 1 }
+				want, determined := lowestIdleLeaf(p, busy)
 				got, ok := p.Evict(busy)
+				if determined && (!ok || got != want) {
+					t.Fatalf("%s op %d: evicted %d (%v), want the idle leaf of lowest rank %d", name, j/3, got, ok, want)
+				}
 				idle, idleLeaf := false, false
 				for r := range m {
 					idle = idle || !busy(r)
@@ -81,6 +85,7 @@ func runTree(t *testing.T, ops []byte) {
 					m.remove(got)
 				}
 			}
+			checkLeaves(t, p)
 			if p.Len() != len(m) {
 				t.Fatalf("%s op %d: Len = %d, want %d", name, j/3, p.Len(), len(m))
 			}
