@@ -98,23 +98,17 @@ func benchDaemon(ctx context.Context, f Options, r *Report, src, dst [][]byte, p
 	}
 	defer eng.Close()
 	svc := server.NewService(eng, server.ServiceOptions{Token: benchToken})
-	dir, err := os.MkdirTemp("", "kvtier-bench")
+	defer svc.Shutdown(context.Background())
+	sock, cleanup, err := serveLocal(svc)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	sock := filepath.Join(dir, "kvtier.sock")
-	uln, err := server.ListenUnix(sock, 0)
-	if err != nil {
-		return err
-	}
+	defer cleanup()
 	tln, err := svc.ListenTCP("127.0.0.1:0", nil)
 	if err != nil {
 		return err
 	}
-	go svc.Serve(uln)
 	go svc.Serve(tln)
-	defer svc.Shutdown(context.Background())
 
 	d := &DaemonReport{}
 	r.Daemon = d
@@ -390,4 +384,21 @@ func printLookupRates(w io.Writer, d *DaemonReport) {
 		return
 	}
 	fmt.Fprintf(w, "(CPU µs: this process's CPU time per operation, clients, daemon and echo server together; CPU rt: the empty round trip's over it)\n")
+}
+
+// serveLocal serves svc on a Unix socket in a new temporary directory and
+// returns the socket's path and what removes the directory.
+func serveLocal(svc *server.Service) (string, func(), error) {
+	dir, err := os.MkdirTemp("", "kvtier-bench")
+	if err != nil {
+		return "", nil, err
+	}
+	sock := filepath.Join(dir, "kvtier.sock")
+	ln, err := server.ListenUnix(sock, 0)
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	go svc.Serve(ln)
+	return sock, func() { os.RemoveAll(dir) }, nil
 }

@@ -437,17 +437,11 @@ func benchLookupsOnly(ctx context.Context, f Options, r *Report, progress io.Wri
 	defer eng.Close()
 	svc := server.NewService(eng, server.ServiceOptions{Token: benchToken})
 	defer svc.Shutdown(context.Background())
-	dir, err := os.MkdirTemp("", "kvtier-bench")
+	sock, cleanup, err := serveLocal(svc)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	sock := filepath.Join(dir, "kvtier.sock")
-	ln, err := server.ListenUnix(sock, 0)
-	if err != nil {
-		return err
-	}
-	go svc.Serve(ln)
+	defer cleanup()
 	fmt.Fprintln(progress, "daemon: lookups from concurrent clients, empty round trips ...")
 	return benchLookups(ctx, d, sock)
 }
