@@ -139,7 +139,10 @@ type lowerTier struct {
 	gen      atomic.Uint32
 	inflight [2]atomic.Int64
 	missed   missedSet
-	gone     goneSet // lost for good; reported by every Sync until stored again
+	// gone holds acknowledged chunks lt lacks for good (their write was
+	// lost and they left RAM before a Sync could redo it): unlike missed,
+	// every Sync reports them, until stored again, removed or cleared.
+	gone missedSet
 }
 
 // failLogEvery is the least time between two log lines about one tier's

@@ -75,53 +75,18 @@ func (s *missedSet) forget(match func(chunk.Key) bool) {
 	}
 }
 
-// goneSet is what a lower tier lacks for good: acknowledged chunks whose
-// write was lost and which had left RAM before a Sync could write them
-// again. Unlike missedSet it is not emptied by Sync: every later Sync
-// covers those chunks too and must keep saying they are missing, until the
-// tier holds them or they are removed. overflow counts those beyond
-// maxMissed, which cannot be told apart and so are reported until the
-// daemon restarts.
-type goneSet struct {
-	mu       sync.Mutex
-	keys     map[chunk.Key]struct{}
-	overflow int
-}
-
-func (g *goneSet) add(k chunk.Key) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.keys == nil {
-		g.keys = make(map[chunk.Key]struct{})
-	}
-	if len(g.keys) >= maxMissed {
-		g.overflow++
-		return
-	}
-	g.keys[k] = struct{}{}
-}
-
-// drain empties the set of keys, adds n to the overflow and returns the
-// keys and the overflow from before.
-func (g *goneSet) drain(n int) (map[chunk.Key]struct{}, int) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	keys, overflow := g.keys, g.overflow
-	g.keys = nil
-	g.overflow += n
-	return keys, overflow
-}
-
-// forget drops the keys match selects: a chunk removed or cleared on
-// purpose is no longer owed to any tier.
-func (g *goneSet) forget(match func(chunk.Key) bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for k := range g.keys {
-		if match(k) {
-			delete(g.keys, k)
-		}
-	}
+// drain empties the set of keys but, unlike take, keeps its count of those
+// beyond maxMissed, adding n to it, and returns the keys and the count
+// from before. It serves lowerTier.gone, whose chunks every Sync reports
+// until they are mended, and whose uncounted ones cannot be told apart
+// and so are reported until the daemon restarts.
+func (s *missedSet) drain(n int) (map[chunk.Key]struct{}, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keys, lost := s.keys, s.lost
+	s.keys = nil
+	s.lost += n
+	return keys, lost
 }
 
 // Sync returns once every chunk stored before it was called is in every
