@@ -30,13 +30,18 @@ func (s *Server) URL() string { return "redis://" + s.Addr + "/0" }
 // test ends (or Stop).
 func Start(t testing.TB) *Server {
 	t.Helper()
+	return StartOn(t, freePort(t))
+}
+
+// freePort returns a loopback TCP port free at the moment of asking.
+func freePort(t testing.TB) int {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	return StartOn(t, port)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
 
 // StartOn runs redis-server on port, for restarting a server in place.
@@ -52,12 +57,7 @@ func StartOn(t testing.TB, port int) *Server {
 func StartDurable(t testing.TB, port int, dir string) *Server {
 	t.Helper()
 	if port == 0 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port = l.Addr().(*net.TCPAddr).Port
-		l.Close()
+		port = freePort(t)
 	}
 	return start(t, port, "--save", "", "--appendonly", "yes", "--appendfsync", "always", "--dir", dir)
 }
@@ -67,13 +67,7 @@ func StartDurable(t testing.TB, port int, dir string) *Server {
 // give it.
 func StartPassword(t testing.TB, password string) *Server {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	return start(t, port, "--save", "", "--appendonly", "no", "--dir", t.TempDir(), "--requirepass", password)
+	return start(t, freePort(t), "--save", "", "--appendonly", "no", "--dir", t.TempDir(), "--requirepass", password)
 }
 
 func start(t testing.TB, port int, args ...string) *Server {
