@@ -62,21 +62,8 @@ func TestCrashDuringCheckpoint(t *testing.T) {
 		if d.Recovered().Checkpoint {
 			used++
 		}
-		for n := range put {
-			k := testKey(n)
-			want := testPayload(k, crashSize(n))
-			switch {
-			case removed[n]:
-				if d.Contains(k) {
-					t.Fatalf("trial %d: key %d came back after its Remove was acknowledged", trial, n)
-				}
-			case churn || removable(n):
-				getOutcome(t, d, k, want) // evicted, or removed unacknowledged
-			default:
-				checkGet(t, d, k, want)
-			}
-		}
-		checkUnacknowledged(t, d, base, seen, put)
+		// Evicted, or removed unacknowledged.
+		checkAfterCrash(t, d, trial, base, seen, put, removed, func(n uint64) bool { return churn || removable(n) })
 		if err := d.Close(); err != nil {
 			t.Fatal(err)
 		}
