@@ -112,12 +112,12 @@ var (
 // header describes one record. A version 2 header carries one checksum per
 // piece; a version 1 header one checksum of the whole payload, in sum.
 type header struct {
-	seg     uint64    // segment number the record lives in
-	off     int64     // offset of the header block within the segment
-	key     chunk.Key // the record's key
-	size    int64     // payload length in bytes
-	version uint16    // 0 means the current version
-	sum     uint64    // version 1: xxh3-64 of the payload
+	seg     uint64            // segment number the record lives in
+	off     int64             // offset of the header block within the segment
+	key     chunk.Key         // the record's key
+	size    int64             // payload length in bytes
+	version uint16            // 0 means the current version
+	sum     uint64            // version 1: xxh3-64 of the payload
 	sums    [maxPieces]uint64 // version 2: xxh3-64 of each piece; pieceShift(size) sets their length
 }
 

@@ -678,7 +678,7 @@ const (
 // readResult is what reading a record found.
 type readResult struct {
 	hdr    header
-	hdrErr error  // why the header block was rejected
+	hdrErr error // why the header block was rejected
 	ioErr  error // the first I/O error; the read stopped there
 	sumOK  bool  // every piece matched its checksum; valid without errors
 }
