@@ -364,6 +364,10 @@ func (s *session) handle(h wire.Header) *requestError {
 		return s.handleWait(h, body)
 	case wire.OpRequestBuffer:
 		return s.handleRequestBuffer(h, body)
+	case wire.OpPrepareRetrieveLayers:
+		return s.handlePrepareRetrieveLayers(h, body)
+	case wire.OpLayerWait:
+		return s.handleLayerWait(h, body)
 	}
 	return fail(wire.StatusUnknownOp, "%s is not a request", h.Op)
 }

@@ -253,6 +253,10 @@ func (s *Stream) await(ctx context.Context, c, layer int) bool {
 		if !ok {
 			return false
 		}
+		if s.m.stopping.Load() { // Close waits for the stream: stop reading
+			s.progress(ctx, c, 0, ErrClosed)
+			return false
+		}
 		if near {
 			return true
 		}

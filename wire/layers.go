@@ -1,0 +1,61 @@
+package wire
+
+// Layerwise retrieval (docs/layerwise.md). PREPARE_RETRIEVE_LAYERS has
+// PREPARE_RETRIEVE's body (PrepareRetrieve) and reply (Slots), but the
+// daemon answers before lower-tier chunks are read: it reserves their
+// slots and fills them layer by layer behind the reply. LAYER_WAIT then
+// waits for one layer of every chunk.
+const (
+	OpPrepareRetrieveLayers Op = 23
+	OpLayerWait             Op = 24
+)
+
+// MaxLayers bounds a LAYER_WAIT's layer index.
+const MaxLayers = 1 << 16
+
+// LayerWait asks to wait until layer Layer of every usable chunk of a
+// PREPARE_RETRIEVE_LAYERS lease is in its slot, at most until the lease's
+// deadline. The reply is a LayerReady.
+//
+//	0 8 lease id
+//	8 4 layer (0 ≤ layer < MaxLayers)
+type LayerWait struct {
+	Lease uint64
+	Layer uint32
+}
+
+func (m *LayerWait) Append(b []byte) []byte { return appendU32(appendU64(b, m.Lease), m.Layer) }
+
+func (m *LayerWait) Decode(body []byte) error {
+	d := decoder{b: body}
+	m.Lease = d.u64("layer wait lease")
+	m.Layer = d.u32("layer wait layer")
+	if d.err == nil && m.Layer >= MaxLayers {
+		d.fail("layer wait: layer %d, at most %d", m.Layer, MaxLayers-1)
+	}
+	return d.end("layer wait")
+}
+
+// LayerReady answers LAYER_WAIT. Usable counts the lease's slots, from
+// the first, whose chunks are (or will be) whole and verified; a client
+// must recompute the chunks of the slots after them, which failed to load
+// and are never filled. Ready is how many layers, from layer 0, are in
+// place in every usable chunk: more than the layer asked for unless the
+// wait ran out (the lease's deadline), in which case the reply is still OK
+// and the client treats the layers not ready as failed.
+//
+//	0 4 usable chunks
+//	4 4 layers ready
+type LayerReady struct {
+	Usable uint32
+	Ready  uint32
+}
+
+func (m *LayerReady) Append(b []byte) []byte { return appendU32(appendU32(b, m.Usable), m.Ready) }
+
+func (m *LayerReady) Decode(body []byte) error {
+	d := decoder{b: body}
+	m.Usable = d.u32("layer ready usable")
+	m.Ready = d.u32("layer ready layers")
+	return d.end("layer ready")
+}
