@@ -14,6 +14,10 @@ import (
 // by layer behind the reply; LayerWait tells the client when a layer of
 // every chunk is in place and how many chunks turned out usable.
 
+// AllLayers is LayerWait's count of ready layers for a lease with nothing
+// left to read.
+const AllLayers = 1<<32 - 1
+
 // PrepareRetrieveLayers is PrepareRetrieve for a client that reads chunks
 // layer by layer. When the keys' scope has a complete format tag in a
 // layered layout (KV_2LTD or KV_MLA_FMT), lower-tier hits are reserved in
@@ -49,15 +53,16 @@ func (e *Engine) PrepareRetrieveLayers(ctx context.Context, keys []chunk.Key, tt
 // retrieve lease id, the lease's deadline passes or ctx ends, and returns
 // how many of the lease's chunks are usable, from its first (the rest
 // failed to load and must be recomputed), and how many layers are ready in
-// all of them. A lease without a background fill has every layer ready.
-// An unknown lease is ErrUnknownLease.
+// all of them. A lease without a background fill has every layer ready
+// and answers AllLayers, so a client can skip its later waits. An unknown
+// lease is ErrUnknownLease.
 func (e *Engine) LayerWait(ctx context.Context, id LeaseID, layer int) (usable, ready int, err error) {
 	s, chunks, deadline, ok := e.leases.stream(id)
 	if !ok {
 		return 0, 0, ErrUnknownLease
 	}
 	if s == nil {
-		return chunks, layer + 1, nil
+		return chunks, AllLayers, nil
 	}
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()

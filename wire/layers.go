@@ -42,7 +42,10 @@ func (m *LayerWait) Decode(body []byte) error {
 // and are never filled. Ready is how many layers, from layer 0, are in
 // place in every usable chunk: more than the layer asked for unless the
 // wait ran out (the lease's deadline), in which case the reply is still OK
-// and the client treats the layers not ready as failed.
+// and the client treats the layers not ready as failed. A lease with
+// nothing to read in the background (every chunk was in RAM, or the scope
+// is not layered) answers 0xFFFFFFFF: the client need not wait for any
+// later layer.
 //
 //	0 4 usable chunks
 //	4 4 layers ready
