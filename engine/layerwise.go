@@ -25,13 +25,10 @@ const AllLayers = 1<<32 - 1
 // otherwise it is PrepareRetrieve. Either way LayerWait on the lease says
 // when a layer is ready.
 func (e *Engine) PrepareRetrieveLayers(ctx context.Context, keys []chunk.Key, ttl time.Duration, slots []Slot) ([]Slot, LeaseID, error) {
-	geo, ok := e.geometry(keys)
-	if !ok {
-		return e.PrepareRetrieve(ctx, keys, ttl, slots)
-	}
 	ttl = e.leases.ttl(ttl)
 	i, l := e.leases.build(leaseRetrieve)
 	l.ids = growIDs(l.ids, len(keys))
+	geo := func() tier.LayerGeometry { g, _ := e.geometry(keys); return g }
 	n, s, err := e.mgr.AcquireStream(ctx, keys, l.ids, geo, time.Now().Add(ttl))
 	l.ids, l.stream = l.ids[:n], s
 	if err != nil && n == 0 {

@@ -75,14 +75,19 @@ type Stream struct {
 // never do. ctx bounds the reservations and the whole-chunk fallback;
 // deadline bounds the background reads (the lease's deadline), which
 // Stream.Cancel ends sooner.
-func (m *Manager) AcquireStream(ctx context.Context, keys []chunk.Key, ids []arena.ID, geo LayerGeometry, deadline time.Time) (int, *Stream, error) {
+func (m *Manager) AcquireStream(ctx context.Context, keys []chunk.Key, ids []arena.ID, geometry func() LayerGeometry, deadline time.Time) (int, *Stream, error) {
 	n := m.ram.Acquire(keys, ids)
-	if n == len(keys) || len(m.lower) == 0 || !geo.Valid() {
-		if n < len(keys) && len(m.lower) > 0 {
-			got, err := m.acquire(ctx, keys, ids, len(m.lower)) // not layered: whole chunks
-			return got, nil, err
-		}
+	if n == len(keys) || len(m.lower) == 0 {
 		return n, nil, nil
+	}
+	geo := geometry() // only now: a RAM hit need not know it
+	if !geo.Valid() {
+		var first link
+		if n > 0 {
+			first = link{keys[n-1], true}
+		}
+		got, err := m.promote(ctx, first, keys[n:], ids[n:], len(m.lower)) // not layered: whole chunks
+		return n + got, nil, err
 	}
 	s := &Stream{m: m, geo: geo, changed: make(chan struct{})}
 	if n > 0 {

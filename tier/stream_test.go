@@ -127,7 +127,7 @@ func TestStreamLayerZeroBeforeTheRest(t *testing.T) {
 		return gatedDisk{d, gate, 1}
 	})
 	ids := make([]arena.ID, len(keys))
-	n, s, err := m.AcquireStream(context.Background(), keys, ids, testGeo, time.Now().Add(time.Minute))
+	n, s, err := m.AcquireStream(context.Background(), keys, ids, func() tier.LayerGeometry { return testGeo }, time.Now().Add(time.Minute))
 	if err != nil || n != 6 || s == nil || s.Chunks() != 5 {
 		t.Fatalf("AcquireStream = %d, %v, %v", n, s, err)
 	}
@@ -173,7 +173,7 @@ func TestStreamCorruptLayerShortensThePrefix(t *testing.T) {
 	damage(t, dir, chunks[2][from:from+64])
 
 	ids := make([]arena.ID, len(keys))
-	n, s, err := m.AcquireStream(context.Background(), keys, ids, testGeo, time.Now().Add(time.Minute))
+	n, s, err := m.AcquireStream(context.Background(), keys, ids, func() tier.LayerGeometry { return testGeo }, time.Now().Add(time.Minute))
 	if err != nil || n != 4 || s == nil {
 		t.Fatalf("AcquireStream = %d, %v, %v", n, s, err)
 	}
