@@ -9,15 +9,16 @@ import (
 // PrepareRetrieveLayers is PrepareRetrieve for reading chunks layer by
 // layer (docs/layerwise.md): the daemon replies before it has read the
 // chunks its lower tiers hold, and fills their slots behind the reply;
-// LayerWait says when a layer of every slot is in place. Local
-// connections only, like PrepareRetrieve.
-func (c *Client) PrepareRetrieveLayers(ctx context.Context, k wire.Keys, leaseMS uint32) (wire.Slots, error) {
+// LayerWait says when a layer of every slot is in place. layers and parts
+// describe the chunks (wire.PrepareRetrieveLayers); 0 and 0 take them from
+// the scope's format tag. Local connections only, like PrepareRetrieve.
+func (c *Client) PrepareRetrieveLayers(ctx context.Context, k wire.Keys, layers, parts int, leaseMS uint32) (wire.Slots, error) {
 	b, err := c.begin(ctx)
 	if err != nil {
 		return wire.Slots{}, err
 	}
 	defer c.end()
-	m := wire.PrepareRetrieve{LeaseMS: leaseMS, Keys: k}
+	m := wire.PrepareRetrieveLayers{LeaseMS: leaseMS, Layers: uint16(layers), Parts: uint8(parts), Keys: k}
 	return c.slotsReply(m.Append(b), wire.OpPrepareRetrieveLayers)
 }
 

@@ -18,17 +18,31 @@ import (
 // left to read.
 const AllLayers = 1<<32 - 1
 
+// Layers is a chunk's layer geometry as a client states it: Parts × Layers
+// equal spans, part-major (Parts 2 for KV_2LTD, 1 for KV_MLA_FMT). The
+// zero value asks the engine to take it from the scope's format tag.
+type Layers struct {
+	Layers int
+	Parts  int
+}
+
 // PrepareRetrieveLayers is PrepareRetrieve for a client that reads chunks
-// layer by layer. When the keys' scope has a complete format tag in a
-// layered layout (KV_2LTD or KV_MLA_FMT), lower-tier hits are reserved in
-// RAM and filled in the background, and the reply does not wait for them;
-// otherwise it is PrepareRetrieve. Either way LayerWait on the lease says
-// when a layer is ready.
-func (e *Engine) PrepareRetrieveLayers(ctx context.Context, keys []chunk.Key, ttl time.Duration, slots []Slot) ([]Slot, LeaseID, error) {
+// layer by layer. With a geometry (given, or from a complete format tag in
+// a layered layout), lower-tier hits are reserved in RAM and filled in the
+// background, and the reply does not wait for them; otherwise it is
+// PrepareRetrieve. Either way LayerWait on the lease says when a layer is
+// ready.
+func (e *Engine) PrepareRetrieveLayers(ctx context.Context, keys []chunk.Key, given Layers, ttl time.Duration, slots []Slot) ([]Slot, LeaseID, error) {
 	ttl = e.leases.ttl(ttl)
 	i, l := e.leases.build(leaseRetrieve)
 	l.ids = growIDs(l.ids, len(keys))
-	geo := func() tier.LayerGeometry { g, _ := e.geometry(keys); return g }
+	geo := func() tier.LayerGeometry {
+		if given.Layers > 0 {
+			return tier.LayerGeometry{Layers: given.Layers, Parts: given.Parts}
+		}
+		g, _ := e.geometry(keys)
+		return g
+	}
 	n, s, err := e.mgr.AcquireStream(ctx, keys, l.ids, geo, time.Now().Add(ttl))
 	l.ids, l.stream = l.ids[:n], s
 	if err != nil && n == 0 {
@@ -92,7 +106,7 @@ func LayerGeometryOf(spec kvformat.Spec) (tier.LayerGeometry, bool) {
 	if spec.Layers == 0 || !spec.DType.Valid() {
 		return tier.LayerGeometry{}, false
 	}
-	g := tier.LayerGeometry{Layers: spec.Layers, RowBytes: spec.KVHeads * spec.HeadDim * spec.DType.Size()}
+	g := tier.LayerGeometry{Layers: spec.Layers}
 	switch spec.Layout {
 	case kvformat.Layout2LTD:
 		g.Parts = 2

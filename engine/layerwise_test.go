@@ -80,7 +80,7 @@ func TestLayerwiseRedisFailsMidStream(t *testing.T) {
 		tier.Remove(disk, k)
 	}
 	ctx := context.Background()
-	slots, id, err := e.PrepareRetrieveLayers(ctx, keys, time.Minute, nil)
+	slots, id, err := e.PrepareRetrieveLayers(ctx, keys, engine.Layers{}, time.Minute, nil)
 	if err != nil || len(slots) != 4 {
 		t.Fatalf("PrepareRetrieveLayers: %d slots, %v", len(slots), err)
 	}
@@ -120,7 +120,7 @@ func TestLayerwiseRedisDownBeforeTheReads(t *testing.T) {
 	}
 	srv.Stop()
 	ctx := context.Background()
-	slots, id, err := e.PrepareRetrieveLayers(ctx, keys, time.Minute, nil)
+	slots, id, err := e.PrepareRetrieveLayers(ctx, keys, engine.Layers{}, time.Minute, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func TestLayerwiseNotLayeredScopeReadsWhole(t *testing.T) {
 	for _, k := range keys {
 		e.Manager().RAM().Remove(k)
 	}
-	slots, id, err := e.PrepareRetrieveLayers(ctx, keys, time.Minute, nil)
+	slots, id, err := e.PrepareRetrieveLayers(ctx, keys, engine.Layers{}, time.Minute, nil)
 	if err != nil || len(slots) != 2 || !e.InRAM(keys[1]) {
 		t.Fatalf("%d slots, %v, in RAM %v", len(slots), err, e.InRAM(keys[1]))
 	}

@@ -15,7 +15,7 @@ func (s *session) handlePrepareRetrieveLayers(h wire.Header, body []byte) *reque
 	if rerr := s.requireArena(h.Op); rerr != nil {
 		return rerr
 	}
-	m := &s.prepR
+	m := &s.prepL
 	if err := m.Decode(body); err != nil {
 		return fail(wire.StatusBadRequest, "%v", err)
 	}
@@ -23,7 +23,8 @@ func (s *session) handlePrepareRetrieveLayers(h wire.Header, body []byte) *reque
 	if rerr != nil {
 		return rerr
 	}
-	slots, id, err := s.svc.eng.PrepareRetrieveLayers(context.Background(), r.keys[r.first:], leaseAsked(m.LeaseMS), s.eslots[:0])
+	given := engine.Layers{Layers: int(m.Layers), Parts: int(m.Parts)}
+	slots, id, err := s.svc.eng.PrepareRetrieveLayers(context.Background(), r.keys[r.first:], given, leaseAsked(m.LeaseMS), s.eslots[:0])
 	s.eslots = slots
 	if err != nil {
 		return statusOf(err)

@@ -57,12 +57,20 @@ func startDiskService(t *testing.T, diskDir string) *daemon {
 // TestLayerwiseRetrieveFromDiskAndRAM stores a prompt, leaves some chunks
 // in RAM and the others on disk only, and reads it back layer by layer:
 // each layer's K and V ranges hold the stored bytes once LAYER_WAIT says
-// so; a corrupted layer on disk shortens the usable prefix instead.
+// so. The geometry comes from the scope's format tag, or from the request
+// for a scope whose tag has none (as the vLLM connector's).
 func TestLayerwiseRetrieveFromDiskAndRAM(t *testing.T) {
+	t.Run("tag", func(t *testing.T) { testLayerwiseRetrieve(t, layerScope, 0, 0) })
+	short := layerScope
+	short.Format = "float16/KV_2LTD"
+	t.Run("request", func(t *testing.T) { testLayerwiseRetrieve(t, short, layerCount, 2) })
+}
+
+func testLayerwiseRetrieve(t *testing.T, scope chunk.Scope, layers, parts int) {
 	d := startDiskService(t, t.TempDir())
 	c := d.local(t)
 	ctx := context.Background()
-	h, err := c.Scope(ctx, layerScope)
+	h, err := c.Scope(ctx, scope)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +82,7 @@ func TestLayerwiseRetrieveFromDiskAndRAM(t *testing.T) {
 	if err := d.eng.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	keys, _, _, err := d.eng.Keys(nil, engine.Request{Scope: layerScope, Tokens: tokens})
+	keys, _, _, err := d.eng.Keys(nil, engine.Request{Scope: scope, Tokens: tokens})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,13 +91,13 @@ func TestLayerwiseRetrieveFromDiskAndRAM(t *testing.T) {
 		ram.Remove(keys[j])
 	}
 
-	slots, err := c.PrepareRetrieveLayers(ctx, client.Tokens(h, tokens, 0), 60_000)
+	slots, err := c.PrepareRetrieveLayers(ctx, client.Tokens(h, tokens, 0), layers, parts, 60_000)
 	if err != nil || len(slots.Slots) != chunks || slots.Lease == 0 {
 		t.Fatalf("prepare retrieve layers: %+v %v", slots, err)
 	}
 	for layer := range layerCount {
 		r, err := c.LayerWait(ctx, slots.Lease, layer)
-		if err != nil || r.Usable != chunks || int(r.Ready) <= layer {
+		if err != nil || r.Usable != chunks || int(r.Ready) <= layer || r.Ready > layerCount {
 			t.Fatalf("LAYER_WAIT %d: %+v %v", layer, r, err)
 		}
 		for j, s := range slots.Slots {
@@ -131,7 +139,7 @@ func TestLayerwiseCorruptLayerIsRecomputed(t *testing.T) {
 	from := (layerCount + 5) * layerSpan
 	damageOnDisk(t, dir, data[2][from:from+256])
 
-	slots, err := c.PrepareRetrieveLayers(ctx, client.Tokens(h, tokens, 0), 60_000)
+	slots, err := c.PrepareRetrieveLayers(ctx, client.Tokens(h, tokens, 0), 0, 0, 60_000)
 	if err != nil || len(slots.Slots) != chunks {
 		t.Fatalf("prepare retrieve layers: %+v %v", slots, err)
 	}

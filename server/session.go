@@ -72,6 +72,7 @@ type session struct {
 	batch    wire.LookupBatch
 	prepS    wire.PrepareStore
 	prepR    wire.PrepareRetrieve
+	prepL    wire.PrepareRetrieveLayers
 	keysOnly wire.KeysOnly
 	sums     []uint64 // checksums of a peer's RETRIEVE
 	store    wire.Store

@@ -16,28 +16,30 @@ import (
 // every chunk is in place. See docs/layerwise.md.
 
 // LayerGeometry says where each layer of a chunk lies in its bytes, for
-// the layouts in which a layer is a few contiguous ranges: KV_2LTD
-// ([2, layers, tokens, row]: Parts 2, K then V) and KV_MLA_FMT (Parts 1).
-// A chunk of n bytes holds n / (Layers*Parts*RowBytes) tokens.
+// the layouts in which a chunk is Parts × Layers equal spans, part-major:
+// KV_2LTD ([2, layers, tokens, row]: Parts 2, every layer's K, then every
+// layer's V) and KV_MLA_FMT (Parts 1). The spans' length follows from the
+// chunk's size, so a partial chunk (fewer tokens) needs nothing more.
 type LayerGeometry struct {
-	Layers   int // layers in a chunk
-	Parts    int // ranges per layer: 2 (K and V) or 1 (MLA's latent)
-	RowBytes int // bytes of one token's row of one part of one layer
+	Layers int // layers in a chunk
+	Parts  int // spans per layer: 2 (K and V) or 1 (MLA's latent)
 }
+
+// MaxLayers bounds LayerGeometry.Layers.
+const MaxLayers = 1 << 16
 
 // Valid reports whether g describes a layered chunk.
 func (g LayerGeometry) Valid() bool {
-	return g.Layers > 0 && (g.Parts == 1 || g.Parts == 2) && g.RowBytes > 0
+	return g.Layers > 0 && g.Layers <= MaxLayers && (g.Parts == 1 || g.Parts == 2)
 }
 
 // Range returns part's byte range [from, to) of layer in an n-byte chunk,
-// and false when n is not a whole number of tokens of this geometry.
+// and false when n does not split into Parts × Layers equal spans.
 func (g LayerGeometry) Range(n, layer, part int) (from, to int, ok bool) {
-	per := g.Layers * g.Parts * g.RowBytes
-	if !g.Valid() || n <= 0 || n%per != 0 || layer < 0 || layer >= g.Layers || part < 0 || part >= g.Parts {
+	if !g.Valid() || n <= 0 || n%(g.Layers*g.Parts) != 0 || layer < 0 || layer >= g.Layers || part < 0 || part >= g.Parts {
 		return 0, 0, false
 	}
-	span := n / per * g.RowBytes // one part of one layer: tokens × row
+	span := n / (g.Layers * g.Parts)
 	from = (part*g.Layers + layer) * span
 	return from, from + span, true
 }
@@ -57,6 +59,7 @@ type Stream struct {
 	ids    []arena.ID // the stream's own reference on each reserved object; 0 for RAM chunks
 	tiers  []int      // lower tier of each chunk, -1 for RAM chunks
 	cancel context.CancelFunc
+	whole  chan struct{} // bounds whole-chunk reads in flight to FetchParallel
 
 	mu      sync.Mutex
 	done    []int // layers in place for each chunk
@@ -89,7 +92,7 @@ func (m *Manager) AcquireStream(ctx context.Context, keys []chunk.Key, ids []are
 		got, err := m.promote(ctx, first, keys[n:], ids[n:], len(m.lower)) // not layered: whole chunks
 		return n + got, nil, err
 	}
-	s := &Stream{m: m, geo: geo, changed: make(chan struct{})}
+	s := &Stream{m: m, geo: geo, changed: make(chan struct{}), whole: make(chan struct{}, m.opts.FetchParallel)}
 	if n > 0 {
 		s.first = link{keys[n-1], true}
 	}
@@ -218,7 +221,9 @@ func (s *Stream) fill(ctx context.Context, c int) {
 		if !s.await(ctx, c, 0) {
 			return
 		}
+		s.whole <- struct{}{} // as many whole reads at once as a promotion makes
 		n, err := lt.Get(ctx, s.keys[c], buf)
+		<-s.whole
 		if err == nil && n != len(buf) {
 			err = ErrCorrupt
 		}

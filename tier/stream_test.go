@@ -16,25 +16,25 @@ import (
 
 // A small layered geometry: 8 layers, K and V, 16 tokens of 512-byte rows,
 // so a chunk is 128 KiB and each of its 16 ranges 8 KiB (two disk pieces).
-var testGeo = tier.LayerGeometry{Layers: 8, Parts: 2, RowBytes: 512}
+var testGeo = tier.LayerGeometry{Layers: 8, Parts: 2}
 
 const geoChunk = 8 * 2 * 16 * 512
 
 func TestLayerGeometryRanges(t *testing.T) {
-	g := tier.LayerGeometry{Layers: 4, Parts: 2, RowBytes: 10}
-	// 3 tokens: each range 30 bytes; K_0..K_3 then V_0..V_3.
+	g := tier.LayerGeometry{Layers: 4, Parts: 2}
+	// 240 bytes: eight spans of 30, K_0..K_3 then V_0..V_3.
 	for _, c := range []struct{ layer, part, from int }{{0, 0, 0}, {1, 0, 30}, {3, 0, 90}, {0, 1, 120}, {3, 1, 210}} {
 		from, to, ok := g.Range(240, c.layer, c.part)
 		if !ok || from != c.from || to != c.from+30 {
 			t.Fatalf("layer %d part %d: [%d, %d) %v, want from %d", c.layer, c.part, from, to, ok, c.from)
 		}
 	}
-	for _, bad := range []struct{ n, layer, part int }{{241, 0, 0}, {240, 4, 0}, {240, 0, 2}, {0, 0, 0}, {240, -1, 0}} {
+	for _, bad := range []struct{ n, layer, part int }{{244, 0, 0}, {240, 4, 0}, {240, 0, 2}, {0, 0, 0}, {240, -1, 0}} {
 		if _, _, ok := g.Range(bad.n, bad.layer, bad.part); ok {
 			t.Fatalf("Range(%v) accepted", bad)
 		}
 	}
-	if (tier.LayerGeometry{Layers: 4, Parts: 3, RowBytes: 1}).Valid() {
+	if (tier.LayerGeometry{Layers: 4, Parts: 3}).Valid() || (tier.LayerGeometry{Layers: 0, Parts: 1}).Valid() {
 		t.Fatal("three parts accepted")
 	}
 }

@@ -270,7 +270,7 @@ func (f *fixture) whole(ctx context.Context, check bool) (time.Duration, error) 
 func (f *fixture) stream(ctx context.Context, check bool, compute func()) (reply, layer0, all, done time.Duration, err error) {
 	f.evict()
 	start := time.Now()
-	slots, id, err := f.eng.PrepareRetrieveLayers(ctx, f.keys, leaseTTL, nil)
+	slots, id, err := f.eng.PrepareRetrieveLayers(ctx, f.keys, engine.Layers{}, leaseTTL, nil)
 	reply = time.Since(start)
 	defer f.eng.Release(id)
 	if err == nil && len(slots) != len(f.keys) {
@@ -390,7 +390,7 @@ func (f *fixture) ram(ctx context.Context) (RAMRow, error) {
 		return err
 	}
 	layered := func() error {
-		s, id, err := f.eng.PrepareRetrieveLayers(ctx, f.keys, leaseTTL, slots[:0])
+		s, id, err := f.eng.PrepareRetrieveLayers(ctx, f.keys, engine.Layers{}, leaseTTL, slots[:0])
 		if err == nil && len(s) != len(f.keys) {
 			err = fmt.Errorf("layerwise: RAM retrieve got %d chunks", len(s))
 		}
@@ -440,11 +440,14 @@ func (f *fixture) ramLoads(ctx context.Context) (today, layered time.Duration, e
 		dst[i] = make([]byte, len(f.data[i]))
 	}
 	load := func(layerwise bool) error {
-		prepare := f.eng.PrepareRetrieve
+		var slots []engine.Slot
+		var id engine.LeaseID
+		var err error
 		if layerwise {
-			prepare = f.eng.PrepareRetrieveLayers
+			slots, id, err = f.eng.PrepareRetrieveLayers(ctx, f.keys, engine.Layers{}, leaseTTL, nil)
+		} else {
+			slots, id, err = f.eng.PrepareRetrieve(ctx, f.keys, leaseTTL, nil)
 		}
-		slots, id, err := prepare(ctx, f.keys, leaseTTL, nil)
 		defer f.eng.Release(id)
 		ready := f.layers
 		if layerwise {
