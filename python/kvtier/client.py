@@ -329,11 +329,14 @@ class Client:
     def prepare_retrieve(self, keys: Keys, lease_ms: int = 0) -> Slots:
         return p.unpack_slots(self._call(p.OP_PREPARE_RETRIEVE, p.pack_prepare_retrieve(keys, lease_ms)))
 
-    def prepare_retrieve_layers(self, keys: Keys, lease_ms: int = 0) -> Slots:
+    def prepare_retrieve_layers(self, keys: Keys, layers: int = 0, parts: int = 0, lease_ms: int = 0) -> Slots:
         """PREPARE_RETRIEVE that answers before the daemon has read chunks
         from its lower tiers: it fills their slots layer by layer behind the
-        reply, and ``layer_wait`` says when a layer is in (docs/layerwise.md)."""
-        return p.unpack_slots(self._call(p.OP_PREPARE_RETRIEVE_LAYERS, p.pack_prepare_retrieve(keys, lease_ms)))
+        reply, and ``layer_wait`` says when a layer is in (docs/layerwise.md).
+        A chunk is ``parts`` (2: K then V; 1: MLA) × ``layers`` equal spans;
+        0 and 0 take the geometry from the scope's format tag."""
+        body = p.pack_prepare_retrieve_layers(keys, layers, parts, lease_ms)
+        return p.unpack_slots(self._call(p.OP_PREPARE_RETRIEVE_LAYERS, body))
 
     def layer_wait(self, lease: int, layer: int, timeout: Optional[float] = None) -> p.LayerReady:
         """Waits until ``layer`` of every usable slot of a

@@ -453,6 +453,12 @@ def unpack_wait_reply(body: bytes) -> WaitReply:
     return WaitReply(chunks, tokens)
 
 
+def pack_prepare_retrieve_layers(keys: "Keys", layers: int, parts: int, lease_ms: int = 0) -> bytes:
+    if not 0 <= layers < MAX_LAYERS or parts not in (0, 1, 2) or (layers == 0) != (parts == 0):
+        raise ValueError(f"{layers} layers of {parts} parts: want both 0, or layers and 1 or 2 parts")
+    return struct.pack("<IHBB", lease_ms, layers, parts, 0) + keys.pack()
+
+
 def pack_layer_wait(lease: int, layer: int) -> bytes:
     if not 0 <= layer < MAX_LAYERS:
         raise ValueError(f"layer {layer}: want 0..{MAX_LAYERS - 1}")
