@@ -783,7 +783,8 @@ class KVTierConnector(KVConnectorBase_V1):
         # Layered loads have a connection of their own: LAYER_WAIT blocks it while the
         # forward pass saves through the main one.
         link = self._layered_link() if layered else self.link
-        loads = [l for l in (self._prepare_load(r, link, layered) for r in reqs if not r.load_async) if l]
+        prepare = (lambda r: self._prepare_load(r, link, True)) if layered else (lambda r: self._prepare_load(r, link))
+        loads = [l for l in (prepare(r) for r in reqs if not r.load_async) if l]
         if not loads:
             return
         if not layered:
