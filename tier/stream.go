@@ -45,9 +45,10 @@ func (g LayerGeometry) Range(n, layer, part int) (from, to int, ok bool) {
 }
 
 // streamAhead is how many layers a chunk's reads may run ahead of the
-// layers ready in every chunk: enough to keep the tier's queue full while
-// the slowest chunk catches up, few enough that layer 0 of all chunks is
-// read before layer 3 of any.
+// layers ready in every chunk, once layer 0 is: enough to keep the tier's
+// queue full while the slowest chunk catches up, few enough that layer i
+// of all chunks is read before layer i+3 of any. Before layer 0 is ready
+// everywhere no chunk reads further, so nothing competes with it.
 const streamAhead = 2
 
 // Stream is the background fill of one layerwise acquire.
@@ -258,7 +259,11 @@ func (s *Stream) fill(ctx context.Context, c int) {
 func (s *Stream) await(ctx context.Context, c, layer int) bool {
 	for {
 		s.mu.Lock()
-		ok, near, ch := c < s.usable, s.ready+streamAhead >= layer, s.changed
+		ahead := streamAhead
+		if s.ready == 0 {
+			ahead = 0 // layer 0 of every chunk first: it is what the reader waits for now
+		}
+		ok, near, ch := c < s.usable, s.ready+ahead >= layer, s.changed
 		s.mu.Unlock()
 		if !ok {
 			return false

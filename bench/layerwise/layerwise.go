@@ -188,7 +188,11 @@ func openFixture(eo engine.Options, o Options, spec kvformat.Spec, size int) (*f
 // lower tiers to have it.
 func (f *fixture) fill(spec kvformat.Spec, size, n int) error {
 	ctx := context.Background()
-	scope := chunk.Scope{Model: "bench-layerwise", WorldSize: 1, Format: spec.Tag()}
+	// A scope of its own per run: a shared store may hold an earlier run's
+	// chunks under the same keys, and a store keeps what it holds.
+	var salt [8]byte
+	rand.Read(salt[:])
+	scope := chunk.Scope{Model: fmt.Sprintf("bench-layerwise-%x", salt), WorldSize: 1, Format: spec.Tag()}
 	tokens := make([]uint32, n*spec.ChunkTokens)
 	for i := range tokens {
 		tokens[i] = uint32(i*13 + 7)
@@ -211,6 +215,9 @@ func (f *fixture) fill(spec kvformat.Spec, size, n int) error {
 }
 
 func (f *fixture) close() error {
+	for _, k := range f.keys { // leave nothing behind in a shared store
+		f.eng.Manager().Remove(k)
+	}
 	err := f.eng.Close()
 	if f.dir != "" {
 		err = errors.Join(err, os.RemoveAll(f.dir))
