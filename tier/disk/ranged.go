@@ -20,24 +20,29 @@ import (
 var _ tier.RangeReader = (*Tier)(nil)
 
 // rangeRead is one record open for range reads. It keeps the header (read
-// once, at OpenRange) and which pieces are already verified, so a piece
-// two ranges share is read once.
+// once, with the first range) and which pieces are already verified, so a
+// piece two ranges share is read once.
 type rangeRead struct {
-	t    *Tier
-	key  chunk.Key
-	loc  slot
-	seg  *segment
-	dst  []byte
-	hdr  header
-	have [maxPieces / 64]uint64 // verified pieces
-	read int64                  // payload bytes read
-	err  error                  // a failure that ends the record's reads
-	done bool
+	t     *Tier
+	key   chunk.Key
+	loc   slot
+	seg   *segment
+	dst   []byte
+	hdr   header
+	hdrOK bool                   // hdr was read and matches the index
+	have  [maxPieces / 64]uint64 // verified pieces
+	read  int64                  // payload bytes read
+	err   error                  // a failure that ends the record's reads
+	done  bool
 }
 
-// OpenRange implements tier.RangeReader. It reads and checks the record's
-// header block; the payload is read by ReadRange.
+// OpenRange implements tier.RangeReader. It reads nothing yet: the header
+// block comes with the first range that starts at the payload's start (a
+// chunk's layer 0), or on its own before the first range that does not.
 func (t *Tier) OpenRange(ctx context.Context, key chunk.Key, dst []byte) (tier.RangeRead, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
@@ -59,24 +64,31 @@ func (t *Tier) OpenRange(ctx context.Context, key chunk.Key, dst []byte) (tier.R
 	t.idx.touch(i)
 	t.calls.Add(1)
 	t.mu.Unlock()
+	return &rangeRead{t: t, key: key, loc: loc, seg: seg, dst: dst}, nil
+}
 
-	r := &rangeRead{t: t, key: key, loc: loc, seg: seg, dst: dst}
-	o := t.getOp()
-	o.kind, o.seg, o.off, o.from, o.buf = opRead, seg, loc.off, 0, nil
-	err := t.sched.do(ctx, o)
+// transfer reads payload bytes [lo, hi) into dst, with the header block
+// along when lo is 0, and checks the header the first time it comes.
+func (r *rangeRead) transfer(ctx context.Context, lo, hi int64) error {
+	o := r.t.getOp()
+	o.kind, o.seg, o.off, o.from, o.buf = opRead, r.seg, r.loc.off, lo, r.dst[lo:hi]
+	err := r.t.sched.do(ctx, o)
 	if err == nil {
 		err = o.err
 	}
-	r.hdr, err = o.hdr, r.settle(err, o.hdrErr)
-	t.putOp(o)
-	if err == nil && (r.hdr.key != key || r.hdr.seg != loc.seg || r.hdr.off != loc.off || r.hdr.size != loc.size) {
-		err = r.settle(nil, errMisplaced)
+	var bad error
+	if err == nil && lo == 0 && !r.hdrOK {
+		r.hdr, bad = o.hdr, o.hdrErr
+		if bad == nil && (r.hdr.key != r.key || r.hdr.seg != r.loc.seg || r.hdr.off != r.loc.off || r.hdr.size != r.loc.size) {
+			bad = errMisplaced
+		}
+		r.hdrOK = bad == nil
 	}
-	if err != nil {
-		r.Close()
-		return nil, err
+	r.t.putOp(o)
+	if err != nil && ctx.Err() != nil {
+		return err // the caller's own cancellation: the record is not at fault
 	}
-	return r, nil
+	return r.settle(err, bad)
 }
 
 // ReadRange implements tier.RangeRead: it reads the unverified pieces
@@ -91,41 +103,62 @@ func (r *rangeRead) ReadRange(ctx context.Context, from, to int) error {
 	if from == to {
 		return nil
 	}
-	p := r.hdr.pieceLen()
-	first, end := int(int64(from)/p), int((int64(to)+p-1)/p)
+	// Until the header is read, pieces are taken to be version 2's, which
+	// the record's size alone determines; a version 1 header then asks for
+	// the whole payload.
+	geo := &r.hdr
+	if !r.hdrOK {
+		geo = &header{size: r.loc.size}
+	}
+	first, end := r.cover(geo, from, to)
+	if first == end {
+		return nil
+	}
+	p := geo.pieceLen()
+	lo, hi := int64(first)*p, min(int64(end)*p, r.loc.size)
+	if !r.hdrOK && lo > 0 { // the header on its own first, then its geometry
+		if err := r.transfer(ctx, 0, 0); err != nil {
+			return err
+		}
+		if first, end = r.cover(&r.hdr, from, to); first == end {
+			return nil
+		}
+		p = r.hdr.pieceLen()
+		lo, hi = int64(first)*p, min(int64(end)*p, r.loc.size)
+	}
+	if err := r.transfer(ctx, lo, hi); err != nil {
+		return err
+	}
+	if p != r.hdr.pieceLen() { // version 1: one piece, the whole payload
+		first, end = r.cover(&r.hdr, from, to)
+		p, lo, hi = r.hdr.pieceLen(), 0, r.loc.size
+		if err := r.transfer(ctx, lo, hi); err != nil {
+			return err
+		}
+	}
+	for i := first; i < end; i++ {
+		piece := r.dst[int64(i)*p : min(int64(i+1)*p, r.loc.size)]
+		if xxh3.Hash(piece) != r.hdr.pieceSum(i) {
+			return r.settle(nil, errPayloadSum)
+		}
+		r.have[i/64] |= 1 << (i % 64)
+	}
+	r.read += hi - lo
+	return nil
+}
+
+// cover returns the run of pieces of geometry h covering [from, to),
+// without the verified ones at either end.
+func (r *rangeRead) cover(h *header, from, to int) (first, end int) {
+	p := h.pieceLen()
+	first, end = int(int64(from)/p), int((int64(to)+p-1)/p)
 	for first < end && r.verified(first) {
 		first++
 	}
 	for end > first && r.verified(end-1) {
 		end--
 	}
-	if first == end {
-		return nil
-	}
-	lo, hi := int64(first)*p, min(int64(end)*p, r.loc.size)
-	o := r.t.getOp()
-	o.kind, o.seg, o.off, o.from, o.buf = opRead, r.seg, r.loc.off, lo, r.dst[lo:hi]
-	err := r.t.sched.do(ctx, o)
-	if err == nil {
-		err = o.err
-	}
-	r.t.putOp(o)
-	if err != nil && ctx.Err() != nil {
-		return err // the caller's own cancellation: the record is not at fault
-	}
-	var bad error
-	for i := first; err == nil && i < end; i++ {
-		piece := r.dst[int64(i)*p : min(int64(i+1)*p, r.loc.size)]
-		if xxh3.Hash(piece) != r.hdr.pieceSum(i) {
-			bad = errPayloadSum
-			break
-		}
-		r.have[i/64] |= 1 << (i % 64)
-	}
-	if err = r.settle(err, bad); err == nil {
-		r.read += hi - lo
-	}
-	return err
+	return first, end
 }
 
 func (r *rangeRead) verified(i int) bool { return r.have[i/64]&(1<<(i%64)) != 0 }

@@ -163,3 +163,28 @@ func TestVersion1RecordsStillRead(t *testing.T) {
 	}
 	d.Close()
 }
+
+// TestRangeReadChecksTheHeader damages the header block of two records:
+// the first range read of each fails, whether the header comes with the
+// range (from the payload's start) or on its own before it.
+func TestRangeReadChecksTheHeader(t *testing.T) {
+	d := openTier(t, t.TempDir(), Options{Capacity: 64 << 20})
+	defer d.Close()
+	for i, from := range []int{0, 8192} {
+		k := testKey(uint64(10 + i))
+		mustPut(t, d, k, testPayload(k, 100000))
+		path, off := location(t, d, k)
+		flipByte(t, path, off+40) // inside the key hash
+		rr, err := d.OpenRange(context.Background(), k, mmapAligned(t, 100000))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rr.ReadRange(context.Background(), from, from+100); !errors.Is(err, tier.ErrCorrupt) {
+			t.Fatalf("range from %d with a damaged header: %v", from, err)
+		}
+		rr.Close()
+		if d.Contains(k) {
+			t.Fatalf("record %d kept", i)
+		}
+	}
+}
