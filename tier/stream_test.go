@@ -227,3 +227,36 @@ func damage(t *testing.T, dir string, want []byte) {
 	}
 	t.Fatal("payload bytes not found on disk")
 }
+
+// TestStreamEndsAtItsDeadline: layers that never arrive (held back past the
+// lease's deadline) end the stream on time with no usable chunk, none is
+// committed, and nothing stays pinned.
+func TestStreamEndsAtItsDeadline(t *testing.T) {
+	gate := make(chan struct{}) // never opened
+	m, _, _, keys, _ := streamFixture(t, 3, nil, func(d *disk.Tier) tier.Tier { return gatedDisk{d, gate, 1} })
+	ids := make([]arena.ID, len(keys))
+	n, s, err := m.AcquireStream(context.Background(), keys, ids, func() tier.LayerGeometry { return testGeo }, time.Now().Add(200*time.Millisecond))
+	if err != nil || n != 3 || s == nil {
+		t.Fatalf("AcquireStream = %d, %v, %v", n, s, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	usable, ready, err := s.Wait(ctx, testGeo.Layers-1)
+	if err != nil || usable != 0 {
+		t.Fatalf("Wait = %d usable, %d ready, %v; want none usable once the deadline passed", usable, ready, err)
+	}
+	for !s.Done() {
+		time.Sleep(time.Millisecond)
+	}
+	for i, k := range keys {
+		if m.RAM().Contains(k) {
+			t.Fatalf("chunk %d committed after its stream failed", i)
+		}
+	}
+	for _, id := range ids {
+		m.RAM().Arena().Unref(id)
+	}
+	if p := m.RAM().Arena().Pinned(); p != 0 {
+		t.Fatalf("%d bytes pinned", p)
+	}
+}
