@@ -269,6 +269,9 @@ func (t *leaseTable) close() {
 	t.closed = true
 	for len(t.byDeadline) > 0 {
 		i := t.byDeadline[0]
+		if s := t.slots[i].stream; s != nil {
+			s.Cancel() // the engine is closing: no promotion will be wanted
+		}
 		t.unheap(i)
 		t.freeLocked(i)
 	}
