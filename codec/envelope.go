@@ -62,8 +62,9 @@ var _ = [1]struct{}{}[kvformat.HeaderSize-32]
 type Info struct {
 	Codec      Codec
 	Spec       kvformat.Spec
-	RawLen     int // bytes of the decoded chunk
-	PayloadLen int // bytes of encoded payload after the header
+	RawLen     int  // bytes of the decoded chunk
+	PayloadLen int  // bytes of encoded payload after the header
+	Pieced     bool // format version 2: raw, with a checksum per piece (pieces.go)
 }
 
 // ObjectLen is the length of the whole sealed object.
@@ -136,8 +137,8 @@ func PeekInfo(obj []byte) (Info, error) {
 		return Info{}, fmt.Errorf("%w: %d bytes, shorter than the %d-byte header", ErrCorrupt, len(obj), HeaderSize)
 	}
 	h := obj[:HeaderSize]
-	if h[4] != formatVersion {
-		return Info{}, fmt.Errorf("%w: format version %d, this build reads %d", ErrForeign, h[4], formatVersion)
+	if h[4] != formatVersion && h[4] != piecedVersion {
+		return Info{}, fmt.Errorf("%w: format version %d, this build reads %d and %d", ErrForeign, h[4], formatVersion, piecedVersion)
 	}
 	if got, want := binary.LittleEndian.Uint64(h[headerSumOffset:]), xxh3.Hash(h[:headerSumOffset]); got != want {
 		return Info{}, fmt.Errorf("%w: header checksum %016x, computed %016x", ErrCorrupt, got, want)
@@ -166,6 +167,10 @@ func PeekInfo(obj []byte) (Info, error) {
 		Spec:       spec,
 		RawLen:     int(binary.LittleEndian.Uint32(h[rawLenOffset:])),
 		PayloadLen: int(binary.LittleEndian.Uint32(h[payloadLenOff:])),
+		Pieced:     h[4] == piecedVersion,
+	}
+	if info.Pieced && (c.ID() != IDRaw || info.PayloadLen != PieceTableSize+info.RawLen) {
+		return Info{}, fmt.Errorf("%w: pieced object with codec %s, payload %d for %d raw bytes", ErrCorrupt, c.Name(), info.PayloadLen, info.RawLen)
 	}
 	if info.RawLen > MaxRawLen {
 		return Info{}, fmt.Errorf("%w: raw length %d exceeds MaxRawLen %d", ErrCorrupt, info.RawLen, MaxRawLen)
@@ -194,6 +199,9 @@ func Unseal(dst []byte, obj []byte) ([]byte, Info, error) {
 	}
 	if len(obj) != info.ObjectLen() {
 		return dst, Info{}, fmt.Errorf("%w: object is %d bytes, header says %d", ErrCorrupt, len(obj), info.ObjectLen())
+	}
+	if info.Pieced {
+		return unsealPieced(dst, obj, info)
 	}
 	payload := obj[HeaderSize:]
 	if got, want := binary.LittleEndian.Uint64(obj[payloadSumOff:]), xxh3.Hash(payload); got != want {

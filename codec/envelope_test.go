@@ -62,7 +62,7 @@ func TestForeign(t *testing.T) {
 	_, _, obj := sealedSample(t, raw)
 	cases := map[string]func(b []byte){
 		"magic":    func(b []byte) { copy(b, "KVTX") },
-		"version":  func(b []byte) { b[4] = 2; reseal(b) },
+		"version":  func(b []byte) { b[4] = 3; reseal(b) },
 		"codec":    func(b []byte) { b[5] = 99; reseal(b) },
 		"reserved": func(b []byte) { b[7] = 1; reseal(b) },
 		"spec":     func(b []byte) { b[specOffset+4] = 9; reseal(b) }, // kvformat header version 9

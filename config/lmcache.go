@@ -102,6 +102,7 @@ func refuse(name string, k valueKind, def any, why string) lmcacheKey {
 // lacks is refused at its switch; its other settings do nothing while the
 // switch is off, in LMCache as in kvtier, so they only warn.
 const (
+	whyLayerwise  = "a setting of the engine side: kvtier's vLLM connector reads use_layerwise (from kv_connector_extra_config or LMCACHE_USE_LAYERWISE) as its layerwise setting, and the daemon streams a prefix layer by layer to any connector that asks (docs/layerwise.md)"
 	whyBlend      = "a CacheBlend setting of the engine side: kvtier's blender (python/kvtier/blend.py) reads enable_blending and the blend_* keys from the connector's configuration, and the daemon stores segment K/V like any chunk (docs/blend.md)"
 	whyP2P        = "LMCache's P2P listener; kvtier's peers reach a daemon at its tcp_addr: set controller_url (peers found through the controller) or list them in p2p_peers"
 	whyController = "an LMCache controller worker setting; the kvtier controller reaches a daemon at the admin and TCP addresses it registers"
@@ -136,7 +137,7 @@ var lmcacheKeys = []lmcacheKey{
 	same("max_local_disk_size", kindFloat, 0.0),
 	same("remote_url", kindString, nil),
 	same("remote_serde", kindString, "naive"),
-	refuse("use_layerwise", kindBool, false, "layerwise pipelining"),
+	ignore("use_layerwise", kindBool, false, whyLayerwise),
 	same("save_decode_cache", kindBool, false),
 	ignore("pre_caching_hash_algorithm", kindString, "builtin",
 		"kvtier keys chunks with its own hash, the same in every process and on every machine; engine-native block hashes are chosen by the connector"),

@@ -181,7 +181,7 @@ func TestLMCacheNonDefaultValues(t *testing.T) {
 		{"nixl_peer_port: 7000", outcome{true, "nixl_peer_port", "f.yaml:1", "deprecated"}},
 		{"ec_chunk_size: 64", outcome{true, "ec_chunk_size", "f.yaml:1", "encoder-cache"}},
 		{"ec: {max_local_cpu_size: 1}", outcome{true, "ec", "f.yaml:1", "encoder-cache"}},
-		{"use_layerwise: true", outcome{false, "use_layerwise", "f.yaml:1", "(layerwise pipelining); remove it or set it to false"}},
+		{"use_layerwise: true", outcome{true, "use_layerwise", "f.yaml:1", "vLLM connector"}},
 		{"enable_blending: on", outcome{true, "enable_blending", "f.yaml:1", "CacheBlend"}},
 		{"enable_p2p: true", outcome{false, "enable_p2p", "f.yaml:1", "P2P"}},
 		{"enable_controller: true", outcome{true, "enable_controller", "f.yaml:1", "controller_url"}},

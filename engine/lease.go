@@ -10,6 +10,7 @@ import (
 
 	"kvtier/arena"
 	"kvtier/chunk"
+	"kvtier/tier"
 )
 
 // Leases are how a client outside the daemon's process keeps chunks in
@@ -66,7 +67,8 @@ type lease struct {
 	deadline int64 // nanoseconds since the table's epoch
 	keys     []chunk.Key
 	ids      []arena.ID
-	pos      int32 // index in byDeadline; notActive while free or being built
+	stream   *tier.Stream // a layerwise retrieve's background fill (layerwise.go)
+	pos      int32        // index in byDeadline; notActive while free or being built
 	nextFree int32
 }
 
@@ -267,6 +269,9 @@ func (t *leaseTable) close() {
 	t.closed = true
 	for len(t.byDeadline) > 0 {
 		i := t.byDeadline[0]
+		if s := t.slots[i].stream; s != nil {
+			s.Cancel() // the engine is closing: no promotion will be wanted
+		}
 		t.unheap(i)
 		t.freeLocked(i)
 	}
@@ -307,7 +312,7 @@ func (t *leaseTable) freeLocked(i int32) {
 	if l.id != 0 {
 		delete(t.byID, l.id)
 	}
-	l.id, l.keys, l.ids = 0, l.keys[:0], l.ids[:0]
+	l.id, l.keys, l.ids, l.stream = 0, l.keys[:0], l.ids[:0], nil
 	l.pos = notActive
 	l.nextFree = t.free
 	t.free = i

@@ -72,6 +72,7 @@ type session struct {
 	batch    wire.LookupBatch
 	prepS    wire.PrepareStore
 	prepR    wire.PrepareRetrieve
+	prepL    wire.PrepareRetrieveLayers
 	keysOnly wire.KeysOnly
 	sums     []uint64 // checksums of a peer's RETRIEVE
 	store    wire.Store
@@ -364,6 +365,10 @@ func (s *session) handle(h wire.Header) *requestError {
 		return s.handleWait(h, body)
 	case wire.OpRequestBuffer:
 		return s.handleRequestBuffer(h, body)
+	case wire.OpPrepareRetrieveLayers:
+		return s.handlePrepareRetrieveLayers(h, body)
+	case wire.OpLayerWait:
+		return s.handleLayerWait(h, body)
 	}
 	return fail(wire.StatusUnknownOp, "%s is not a request", h.Op)
 }

@@ -62,7 +62,8 @@ const (
 	OpWait            Op = 20
 	// OpLookupBatch    Op = 21, see batch.go
 	// OpRequestBuffer  Op = 22, see shared.go
-	opLimit Op = 23
+	// OpPrepareRetrieveLayers Op = 23, OpLayerWait Op = 24, see layers.go
+	opLimit Op = 25
 
 	// MaxOp is the highest operation of this version.
 	MaxOp = opLimit - 1
@@ -70,7 +71,8 @@ const (
 
 var opNames = [...]string{"", "HELLO", "PING", "SCOPE", "LOOKUP", "PREPARE_STORE",
 	"COMMIT_STORE", "PREPARE_RETRIEVE", "RELEASE", "RENEW", "PREFETCH", "CLEAR",
-	"STATS", "STORE", "RETRIEVE", "SIZES", "FLUSH", "PUSH", "PUSH_STATUS", "RECEIVE", "WAIT", "LOOKUP_BATCH", "REQUEST_BUFFER"}
+	"STATS", "STORE", "RETRIEVE", "SIZES", "FLUSH", "PUSH", "PUSH_STATUS", "RECEIVE", "WAIT", "LOOKUP_BATCH", "REQUEST_BUFFER",
+	"PREPARE_RETRIEVE_LAYERS", "LAYER_WAIT"}
 
 func (o Op) String() string {
 	if o > 0 && o < opLimit {

@@ -329,6 +329,23 @@ class Client:
     def prepare_retrieve(self, keys: Keys, lease_ms: int = 0) -> Slots:
         return p.unpack_slots(self._call(p.OP_PREPARE_RETRIEVE, p.pack_prepare_retrieve(keys, lease_ms)))
 
+    def prepare_retrieve_layers(self, keys: Keys, layers: int = 0, parts: int = 0, lease_ms: int = 0) -> Slots:
+        """PREPARE_RETRIEVE that answers before the daemon has read chunks
+        from its lower tiers: it fills their slots layer by layer behind the
+        reply, and ``layer_wait`` says when a layer is in (docs/layerwise.md).
+        A chunk is ``parts`` (2: K then V; 1: MLA) × ``layers`` equal spans;
+        0 and 0 take the geometry from the scope's format tag."""
+        body = p.pack_prepare_retrieve_layers(keys, layers, parts, lease_ms)
+        return p.unpack_slots(self._call(p.OP_PREPARE_RETRIEVE_LAYERS, body))
+
+    def layer_wait(self, lease: int, layer: int, timeout: Optional[float] = None) -> p.LayerReady:
+        """Waits until ``layer`` of every usable slot of a
+        ``prepare_retrieve_layers`` lease is in place (at most until the
+        lease's deadline). Slots from ``usable`` on failed to load: recompute
+        them. ``ready`` fewer than layer+1 means the wait ran out."""
+        body = self._call(p.OP_LAYER_WAIT, p.pack_layer_wait(lease, layer), timeout=timeout)
+        return p.unpack_layer_ready(body)
+
     def release(self, lease: int) -> None:
         self._call(p.OP_RELEASE, p.pack_release(lease))
 

@@ -48,6 +48,11 @@ OP_RECEIVE = 19      # daemon to daemon only
 OP_WAIT = 20
 OP_LOOKUP_BATCH = 21  # many LOOKUPs in one round trip
 OP_REQUEST_BUFFER = 22  # shared memory for the token ids of lookups
+OP_PREPARE_RETRIEVE_LAYERS = 23  # layer by layer, docs/layerwise.md
+OP_LAYER_WAIT = 24
+
+ALL_LAYERS = 0xFFFFFFFF  # LAYER_WAIT: nothing loads in the background
+MAX_LAYERS = 1 << 16
 
 MAX_BATCH = 1024  # lookups in one LOOKUP_BATCH
 
@@ -446,3 +451,31 @@ def unpack_wait_reply(body: bytes) -> WaitReply:
     chunks, tokens = r.unpack("II")
     r.end()
     return WaitReply(chunks, tokens)
+
+
+def pack_prepare_retrieve_layers(keys: "Keys", layers: int, parts: int, lease_ms: int = 0) -> bytes:
+    if not 0 <= layers < MAX_LAYERS or parts not in (0, 1, 2) or (layers == 0) != (parts == 0):
+        raise ValueError(f"{layers} layers of {parts} parts: want both 0, or layers and 1 or 2 parts")
+    return struct.pack("<IHBB", lease_ms, layers, parts, 0) + keys.pack()
+
+
+def pack_layer_wait(lease: int, layer: int) -> bytes:
+    if not 0 <= layer < MAX_LAYERS:
+        raise ValueError(f"layer {layer}: want 0..{MAX_LAYERS - 1}")
+    return struct.pack("<QI", lease, layer)
+
+
+@dataclass
+class LayerReady:
+    """LAYER_WAIT's reply: the lease's usable slots (from the first) and the
+    layers ready in all of them; ``ALL_LAYERS`` when nothing loads in the
+    background."""
+    usable: int
+    ready: int
+
+
+def unpack_layer_ready(body: bytes) -> LayerReady:
+    if len(body) != 8:
+        raise ProtocolError(f"layer wait reply of {len(body)} bytes, want 8")
+    usable, ready = struct.unpack("<II", body)
+    return LayerReady(usable, ready)

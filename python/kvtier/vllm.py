@@ -135,6 +135,8 @@ class Settings:
             if key not in known:
                 log.warning("kvtier: unknown kv_connector_extra_config key %r ignored", key)
                 continue
+            if value is None:  # unset: the default stands
+                continue
             default = getattr(s, key)
             if key == "pd_peers" and isinstance(value, (list, tuple)):
                 value = ",".join(str(x) for x in value)
@@ -159,7 +161,10 @@ class Settings:
         ktc = getattr(vllm_config, "kv_transfer_config", None)
         extra = dict(getattr(ktc, "kv_connector_extra_config", None) or {})
         lmcache = pd.take_lmcache_settings(extra)
+        use_layerwise = _take_use_layerwise(extra)
         s = cls.from_extra(extra)
+        if use_layerwise is not None and extra.get("layerwise") is None:
+            s.layerwise = use_layerwise
         role = pd.resolve_role(getattr(ktc, "kv_role", None), lmcache)
         s.push_to = s.push_to or pd.lmcache_push_to(lmcache)
         if s.pd_timeout <= 0:
@@ -181,6 +186,18 @@ class Settings:
 
 def _truthy(v: Any) -> bool:
     return v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes", "on")
+
+
+def _take_use_layerwise(extra: Dict[str, Any], environ: Optional[Dict[str, str]] = None) -> Optional[bool]:
+    """LMCache's ``use_layerwise``, which is the connector's ``layerwise``: removed from
+    ``extra`` (plain or ``lmcache.``-prefixed, the prefixed one winning) or read from
+    ``LMCACHE_USE_LAYERWISE``; None when none is set. An explicit ``layerwise`` wins over it."""
+    env = os.environ if environ is None else environ
+    value: Any = env.get("LMCACHE_USE_LAYERWISE")
+    for key in ("use_layerwise", "lmcache.use_layerwise"):
+        if key in extra:
+            value = extra.pop(key)
+    return None if value is None else _truthy(value)
 
 
 def _use_mla(vllm_config: Any) -> bool:
@@ -283,6 +300,9 @@ class _Load:
     lease: int
     parts: List[Tuple[torch.Tensor, Any, int]]  # (chunk view, index on the KV's device, first token)
     nbytes: int
+    skip: int = 0          # the first token of parts[0]'s chunk
+    layered: bool = False  # PREPARE_RETRIEVE_LAYERS: wait for each layer (docs/layerwise.md)
+    ready: int = 0         # layers the daemon said are in place in every usable chunk
 
 
 @dataclass
@@ -337,6 +357,7 @@ class KVTierConnector(KVConnectorBase_V1):
         self._saves: List[_Save] = []
         self._lock = threading.Lock()
         self._async_link: Optional[Link] = None
+        self._layer_link: Optional[Link] = None  # PREPARE_RETRIEVE_LAYERS and LAYER_WAIT
         self._async_copier: Optional[kvl.HostCopier] = None
         self._async_copy_lock = threading.Lock()
         self._async_threads: List[threading.Thread] = []
@@ -388,6 +409,11 @@ class KVTierConnector(KVConnectorBase_V1):
         return None
 
     # ------------------------------------------------------------ helpers
+
+    def _loads_async(self) -> bool:
+        """Hits not in RAM load in the background unless layerwise, which streams them
+        into the step layer by layer instead (docs/layerwise.md)."""
+        return self.settings.load_async and not self.settings.layerwise
 
     def _client(self, link: Optional[Link] = None) -> Client:
         c = (link or self.link).get()
@@ -441,7 +467,7 @@ class KVTierConnector(KVConnectorBase_V1):
         self.stats.queries += 1
         n = max(0, usable - num_computed_tokens)
         self.stats.hit_tokens += n
-        return n, bool(n and not in_ram and self.settings.load_async)
+        return n, bool(n and not in_ram and self._loads_async())
 
     def _match_remote(self, request: Any, remote: pd.RemotePrefill, num_computed_tokens: int,
                       prompt_len: int) -> Tuple[int, bool]:
@@ -496,7 +522,7 @@ class KVTierConnector(KVConnectorBase_V1):
             self._release_lookup(rid, keep_hit=True)
             return
         look = self._lookups.get(rid) or _Lookup(0, 0, 0, True)
-        is_async = rid in self._remotes or (not look.in_ram and self.settings.load_async)
+        is_async = rid in self._remotes or (not look.in_ram and self._loads_async())
         self._loads[rid] = (look.local, look.local + num_external_tokens, is_async)
         if is_async:
             self._plan_async(request, blocks, look)
@@ -753,26 +779,40 @@ class KVTierConnector(KVConnectorBase_V1):
         for r in reqs:
             if r.load_async:
                 self._start_async_load(r)
-        loads = [l for l in (self._prepare_load(r, self.link) for r in reqs if not r.load_async) if l]
+        layered = self.settings.layerwise and self._cross is None
+        # Layered loads have a connection of their own: LAYER_WAIT blocks it while the
+        # forward pass saves through the main one.
+        link = self._layered_link() if layered else self.link
+        prepare = (lambda r: self._prepare_load(r, link, True)) if layered else (lambda r: self._prepare_load(r, link))
+        loads = [l for l in (prepare(r) for r in reqs if not r.load_async) if l]
         if not loads:
             return
-        if not self.settings.layerwise or self._cross is not None:
-            self._copy_layers(loads, self.link, self.copier, [])
+        if not layered:
+            self._copy_layers(loads, link, self.copier, [])
             return
         self._layer_ready = [threading.Event() for _ in range(self._layers)]
-        self._loader = threading.Thread(target=self._copy_layers, args=(loads, self.link, self.copier,
+        self._loader = threading.Thread(target=self._copy_layers, args=(loads, link, self.copier,
                                                                          self._layer_ready),
                                         name="kvtier-load", daemon=True)
         self._loader.start()
 
-    def _prepare_load(self, req: ReqMeta, link: Link) -> Optional[_Load]:
-        """PREPARE_RETRIEVE for one request; unavailable chunks become load errors."""
-        got_end, slots = req.load_start, None
+    def _layered_link(self) -> Link:
+        if self._layer_link is None:
+            self._layer_link = self._new_link(self.link.scope_args)
+        return self._layer_link
+
+    def _prepare_load(self, req: ReqMeta, link: Link, layered: bool = False) -> Optional[_Load]:
+        """PREPARE_RETRIEVE (or, layered, PREPARE_RETRIEVE_LAYERS) for one request;
+        unavailable chunks become load errors."""
+        got_end, slots, skip = req.load_start, None, 0
         try:
             c = self._client(link)
             skip = chunk_floor(req.load_start, self._chunk)
-            slots = c.prepare_retrieve(self._keys(c, link, req.namespace, req.keys, req.load_end, skip),
-                                       self.settings.lease_ms)
+            keys = self._keys(c, link, req.namespace, req.keys, req.load_end, skip)
+            if layered:
+                slots = c.prepare_retrieve_layers(keys, self._layers, self._layout.parts, self.settings.lease_ms)
+            else:
+                slots = c.prepare_retrieve(keys, self.settings.lease_ms)
             parts, nbytes = [], 0
             for i, s in enumerate(slots.slots):
                 begin = skip + i * self._chunk
@@ -787,7 +827,7 @@ class KVTierConnector(KVConnectorBase_V1):
         if slots is None or not slots.slots or got_end <= req.load_start:
             self._release_quietly(link, slots.lease if slots else 0)
             return None
-        return _Load(req, slots.lease, parts, nbytes)
+        return _Load(req, slots.lease, parts, nbytes, skip=skip, layered=layered)
 
     def _load_part(self, raw: torch.Tensor, block_ids: List[int], begin: int, first: int):
         if self._cross is not None:
@@ -831,6 +871,7 @@ class KVTierConnector(KVConnectorBase_V1):
             else:
                 for layer, kv in enumerate(self._kv):
                     for load in loads:
+                        self._await_layer(link, load, layer)
                         for view, index, first in load.parts:
                             kvl.scatter_layer(copier, view, layer, self._layout, kv, index, first)
                     copier.layer_done(layer)
@@ -849,6 +890,31 @@ class KVTierConnector(KVConnectorBase_V1):
                 ev.set()
             for load in loads:
                 self._release_quietly(link, load.lease)
+
+    def _await_layer(self, link: Link, load: _Load, layer: int) -> None:
+        """LAYER_WAIT for a layered load, unless the daemon already said the layer is in.
+
+        Chunks the daemon could not load (a damaged layer, a tier that failed
+        mid-stream) and chunks whose layer did not come in time leave the load
+        here: their blocks become load errors and are recomputed. Layers of
+        them already copied are overwritten by the recompute."""
+        if not load.layered or load.ready > layer:
+            return
+        usable = 0
+        try:
+            r = link.get().layer_wait(load.lease, layer,
+                                      timeout=self.settings.lease_ms / 1000.0 + self.settings.timeout)
+            usable, load.ready = r.usable, r.ready
+        except _ABSORBED as e:
+            if isinstance(e, ConnectionError):
+                link.fail(e)
+        if load.ready <= layer:  # the wait ran out or failed: trust no more of it
+            usable, load.ready = 0, p.ALL_LAYERS
+        if usable < len(load.parts):
+            start = max(load.req.load_start, load.skip + usable * self._chunk)
+            self._fail_blocks(load.req, start, load.req.load_end)
+            del load.parts[usable:]
+            load.nbytes = 0 if not load.parts else load.nbytes
 
     def _release_quietly(self, link: Link, lease: int) -> None:
         c = link.client
@@ -1119,6 +1185,8 @@ class KVTierConnector(KVConnectorBase_V1):
         self.link.close()
         if self._async_link is not None:
             self._async_link.close()
+        if self._layer_link is not None:
+            self._layer_link.close()
 
 
 def _aborted(request: Any) -> bool:

@@ -7,26 +7,63 @@ import (
 )
 
 func sampleHeader() header {
-	return header{seg: 7, off: 3 * blockSize, key: testKey(99), size: 123457, sum: 0xfeedface}
+	h := header{seg: 7, off: 3 * blockSize, key: testKey(99), size: 123457}
+	for i := range h.pieces() {
+		h.sums[i] = 0xfeedface + uint64(i)
+	}
+	return h
+}
+
+// sampleHeaderV1 is a header as the version 1 encoder wrote it.
+func sampleHeaderV1() header {
+	return header{seg: 7, off: 3 * blockSize, key: testKey(99), size: 123457, version: version1, sum: 0xfeedface}
 }
 
 func TestHeaderRoundTrip(t *testing.T) {
-	h := sampleHeader()
-	block := make([]byte, blockSize)
-	h.encode(block)
-	got, err := decodeHeader(block)
-	if err != nil || got != h {
-		t.Fatalf("decode(encode(%+v)) = %+v, %v", h, got, err)
+	for _, h := range []header{sampleHeader(), sampleHeaderV1(), {size: 0}, {size: 32 << 20}, {size: maxPayload}} {
+		block := make([]byte, blockSize)
+		h.encode(block)
+		got, err := decodeHeader(block)
+		if err != nil || got != h {
+			t.Fatalf("decode(encode(%+v)) = %+v, %v", h, got, err)
+		}
+	}
+}
+
+// TestPieceGeometry pins the piece sizes FORMAT promises: powers of two of
+// at least one block, at most 256 pieces, 128 KiB for a 32 MiB chunk.
+func TestPieceGeometry(t *testing.T) {
+	for _, n := range []int64{0, 1, 4096, 4097, 256 * 4096, 256*4096 + 1, 32 << 20, 33 << 20, maxPayload} {
+		h := header{size: n}
+		p, m := h.pieceLen(), h.pieces()
+		if p < blockSize || p&(p-1) != 0 || m > maxPieces || int64(m)*p < n || (m > 0 && int64(m-1)*p >= n) {
+			t.Fatalf("%d bytes: pieces of %d, %d of them", n, p, m)
+		}
+		if p > blockSize && n <= int64(maxPieces)*(p/2) {
+			t.Fatalf("%d bytes: pieces of %d where %d would do", n, p, p/2)
+		}
+	}
+	if h := (header{size: 32 << 20}); h.pieceLen() != 128<<10 {
+		t.Fatalf("32 MiB chunk: pieces of %d", h.pieceLen())
 	}
 }
 
 // TestHeaderRejectsEveryByteFlip flips each header byte (and one byte of the
 // padding) and expects the block to be rejected.
 func TestHeaderRejectsEveryByteFlip(t *testing.T) {
-	h := sampleHeader()
+	for _, h := range []header{sampleHeader(), sampleHeaderV1()} {
+		testHeaderFlips(t, h)
+	}
+}
+
+func testHeaderFlips(t *testing.T, h header) {
 	clean := make([]byte, blockSize)
 	h.encode(clean)
-	for i := range headerLen + 1 {
+	end := headerLen + 8*h.pieces()
+	if h.version == version1 {
+		end = headerLen
+	}
+	for i := range end + 1 {
 		block := bytes.Clone(clean)
 		block[i] ^= 0x01
 		if _, err := decodeHeader(block); err == nil {
@@ -64,13 +101,16 @@ func TestHeaderRejectsOutOfRangeFields(t *testing.T) {
 // FuzzDecodeHeader feeds decodeHeader whole blocks built from a fuzzed
 // head (the part with fields) and one fuzzed padding byte, and the head
 // alone as a short read. Fuzzing whole 4 KiB inputs directly is needlessly
-// slow: past byte 72 only "all zero or not" matters.
+// slow: past the piece checksums only "all zero or not" matters.
 func FuzzDecodeHeader(f *testing.F) {
 	h := sampleHeader()
 	block := make([]byte, blockSize)
 	h.encode(block)
-	f.Add(block[:headerLen], uint16(0), byte(0))
+	f.Add(block[:headerLen+8*h.pieces()], uint16(0), byte(0))
 	f.Add(block[:headerLen], uint16(17), byte(1))
+	v1 := sampleHeaderV1()
+	v1.encode(block)
+	f.Add(block[:headerLen], uint16(0), byte(0))
 	f.Add([]byte{}, uint16(0), byte(0))
 	f.Fuzz(func(t *testing.T, head []byte, padAt uint16, padByte byte) {
 		if _, err := decodeHeader(head); err == nil && len(head) < blockSize {

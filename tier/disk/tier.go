@@ -52,7 +52,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/zeebo/xxh3"
 	"golang.org/x/sys/unix"
 
 	"kvtier/chunk"
@@ -462,7 +461,9 @@ func (t *Tier) write(ctx context.Context, seg *segment, off int64, key chunk.Key
 	defer t.putOp(o)
 	o.kind, o.seg, o.off, o.buf = opWrite, seg, off, data
 	t.sched.submit(o)
-	sum := xxh3.Hash(data)
+	h := &o.hdr // 2 KiB of piece checksums: kept with the pooled op, off the stack
+	*h = header{seg: seg.id, off: off, key: key, size: int64(len(data))}
+	h.setSums(data)
 	if err := t.sched.wait(ctx, o); err != nil {
 		return err
 	}
@@ -472,8 +473,7 @@ func (t *Tier) write(ctx context.Context, seg *segment, off int64, key chunk.Key
 	if o.block == nil {
 		o.block = alignedBuf(blockSize) // kept with the pooled op
 	}
-	h := header{seg: seg.id, off: off, key: key, size: int64(len(data)), sum: sum}
-	return writeHeader(seg.fd, o.block, &h)
+	return writeHeader(seg.fd, o.block, h)
 }
 
 // reservation is the space a Put holds while it writes.
@@ -656,7 +656,7 @@ func (t *Tier) Get(ctx context.Context, key chunk.Key, dst []byte) (int, error) 
 		bad = r.hdrErr
 	case h.key != key || h.seg != loc.seg || h.off != loc.off || h.size != loc.size:
 		bad = errMisplaced
-	case r.sum != h.sum:
+	case !r.sumOK:
 		bad = errPayloadSum
 	}
 	n, err := t.finishGet(key, loc, seg, err, bad)
@@ -678,9 +678,9 @@ const (
 // readResult is what reading a record found.
 type readResult struct {
 	hdr    header
-	hdrErr error  // why the header block was rejected
-	ioErr  error  // the first I/O error; the read stopped there
-	sum    uint64 // xxh3-64 of the payload; valid without errors
+	hdrErr error // why the header block was rejected
+	ioErr  error // the first I/O error; the read stopped there
+	sumOK  bool  // every piece matched its checksum; valid without errors
 }
 
 // read reads the record at off, whose payload fills payload, and checksums
@@ -692,7 +692,8 @@ type readResult struct {
 // several pieces submitted matters: reading them one at a time leaves the
 // device idle between pieces (10% slower than one large read here), two in
 // flight are as fast as one large read. The streaming hasher gives the
-// digest xxh3.Hash gives, which the format stores.
+// digest xxh3.Hash gives, which the format stores for each piece of the
+// payload (pieceCheck).
 //
 // ctx acts on each piece as in sched.wait: a piece still queued is
 // withdrawn, one a worker has is waited for, since it writes into payload.
@@ -700,10 +701,11 @@ type readResult struct {
 func (t *Tier) read(ctx context.Context, seg *segment, off int64, payload []byte) (readResult, error) {
 	var (
 		r      readResult
-		h      xxh3.Hasher // stays on the stack
+		check  pieceCheck
 		window [readWindow]*op
 		next   int // piece to submit next
 	)
+	r.sumOK = true
 	pieces := max(1, (len(payload)+pieceSize-1)/pieceSize) // an empty payload still has its header read
 	for i := range pieces {
 		for ; next < min(pieces, i+readWindow); next++ {
@@ -714,9 +716,10 @@ func (t *Tier) read(ctx context.Context, seg *segment, off int64, payload []byte
 		if err == nil {
 			if i == 0 {
 				r.hdr, r.hdrErr = o.hdr, o.hdrErr
+				check.start(int64(len(payload)))
 			}
-			if r.ioErr = o.err; r.ioErr == nil {
-				h.Write(o.buf)
+			if r.ioErr = o.err; r.ioErr == nil && r.hdrErr == nil {
+				r.sumOK = check.write(&r.hdr, o.buf) && r.sumOK
 			}
 		}
 		t.putOp(o)
@@ -728,7 +731,7 @@ func (t *Tier) read(ctx context.Context, seg *segment, off int64, payload []byte
 			return r, err
 		}
 	}
-	r.sum = h.Sum64()
+	r.sumOK = check.finish(&r.hdr) && r.sumOK
 	return r, nil
 }
 

@@ -41,6 +41,7 @@ type Encoded struct {
 	codec    codec.Codec
 	fallback codec.Codec // for chunks of unknown format when codec is lossy
 	specOf   SpecFunc
+	ranged   RangeGetter // the inner store, when it reads ranges (encoded_range.go)
 
 	bufs sync.Pool // *[]byte sealed-object buffers
 
@@ -79,7 +80,7 @@ func Encode(inner tier.Tier, name string, c codec.Codec, specOf SpecFunc) *Encod
 	if specOf == nil {
 		specOf = func(uint64) kvformat.Spec { return kvformat.Spec{} }
 	}
-	return &Encoded{inner: inner, name: name, codec: c, fallback: raw, specOf: specOf}
+	return &Encoded{inner: inner, name: name, codec: c, fallback: raw, specOf: specOf, ranged: rangeGetterOf(inner)}
 }
 
 // Inner returns the wrapped tier.
@@ -102,9 +103,15 @@ func (e *Encoded) Put(ctx context.Context, k chunk.Key, data []byte) error {
 	if spec == (kvformat.Spec{}) && !c.Lossless() {
 		c = e.fallback
 	}
-	bp := e.buf(codec.HeaderSize + len(data) + len(data)/8)
+	bp := e.buf(codec.PiecedHeaderSize + len(data) + len(data)/8)
 	defer e.bufs.Put(bp)
-	obj, err := codec.Seal((*bp)[:0], c, spec, data)
+	var obj []byte
+	var err error
+	if e.pieced(c) {
+		obj, err = codec.SealPieced((*bp)[:0], spec, data)
+	} else {
+		obj, err = codec.Seal((*bp)[:0], c, spec, data)
+	}
 	if err != nil {
 		// The format said one thing and the bytes another: keep the
 		// chunk, without a description.
@@ -137,6 +144,9 @@ func (e *Encoded) Size(k chunk.Key) (int, bool) {
 		return 0, false
 	}
 	if e.codec.ID() == codec.IDRaw {
+		if e.ranged != nil { // version 1 or pieced: the header says
+			return e.rawSize(k)
+		}
 		return n - codec.HeaderSize, true
 	}
 	obj, info, err := e.fetch(context.Background(), k, n)

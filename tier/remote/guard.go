@@ -348,9 +348,10 @@ const (
 	opPut
 	opRemove
 	opPing
+	opGetRange // guard_range.go
 )
 
-var opNames = [...]string{"prefix-contains", "size", "get", "put", "remove", "ping"}
+var opNames = [...]string{"prefix-contains", "size", "get", "put", "remove", "ping", "get-range"}
 
 func (o op) String() string { return opNames[o] }
 
@@ -376,6 +377,7 @@ type call struct {
 	key    chunk.Key
 	keys   []chunk.Key
 	buf    []byte
+	off    int // GetRange: where in the object buf starts
 
 	n   int
 	ok  bool
@@ -557,6 +559,8 @@ func (g *Guarded) execPlain(c *call) {
 		c.ok = tier.Remove(g.inner, c.key)
 	case opPing:
 		c.err = g.ping.Ping(c.ctx)
+	case opGetRange:
+		g.execGetRange(c)
 	}
 }
 

@@ -1,0 +1,48 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"kvtier/bench/layerwise"
+)
+
+func benchLayerwiseCmd() *cobra.Command {
+	var asJSON bool
+	o := layerwise.Defaults(".kvtier-layerwise")
+	cmd := &cobra.Command{
+		Use:   "layerwise",
+		Short: "measure layerwise retrieval: layer 0 against the whole prefix, TTFT, RAM hits (docs/layerwise.md)",
+		Long: `layerwise stores a prefix of chunks in the disk tier (and in Redis with
+--redis), evicts it from RAM and reads it back both ways, alternating round by
+round: PREPARE_RETRIEVE (every chunk promoted before the reply) and
+PREPARE_RETRIEVE_LAYERS (reply at once, layers filled in the background). It
+reports the time until layer 0 of every chunk is in place against the time
+until every layer is; a modelled time to first token with a forward pass whose
+layers take as long as the whole load divided by the layers (and 10x and 0.1x
+that), computed after the load or overlapping it; and the cost of the two
+operations on a prefix held in RAM.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := layerwise.Run(cmd.Context(), o, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), r)
+			}
+			r.Print(cmd.OutOrStdout())
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&o.Dir, "dir", o.Dir, "directory for the disk tier (a real disk: tmpfs refuses O_DIRECT)")
+	fl.StringVar(&o.Redis, "redis", "", "also measure this Redis (redis://host:port/db); its chunks are written there")
+	fl.IntVar(&o.Layers, "layers", o.Layers, "layers per chunk")
+	fl.IntVar(&o.KVHeads, "kv-heads", o.KVHeads, "KV heads")
+	fl.IntVar(&o.HeadDim, "head-dim", o.HeadDim, "elements per head (fp16)")
+	fl.IntVar(&o.ChunkTokens, "chunk-tokens", o.ChunkTokens, "tokens per chunk")
+	fl.IntVar(&o.Chunks, "chunks", o.Chunks, "chunks in the prefix")
+	fl.IntVar(&o.Rounds, "rounds", o.Rounds, "rounds per figure (the median is reported)")
+	fl.BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}

@@ -1,0 +1,132 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"kvtier/chunk"
+	"kvtier/kvformat"
+	"kvtier/tier"
+)
+
+// Layerwise retrieval (docs/layerwise.md): PrepareRetrieveLayers answers at
+// once with slots for the whole hit and fills the lower-tier chunks layer
+// by layer behind the reply; LayerWait tells the client when a layer of
+// every chunk is in place and how many chunks turned out usable.
+
+// AllLayers is LayerWait's count of ready layers for a lease with nothing
+// left to read.
+const AllLayers = 1<<32 - 1
+
+// Layers is a chunk's layer geometry as a client states it: Parts × Layers
+// equal spans, part-major (Parts 2 for KV_2LTD, 1 for KV_MLA_FMT). The
+// zero value asks the engine to take it from the scope's format tag.
+type Layers struct {
+	Layers int
+	Parts  int
+}
+
+// PrepareRetrieveLayers is PrepareRetrieve for a client that reads chunks
+// layer by layer. With a geometry (given, or from a complete format tag in
+// a layered layout), lower-tier hits are reserved in RAM and filled in the
+// background, and the reply does not wait for them; otherwise it is
+// PrepareRetrieve. Either way LayerWait on the lease says when a layer is
+// ready.
+func (e *Engine) PrepareRetrieveLayers(ctx context.Context, keys []chunk.Key, given Layers, ttl time.Duration, slots []Slot) ([]Slot, LeaseID, error) {
+	ttl = e.leases.ttl(ttl)
+	i, l := e.leases.build(leaseRetrieve)
+	l.ids = growIDs(l.ids, len(keys))
+	geo := func() tier.LayerGeometry {
+		if given.Layers > 0 {
+			return tier.LayerGeometry{Layers: given.Layers, Parts: given.Parts}
+		}
+		g, _ := e.geometry(keys)
+		return g
+	}
+	n, s, err := e.mgr.AcquireStream(ctx, keys, l.ids, geo, time.Now().Add(ttl))
+	l.ids, l.stream = l.ids[:n], s
+	if err != nil && n == 0 {
+		e.leases.discard(i)
+		return slots, 0, err
+	}
+	a := e.arenaOf()
+	for _, id := range l.ids {
+		slots = append(slots, Slot{Offset: uint64(a.Offset(id)), Len: uint32(a.Size(id))})
+	}
+	if n == 0 {
+		e.leases.discard(i)
+		return slots, 0, nil
+	}
+	return slots, e.leases.activate(i, ttl), nil
+}
+
+// LayerWait blocks until layer is in place in every usable chunk of
+// retrieve lease id, the lease's deadline passes or ctx ends, and returns
+// how many of the lease's chunks are usable, from its first (the rest
+// failed to load and must be recomputed), and how many layers are ready in
+// all of them. A lease without a background fill has every layer ready
+// and answers AllLayers, so a client can skip its later waits. An unknown
+// lease is ErrUnknownLease.
+func (e *Engine) LayerWait(ctx context.Context, id LeaseID, layer int) (usable, ready int, err error) {
+	s, chunks, deadline, ok := e.leases.stream(id)
+	if !ok {
+		return 0, 0, ErrUnknownLease
+	}
+	if s == nil {
+		return chunks, AllLayers, nil
+	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	u, ready, err := s.Wait(ctx, layer)
+	return chunks - s.Chunks() + u, ready, err
+}
+
+// geometry returns the layer geometry of keys' scope, when its format tag
+// is complete and its layout keeps each layer in a few ranges.
+func (e *Engine) geometry(keys []chunk.Key) (tier.LayerGeometry, bool) {
+	if len(keys) == 0 {
+		return tier.LayerGeometry{}, false
+	}
+	var spec kvformat.Spec
+	if e.specs != nil {
+		spec = e.specs.get(keys[0].Scope)
+	}
+	if spec.Layers == 0 { // an engine built by New, without Open's spec cache
+		if sc, ok := e.book.lookup(keys[0].Scope); ok {
+			spec, _ = kvformat.ParseTag(sc.Format, e.chunkSize)
+		}
+	}
+	return LayerGeometryOf(spec)
+}
+
+// LayerGeometryOf returns where the layers of a chunk in spec's format
+// lie, and false for a spec that is not complete or whose layout
+// interleaves layers with tokens (KV_T2D, KV_2TD).
+func LayerGeometryOf(spec kvformat.Spec) (tier.LayerGeometry, bool) {
+	if spec.Layers == 0 || !spec.DType.Valid() {
+		return tier.LayerGeometry{}, false
+	}
+	g := tier.LayerGeometry{Layers: spec.Layers}
+	switch spec.Layout {
+	case kvformat.Layout2LTD:
+		g.Parts = 2
+	case kvformat.LayoutMLA:
+		g.Parts = 1
+	default:
+		return tier.LayerGeometry{}, false
+	}
+	return g, g.Valid()
+}
+
+// stream returns retrieve lease id's background fill (nil when it has
+// none), how many chunks it holds and its deadline.
+func (t *leaseTable) stream(id LeaseID) (*tier.Stream, int, time.Time, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	i, ok := t.lookup(id)
+	if !ok || t.slots[i].kind != leaseRetrieve {
+		return nil, 0, time.Time{}, false
+	}
+	l := t.slots[i]
+	return l.stream, len(l.ids), t.epoch.Add(time.Duration(l.deadline)), true
+}

@@ -1,0 +1,96 @@
+"""Layerwise loads from the disk tier (docs/layerwise.md): the connector streams a prefix
+that is only on disk layer by layer, and a damaged layer becomes a recompute, never wrong KV."""
+
+import glob
+import os
+import struct
+
+from kvtier import protocol as p
+from kvtier.client import Client
+from harness_util import assert_close, engine, prompt, reference
+
+
+def _to_disk_only(daemon):
+    """Waits until every stored chunk is durable on disk, then restarts the daemon: its RAM
+    starts empty, its disk tier keeps the chunks."""
+    with Client(daemon.socket_path) as c:
+        assert c.flush(30_000).durable
+    daemon.kill()
+    daemon.start()
+
+
+def _record_waits(monkeypatch):
+    """Counts LAYER_WAIT answers that said a layer was still loading in the background."""
+    streamed = []
+    real = Client.layer_wait
+
+    def layer_wait(self, lease, layer, timeout=None):
+        r = real(self, lease, layer, timeout)
+        streamed.append(r.ready != p.ALL_LAYERS)
+        return r
+
+    monkeypatch.setattr(Client, "layer_wait", layer_wait)
+    return streamed
+
+
+def test_layerwise_streams_a_prefix_from_disk(own_daemon, monkeypatch):
+    """Four chunks on disk only load in the request's first step, layer by layer, and give the
+    logits of a full prefill."""
+    p_ = prompt(31, 70)
+    engine(own_daemon.socket_path, "lw-disk", layerwise=True).prefill(p_)
+    _to_disk_only(own_daemon)
+    streamed = _record_waits(monkeypatch)
+    e = engine(own_daemon.socket_path, "lw-disk", layerwise=True)
+    assert_close(e.prefill(p_), reference(p_))
+    assert [(s.external_tokens, s.num_scheduled) for s in e.steps] == [(64, 6)]
+    assert not e.steps[0].load_error_blocks
+    assert any(streamed), "every LAYER_WAIT answered at once: nothing was streamed from disk"
+
+
+def test_use_layerwise_is_the_layerwise_setting(own_daemon, monkeypatch):
+    """LMCache's use_layerwise turns on the same streaming."""
+    p_ = prompt(32, 40)
+    engine(own_daemon.socket_path, "lw-lmcache").prefill(p_)
+    _to_disk_only(own_daemon)
+    streamed = _record_waits(monkeypatch)
+    e = engine(own_daemon.socket_path, "lw-lmcache", layerwise=None, use_layerwise="true")
+    assert_close(e.prefill(p_), reference(p_))
+    assert e.steps[0].external_tokens == 32 and any(streamed)
+
+
+def _damage_one_record(disk_dir):
+    """Flips a byte in the middle of the payload of the second record of the first segment
+    (record format version 2: 4096-byte header block, then the payload)."""
+    path = sorted(glob.glob(os.path.join(disk_dir, "*.seg")))[0]
+    with open(path, "r+b") as f:
+        data = f.read()
+        off, seen = 0, 0
+        while off + 4096 <= len(data):
+            if data[off:off + 4] == b"KVTD":
+                (n,) = struct.unpack_from("<Q", data, off + 48)
+                if seen == 1:
+                    at = off + 4096 + n // 2 + 123
+                    f.seek(at)
+                    f.write(bytes([data[at] ^ 0xFF]))
+                    return
+                seen += 1
+                off += 4096 + (n + 4095) // 4096 * 4096
+            else:
+                off += 4096
+    raise AssertionError("no second record found")
+
+
+def test_damaged_layer_on_disk_is_recomputed(own_daemon, monkeypatch):
+    """A byte flipped in one chunk on disk: that chunk and those after it are load errors,
+    recomputed, and the logits are still those of a full prefill."""
+    p_ = prompt(33, 70)
+    engine(own_daemon.socket_path, "lw-damage", layerwise=True).prefill(p_)
+    with Client(own_daemon.socket_path) as c:
+        assert c.flush(30_000).durable
+    own_daemon.kill()
+    _damage_one_record(os.path.join(own_daemon.workdir, "disk"))
+    own_daemon.start()
+    e = engine(own_daemon.socket_path, "lw-damage", layerwise=True)
+    assert_close(e.prefill(p_), reference(p_))
+    first = e.steps[0]
+    assert first.external_tokens == 64 and first.load_error_blocks, "the damage went unnoticed"

@@ -1,0 +1,352 @@
+package tier
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"kvtier/arena"
+	"kvtier/chunk"
+)
+
+// Layerwise retrieval: AcquireStream reserves RAM for every lower-tier
+// chunk of a hit at once and returns, then fills those objects layer by
+// layer in the background; Stream.Wait tells a reader when a layer of
+// every chunk is in place. See docs/layerwise.md.
+
+// LayerGeometry says where each layer of a chunk lies in its bytes, for
+// the layouts in which a chunk is Parts × Layers equal spans, part-major:
+// KV_2LTD ([2, layers, tokens, row]: Parts 2, every layer's K, then every
+// layer's V) and KV_MLA_FMT (Parts 1). The spans' length follows from the
+// chunk's size, so a partial chunk (fewer tokens) needs nothing more.
+type LayerGeometry struct {
+	Layers int // layers in a chunk
+	Parts  int // spans per layer: 2 (K and V) or 1 (MLA's latent)
+}
+
+// MaxLayers bounds LayerGeometry.Layers.
+const MaxLayers = 1 << 16
+
+// Valid reports whether g describes a layered chunk.
+func (g LayerGeometry) Valid() bool {
+	return g.Layers > 0 && g.Layers <= MaxLayers && (g.Parts == 1 || g.Parts == 2)
+}
+
+// Range returns part's byte range [from, to) of layer in an n-byte chunk,
+// and false when n does not split into Parts × Layers equal spans.
+func (g LayerGeometry) Range(n, layer, part int) (from, to int, ok bool) {
+	if !g.Valid() || n <= 0 || n%(g.Layers*g.Parts) != 0 || layer < 0 || layer >= g.Layers || part < 0 || part >= g.Parts {
+		return 0, 0, false
+	}
+	span := n / (g.Layers * g.Parts)
+	from = (part*g.Layers + layer) * span
+	return from, from + span, true
+}
+
+// streamAhead is how many layers a chunk's reads may run ahead of the
+// layers ready in every chunk, once layer 0 is: enough to keep the tier's
+// queue full while the slowest chunk catches up, few enough that layer i
+// of all chunks is read before layer i+3 of any. Before layer 0 is ready
+// everywhere no chunk reads further, so nothing competes with it.
+const streamAhead = 2
+
+// Stream is the background fill of one layerwise acquire.
+type Stream struct {
+	m      *Manager
+	geo    LayerGeometry
+	first  link
+	keys   []chunk.Key
+	ids    []arena.ID // the stream's own reference on each reserved object; 0 for RAM chunks
+	tiers  []int      // lower tier of each chunk, -1 for RAM chunks
+	cancel context.CancelFunc
+	whole  chan struct{} // bounds whole-chunk reads in flight to FetchParallel
+
+	mu      sync.Mutex
+	done    []int // layers in place for each chunk
+	usable  int   // chunks before the first failure
+	ready   int   // layers in place in every usable chunk
+	over    bool  // every read has ended and the chunks are committed
+	changed chan struct{}
+}
+
+// AcquireStream is Acquire for a reader that takes chunks layer by layer.
+// It refs RAM chunks as Acquire does and reserves a RAM object for each
+// lower-tier chunk of the hit, in key order, without reading it; it returns
+// how many chunks the hit holds and, when some must be read, the Stream
+// filling them (nil when all were in RAM). The objects become visible RAM
+// chunks once all their layers are in; chunks from the first failed read on
+// never do. ctx bounds the reservations and the whole-chunk fallback;
+// deadline bounds the background reads (the lease's deadline), which
+// Stream.Cancel ends sooner.
+func (m *Manager) AcquireStream(ctx context.Context, keys []chunk.Key, ids []arena.ID, geometry func() LayerGeometry, deadline time.Time) (int, *Stream, error) {
+	n := m.ram.Acquire(keys, ids)
+	if n == len(keys) || len(m.lower) == 0 {
+		return n, nil, nil
+	}
+	geo := geometry() // only now: a RAM hit need not know it
+	if !geo.Valid() {
+		var first link
+		if n > 0 {
+			first = link{keys[n-1], true}
+		}
+		got, err := m.promote(ctx, first, keys[n:], ids[n:], len(m.lower)) // not layered: whole chunks
+		return n + got, nil, err
+	}
+	s := &Stream{m: m, geo: geo, changed: make(chan struct{}), whole: make(chan struct{}, m.opts.FetchParallel)}
+	if n > 0 {
+		s.first = link{keys[n-1], true}
+	}
+	var err error
+	i := n
+	for ; i < len(keys); i++ {
+		if i > n && m.ram.Acquire(keys[i:i+1], ids[i:i+1]) == 1 {
+			s.add(keys[i], 0, -1)
+			continue
+		}
+		t := m.holder(keys[i], len(m.lower))
+		if t < 0 {
+			break
+		}
+		size, ok := m.lower[t].Size(keys[i])
+		if !ok {
+			break
+		}
+		id, _, rerr := m.ram.Reserve(size)
+		if rerr != nil {
+			if !errors.Is(rerr, arena.ErrNoSpace) && !errors.Is(rerr, ErrTooLarge) {
+				err = rerr
+			}
+			break
+		}
+		ids[i] = id
+		m.arena.Ref(id) // the stream's own, so the fill outlives an early release
+		s.add(keys[i], id, t)
+	}
+	if i == n { // nothing below RAM after all
+		return n, nil, err
+	}
+	s.done = make([]int, len(s.keys))
+	for c, t := range s.tiers {
+		if t < 0 {
+			s.done[c] = geo.Layers
+		}
+	}
+	s.usable = len(s.keys)
+	m.mu.RLock()
+	if m.closed {
+		m.mu.RUnlock()
+		s.cancel = func() {}
+		s.fail(0)
+		s.finish()
+		return n + len(s.keys), s, err
+	}
+	m.wg.Add(1)
+	m.mu.RUnlock()
+	var bg context.Context
+	bg, s.cancel = context.WithDeadline(context.Background(), deadline)
+	go s.run(bg)
+	return n + len(s.keys), s, err
+}
+
+// add appends a chunk to the stream: id 0 and tier -1 for one in RAM.
+func (s *Stream) add(k chunk.Key, id arena.ID, t int) {
+	s.keys, s.ids, s.tiers = append(s.keys, k), append(s.ids, id), append(s.tiers, t)
+}
+
+// Layers returns how many layers each chunk has.
+func (s *Stream) Layers() int { return s.geo.Layers }
+
+// Chunks returns how many chunks the stream covers: the acquire's hit
+// after the leading RAM chunks.
+func (s *Stream) Chunks() int { return len(s.keys) }
+
+// Wait blocks until layer is in place in every usable chunk (or every
+// read has ended) or ctx ends, and returns how many of the stream's
+// chunks are usable — in order from its first; the rest failed and must be
+// recomputed — and how many layers are ready in all of them.
+func (s *Stream) Wait(ctx context.Context, layer int) (usable, ready int, err error) {
+	for {
+		s.mu.Lock()
+		usable, ready, ch := s.usable, s.ready, s.changed
+		over := s.over
+		s.mu.Unlock()
+		if ready > layer || over {
+			return usable, ready, nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return usable, ready, ctx.Err()
+		}
+	}
+}
+
+// Cancel ends the reads still under way: the chunks they were filling
+// fail (and are never committed). A lease that ends calls it.
+func (s *Stream) Cancel() { s.cancel() }
+
+// Done reports whether every read has ended.
+func (s *Stream) Done() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.over
+}
+
+// run reads every lower-tier chunk, one goroutine each, then commits the
+// usable ones and drops the stream's references.
+func (s *Stream) run(ctx context.Context) {
+	defer s.m.wg.Done()
+	var wg sync.WaitGroup
+	for c, t := range s.tiers {
+		if t >= 0 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s.fill(ctx, c)
+			}()
+		}
+	}
+	wg.Wait()
+	s.finish()
+	s.cancel()
+}
+
+// fill reads chunk c layer by layer, or whole when its tier cannot read
+// ranges or its size does not fit the geometry.
+func (s *Stream) fill(ctx context.Context, c int) {
+	lt := s.m.lower[s.tiers[c]]
+	buf := s.m.arena.Bytes(s.ids[c])
+	rr, ranged := lt.Tier.(RangeReader)
+	if _, _, fits := s.geo.Range(len(buf), 0, 0); !ranged || !fits {
+		if !s.await(ctx, c, 0) {
+			return
+		}
+		s.whole <- struct{}{} // as many whole reads at once as a promotion makes
+		n, err := lt.Get(ctx, s.keys[c], buf)
+		<-s.whole
+		if err == nil && n != len(buf) {
+			err = ErrCorrupt
+		}
+		s.progress(ctx, c, s.geo.Layers, err)
+		return
+	}
+	r, err := rr.OpenRange(ctx, s.keys[c], buf)
+	if err != nil {
+		s.progress(ctx, c, 0, err)
+		return
+	}
+	defer r.Close()
+	for layer := range s.geo.Layers {
+		if !s.await(ctx, c, layer) {
+			return
+		}
+		for part := range s.geo.Parts {
+			from, to, _ := s.geo.Range(len(buf), layer, part)
+			if err = r.ReadRange(ctx, from, to); err != nil {
+				break
+			}
+		}
+		if !s.progress(ctx, c, layer+1, err) {
+			return
+		}
+	}
+}
+
+// await blocks chunk c's reader until layer is within streamAhead of the
+// layers ready everywhere, and reports false when c is no longer usable
+// (an earlier chunk failed) or ctx ended.
+func (s *Stream) await(ctx context.Context, c, layer int) bool {
+	for {
+		s.mu.Lock()
+		ahead := streamAhead
+		if s.ready == 0 {
+			ahead = 0 // layer 0 of every chunk first: it is what the reader waits for now
+		}
+		ok, near, ch := c < s.usable, s.ready+ahead >= layer, s.changed
+		s.mu.Unlock()
+		if !ok {
+			return false
+		}
+		if s.m.stopping.Load() { // Close waits for the stream: stop reading
+			s.progress(ctx, c, 0, ErrClosed)
+			return false
+		}
+		if near {
+			return true
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			s.progress(ctx, c, 0, ctx.Err())
+			return false
+		}
+	}
+}
+
+// progress records that chunk c has its first layers in place, or that it
+// failed (err): then it and every chunk after it become unusable. It
+// reports whether c is still usable.
+func (s *Stream) progress(ctx context.Context, c, layers int, err error) bool {
+	if err != nil {
+		s.m.readFailure(ctx, err) // counts and logs tier failures
+		s.fail(c)
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.done[c] = layers
+	s.update()
+	return c < s.usable
+}
+
+// fail makes chunks c and after unusable.
+func (s *Stream) fail(c int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.usable = min(s.usable, c)
+	s.update()
+}
+
+// update recomputes ready and wakes the waiters. Called with s.mu held.
+func (s *Stream) update() {
+	ready := s.geo.Layers
+	for _, d := range s.done[:s.usable] {
+		ready = min(ready, d)
+	}
+	s.ready = ready
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// finish commits the usable chunks in order, queues promoted copies for
+// the tiers above the one each came from, and drops the stream's
+// references; the lease keeps its own until it ends.
+func (s *Stream) finish() {
+	s.mu.Lock()
+	usable := s.usable
+	s.mu.Unlock()
+	m := s.m
+	for c, id := range s.ids {
+		if id == 0 {
+			continue
+		}
+		if c < usable {
+			up := parentOf(s.keys, c, s.first)
+			m.ram.CommitAfter(s.keys[c], up.parent, up.ok, id)
+			m.promoted.Add(1)
+			if t := s.tiers[c]; t > 0 {
+				m.mu.RLock()
+				if !m.closed {
+					m.enqueueWrites(s.keys[c], up, id, t, &writeBudget{wait: -1})
+				}
+				m.mu.RUnlock()
+			}
+		}
+		m.arena.Unref(id)
+	}
+	s.mu.Lock()
+	s.over = true
+	s.update()
+	s.mu.Unlock()
+}

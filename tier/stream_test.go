@@ -1,0 +1,262 @@
+package tier_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"kvtier/arena"
+	"kvtier/chunk"
+	"kvtier/tier"
+	"kvtier/tier/disk"
+)
+
+// A small layered geometry: 8 layers, K and V, 16 tokens of 512-byte rows,
+// so a chunk is 128 KiB and each of its 16 ranges 8 KiB (two disk pieces).
+var testGeo = tier.LayerGeometry{Layers: 8, Parts: 2}
+
+const geoChunk = 8 * 2 * 16 * 512
+
+func TestLayerGeometryRanges(t *testing.T) {
+	g := tier.LayerGeometry{Layers: 4, Parts: 2}
+	// 240 bytes: eight spans of 30, K_0..K_3 then V_0..V_3.
+	for _, c := range []struct{ layer, part, from int }{{0, 0, 0}, {1, 0, 30}, {3, 0, 90}, {0, 1, 120}, {3, 1, 210}} {
+		from, to, ok := g.Range(240, c.layer, c.part)
+		if !ok || from != c.from || to != c.from+30 {
+			t.Fatalf("layer %d part %d: [%d, %d) %v, want from %d", c.layer, c.part, from, to, ok, c.from)
+		}
+	}
+	for _, bad := range []struct{ n, layer, part int }{{244, 0, 0}, {240, 4, 0}, {240, 0, 2}, {0, 0, 0}, {240, -1, 0}} {
+		if _, _, ok := g.Range(bad.n, bad.layer, bad.part); ok {
+			t.Fatalf("Range(%v) accepted", bad)
+		}
+	}
+	if (tier.LayerGeometry{Layers: 4, Parts: 3}).Valid() || (tier.LayerGeometry{Layers: 0, Parts: 1}).Valid() {
+		t.Fatal("three parts accepted")
+	}
+}
+
+// gatedDisk holds back range reads of layers from `from` on until gate is
+// closed, so a test can see layer 0 become ready while the rest is still
+// unread. It is the real disk tier otherwise.
+type gatedDisk struct {
+	*disk.Tier
+	gate chan struct{}
+	from int
+}
+
+func (g gatedDisk) OpenRange(ctx context.Context, k chunk.Key, dst []byte) (tier.RangeRead, error) {
+	r, err := g.Tier.OpenRange(ctx, k, dst)
+	if err != nil {
+		return nil, err
+	}
+	return gatedRead{r, g, len(dst)}, nil
+}
+
+type gatedRead struct {
+	tier.RangeRead
+	g gatedDisk
+	n int
+}
+
+func (r gatedRead) ReadRange(ctx context.Context, from, to int) error {
+	span := r.n / (testGeo.Layers * testGeo.Parts)
+	if from/span%testGeo.Layers >= r.g.from {
+		select {
+		case <-r.g.gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return r.RangeRead.ReadRange(ctx, from, to)
+}
+
+// streamFixture stores n chunks on disk only, and those in inRAM in RAM
+// too, under a manager whose lower tier is lower(disk).
+func streamFixture(t *testing.T, n int, inRAM map[int]bool, lower func(*disk.Tier) tier.Tier) (*tier.Manager, *disk.Tier, string, []chunk.Key, [][]byte) {
+	t.Helper()
+	ram := newRAM(t, 64*geoChunk)
+	dir := t.TempDir()
+	d := newDisk(t, dir, 64<<20)
+	var keys []chunk.Key
+	var chunks [][]byte
+	for i := range n {
+		keys = append(keys, key(i))
+		chunks = append(chunks, payload(i, geoChunk))
+		if err := d.Put(context.Background(), keys[i], chunks[i]); err != nil {
+			t.Fatal(err)
+		}
+		if inRAM[i] {
+			if err := ram.Put(context.Background(), keys[i], chunks[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	m, err := tier.NewManager(ram, []tier.Tier{lower(d)}, tier.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m, d, dir, keys, chunks
+}
+
+// checkLayer compares layer's ranges of every chunk in ids with the stored bytes.
+func checkLayer(t *testing.T, a *arena.Arena, ids []arena.ID, chunks [][]byte, layer int) {
+	t.Helper()
+	for c, id := range ids {
+		got := a.Bytes(id)
+		for part := range testGeo.Parts {
+			from, to, _ := testGeo.Range(len(got), layer, part)
+			if !bytes.Equal(got[from:to], chunks[c][from:to]) {
+				t.Fatalf("chunk %d layer %d part %d: wrong bytes", c, layer, part)
+			}
+		}
+	}
+}
+
+// TestStreamLayerZeroBeforeTheRest: with a mix of RAM and disk chunks,
+// layer 0 of every chunk is ready (and holds the stored bytes) while the
+// later layers cannot yet be read; then every layer arrives, the chunks
+// become RAM chunks, and nothing stays pinned.
+func TestStreamLayerZeroBeforeTheRest(t *testing.T) {
+	gate := make(chan struct{})
+	m, _, _, keys, chunks := streamFixture(t, 6, map[int]bool{0: true, 3: true}, func(d *disk.Tier) tier.Tier {
+		return gatedDisk{d, gate, 1}
+	})
+	ids := make([]arena.ID, len(keys))
+	n, s, err := m.AcquireStream(context.Background(), keys, ids, func() tier.LayerGeometry { return testGeo }, time.Now().Add(time.Minute))
+	if err != nil || n != 6 || s == nil || s.Chunks() != 5 {
+		t.Fatalf("AcquireStream = %d, %v, %v", n, s, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	usable, ready, err := s.Wait(ctx, 0)
+	if err != nil || usable != 5 || ready != 1 {
+		t.Fatalf("Wait(0) = %d usable, %d ready, %v; want 5, 1 with later layers held back", usable, ready, err)
+	}
+	checkLayer(t, m.RAM().Arena(), ids, chunks, 0)
+	if m.RAM().Contains(keys[1]) {
+		t.Fatal("a chunk became visible in RAM before all its layers were in")
+	}
+	close(gate)
+	for layer := 1; layer < testGeo.Layers; layer++ {
+		if usable, ready, err = s.Wait(ctx, layer); err != nil || usable != 5 || ready <= layer {
+			t.Fatalf("Wait(%d) = %d, %d, %v", layer, usable, ready, err)
+		}
+		checkLayer(t, m.RAM().Arena(), ids, chunks, layer)
+	}
+	for !s.Done() {
+		time.Sleep(time.Millisecond)
+	}
+	for i, k := range keys {
+		if !m.RAM().Contains(k) {
+			t.Fatalf("chunk %d not in RAM after its stream", i)
+		}
+	}
+	for _, id := range ids {
+		m.RAM().Arena().Unref(id)
+	}
+	if p := m.RAM().Arena().Pinned(); p != 0 {
+		t.Fatalf("%d bytes pinned after the stream and the release", p)
+	}
+}
+
+// TestStreamCorruptLayerShortensThePrefix damages layer 3 of chunk 2 on
+// disk: chunks 0 and 1 arrive whole and become RAM chunks; chunks 2 and 3
+// are reported unusable, never become visible, and the record is dropped.
+func TestStreamCorruptLayerShortensThePrefix(t *testing.T) {
+	m, d, dir, keys, chunks := streamFixture(t, 4, nil, func(d *disk.Tier) tier.Tier { return d })
+	from, _, _ := testGeo.Range(geoChunk, 3, 1)
+	damage(t, dir, chunks[2][from:from+64])
+
+	ids := make([]arena.ID, len(keys))
+	n, s, err := m.AcquireStream(context.Background(), keys, ids, func() tier.LayerGeometry { return testGeo }, time.Now().Add(time.Minute))
+	if err != nil || n != 4 || s == nil {
+		t.Fatalf("AcquireStream = %d, %v, %v", n, s, err)
+	}
+	usable, ready, err := s.Wait(context.Background(), testGeo.Layers-1)
+	if err != nil || usable != 2 || ready != testGeo.Layers {
+		t.Fatalf("Wait = %d usable, %d ready, %v; want 2, all", usable, ready, err)
+	}
+	for layer := range testGeo.Layers {
+		checkLayer(t, m.RAM().Arena(), ids[:2], chunks[:2], layer)
+	}
+	for !s.Done() {
+		time.Sleep(time.Millisecond)
+	}
+	for i, k := range keys {
+		if m.RAM().Contains(k) != (i < 2) {
+			t.Fatalf("chunk %d in RAM: %v", i, m.RAM().Contains(k))
+		}
+	}
+	if d.Contains(keys[2]) || d.Stats().Corrupt != 1 {
+		t.Fatalf("the damaged record was kept: %+v", d.Stats())
+	}
+	for _, id := range ids {
+		m.RAM().Arena().Unref(id)
+	}
+	if p := m.RAM().Arena().Pinned(); p != 0 {
+		t.Fatalf("%d bytes pinned after the stream", p)
+	}
+}
+
+// damage flips a byte of the first segment file where it holds want, a
+// stretch of one stored payload.
+func damage(t *testing.T, dir string, want []byte) {
+	t.Helper()
+	segs, _ := filepath.Glob(filepath.Join(dir, "*.seg"))
+	for _, p := range segs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i := bytes.Index(b, want); i >= 0 {
+			f, err := os.OpenFile(p, os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if _, err := f.WriteAt([]byte{b[i+10] ^ 0xff}, int64(i+10)); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+	t.Fatal("payload bytes not found on disk")
+}
+
+// TestStreamEndsAtItsDeadline: layers that never arrive (held back past the
+// lease's deadline) end the stream on time with no usable chunk, none is
+// committed, and nothing stays pinned.
+func TestStreamEndsAtItsDeadline(t *testing.T) {
+	gate := make(chan struct{}) // never opened
+	m, _, _, keys, _ := streamFixture(t, 3, nil, func(d *disk.Tier) tier.Tier { return gatedDisk{d, gate, 1} })
+	ids := make([]arena.ID, len(keys))
+	n, s, err := m.AcquireStream(context.Background(), keys, ids, func() tier.LayerGeometry { return testGeo }, time.Now().Add(200*time.Millisecond))
+	if err != nil || n != 3 || s == nil {
+		t.Fatalf("AcquireStream = %d, %v, %v", n, s, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	usable, ready, err := s.Wait(ctx, testGeo.Layers-1)
+	if err != nil || usable != 0 {
+		t.Fatalf("Wait = %d usable, %d ready, %v; want none usable once the deadline passed", usable, ready, err)
+	}
+	for !s.Done() {
+		time.Sleep(time.Millisecond)
+	}
+	for i, k := range keys {
+		if m.RAM().Contains(k) {
+			t.Fatalf("chunk %d committed after its stream failed", i)
+		}
+	}
+	for _, id := range ids {
+		m.RAM().Arena().Unref(id)
+	}
+	if p := m.RAM().Arena().Pinned(); p != 0 {
+		t.Fatalf("%d bytes pinned", p)
+	}
+}
