@@ -188,6 +188,13 @@ func clusterKill(t testing.TB, o Options, r *Report) {
 	peerBack := time.Since(restarted)
 	r.Note("peer restart on its disk: P2P served its chunks again after %v", peerBack.Round(time.Millisecond))
 	r.Recovery = max(ctrlBack, peerBack)
+	// The restarted peer's chunks reach d2 as its resync and d2's view of
+	// it (breaker, remembered holders) catch up, not all at once: wait for
+	// each, so a durable chunk that never comes back fails the fault after
+	// the hang limit and one that is merely late does not.
+	for i := 18; i < n; i++ {
+		p2pRead(t, rd, i, fmt.Sprintf("P2P to serve the restarted peer's chunk %d", i))
+	}
 	verify(t, rd, span(18, n), func(int) bool { return true }, r)
 	w = dialTCP(t, d1.TCP, run)
 	verify(t, w, span(0, n), func(int) bool { return true }, r)
