@@ -309,7 +309,7 @@ func (m *Manager) store(ctx context.Context, chained bool, first link, keys []ch
 			}
 			continue
 		}
-		id, buf, err := m.ram.Reserve(len(chunks[i]))
+		id, buf, err := m.reserveFor(k, len(chunks[i]))
 		if err != nil {
 			return i, err
 		}
