@@ -1,6 +1,10 @@
 package tier
 
 import (
+	"context"
+	"errors"
+	"time"
+
 	"kvtier/arena"
 	"kvtier/chunk"
 )
@@ -11,13 +15,38 @@ type keyedReserver interface {
 	ReserveFor(key chunk.Key, size int) (arena.ID, []byte, error)
 }
 
+// quotaWait bounds how long a reservation refused by its owner's quota
+// waits for the lower tiers' queued writes. A queued write holds its
+// chunk in RAM, so an owner whose quota holds only chunks still on their
+// way to disk would be refused though nothing of its is in use.
+const quotaWait = 2 * time.Second
+
 // reserveFor reserves RAM for key's chunk, within its owner's quota when
-// the RAM tier keeps quotas.
+// the RAM tier keeps quotas. Called with m.mu read-locked.
 func (m *Manager) reserveFor(key chunk.Key, size int) (arena.ID, []byte, error) {
-	if r, ok := m.ram.(keyedReserver); ok {
-		return r.ReserveFor(key, size)
+	r, ok := m.ram.(keyedReserver)
+	if !ok {
+		return m.ram.Reserve(size)
 	}
-	return m.ram.Reserve(size)
+	id, buf, err := r.ReserveFor(key, size)
+	if errors.Is(err, ErrQuota) && m.writesPending() {
+		ctx, cancel := context.WithTimeout(context.Background(), quotaWait)
+		m.Flush(ctx) // its only error is the deadline: try again either way
+		cancel()
+		id, buf, err = r.ReserveFor(key, size)
+	}
+	CountQuotaRefusal(err)
+	return id, buf, err
+}
+
+// writesPending reports whether any lower tier has writes queued.
+func (m *Manager) writesPending() bool {
+	for _, lt := range m.lower {
+		if lt.pending.Load() > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // ReserveFor is Reserve for a chunk to be committed under key: when key's

@@ -187,5 +187,24 @@ func (o *Owner) Victim(busy func(chunk.Key) bool) (chunk.Key, bool) {
 // Refuse counts a chunk refused for want of room in the owner's quota.
 func (o *Owner) Refuse() { o.refused.Add(1) }
 
+// QuotaError is a reservation refused by its owner's quota. It wraps
+// ErrQuota. The tier does not count it: the caller, which may wait and
+// try again, counts the final refusal with CountQuotaRefusal.
+type QuotaError struct {
+	Owner *Owner
+	Err   error // the tier's message, wrapping ErrQuota
+}
+
+func (e *QuotaError) Error() string { return e.Err.Error() }
+func (e *QuotaError) Unwrap() error { return e.Err }
+
+// CountQuotaRefusal counts err against its owner when it is a QuotaError.
+func CountQuotaRefusal(err error) {
+	var qe *QuotaError
+	if errors.As(err, &qe) {
+		qe.Owner.Refuse()
+	}
+}
+
 // Used returns the bytes charged to the owner now.
 func (o *Owner) Used() int64 { return o.used.Load() }

@@ -153,6 +153,7 @@ func (t *Tier) Put(_ context.Context, key chunk.Key, data []byte) error {
 	}
 	id, buf, err := t.ReserveFor(key, len(data))
 	if err != nil {
+		tier.CountQuotaRefusal(err)
 		return err
 	}
 	copy(buf, data)

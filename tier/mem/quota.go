@@ -24,7 +24,9 @@ func (t *Tier) SetQuota(q *tier.Quota) {
 
 // ReserveFor is Reserve for a chunk that will be committed under key: when
 // key's owner has no room left in its quota, it first evicts the owner's
-// own chunks, and fails with tier.ErrQuota when they are all in use.
+// own chunks, and fails with a *tier.QuotaError (tier.ErrQuota) when they
+// are all in use. The caller counts the refusal (tier.CountQuotaRefusal)
+// once it gives up.
 func (t *Tier) ReserveFor(key chunk.Key, size int) (arena.ID, []byte, error) {
 	if err := t.quotaRoom(key, int64(size)); err != nil {
 		return 0, nil, err
@@ -45,9 +47,8 @@ func (t *Tier) quotaRoom(key chunk.Key, size int64) error {
 		if size > o.Limit || !t.evictOwnedLocked(o) {
 			used := o.Used()
 			t.mu.Unlock()
-			o.Refuse()
-			return fmt.Errorf("mem tier: %d bytes for owner %s, whose quota of %d holds %d bytes in use: %w",
-				size, o.Name, o.Limit, used, tier.ErrQuota)
+			return &tier.QuotaError{Owner: o, Err: fmt.Errorf("mem tier: %d bytes for owner %s, whose quota of %d holds %d bytes in use: %w",
+				size, o.Name, o.Limit, used, tier.ErrQuota)}
 		}
 		t.mu.Unlock()
 	}
