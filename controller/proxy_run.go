@@ -73,6 +73,7 @@ func (c *controller) startProxy(mux *http.ServeMux) (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", which("proxy_listen"), err)
 	}
+	ln = withTLS(ln, c.proxyTLS)
 	srv := &http.Server{
 		Handler:           c.proxy,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -81,7 +82,7 @@ func (c *controller) startProxy(mux *http.ServeMux) (func(), error) {
 	}
 	go srv.Serve(ln)
 	// Tests and scripts read the bound address here when the port is 0.
-	c.log.Info("proxy listening", "addr", ln.Addr().String(),
+	c.log.Info("proxy listening", "addr", ln.Addr().String(), "tls", c.proxyTLS != nil,
 		"prefill", len(c.proxy.prefill.list), "decode", len(c.proxy.decode.list))
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
