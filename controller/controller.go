@@ -70,6 +70,7 @@ type controller struct {
 	closeIndex   func()
 
 	grpcTLS, proxyTLS *tlsreload.Reloader // nil without grpc_tls_cert, proxy_tls_cert
+	metrics           *ctlMetrics         // GET /metrics (metrics.go)
 }
 
 // Run validates cfg, runs the controller until ctx is done, then shuts it
@@ -179,10 +180,12 @@ func (c *controller) serve(ctx context.Context, unsignal func()) error {
 	mux := http.NewServeMux()
 	// The registry and the operations share the cluster token.
 	refused := newRefusedLog(c.log)
-	mux.Handle("/v1/cluster/", clusterGuard(c.cfg.ClusterToken, c.reg, refused))
-	mux.Handle("/v1/cluster/ops", clusterGuard(c.cfg.ClusterToken, c.ops, refused))
-	mux.Handle("/v1/cluster/ops/", clusterGuard(c.cfg.ClusterToken, c.ops, refused))
-	mux.Handle("/", c.handler)
+	c.metrics = c.newMetrics()
+	mux.Handle("/v1/cluster/", c.metrics.count("cluster", clusterGuard(c.cfg.ClusterToken, c.reg, refused)))
+	mux.Handle("/v1/cluster/ops", c.metrics.count("cluster", clusterGuard(c.cfg.ClusterToken, c.ops, refused)))
+	mux.Handle("/v1/cluster/ops/", c.metrics.count("cluster", clusterGuard(c.cfg.ClusterToken, c.ops, refused)))
+	mux.Handle("GET /metrics", c.metrics.handler())
+	mux.Handle("/", c.metrics.count("score", c.handler))
 	stopProxy, err := c.startProxy(mux)
 	if err != nil {
 		stopGRPC()

@@ -63,7 +63,7 @@ func (c *controller) startProxy(mux *http.ServeMux) (func(), error) {
 	}
 	if c.cfg.ProxyListen == "" {
 		for _, route := range []string{"/v1/completions", "/v1/chat/completions", "/v1/models"} {
-			mux.Handle(route, c.proxy)
+			mux.Handle(route, c.metrics.count("proxy", c.proxy))
 		}
 		c.log.Info("proxy serving on the controller's address",
 			"prefill", len(c.proxy.prefill.list), "decode", len(c.proxy.decode.list))
@@ -75,7 +75,7 @@ func (c *controller) startProxy(mux *http.ServeMux) (func(), error) {
 	}
 	ln = withTLS(ln, c.proxyTLS)
 	srv := &http.Server{
-		Handler:           c.proxy,
+		Handler:           c.metrics.count("proxy", c.proxy),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(c.log.Handler(), slog.LevelWarn),
