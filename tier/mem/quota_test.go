@@ -13,7 +13,7 @@ import (
 
 // quotaTier is a 64 KiB RAM tier where scope 1 belongs to owner a and
 // scope 2 to owner b, each with a quota of four 4 KiB chunks.
-func quotaTier(t *testing.T) (*Tier, *tier.Quota) {
+func quotaTier(t testing.TB) (*Tier, *tier.Quota) {
 	m := newTier(t, 16*4096, "LRU")
 	q := tier.NewQuota([]string{"a", "b"}, []int64{4 * 4096, 4 * 4096})
 	q.Assign(1, "a")
