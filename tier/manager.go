@@ -469,6 +469,7 @@ func (m *Manager) writer(lt *lowerTier) {
 			}
 		}
 		m.arena.Unref(job.id)
+		m.trimQuota(job.key)
 		lt.inflight[job.gen].Add(-1)
 		lt.pending.Add(-1)
 	}

@@ -1,7 +1,6 @@
 package tier
 
 import (
-	"context"
 	"errors"
 	"time"
 
@@ -30,13 +29,34 @@ func (m *Manager) reserveFor(key chunk.Key, size int) (arena.ID, []byte, error) 
 	}
 	id, buf, err := r.ReserveFor(key, size)
 	if errors.Is(err, ErrQuota) && m.writesPending() {
-		ctx, cancel := context.WithTimeout(context.Background(), quotaWait)
-		m.Flush(ctx) // its only error is the deadline: try again either way
-		cancel()
-		id, buf, err = r.ReserveFor(key, size)
+		// Try again as writes finish, until one attempt fits, no write is
+		// pending (the refusal is then final) or quotaWait is spent.
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		deadline := time.Now().Add(quotaWait)
+		for errors.Is(err, ErrQuota) && m.writesPending() && time.Now().Before(deadline) {
+			<-tick.C
+			id, buf, err = r.ReserveFor(key, size)
+		}
 	}
 	CountQuotaRefusal(err)
 	return id, buf, err
+}
+
+// quotaTrimmer is a RAM tier that can bring an owner back within its
+// quota.
+type quotaTrimmer interface {
+	TrimQuota(key chunk.Key)
+}
+
+// trimQuota brings key's owner back within its RAM quota once a queued
+// write released key's chunk: a commit past the quota (reservations of
+// one batch are checked before any of them is charged) cannot evict
+// chunks that queued writes still hold, so the writer finishes the job.
+func (m *Manager) trimQuota(key chunk.Key) {
+	if q, ok := m.ram.(quotaTrimmer); ok {
+		q.TrimQuota(key)
+	}
 }
 
 // writesPending reports whether any lower tier has writes queued.

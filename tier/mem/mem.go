@@ -233,7 +233,7 @@ func (t *Tier) CommitAfter(key, parent chunk.Key, hasParent bool, id arena.ID) {
 		if o := t.observer(); o != nil {
 			o.Admitted(t.Name(), key)
 		}
-		t.trimQuota(key)
+		t.TrimQuota(key)
 	}
 }
 

@@ -44,45 +44,64 @@ func (t *Tier) quotaRoom(key chunk.Key, size int64) error {
 			t.mu.Unlock()
 			return nil
 		}
-		if size > o.Limit || !t.evictOwnedLocked(o) {
+		k, id, ok := t.evictOwnedLocked(o)
+		if size > o.Limit || !ok {
 			used := o.Used()
 			t.mu.Unlock()
 			return &tier.QuotaError{Owner: o, Err: fmt.Errorf("mem tier: %d bytes for owner %s, whose quota of %d holds %d bytes in use: %w",
 				size, o.Name, o.Limit, used, tier.ErrQuota)}
 		}
 		t.mu.Unlock()
+		t.evicted(k, id)
 	}
 }
 
-// trimQuota evicts the owner's chunks while it is over its limit, which
-// reservations that ran concurrently and promotions from lower tiers can
-// cause. Chunks in use stay, over the limit, until released.
-func (t *Tier) trimQuota(key chunk.Key) {
+// TrimQuota evicts the owner's chunks while it is over its limit, which
+// reservations that ran concurrently (or in one batch) and promotions from
+// lower tiers can cause. Chunks in use stay, over the limit, until
+// released: the manager calls it again when a queued write releases one.
+func (t *Tier) TrimQuota(key chunk.Key) {
 	if t.quota == nil { // set once, before the tier is used: no lock to read it
 		return
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for o := t.quota.Over(key, 0); o != nil && t.evictOwnedLocked(o); o = t.quota.Over(key, 0) {
+	for {
+		t.mu.Lock()
+		o := t.quota.Over(key, 0)
+		var k chunk.Key
+		var id arena.ID
+		ok := false
+		if o != nil {
+			k, id, ok = t.evictOwnedLocked(o)
+		}
+		t.mu.Unlock()
+		if !ok {
+			return
+		}
+		t.evicted(k, id)
 	}
 }
 
-// evictOwnedLocked evicts o's least recently used chunk not in use and
-// reports whether there was one. Called with t.mu held; the victim's
-// pages are freed at once, since the tier's is its only reference.
-func (t *Tier) evictOwnedLocked(o *tier.Owner) bool {
+// evictOwnedLocked takes o's least recently used chunk not in use out of
+// the tier and returns it, for evicted to finish outside the lock; ok is
+// false when every chunk of o is in use. Called with t.mu held.
+func (t *Tier) evictOwnedLocked(o *tier.Owner) (chunk.Key, arena.ID, bool) {
 	k, ok := o.Victim(t.busy)
 	if !ok {
-		return false
+		return k, 0, false
 	}
 	id := t.index[k]
 	delete(t.index, k)
 	t.policy.Remove(k)
 	t.quota.Release(k)
+	return k, id, true
+}
+
+// evicted reports the victim dropped and frees its pages (the tier's was
+// its only reference), as evictOne does for the tier's own victims.
+func (t *Tier) evicted(k chunk.Key, id arena.ID) {
 	t.dropped(k)
 	t.arena.Unref(id)
 	t.evictions.Add(1)
-	return true
 }
 
 // charge counts a committed chunk against its owner.
