@@ -180,7 +180,7 @@ func TestChartRefusals(t *testing.T) {
 		"daemon.joinController=true":                                      "needs daemon.tcp.enabled",
 		"daemon.disk.enabled=true,daemon.disk.volume=nfs":                 "want hostPath or ephemeral",
 		"daemon.admin.tlsSecret=t,daemon.metrics.podMonitor.enabled=true": "needs daemon.metrics.podMonitor.tlsConfig",
-		"controller.tls.grpc=true":                                          "needs controller.tls.secret",
+		"controller.tls.grpc=true":                                        "needs controller.tls.secret",
 	} {
 		_, err := helm(t, "template", "kv", chartDir, "--set", set)
 		if err == nil || !strings.Contains(err.Error(), want) {
