@@ -122,3 +122,19 @@ def test_token_sources(tmp_path):
     (tmp_path / "empty").write_text("\n")
     with pytest.raises(ValueError, match="empty"):
         auth.resolve_token("", str(tmp_path / "empty"), {})
+
+
+def test_sglang_backend_with_a_tenant_token(tenant_daemon):
+    """SGLang's backend stores and reads pages with the tenant's token, staged."""
+    from sglang_util import backend
+    b = backend(tenant_daemon.socket_path, "sglang-tenant", namespace="alpha", token=ALPHA)
+    pages = [torch.arange(12, dtype=torch.float32) + 100 * i for i in range(2)]
+    keys = [("%02x" % (i + 1)) * 32 for i in range(2)]  # page keys are the digests' first 16 bytes
+    assert b.batch_set(keys, pages)
+    assert b.batch_exists(keys) == 2
+    got = b.batch_get(keys)
+    assert all(g is not None and torch.equal(g.view(torch.float32), want) for g, want in zip(got, pages))
+    b.close()
+    refused = backend(tenant_daemon.socket_path, "sglang-tenant", namespace="beta/x", token=ALPHA)
+    assert refused.batch_exists(keys) == 0 and not refused.batch_set(keys, pages)
+    refused.close()
