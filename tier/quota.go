@@ -200,6 +200,9 @@ func (e *QuotaError) Unwrap() error { return e.Err }
 
 // CountQuotaRefusal counts err against its owner when it is a QuotaError.
 func CountQuotaRefusal(err error) {
+	if err == nil {
+		return // before errors.As, whose target escapes: no allocation per chunk
+	}
 	var qe *QuotaError
 	if errors.As(err, &qe) {
 		qe.Owner.Refuse()
