@@ -33,11 +33,13 @@ func (c *tenantCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- tenantChunksDesc
 	ch <- tenantBytesDesc
 	ch <- tenantRefusedDesc
+	describeQuotas(ch)
 }
 
 type tierUse struct{ chunks, bytes int }
 
 func (c *tenantCollector) Collect(ch chan<- prometheus.Metric) {
+	collectQuotas(c.eng, ch)
 	all := c.tenants.All()
 	for _, t := range all {
 		ch <- prometheus.MustNewConstMetric(tenantRefusedDesc, prometheus.CounterValue, float64(t.Refused.Load()), t.Name)

@@ -118,10 +118,12 @@ type Config struct {
 	EnableP2P bool     `yaml:"enable_p2p"`
 	// MaxConnections caps the cache protocol's open connections, local and
 	// TCP together; FrameTimeout is how long a frame may take to arrive
-	// once its header has. Together they bound what clients that connect
+	// once its header has; HandshakeTimeout how long a new connection may
+	// take to send HELLO. Together they bound what clients that connect
 	// and stall can make the daemon hold.
-	MaxConnections int           `yaml:"max_connections"`
-	FrameTimeout   time.Duration `yaml:"frame_timeout"`
+	MaxConnections   int           `yaml:"max_connections"`
+	FrameTimeout     time.Duration `yaml:"frame_timeout"`
+	HandshakeTimeout time.Duration `yaml:"handshake_timeout"`
 	// PDReceiveBytes bounds the bytes of chunks other daemons push here
 	// (prefill/decode transfer) held for their readers at once; 0 means
 	// 1 GiB or half the RAM tier, whichever is less.
@@ -225,6 +227,7 @@ func defaults(getenv func(string) string, euid int) Config {
 		SocketMode:        "0600",
 		MaxConnections:    1024,
 		FrameTimeout:      30 * time.Second,
+		HandshakeTimeout:  10 * time.Second,
 		KVEventsBlockSize: 16,
 		KVEventsEncoding:  "map",
 		HeartbeatInterval: time.Second,

@@ -48,6 +48,7 @@ func TestDefaults(t *testing.T) {
 		SocketMode:        "0600",
 		MaxConnections:    1024,
 		FrameTimeout:      30 * time.Second,
+		HandshakeTimeout:  10 * time.Second,
 		KVEventsBlockSize: 16,
 		KVEventsEncoding:  "map",
 		HeartbeatInterval: time.Second,

@@ -16,13 +16,17 @@ import (
 // as written, or a prefix ending in "*" ("team-a/*" covers every
 // namespace starting with "team-a/"). The token is given inline, read
 // from a file (TokenFile, trailing white space trimmed) or from an
-// environment variable (TokenEnv): exactly one of the three.
+// environment variable (TokenEnv): exactly one of the three. RAMBytes and
+// DiskBytes, when set, are the tenant's quotas in the RAM and disk tiers
+// (quota.go); zero is no quota.
 type Tenant struct {
 	Name       string   `yaml:"name" json:"name"`
 	Token      string   `yaml:"token,omitempty" json:"token,omitempty"`
 	TokenFile  string   `yaml:"token_file,omitempty" json:"token_file,omitempty"`
 	TokenEnv   string   `yaml:"token_env,omitempty" json:"token_env,omitempty"`
 	Namespaces []string `yaml:"namespaces" json:"namespaces"`
+	RAMBytes   Size     `yaml:"ram_bytes,omitempty" json:"ram_bytes,omitempty"`
+	DiskBytes  Size     `yaml:"disk_bytes,omitempty" json:"disk_bytes,omitempty"`
 }
 
 // Bounds on the tenants list: generous, and small enough that a stray
@@ -93,8 +97,13 @@ func decodeTenant(n *yaml.Node) (Tenant, error) {
 			}
 			t.Namespaces = list
 			continue
+		case "ram_bytes", "disk_bytes":
+			if err := decodeQuota(&t, key, v); err != nil {
+				return t, err
+			}
+			continue
 		default:
-			return t, fmt.Errorf("unknown key %q (want name, token, token_file, token_env, namespaces)", clip(key))
+			return t, fmt.Errorf("unknown key %q (want name, token, token_file, token_env, namespaces, ram_bytes, disk_bytes)", clip(key))
 		}
 		if v.Kind != yaml.ScalarNode {
 			return t, fmt.Errorf("%s: want a string, got %s", key, describe(v))
@@ -146,6 +155,7 @@ func (c Config) validateTenants(bad func(key, format string, args ...any)) {
 	if c.AdminReadOpen {
 		bad("tenants", "admin_read_open would let anyone list every tenant's keys; keep it false with tenants")
 	}
+	c.validateQuotas(bad)
 	names := map[string]bool{}
 	var entries []nsEntry
 	for i, t := range c.Tenants {

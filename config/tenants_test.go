@@ -38,6 +38,29 @@ func TestTenantsLoad(t *testing.T) {
 	}
 }
 
+func TestTenantQuotasLoad(t *testing.T) {
+	c, err := Parse([]byte(tenantsBase+`max_local_cpu_size: 4
+local_disk: /var/lib/kvtier
+max_local_disk_size: 100
+tenants:
+  - name: a
+    token: token-of-team-a-0123
+    namespaces: [a]
+    ram_bytes: 512MiB
+    disk_bytes: 4GB
+  - name: b
+    token: token-of-team-b-0123
+    namespaces: [b]
+    ram_bytes: 4GiB
+`), "t.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Tenants[0].RAMBytes != 512*MiB || c.Tenants[0].DiskBytes != 4*GB || c.Tenants[1].RAMBytes != 4*GiB || c.Tenants[1].DiskBytes != 0 {
+		t.Fatalf("quotas %+v", c.Tenants)
+	}
+}
+
 func TestTenantsFromEnv(t *testing.T) {
 	c, err := FromEnv([]string{
 		"KVTIER_ADMIN_TOKEN=admin-secret-0123456789",
@@ -77,6 +100,11 @@ func TestTenantsInvalid(t *testing.T) {
 		{tenantsBase + "tenants: [a]", "want a mapping"},
 		{tenantsBase + "tenants: [{name: a, name: b}]", "given twice"},
 		{tenantsBase + "tenants: [{name: [a]}]", "name: want a string"},
+		{tenantsBase + "tenants: [{name: a, token: t1-0123456789abcdef, namespaces: [a], ram_bytes: lots}]", "ram_bytes: want a byte count"},
+		{tenantsBase + "tenants: [{name: a, token: t1-0123456789abcdef, namespaces: [a], ram_bytes: [1]}]", "ram_bytes: want a size"},
+		{tenantsBase + "max_local_cpu_size: 1\ntenants: [{name: a, token: t1-0123456789abcdef, namespaces: [a], ram_bytes: 2GiB}]", "more than the RAM tier's 1GiB"},
+		{tenantsBase + "tenants: [{name: a, token: t1-0123456789abcdef, namespaces: [a], disk_bytes: 1GiB}]", "no disk tier"},
+		{tenantsBase + "local_disk: /d\nmax_local_disk_size: 1\ntenants: [{name: a, token: t1-0123456789abcdef, namespaces: [a], disk_bytes: 3GB}]", "more than the disk tier's"},
 	} {
 		_, err := Parse([]byte(c.conf), "t.yaml")
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -107,7 +135,8 @@ func TestNamespaceMatches(t *testing.T) {
 // to one it reads back the same.
 func FuzzTenants(f *testing.F) {
 	for _, s := range []string{"", "[]", "[{name: a, token: b, namespaces: [c]}]", `[{"name": "a", "namespaces": "x y"}]`,
-		"[{name: &a x, token: *a}]", "{}", "[[1]]", "[{namespaces: [[a]]}]", "- name: a\n  token_file: /x\n"} {
+		"[{name: &a x, token: *a}]", "{}", "[[1]]", "[{namespaces: [[a]]}]", "- name: a\n  token_file: /x\n",
+		"[{name: a, ram_bytes: 1.5KiB, disk_bytes: 7}]", "[{ram_bytes: -1}]", "[{disk_bytes: 99999999999999999999}]"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {

@@ -108,6 +108,9 @@ func (c Config) Validate() error {
 	if c.FrameTimeout <= 0 {
 		bad("frame_timeout", "want more than 0, got %v", c.FrameTimeout)
 	}
+	if c.HandshakeTimeout <= 0 {
+		bad("handshake_timeout", "want more than 0, got %v", c.HandshakeTimeout)
+	}
 	if c.KVEventsEndpoint != "" {
 		switch {
 		case c.KVEventsPod == "":

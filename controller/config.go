@@ -73,6 +73,13 @@ type Config struct {
 	// files are reread on SIGHUP and when they change (docs/security.md).
 	TLSCert string `yaml:"tls_cert"`
 	TLSKey  string `yaml:"tls_key"`
+	// GRPCTLSCert and GRPCTLSKey serve GRPCListen over TLS, and
+	// ProxyTLSCert and ProxyTLSKey serve ProxyListen over TLS, reloaded
+	// like TLSCert (listeners_tls.go).
+	GRPCTLSCert  string `yaml:"grpc_tls_cert"`
+	GRPCTLSKey   string `yaml:"grpc_tls_key"`
+	ProxyTLSCert string `yaml:"proxy_tls_cert"`
+	ProxyTLSKey  string `yaml:"proxy_tls_key"`
 
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log_level"`
@@ -109,7 +116,8 @@ func Default() Config {
 // Keys lists the configuration keys in the order Config declares them.
 func Keys() []string {
 	return []string{"listen", "grpc_listen", "grpc_special_tokens", "pods", "pods_file", "hash_seed", "block_size",
-		"max_blocks", "index_redis", "scorer", "tokenizers", "heartbeat_interval", "missed_heartbeats", "cluster_token", "tls_cert", "tls_key", "log_level",
+		"max_blocks", "index_redis", "scorer", "tokenizers", "heartbeat_interval", "missed_heartbeats", "cluster_token", "tls_cert", "tls_key",
+		"grpc_tls_cert", "grpc_tls_key", "proxy_tls_cert", "proxy_tls_key", "log_level",
 		"proxy_listen", "prefill", "decode", "prefill_timeout", "decode_timeout"}
 }
 
@@ -232,6 +240,7 @@ func (c Config) Validate() error {
 	if (c.TLSCert == "") != (c.TLSKey == "") {
 		bad("tls_cert", "tls_cert and tls_key go together; only one is set")
 	}
+	c.validateListenerTLS(bad)
 	errs = append(errs, c.validateProxy()...)
 	return errors.Join(errs...)
 }

@@ -68,6 +68,9 @@ type controller struct {
 	ops          *opTracker
 	proxy        *proxy // nil without prefill and decode instances
 	closeIndex   func()
+
+	grpcTLS, proxyTLS *tlsreload.Reloader // nil without grpc_tls_cert, proxy_tls_cert
+	metrics           *ctlMetrics         // GET /metrics (metrics.go)
 }
 
 // Run validates cfg, runs the controller until ctx is done, then shuts it
@@ -154,10 +157,13 @@ func newHandler(cfg Config, ix index.Store, pods *index.Pods, log *slog.Logger) 
 // done or the score API fails, then stops everything.
 func (c *controller) serve(ctx context.Context, unsignal func()) error {
 	ln, tr, err := c.listen()
+	if err == nil {
+		err = c.loadListenerTLS()
+	}
 	if err != nil {
 		return errors.Join(err, c.sub.Close())
 	}
-	defer tlsreload.OnSIGHUP(tr)()
+	defer tlsreload.OnSIGHUP(tr, c.grpcTLS, c.proxyTLS)()
 	if err := c.sub.Start(ctx); err != nil {
 		return errors.Join(err, ln.Close(), c.sub.Close())
 	}
@@ -174,10 +180,12 @@ func (c *controller) serve(ctx context.Context, unsignal func()) error {
 	mux := http.NewServeMux()
 	// The registry and the operations share the cluster token.
 	refused := newRefusedLog(c.log)
-	mux.Handle("/v1/cluster/", clusterGuard(c.cfg.ClusterToken, c.reg, refused))
-	mux.Handle("/v1/cluster/ops", clusterGuard(c.cfg.ClusterToken, c.ops, refused))
-	mux.Handle("/v1/cluster/ops/", clusterGuard(c.cfg.ClusterToken, c.ops, refused))
-	mux.Handle("/", c.handler)
+	c.metrics = c.newMetrics()
+	mux.Handle("/v1/cluster/", c.metrics.count("cluster", clusterGuard(c.cfg.ClusterToken, c.reg, refused)))
+	mux.Handle("/v1/cluster/ops", c.metrics.count("cluster", clusterGuard(c.cfg.ClusterToken, c.ops, refused)))
+	mux.Handle("/v1/cluster/ops/", c.metrics.count("cluster", clusterGuard(c.cfg.ClusterToken, c.ops, refused)))
+	mux.Handle("GET /metrics", c.metrics.handler())
+	mux.Handle("/", c.metrics.count("score", c.handler))
 	stopProxy, err := c.startProxy(mux)
 	if err != nil {
 		stopGRPC()
@@ -216,11 +224,11 @@ func (c *controller) startGRPC() (func(), error) {
 		return func() {}, nil
 	}
 	addr, stop, err := startGRPC(c.cfg.GRPCListen, c.handler,
-		grpcapi.ScorerOptions{NoSpecialTokens: !c.cfg.GRPCSpecialTokens})
+		grpcapi.ScorerOptions{NoSpecialTokens: !c.cfg.GRPCSpecialTokens}, c.grpcTLS)
 	if err != nil {
 		return nil, err
 	}
-	c.log.Info("grpc listening", "addr", addr.String())
+	c.log.Info("grpc listening", "addr", addr.String(), "tls", c.grpcTLS != nil)
 	return stop, nil
 }
 

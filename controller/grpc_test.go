@@ -46,7 +46,7 @@ func TestGRPCScoresLikeHTTP(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	addr, stop, err := startGRPC("127.0.0.1:0", h, grpcapi.ScorerOptions{})
+	addr, stop, err := startGRPC("127.0.0.1:0", h, grpcapi.ScorerOptions{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -63,7 +63,7 @@ func (c *controller) startProxy(mux *http.ServeMux) (func(), error) {
 	}
 	if c.cfg.ProxyListen == "" {
 		for _, route := range []string{"/v1/completions", "/v1/chat/completions", "/v1/models"} {
-			mux.Handle(route, c.proxy)
+			mux.Handle(route, c.metrics.count("proxy", c.proxy))
 		}
 		c.log.Info("proxy serving on the controller's address",
 			"prefill", len(c.proxy.prefill.list), "decode", len(c.proxy.decode.list))
@@ -73,15 +73,16 @@ func (c *controller) startProxy(mux *http.ServeMux) (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", which("proxy_listen"), err)
 	}
+	ln = withTLS(ln, c.proxyTLS)
 	srv := &http.Server{
-		Handler:           c.proxy,
+		Handler:           c.metrics.count("proxy", c.proxy),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(c.log.Handler(), slog.LevelWarn),
 	}
 	go srv.Serve(ln)
 	// Tests and scripts read the bound address here when the port is 0.
-	c.log.Info("proxy listening", "addr", ln.Addr().String(),
+	c.log.Info("proxy listening", "addr", ln.Addr().String(), "tls", c.proxyTLS != nil,
 		"prefill", len(c.proxy.prefill.list), "decode", len(c.proxy.decode.list))
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)

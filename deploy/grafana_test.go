@@ -188,7 +188,9 @@ func TestGrafanaDashboard(t *testing.T) {
 	for _, m := range []string{"kvtier_tier_hits_total", "kvtier_tier_misses_total", "kvtier_tier_used_bytes",
 		"kvtier_tier_read_bytes_total", "kvtier_request_seconds_bucket", "kvtier_tier_evictions_total",
 		"kvtier_remote_circuit_state", "kvtier_p2p_peer_circuit_state", "kvtier_arena_leases",
-		"kvtier_leases_expired_total", "kvtier_pd_pushes_total", "kvtier_pd_held_bytes"} {
+		"kvtier_leases_expired_total", "kvtier_pd_pushes_total", "kvtier_pd_held_bytes",
+		"kvtier_controller_requests_total", "kvtier_controller_daemons", "kvtier_controller_index_blocks",
+		"kvtier_controller_event_messages_total", "kvtier_controller_proxy_inflight"} {
 		if used[m] == nil {
 			t.Errorf("the dashboard does not show %s", m)
 		}
@@ -248,7 +250,10 @@ func scrapeAll(t *testing.T) map[string]bool {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	ctrl := exec.Command(bin, "controller", "--listen", addr, "--hash-seed", "0")
+	// A pod (nothing listens there) and proxy instances, so that the
+	// per-pod and per-instance series exist.
+	ctrl := exec.Command(bin, "controller", "--listen", addr, "--hash-seed", "0", "--pod", "p=m=tcp://127.0.0.1:1",
+		"--prefill", "p=http://127.0.0.1:1", "--decode", "d=http://127.0.0.1:1=127.0.0.1:1")
 	log := &servetest.Log{}
 	ctrl.Stderr = log
 	if err := ctrl.Start(); err != nil {

@@ -37,6 +37,7 @@ var renders = map[string][]string{
 	"external-plain": {"--set", "redis.externalURL=redis://redis.example:6379,controller.replicas=2,daemon.redisRemoteTier.enabled=true"},
 	"admin-tls": {"--set", "daemon.admin.tlsSecret=kvtier-admin-tls,daemon.admin.readOpen=true,daemon.metrics.podMonitor.enabled=true," +
 		"daemon.metrics.podMonitor.tlsConfig.ca.secret.name=kvtier-admin-tls,daemon.metrics.podMonitor.tlsConfig.ca.secret.key=ca.crt"},
+	"controller-tls": controllerTLSRender,
 }
 
 // helmBin finds helm (installed by .ci/run from the Go module proxy).
@@ -179,6 +180,7 @@ func TestChartRefusals(t *testing.T) {
 		"daemon.joinController=true":                                      "needs daemon.tcp.enabled",
 		"daemon.disk.enabled=true,daemon.disk.volume=nfs":                 "want hostPath or ephemeral",
 		"daemon.admin.tlsSecret=t,daemon.metrics.podMonitor.enabled=true": "needs daemon.metrics.podMonitor.tlsConfig",
+		"controller.tls.grpc=true":                                        "needs controller.tls.secret",
 	} {
 		_, err := helm(t, "template", "kv", chartDir, "--set", set)
 		if err == nil || !strings.Contains(err.Error(), want) {

@@ -43,6 +43,7 @@ func OptionsFromConfig(c config.Config, log *slog.Logger) (Options, error) {
 		P2PToken:        c.TCPToken, // a fleet shares one token: the one this daemon asks of its own TCP clients
 		P2PSelf:         c.TCPAddr,
 		LeaseTTL:        c.LeaseTTL,
+		Quotas:          QuotaOwnersFromConfig(c),
 		Tier:            tier.Options{QueueDepth: c.WriteQueueDepth, WriteWait: wait},
 		Logger:          log,
 	}, nil

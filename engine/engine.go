@@ -63,6 +63,7 @@ type Engine struct {
 
 	leases *leaseTable // every lease clients hold, and their reaper
 	book   *scopeBook  // scopes clients registered, by id
+	quotas *quotas     // tenants' quotas (quota.go); nil for none
 }
 
 // New returns an engine over mgr that cuts prompts into chunks of

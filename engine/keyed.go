@@ -20,6 +20,7 @@ const MaxTiers = tier.MaxTiers
 // (the daemon maps them to protocol statuses).
 var (
 	ErrNoSpace  = arena.ErrNoSpace // RAM is full of chunks that are in use
+	ErrQuota    = tier.ErrQuota    // a tenant's quota is full of its chunks in use
 	ErrTooLarge = tier.ErrTooLarge // a chunk larger than a tier
 	ErrClosed   = tier.ErrClosed   // the engine is shutting down
 )
@@ -201,7 +202,7 @@ func (w *Writes) Begin(e *Engine) {
 // Reserve reserves size bytes of RAM for key's chunk and returns them to
 // be filled.
 func (w *Writes) Reserve(key chunk.Key, size int) ([]byte, error) {
-	id, buf, err := w.e.mgr.Reserve(size)
+	id, buf, err := w.e.mgr.ReserveFor(key, size)
 	if err != nil {
 		return nil, err
 	}

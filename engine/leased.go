@@ -62,9 +62,9 @@ func (e *Engine) PrepareStore(keys []chunk.Key, sizes []uint32, ttl time.Duratio
 			slots = append(slots, Slot{Stored: true, Len: size})
 			continue
 		}
-		id, _, err := e.mgr.Reserve(int(size))
+		id, _, err := e.mgr.ReserveFor(keys[j], int(size))
 		if err != nil {
-			if errors.Is(err, arena.ErrNoSpace) || errors.Is(err, tier.ErrTooLarge) {
+			if errors.Is(err, arena.ErrNoSpace) || errors.Is(err, tier.ErrTooLarge) || errors.Is(err, tier.ErrQuota) {
 				break // the prefix the client may store ends here
 			}
 			e.leases.discard(i)

@@ -68,6 +68,10 @@ type Options struct {
 	LeaseTTL    time.Duration
 	MaxLeaseTTL time.Duration
 
+	// Quotas are owners of namespaces with byte quotas in the RAM and
+	// disk tiers (quota.go).
+	Quotas []QuotaOwner
+
 	Tier   tier.Options
 	Logger *slog.Logger
 }
@@ -123,6 +127,7 @@ func Open(o Options) (*Engine, error) {
 		e.namespace = o.Namespace
 		e.specs = specs
 		e.leases.setRule(o.LeaseTTL, o.MaxLeaseTTL)
+		e.setQuotas(o.Quotas)
 	}
 	if err != nil {
 		mgr.Close()

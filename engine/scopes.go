@@ -69,6 +69,7 @@ func (e *Engine) RegisterScope(scope chunk.Scope) (uint64, error) {
 	id, err := e.ScopeID(scope)
 	if err == nil {
 		e.book.note(id, scope)
+		e.assignOwner(id, scope)
 	}
 	return id, err
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 
+	"kvtier/engine"
 	"kvtier/wire"
 )
 
@@ -40,6 +41,7 @@ func (s *session) handleStore(h wire.Header) *requestError {
 	w := &s.writes
 	w.Begin(eng)
 	stored, full := 0, false
+	var quota error // a tenant's quota refused a chunk: the reply says so
 	for j, size := range m.Sizes {
 		dh, err := s.dataHeader(h, j == len(m.Sizes)-1)
 		if err != nil {
@@ -56,6 +58,9 @@ func (s *session) handleStore(h wire.Header) *requestError {
 		if !full && !eng.InRAM(keys[j]) {
 			dst, err = w.Reserve(keys[j], int(size))
 			reserved, full = err == nil, err != nil
+			if errors.Is(err, engine.ErrQuota) {
+				quota = err
+			}
 		}
 		if !reserved {
 			if err := s.rd.Discard(dh.Len); err != nil {
@@ -75,6 +80,9 @@ func (s *session) handleStore(h wire.Header) *requestError {
 	}
 	if err := w.Commit(); err != nil {
 		return statusOf(err)
+	}
+	if quota != nil {
+		return fail(wire.StatusNoSpace, "stored %d of %d chunks: %v", stored, len(m.Sizes), quota)
 	}
 	s.out = binary.LittleEndian.AppendUint32(wire.Begin(s.out), uint32(stored))
 	return s.reply(h, 0)

@@ -114,7 +114,7 @@ func fatal(status wire.Status, format string, args ...any) *requestError {
 // statusOf maps an engine or tier error to the status a client sees.
 func statusOf(err error) *requestError {
 	switch {
-	case errors.Is(err, engine.ErrNoSpace), errors.Is(err, engine.ErrTooLarge):
+	case errors.Is(err, engine.ErrNoSpace), errors.Is(err, engine.ErrTooLarge), errors.Is(err, engine.ErrQuota):
 		return fail(wire.StatusNoSpace, "%v", err)
 	case errors.Is(err, chunk.ErrSkip):
 		return fail(wire.StatusBadRequest, "%v", err)

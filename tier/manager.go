@@ -309,7 +309,7 @@ func (m *Manager) store(ctx context.Context, chained bool, first link, keys []ch
 			}
 			continue
 		}
-		id, buf, err := m.ram.Reserve(len(chunks[i]))
+		id, buf, err := m.reserveFor(k, len(chunks[i]))
 		if err != nil {
 			return i, err
 		}
@@ -469,6 +469,7 @@ func (m *Manager) writer(lt *lowerTier) {
 			}
 		}
 		m.arena.Unref(job.id)
+		m.trimQuota(job.key)
 		lt.inflight[job.gen].Add(-1)
 		lt.pending.Add(-1)
 	}

@@ -77,6 +77,10 @@ prompt and decodes it on the least-loaded one. See docs/disaggregation.md.`,
 	fl.StringVar(&v.ClusterToken, "cluster-token", "", "require Authorization: Bearer TOKEN on the cluster API (/v1/cluster/*), required beyond loopback; the daemons' controller_token (default $KVTIER_CLUSTER_TOKEN; prefer it or the file: flags show in ps)")
 	fl.StringVar(&v.TLSCert, "tls-cert", "", "serve --listen over TLS with this PEM certificate (with --tls-key); reread on SIGHUP and on change")
 	fl.StringVar(&v.TLSKey, "tls-key", "", "the PEM private key of --tls-cert")
+	fl.StringVar(&v.GRPCTLSCert, "grpc-tls-cert", "", "serve --grpc-listen over TLS with this PEM certificate (with --grpc-tls-key); reread on SIGHUP and on change")
+	fl.StringVar(&v.GRPCTLSKey, "grpc-tls-key", "", "the PEM private key of --grpc-tls-cert")
+	fl.StringVar(&v.ProxyTLSCert, "proxy-tls-cert", "", "serve --proxy-listen over TLS with this PEM certificate (with --proxy-tls-key); reread on SIGHUP and on change")
+	fl.StringVar(&v.ProxyTLSKey, "proxy-tls-key", "", "the PEM private key of --proxy-tls-cert")
 	fl.StringArrayVar(&v.Tokenizers, "tokenizer", nil, "tokenizer for prompt strings: [MODEL=]tiktoken:ENCODING or [MODEL=]hf:/path/tokenizer.json (repeatable; without MODEL= it serves every model without its own)")
 	fl.StringVar(&v.ProxyListen, "proxy-listen", "", "serve the prefill/decode proxy on this address instead of --listen (docs/disaggregation.md)")
 	fl.StringArrayVar(&v.PrefillInstances, "prefill", nil, "a prefill vLLM instance for the proxy, NAME=http://HOST:PORT, NAME its pod in the index (repeatable)")
@@ -145,6 +149,14 @@ func setKey(dst *controller.Config, src controller.Config, key string) {
 		dst.TLSCert = src.TLSCert
 	case "tls_key":
 		dst.TLSKey = src.TLSKey
+	case "grpc_tls_cert":
+		dst.GRPCTLSCert = src.GRPCTLSCert
+	case "grpc_tls_key":
+		dst.GRPCTLSKey = src.GRPCTLSKey
+	case "proxy_tls_cert":
+		dst.ProxyTLSCert = src.ProxyTLSCert
+	case "proxy_tls_key":
+		dst.ProxyTLSKey = src.ProxyTLSKey
 	case "log_level":
 		dst.LogLevel = src.LogLevel
 	case "proxy_listen":

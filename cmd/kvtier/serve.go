@@ -115,7 +115,7 @@ func runServe(ctx context.Context, unsignal func(), configPath string, logOut io
 		return errors.Join(err, eng.Close())
 	}
 	svc := server.NewService(eng, server.ServiceOptions{Token: cfg.TCPToken, Tenants: tenants, Events: events, Logger: log,
-		MaxConns: cfg.MaxConnections, FrameTimeout: cfg.FrameTimeout, PDReceiveBytes: int64(cfg.PDReceiveBytes),
+		MaxConns: cfg.MaxConnections, FrameTimeout: cfg.FrameTimeout, HandshakeTimeout: cfg.HandshakeTimeout, PDReceiveBytes: int64(cfg.PDReceiveBytes),
 		PDPushAllow: pushAllow, PDPushTLS: pushTLS})
 	if err := adm.Register(svc.Collectors()...); err != nil {
 		return errors.Join(err, eng.Close())

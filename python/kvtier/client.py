@@ -31,6 +31,7 @@ import torch
 
 from . import defaults
 from . import protocol as p
+from . import staged
 from .protocol import Keys, LookupReply, Slot, Slots
 
 DEFAULT_TIMEOUT = defaults.TIMEOUT
@@ -96,10 +97,15 @@ class Client:
     """One connection to ``kvtier serve`` over its Unix socket, with the arena mapped."""
 
     def __init__(self, path: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT, name: str = "kvtier-python",
-                 request_buffer: int = 0):
+                 request_buffer: int = 0, token: str = ""):
         """request_buffer > 0 asks the daemon for a request buffer of that many
         bytes (REQUEST_BUFFER, docs/protocol.md): lookup() and lookup_batch()
-        then copy token ids there instead of sending them through the socket."""
+        then copy token ids there instead of sending them through the socket.
+
+        token is presented in HELLO: a daemon with tenants wants one on every
+        connection (its tcp_token, or a tenant's). A tenant's connection gets
+        no arena, and the client stages slots in its own memory (staged.py);
+        ``staged`` says so. The token is not kept."""
         self.path = path or default_socket_path()
         self.timeout = timeout
         # Reentrant: a lookup holds it while it fills the request buffer and
@@ -109,11 +115,12 @@ class Client:
         self._sock: Optional[socket.socket] = None
         self._arena: Optional[mmap.mmap] = None
         self._reqbuf: Optional[mmap.mmap] = None
+        self._staging: Optional[staged.Staging] = None
         try:
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._sock.settimeout(timeout)
             self._sock.connect(self.path)
-            self.hello = self._handshake(name)
+            self.hello = self._handshake(name, token)
             if request_buffer:
                 self._map_request_buffer(request_buffer)
         except OSError as e:
@@ -122,7 +129,7 @@ class Client:
         except BaseException:
             self.close()
             raise
-        self._arena_bytes = torch.frombuffer(self._arena, dtype=torch.uint8) if self.hello.arena_bytes else None
+        self._arena_bytes = torch.frombuffer(self._arena, dtype=torch.uint8) if self._arena is not None else None
 
     # ----- connection -------------------------------------------------------
 
@@ -135,12 +142,19 @@ class Client:
     def closed(self) -> bool:
         return self._sock is None
 
+    @property
+    def staged(self) -> bool:
+        """Whether slots are staged in this process (a tenant's connection, no arena)."""
+        return self._staging is not None
+
     def close(self) -> None:
         """Closes the socket, which ends every lease of this connection on the daemon."""
         if self._sock is not None:
             self._sock.close()
             self._sock = None
         self._arena_bytes = None
+        if self._staging is not None:
+            self._staging.clear()
         if self._reqbuf is not None:
             self._reqbuf.close()
             self._reqbuf = None
@@ -158,8 +172,8 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _handshake(self, name: str) -> p.HelloReply:
-        self._sock.sendall(p.frame(p.OP_HELLO, 0, p.pack_hello(name)))
+    def _handshake(self, name: str, token: str = "") -> p.HelloReply:
+        self._sock.sendall(p.frame(p.OP_HELLO, 0, p.pack_hello(name, token)))
         first, fds = self._recv_with_fd()
         try:
             header = p.unpack_header(first + self._recv_exact(p.HEADER_SIZE - len(first)))
@@ -169,6 +183,9 @@ class Client:
             hello = p.unpack_hello_reply(body)
             if hello.version != p.VERSION:
                 raise p.ProtocolError(f"daemon speaks protocol version {hello.version}, want {p.VERSION}")
+            if not hello.has_arena and token:
+                self._staging = staged.Staging()  # a tenant's connection: no arena
+                return hello
             if not hello.has_arena or not fds:
                 raise p.ProtocolError("the daemon did not share its arena (is this the local socket?)")
             self._arena = mmap.mmap(fds[0], hello.arena_bytes, flags=mmap.MAP_SHARED,
@@ -280,7 +297,10 @@ class Client:
     # ----- arena ------------------------------------------------------------
 
     def slot_tensor(self, slot: Slot) -> torch.Tensor:
-        """The slot's bytes as a uint8 tensor aliasing the arena (no copy)."""
+        """The slot's bytes as a uint8 tensor aliasing the arena (no copy), or
+        the client's staging buffer without the arena."""
+        if self._staging is not None:
+            return self._staging.view(slot)
         if self._arena_bytes is None:
             raise ConnectionLost("kvtier: client is closed")
         if slot.offset + slot.length > self.hello.arena_bytes:
@@ -321,12 +341,18 @@ class Client:
                 for r in results]
 
     def prepare_store(self, keys: Keys, sizes: Sequence[int], lease_ms: int = 0) -> Slots:
+        if self._staging is not None:
+            return staged.prepare_store(self, keys, sizes)
         return p.unpack_slots(self._call(p.OP_PREPARE_STORE, p.pack_prepare_store(keys, sizes, lease_ms)))
 
     def commit_store(self, lease: int, count: int) -> int:
+        if self._staging is not None:
+            return staged.commit_store(self, lease, count)
         return p.unpack_u32(self._call(p.OP_COMMIT_STORE, p.pack_commit(lease, count)), "commit reply")
 
     def prepare_retrieve(self, keys: Keys, lease_ms: int = 0) -> Slots:
+        if self._staging is not None:
+            return staged.prepare_retrieve(self, keys)
         return p.unpack_slots(self._call(p.OP_PREPARE_RETRIEVE, p.pack_prepare_retrieve(keys, lease_ms)))
 
     def prepare_retrieve_layers(self, keys: Keys, layers: int = 0, parts: int = 0, lease_ms: int = 0) -> Slots:
@@ -347,9 +373,13 @@ class Client:
         return p.unpack_layer_ready(body)
 
     def release(self, lease: int) -> None:
+        if self._staging is not None:
+            return staged.release(self, lease)
         self._call(p.OP_RELEASE, p.pack_release(lease))
 
     def renew(self, lease: int, ms: int) -> None:
+        if self._staging is not None:
+            return  # staged leases are the client's own and do not lapse
         self._call(p.OP_RENEW, p.pack_renew(lease, ms))
 
     def prefetch(self, keys: Keys) -> bool:

@@ -28,8 +28,10 @@ class Link:
     """
 
     def __init__(self, socket_path: str, scope: Tuple[str, str, int, int], timeout: float = defaults.TIMEOUT,
-                 reconnect_interval: float = defaults.RECONNECT_INTERVAL, namespace: str = "", name: str = "kvtier-python"):
+                 reconnect_interval: float = defaults.RECONNECT_INTERVAL, namespace: str = "", name: str = "kvtier-python",
+                 token: str = ""):
         self.socket_path, self.timeout, self.name = socket_path, timeout, name
+        self._token = token  # presented in HELLO (auth.py); never logged
         self.reconnect_interval, self.namespace = reconnect_interval, namespace
         self.scope_args = scope  # (model, format, world size, rank)
         self.client: Optional[Client] = None
@@ -47,7 +49,7 @@ class Link:
                 raise KVTierError("kvtier: daemon unavailable (waiting before reconnecting)")
             self._last_attempt = now
             model, fmt, world, rank = self.scope_args
-            c = Client(self.socket_path, timeout=self.timeout, name=self.name)
+            c = Client(self.socket_path, timeout=self.timeout, name=self.name, token=self._token)
             try:
                 self.scope = c.scope(model, fmt, world_size=world, rank=rank, namespace=self.namespace)
             except BaseException:

@@ -58,6 +58,7 @@ from ._sglang_compat import (
     PoolTransferResult,
     StorageMetrics,
 )
+from .auth import resolve_token
 from .client import DEFAULT_TIMEOUT, Client, KVTierError, default_socket_path
 from .layout import dtype_name
 from .link import Link
@@ -239,6 +240,8 @@ class KVTierStorage(HiCacheStorage):
         self.reconnect_interval = float(extra.get("reconnect_interval", defaults.RECONNECT_INTERVAL))
         self.namespace = str(extra.get("namespace", ""))
         self.lease_ms = int(extra.get("lease_ms", defaults.LEASE_MS))
+        # For a daemon with tenants (auth.py); never logged.
+        self._token = resolve_token(str(extra.get("token", "")), str(extra.get("token_file", "")))
         self._format_override = str(extra.get("format", ""))
         if getattr(cfg, "should_split_heads", False):
             log.warning("kvtier: tp_lcm_size head splitting is not supported; pages are stored per TP rank, "
@@ -260,7 +263,8 @@ class KVTierStorage(HiCacheStorage):
         if rs.shape:
             fmt = f"{fmt};{rs.shape}"
         return Link(self.socket_path, (self.model, fmt, rs.world, rs.rank), timeout=self.timeout,
-                    reconnect_interval=self.reconnect_interval, namespace=self.namespace, name="sglang")
+                    reconnect_interval=self.reconnect_interval, namespace=self.namespace, name="sglang",
+                    token=self._token)
 
     def _io(self, name: str, pool: Any, link: Link) -> _PoolIO:
         sample = pool.get_data_page(0, flat=True)

@@ -51,6 +51,7 @@ from . import protocol as p
 from . import vllm_kv as kvl
 from . import vllm_pd as pd
 from ._vllm_compat import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorStats
+from .auth import resolve_token
 from .client import Client, KVTierError, default_socket_path
 from .link import Link
 import os
@@ -126,6 +127,11 @@ class Settings:
     # host:port, or "*" for any): others are ignored, so HTTP clients cannot choose
     # where this node connects. push_to is allowed without being listed.
     pd_peers: str = ""
+    # The token this connector presents to its daemon, for a daemon with
+    # tenants (docs/security.md#tenants): token, token_file, or KVTIER_TOKEN /
+    # KVTIER_TOKEN_FILE (auth.py). Kept out of the settings' repr.
+    token: str = field(default="", repr=False)
+    token_file: str = ""
 
     @classmethod
     def from_extra(cls, extra: Dict[str, Any]) -> "Settings":
@@ -142,6 +148,7 @@ class Settings:
                 value = ",".join(str(x) for x in value)
             setattr(s, key, _truthy(value) if isinstance(default, bool) else type(default)(value))
         s.socket_path = s.socket_path or default_socket_path()
+        s.token = resolve_token(s.token, s.token_file)
         if s.key_mode not in ("tokens", "block_hashes"):
             raise ValueError(f"key_mode {s.key_mode!r}: want tokens or block_hashes")
         if s.key_mode == "block_hashes" and not os.environ.get("PYTHONHASHSEED"):
@@ -370,7 +377,7 @@ class KVTierConnector(KVConnectorBase_V1):
     def _new_link(self, scope: Tuple[str, str, int, int]) -> Link:
         s = self.settings
         return Link(s.socket_path, scope, timeout=s.timeout, reconnect_interval=s.reconnect_interval,
-                    namespace=s.namespace, name="vllm")
+                    namespace=s.namespace, name="vllm", token=s.token)
 
     def _format_tag(self) -> str:
         """Per-layer chunks are KV_2LTD (any layout, any block size); cross-layer chunks are raw blocks."""

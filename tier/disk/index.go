@@ -2,6 +2,7 @@ package disk
 
 import (
 	"kvtier/chunk"
+	"kvtier/tier"
 	"kvtier/tier/policy"
 )
 
@@ -40,6 +41,9 @@ type index struct {
 	pinned func(chunk.Key) bool // order's busy callback, allocated once
 	now    int64                // the clock victim is asked about, for pinned
 	met    []chunk.Key          // pinned keys the last victim search passed
+
+	quota     *tier.Quota          // per-owner accounting (quota.go); nil for none
+	quotaBusy func(chunk.Key) bool // pinnedNow, allocated once
 }
 
 func newIndex(order policy.Policy[chunk.Key]) *index {
@@ -75,6 +79,7 @@ func (x *index) add(s slot) int32 {
 		x.slots = append(x.slots, s)
 	}
 	x.byKey[s.key] = i
+	x.quota.Charge(s.key, recordSize(s.size))
 	return i
 }
 
@@ -87,6 +92,7 @@ func (x *index) publishAfter(i int32, up parent) {
 	x.slots[i].state = slotLive
 	x.live++
 	policy.AdmitAfter(x.order, x.slots[i].key, up.key, up.ok)
+	x.quota.Admit(x.slots[i].key)
 }
 
 // drop forgets slot i entirely. A live record leaves the policy as removed
@@ -98,6 +104,7 @@ func (x *index) drop(i int32) {
 		x.live--
 	}
 	delete(x.byKey, s.key)
+	x.quota.Release(s.key)
 	*s = slot{}
 	x.free = append(x.free, i)
 }
@@ -105,6 +112,7 @@ func (x *index) drop(i int32) {
 // touch records a hit on slot i.
 func (x *index) touch(i int32) {
 	x.order.Access(x.slots[i].key)
+	x.quota.Access(x.slots[i].key)
 }
 
 // victim asks the policy for a record not pinned at time now, takes it out

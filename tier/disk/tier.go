@@ -523,6 +523,9 @@ func (t *Tier) reserveLocked(key chunk.Key, size, need int64) (reservation, erro
 			return reservation{}, fmt.Errorf("disk: put %v: %d bytes on disk, the file system holds %d for the tier: %w",
 				key, need, limit, tier.ErrTooLarge)
 		}
+		if err := t.quotaRoomLocked(key, need); err != nil {
+			return reservation{}, err
+		}
 		if t.used+need <= limit {
 			break
 		}

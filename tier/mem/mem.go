@@ -38,6 +38,8 @@ type Tier struct {
 	bytesRead, bytesWritten                atomic.Uint64
 
 	obs atomic.Pointer[observerBox] // nil: nobody observes
+
+	quota *tier.Quota // per-owner accounting (quota.go); nil for none
 }
 
 // The RAM tier has every optional interface of a tier but Pinner.
@@ -132,6 +134,7 @@ func (t *Tier) Acquire(keys []chunk.Key, ids []arena.ID) int {
 		}
 		ids[n] = id
 		t.policy.Access(keys[n])
+		t.quota.Access(keys[n])
 		bytes += t.arena.Size(id)
 	}
 	t.mu.Unlock()
@@ -148,8 +151,9 @@ func (t *Tier) Put(_ context.Context, key chunk.Key, data []byte) error {
 	if t.Contains(key) {
 		return nil
 	}
-	id, buf, err := t.Reserve(len(data))
+	id, buf, err := t.ReserveFor(key, len(data))
 	if err != nil {
+		tier.CountQuotaRefusal(err)
 		return err
 	}
 	copy(buf, data)
@@ -189,6 +193,7 @@ func (t *Tier) evictOne() bool {
 	if ok {
 		id = t.index[k]
 		delete(t.index, k)
+		t.quota.Release(k)
 	}
 	t.mu.Unlock()
 	if !ok {
@@ -218,6 +223,7 @@ func (t *Tier) CommitAfter(key, parent chunk.Key, hasParent bool, id arena.ID) {
 	if _, dup := t.index[key]; !dup && t.arena.Ref(id) {
 		t.index[key] = id
 		policy.AdmitAfter(t.policy, key, parent, hasParent)
+		t.charge(key, id)
 		t.puts.Add(1)
 		t.bytesWritten.Add(uint64(t.arena.Size(id)))
 		admitted = true
@@ -227,6 +233,7 @@ func (t *Tier) CommitAfter(key, parent chunk.Key, hasParent bool, id arena.ID) {
 		if o := t.observer(); o != nil {
 			o.Admitted(t.Name(), key)
 		}
+		t.TrimQuota(key)
 	}
 }
 
@@ -237,6 +244,7 @@ func (t *Tier) Remove(key chunk.Key) bool {
 	if ok {
 		delete(t.index, key)
 		t.policy.Remove(key)
+		t.quota.Release(key)
 	}
 	t.mu.Unlock()
 	if ok {
@@ -257,6 +265,7 @@ func (t *Tier) Clear(scope uint64) int {
 		if scope == 0 || k.Scope == scope {
 			delete(t.index, k)
 			t.policy.Remove(k)
+			t.quota.Release(k)
 			drop = append(drop, id)
 			if obs != nil {
 				obs.Dropped(t.Name(), k)

@@ -11,7 +11,7 @@ import (
 	"kvtier/tier"
 )
 
-func newTier(t *testing.T, capacity int64, policy string) *Tier {
+func newTier(t testing.TB, capacity int64, policy string) *Tier {
 	t.Helper()
 	a, err := arena.New(arena.Options{Capacity: capacity})
 	if err != nil {

@@ -56,5 +56,6 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* The controller's URL as the daemons reach it. */}}
 {{- define "kvtier.controllerURL" -}}
-{{- printf "http://%s-controller:%d" (include "kvtier.fullname" .) (int .Values.controller.port) -}}
+{{- $scheme := ternary "https" "http" (not (empty .Values.controller.tls.secret)) -}}
+{{- printf "%s://%s-controller:%d" $scheme (include "kvtier.fullname" .) (int .Values.controller.port) -}}
 {{- end -}}
