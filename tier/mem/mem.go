@@ -30,7 +30,7 @@ type Tier struct {
 	arena *arena.Arena
 
 	mu     sync.Mutex
-	index  keyIndex // presence.go: the map, and a lock-free presence set for lookups
+	index  map[chunk.Key]arena.ID
 	policy policy.Policy[chunk.Key]
 	busy   func(chunk.Key) bool // policy callback, allocated once
 
@@ -53,8 +53,7 @@ func New(a *arena.Arena, policyName string) (*Tier, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mem tier: %w", err)
 	}
-	t := &Tier{arena: a, policy: p}
-	t.index.init()
+	t := &Tier{arena: a, index: make(map[chunk.Key]arena.ID), policy: p}
 	t.busy = t.isBusy
 	return t, nil
 }
@@ -68,19 +67,24 @@ func (t *Tier) Name() string { return "mem" }
 // isBusy reports whether someone besides the tier holds the object; such
 // objects are skipped by eviction. Called with t.mu held.
 func (t *Tier) isBusy(k chunk.Key) bool {
-	id, ok := t.index.get(k)
+	id, ok := t.index[k]
 	return ok && t.arena.Refs(id) > 1
 }
 
-// Contains implements tier.Container without taking the tier's mutex
-// (presence.go).
-func (t *Tier) Contains(key chunk.Key) bool { return t.has(key) }
+// Contains implements tier.Container.
+func (t *Tier) Contains(key chunk.Key) bool {
+	t.mu.Lock()
+	_, ok := t.index[key]
+	t.mu.Unlock()
+	return ok
+}
 
-// PrefixContains implements tier.PrefixContainer without taking the
-// tier's mutex: each key is one probe of the presence set (presence.go).
+// PrefixContains implements tier.PrefixContainer.
 func (t *Tier) PrefixContains(keys []chunk.Key) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	for i, k := range keys {
-		if !t.has(k) {
+		if _, ok := t.index[k]; !ok {
 			return i
 		}
 	}
@@ -90,7 +94,7 @@ func (t *Tier) PrefixContains(keys []chunk.Key) int {
 // Size implements tier.Tier.
 func (t *Tier) Size(key chunk.Key) (int, bool) {
 	t.mu.Lock()
-	id, ok := t.index.get(key)
+	id, ok := t.index[key]
 	t.mu.Unlock()
 	if !ok {
 		return 0, false
@@ -122,7 +126,7 @@ func (t *Tier) Acquire(keys []chunk.Key, ids []arena.ID) int {
 	t.mu.Lock()
 	n, bytes := 0, 0
 	for ; n < len(keys); n++ {
-		id, ok := t.index.get(keys[n])
+		id, ok := t.index[keys[n]]
 		if !ok || !t.arena.Ref(id) {
 			break
 		}
@@ -183,8 +187,8 @@ func (t *Tier) evictOne() bool {
 	k, ok := t.policy.Evict(t.busy)
 	var id arena.ID
 	if ok {
-		id, _ = t.index.get(k)
-		t.index.del(k)
+		id = t.index[k]
+		delete(t.index, k)
 	}
 	t.mu.Unlock()
 	if !ok {
@@ -211,8 +215,8 @@ func (t *Tier) Commit(key chunk.Key, id arena.ID) {
 func (t *Tier) CommitAfter(key, parent chunk.Key, hasParent bool, id arena.ID) {
 	t.mu.Lock()
 	admitted := false
-	if _, dup := t.index.get(key); !dup && t.arena.Ref(id) {
-		t.index.put(key, id)
+	if _, dup := t.index[key]; !dup && t.arena.Ref(id) {
+		t.index[key] = id
 		policy.AdmitAfter(t.policy, key, parent, hasParent)
 		t.puts.Add(1)
 		t.bytesWritten.Add(uint64(t.arena.Size(id)))
@@ -229,9 +233,9 @@ func (t *Tier) CommitAfter(key, parent chunk.Key, hasParent bool, id arena.ID) {
 // Remove implements tier.Remover.
 func (t *Tier) Remove(key chunk.Key) bool {
 	t.mu.Lock()
-	id, ok := t.index.get(key)
+	id, ok := t.index[key]
 	if ok {
-		t.index.del(key)
+		delete(t.index, key)
 		t.policy.Remove(key)
 	}
 	t.mu.Unlock()
@@ -249,9 +253,9 @@ func (t *Tier) Clear(scope uint64) int {
 	t.mu.Lock()
 	var drop []arena.ID
 	obs := t.observer()
-	for k, id := range t.index.ids {
+	for k, id := range t.index {
 		if scope == 0 || k.Scope == scope {
-			t.index.del(k)
+			delete(t.index, k)
 			t.policy.Remove(k)
 			drop = append(drop, id)
 			if obs != nil {
@@ -271,7 +275,7 @@ func (t *Tier) Clear(scope uint64) int {
 func (t *Tier) List(scope uint64, fn func(chunk.Key, int) bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for k, id := range t.index.ids {
+	for k, id := range t.index {
 		if (scope == 0 || k.Scope == scope) && !fn(k, t.arena.Size(id)) {
 			return
 		}
@@ -281,7 +285,7 @@ func (t *Tier) List(scope uint64, fn func(chunk.Key, int) bool) {
 // Stats implements tier.StatsReporter.
 func (t *Tier) Stats() tier.Stats {
 	t.mu.Lock()
-	objects := t.index.len()
+	objects := len(t.index)
 	t.mu.Unlock()
 	return tier.Stats{
 		Name:         "mem",
