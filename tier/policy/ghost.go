@@ -1,6 +1,12 @@
 package policy
 
-import "hash/maphash"
+import (
+	"encoding/binary"
+	"hash/maphash"
+	"unsafe"
+
+	"kvtier/chunk"
+)
 
 // ghosts remembers recently evicted keys of a tree policy: what each had
 // when it went (hit count, whether it had a child, its last use). A key
@@ -26,7 +32,7 @@ import "hash/maphash"
 type ghosts[K comparable] struct {
 	buckets [][ghostWays]ghost
 	mask    uint64
-	seed    maphash.Seed
+	hash    func(K) uint64
 	added   uint32 // ghosts added so far (wrapping), the age of a ghost
 	limit   uint32 // ghosts kept: the last limit added
 }
@@ -43,9 +49,35 @@ type ghost struct {
 
 const ghostWays = 4
 
-func newGhosts[K comparable]() ghosts[K] { return ghosts[K]{seed: maphash.MakeSeed()} }
+func newGhosts[K comparable]() ghosts[K] { return ghosts[K]{hash: ghostHash[K]()} }
 
-func (g *ghosts[K]) hash(k K) uint64 { return maphash.Comparable(g.seed, k) | 1 }
+// ghostHash returns the hash of the history's keys; never 0 (an empty
+// entry). The keys kvtier uses (chunk keys in the tiers, block numbers in
+// the replay) get a fixed hash, so that runs are reproducible; other key
+// types get maphash's, whose seed is random.
+func ghostHash[K comparable]() func(K) uint64 {
+	switch any(*new(K)).(type) {
+	case uint64:
+		return func(k K) uint64 { return mix64(*(*uint64)(unsafe.Pointer(&k))) | 1 }
+	case chunk.Key:
+		return func(k K) uint64 {
+			c := (*chunk.Key)(unsafe.Pointer(&k))
+			lo, hi := binary.LittleEndian.Uint64(c.Hash[:8]), binary.LittleEndian.Uint64(c.Hash[8:])
+			return mix64(lo^mix64(hi^c.Scope)) | 1
+		}
+	}
+	seed := maphash.MakeSeed()
+	return func(k K) uint64 { return maphash.Comparable(seed, k) | 1 }
+}
+
+// mix64 is SplitMix64's finalizer: every input bit moves every output bit.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
+}
 
 // add remembers the evicted node nd under k, with room for about limit
 // ghosts (the table grows to it; it never shrinks).
