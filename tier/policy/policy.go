@@ -93,7 +93,7 @@ func Names() []string {
 
 // Default is the policy of the tiers when configuration names none: the
 // best across the traces of docs/bench.md ("Eviction policies").
-const Default = TREESLRU
+const Default = TREELFU
 
 // New returns an empty policy by name, case-insensitively. The empty name
 // gives Default; "S3-FIFO" is accepted for S3FIFO.
@@ -113,9 +113,9 @@ func New[K comparable](name string) (Policy[K], error) {
 		return newARC[K](), nil
 	case TREELRU, "TREE-LRU":
 		return newTree[K](TREELRU), nil
-	case TREELFU, "TREE-LFU":
+	case "", TREELFU, "TREE-LFU":
 		return newTree[K](TREELFU), nil
-	case "", TREESLRU, "TREE-SLRU":
+	case TREESLRU, "TREE-SLRU":
 		return newTree[K](TREESLRU), nil
 	case TREEHD, "TREE-HD":
 		return newTree[K](TREEHD), nil

