@@ -34,6 +34,7 @@ type ghosts[K comparable] struct {
 	mask    uint64
 	hash    func(K) uint64
 	added   uint32 // ghosts added so far (wrapping), the age of a ghost
+	total   int    // ghosts added so far, up to limit: what the table must hold
 	limit   uint32 // ghosts kept: the last limit added
 }
 
@@ -79,11 +80,14 @@ func mix64(x uint64) uint64 {
 	return x ^ x>>31
 }
 
-// add remembers the evicted node nd under k, with room for about limit
-// ghosts (the table grows to it; it never shrinks).
+// add remembers the evicted node nd under k, keeping the last limit
+// ghosts. The table grows with the ghosts it holds, to twice their number
+// (a cache that evicts a little pays for a little history), and never
+// shrinks.
 func (g *ghosts[K]) add(k K, nd *tnode, now uint64, limit int) {
-	if len(g.buckets)*ghostWays < 2*limit {
-		g.grow(2 * limit)
+	g.total = min(g.total+1, limit)
+	if len(g.buckets)*ghostWays < 2*g.total {
+		g.grow(2 * g.total)
 	}
 	g.limit = uint32(min(limit, 1<<31))
 	g.added++
