@@ -94,6 +94,12 @@ type simulation struct {
 // simulate replays the trace through a cache of capacity blocks whose
 // victims e chooses, with the hit semantics of the package doc.
 func (t *trace) simulate(name string, e evictor, capacity int) Result {
+	return t.simulateHits(name, e, capacity, nil)
+}
+
+// simulateHits is simulate, calling hit (when not nil) with the position
+// of every reference that hits.
+func (t *trace) simulateHits(name string, e evictor, capacity int, hit func(pos int)) Result {
 	s := &simulation{
 		t: t, e: e, capacity: max(capacity, 0),
 		cached: make([]bool, t.blocks), pinned: make([]int32, t.blocks),
@@ -108,6 +114,9 @@ func (t *trace) simulate(name string, e evictor, capacity int) Result {
 			hits++
 		}
 		res.HitBlocks += hits
+		for i := 0; hit != nil && i < hits; i++ {
+			hit(lo + i)
+		}
 		res.HitTokens += int64(hits) * BlockSize
 		if hits == len(refs) && hits > 0 {
 			res.HitTokens -= int64(BlockSize - t.last[r])

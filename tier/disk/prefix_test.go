@@ -10,7 +10,7 @@ import (
 // TestPutAfterKeepsChainsClosed is the disk tier's side of prefix-aware
 // eviction: a chain put with PutAfter, its head read, then two more
 // records. LRU strands the chain's tail; the prefix-aware policies evict
-// from the tail (TREELFU and TREEHD first drop the unreused newcomer),
+// from the tail (TREELFU, TREESLRU and TREEHD first drop the unreused newcomer),
 // and what is left reads back intact.
 func TestPutAfterKeepsChainsClosed(t *testing.T) {
 	const size = 10000
@@ -21,6 +21,7 @@ func TestPutAfterKeepsChainsClosed(t *testing.T) {
 		{policy.LRU, [4]bool{true, false, false, true}},
 		{policy.TREELRU, [4]bool{true, true, false, false}},
 		{policy.TREELFU, [4]bool{true, true, true, false}}, // the new one-off record goes first
+		{policy.TREESLRU, [4]bool{true, true, true, false}},
 		{policy.TREEHD, [4]bool{true, true, true, false}},
 	} {
 		t.Run(tc.policy, func(t *testing.T) {

@@ -29,7 +29,7 @@ import (
 type Tier struct {
 	arena *arena.Arena
 
-	mu     sync.Mutex
+	mu     sync.RWMutex // lookups share it; writers and hits (which tell the policy) take it whole
 	index  map[chunk.Key]arena.ID
 	policy policy.Policy[chunk.Key]
 	busy   func(chunk.Key) bool // policy callback, allocated once
@@ -75,16 +75,16 @@ func (t *Tier) isBusy(k chunk.Key) bool {
 
 // Contains implements tier.Container.
 func (t *Tier) Contains(key chunk.Key) bool {
-	t.mu.Lock()
+	t.mu.RLock()
 	_, ok := t.index[key]
-	t.mu.Unlock()
+	t.mu.RUnlock()
 	return ok
 }
 
 // PrefixContains implements tier.PrefixContainer.
 func (t *Tier) PrefixContains(keys []chunk.Key) int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.mu.RLock()
+	defer t.mu.RUnlock()
 	for i, k := range keys {
 		if _, ok := t.index[k]; !ok {
 			return i

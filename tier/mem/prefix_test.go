@@ -12,8 +12,8 @@ import (
 // only its head (a hit that refreshes it under any recency policy), then
 // stores two unrelated chunks. LRU evicts the middle of the chain and
 // strands its tail; a prefix-aware policy, told each chunk's parent by
-// CommitAfter, evicts from the tail and keeps the chain a prefix (TREELFU
-// and TREEHD first drop the unreused newcomer).
+// CommitAfter, evicts from the tail and keeps the chain a prefix (TREELFU,
+// TREESLRU and TREEHD first drop the unreused newcomer).
 func TestPrefixPolicyKeepsChainsClosed(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -23,6 +23,7 @@ func TestPrefixPolicyKeepsChainsClosed(t *testing.T) {
 		{policy.LRU, [4]bool{true, false, false, true}},
 		{policy.TREELRU, [4]bool{true, true, false, false}},
 		{policy.TREELFU, [4]bool{true, true, true, false}}, // the new one-off record goes first
+		{policy.TREESLRU, [4]bool{true, true, true, false}},
 		{policy.TREEHD, [4]bool{true, true, true, false}},
 	} {
 		m := newTier(t, 4*4096, tc.policy)

@@ -21,11 +21,17 @@ func checkLeaves(t *testing.T, p Prefixed[int]) {
 				tr.name, pos, l, l.node, nd.last, nd.hits, nd.hadChild)
 		}
 	}
-	leaves := 0
+	leaves, protected := 0, 0
 	for i := range tr.nodes {
 		if tr.nodes[i].live && tr.nodes[i].child == none {
 			leaves++
 		}
+		if tr.nodes[i].live && tr.nodes[i].hits >= protectAt {
+			protected++
+		}
+	}
+	if protected != tr.protected {
+		t.Fatalf("%s: %d live nodes with %d hits or more, the count says %d", tr.name, protected, protectAt, tr.protected)
 	}
 	if leaves != len(tr.leaves) {
 		t.Fatalf("%s: %d childless live nodes, %d leaf entries", tr.name, leaves, len(tr.leaves))

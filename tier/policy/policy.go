@@ -56,9 +56,10 @@ const (
 	S3FIFO = "S3FIFO"
 	ARC    = "ARC"
 	// The prefix-aware policies (tree.go).
-	TREELRU = "TREELRU"
-	TREELFU = "TREELFU"
-	TREEHD  = "TREEHD"
+	TREELRU  = "TREELRU"
+	TREELFU  = "TREELFU"
+	TREEHD   = "TREEHD"
+	TREESLRU = "TREESLRU"
 )
 
 // Prefixed is implemented by the policies that use the prefix chain: a
@@ -86,7 +87,9 @@ func AdmitAfter[K comparable](p Policy[K], k, parent K, hasParent bool) {
 
 // Names lists the policies New accepts: the classic ones, LRU first, then
 // the prefix-aware ones.
-func Names() []string { return []string{LRU, LFU, FIFO, MRU, S3FIFO, ARC, TREELRU, TREELFU, TREEHD} }
+func Names() []string {
+	return []string{LRU, LFU, FIFO, MRU, S3FIFO, ARC, TREELRU, TREELFU, TREEHD, TREESLRU}
+}
 
 // Default is the policy of the tiers when configuration names none: the
 // best across the traces of docs/bench.md ("Eviction policies").
@@ -112,6 +115,8 @@ func New[K comparable](name string) (Policy[K], error) {
 		return newTree[K](TREELRU), nil
 	case "", TREELFU, "TREE-LFU":
 		return newTree[K](TREELFU), nil
+	case TREESLRU, "TREE-SLRU":
+		return newTree[K](TREESLRU), nil
 	case TREEHD, "TREE-HD":
 		return newTree[K](TREEHD), nil
 	}

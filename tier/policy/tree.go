@@ -22,12 +22,19 @@ package policy
 //     cache, in the manner of GreedyDual's frequency credit; a
 //     prompt's last chunk never hit, which the next turn of a chat never
 //     finds (it diverges there), is worth one pass less.
+//   - TREESLRU is TREELFU split in two segments, after segmented LRU: a
+//     leaf used twice or more is protected while the protected nodes are
+//     at most protectedShare of the cache, and ranks eight passes later
+//     than its last use, after every probationary leaf in a sample
+//     (protected leaves among themselves by last use). The rest rank as
+//     in TREELFU. A returning chat's prefix is hit on every turn, so it
+//     is protected from the flood of first turns that never return.
 //   - TREEHD ranks leaves by their expected hit density (hits per unit of
 //     cache time still to come), learnt online from the hits of keys and
 //     the evictions of leaves by age and class, after Least Hit Density
 //     (Beckmann et al., NSDI 2018). See hitDensity.
 //
-// TREELFU and TREEHD remember recently evicted keys (ghosts): a key that
+// TREELFU, TREESLRU and TREEHD remember recently evicted keys (ghosts): a key that
 // comes back resumes its hit count, so chains that keep returning rise.
 type tree[K comparable] struct {
 	name     string
@@ -40,9 +47,12 @@ type tree[K comparable] struct {
 	clock    uint64 // one tick per Admit or Access
 	rng      uint64
 	learned  bool // TREEHD: rank by hd
-	frequent bool // TREELFU: reuse extends a leaf's life
-	hd       hitDensity
-	ghosts   ghosts[K]
+	frequent bool // TREELFU, TREESLRU: reuse extends a leaf's life
+	segments bool // TREESLRU: a protected segment
+	// protected counts tracked nodes with protectAt hits or more.
+	protected int
+	hd        hitDensity
+	ghosts    ghosts[K]
 }
 
 // tnode is one tracked key's place in the forest: its parent, its first
@@ -75,11 +85,19 @@ const (
 	treeSamples = 32
 	treeRun     = 8
 	treeGhosts  = 4
+	// TREESLRU: hits that protect a node, the protected share of the
+	// cache, and how many passes a protected leaf ranks after its last
+	// use. Chosen on the traces of docs/bench.md: shares from 0.3 to 1
+	// did worse on average.
+	protectAt       = 2
+	protectedShare  = 0.5
+	protectedPasses = 8
 )
 
 func newTree[K comparable](name string) *tree[K] {
 	t := &tree[K]{name: name, free: none, index: make(map[K]int32), rng: 0x9E3779B97F4A7C15,
-		learned: name == TREEHD, frequent: name == TREELFU, ghosts: newGhosts[K]()}
+		learned: name == TREEHD, frequent: name == TREELFU || name == TREESLRU,
+		segments: name == TREESLRU, ghosts: newGhosts[K]()}
 	t.hd.init()
 	return t
 }
@@ -113,6 +131,9 @@ func (t *tree[K]) admit(k K, parent int32) {
 			t.hd.returned(g.hits, g.hadChild, g.last, g.gone, t.clock)
 		}
 		t.nodes[i].hits = min(g.hits, ^uint16(0)-1) + 1
+		if t.nodes[i].hits >= protectAt {
+			t.protected++
+		}
 
 	}
 	if parent != none {
@@ -134,6 +155,9 @@ func (t *tree[K]) Access(k K) {
 	nd.last = t.clock
 	if nd.hits < ^uint16(0) {
 		nd.hits++
+		if nd.hits == protectAt {
+			t.protected++
+		}
 	}
 	if nd.leaf != none {
 		l := &t.leaves[nd.leaf]
@@ -241,6 +265,9 @@ func (t *tree[K]) rank(nd *leaf) float64 {
 	if t.learned {
 		return t.hd.density(nd.hits, nd.hadChild, nd.last, t.clock)
 	}
+	if t.segments && nd.hits >= protectAt && float64(t.protected) <= protectedShare*float64(t.n) {
+		return float64(nd.last) + protectedPasses*float64(t.n)
+	}
 	if !t.frequent {
 		return float64(nd.last)
 	}
@@ -320,6 +347,9 @@ func (t *tree[K]) drop(i int32) {
 	}
 	t.nodes[i].child = none
 	t.removeLeaf(i)
+	if t.nodes[i].hits >= protectAt {
+		t.protected--
+	}
 	delete(t.index, t.keys[i])
 	var zero K
 	t.keys[i] = zero

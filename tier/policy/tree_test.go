@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-var treeNames = []string{TREELRU, TREELFU, TREEHD}
+var treeNames = []string{TREELRU, TREELFU, TREEHD, TREESLRU}
 
 // treeModel is the naive reference of the prefix forest: each tracked key
 // and its tracked parent.
@@ -226,6 +226,38 @@ func TestTreeAllocs(t *testing.T) {
 		}
 		if a := testing.AllocsPerRun(1000, step); a > 0.01 {
 			t.Errorf("%s: %.2f allocations per admit+evict", name, a)
+		}
+	}
+}
+
+// TestSLRUProtectsLeavesUsedTwice: a leaf used twice long ago outranks
+// leaves used once more recently under TREESLRU (it is protected for eight
+// passes of the cache), while TREELFU, which credits two hits with two
+// passes only, evicts it first.
+func TestSLRUProtectsLeavesUsedTwice(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		want int
+	}{{TREELFU, 0}, {TREESLRU, 2}} {
+		p, err := New[int](tc.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Admit(0)
+		p.Access(0)
+		p.Access(0)
+		p.Admit(1) // a hot leaf that moves the clock four passes on
+		for range 40 {
+			p.Access(1)
+		}
+		for k := 2; k < 10; k++ {
+			p.Admit(k)
+		}
+		for k := 2; k < 10; k++ {
+			p.Access(k)
+		}
+		if got, ok := p.Evict(nil); !ok || got != tc.want {
+			t.Errorf("%s evicts %d first, want %d", tc.name, got, tc.want)
 		}
 	}
 }

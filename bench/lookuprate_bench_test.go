@@ -1,0 +1,81 @@
+package bench
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"kvtier/engine"
+	"kvtier/server"
+)
+
+// BenchmarkLookupRate runs one kind of the lookup-rate measurement alone,
+// so that a profile shows that kind's costs only (kvtier bench
+// --lookups-only --cpuprofile profiles all of them together): the empty
+// round trip, PING through the daemon, and LOOKUP with the request buffer,
+// each from rateClients clients on their own connections; one op is one
+// request. For example:
+//
+//	go test -run X -bench 'LookupRate/buffer' -cpuprofile cpu.out ./bench
+func BenchmarkLookupRate(b *testing.B) {
+	ctx := context.Background()
+	eng, err := engine.Open(engine.Options{ChunkSize: 256, RAMBytes: 64 << 20, Policy: "LRU"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer eng.Close()
+	svc := server.NewService(eng, server.ServiceOptions{Token: benchToken})
+	defer svc.Shutdown(context.Background())
+	sock, cleanup, err := serveLocal(svc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cleanup()
+	ps, err := storePrompts(ctx, sock)
+	if err != nil {
+		b.Fatal(err)
+	}
+	echoSrv, err := startEcho()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer echoSrv.Close()
+	for _, k := range []struct {
+		name string
+		dial func() (rateClient, error)
+	}{
+		{"empty", func() (rateClient, error) { return dialEcho(echoSrv.Addr().String(), 0, 0) }},
+		{"ping", func() (rateClient, error) { return dialPing(ctx, sock) }},
+		{"buffer", func() (rateClient, error) { return dialLookup(ctx, sock, ps, 1, rateBuffer) }},
+	} {
+		b.Run(k.name, func(b *testing.B) {
+			cs := make([]rateClient, rateClients)
+			for i := range cs {
+				if cs[i], err = k.dial(); err != nil {
+					b.Fatal(err)
+				}
+				defer cs[i].Close()
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			var wg sync.WaitGroup
+			for i, c := range cs {
+				n := b.N / len(cs)
+				if i == 0 {
+					n += b.N % len(cs)
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range n {
+						if _, err := c.do(ctx); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+		})
+	}
+}
