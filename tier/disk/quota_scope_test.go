@@ -67,3 +67,23 @@ func TestChargeScopeRecovered(t *testing.T) {
 		t.Fatalf("a remove gives the bytes back: %+v", q.Stats())
 	}
 }
+
+// BenchmarkChargeScopeBatch measures one batch of ChargeScope's pass, the
+// longest it holds the tier's lock: 4,096 index slots of another scope
+// (docs/security.md#quotas quotes it).
+func BenchmarkChargeScopeBatch(b *testing.B) {
+	d := openTier(b, b.TempDir(), Options{Capacity: 64 << 20})
+	defer d.Close()
+	q := tier.NewQuota([]string{"a"}, []int64{1 << 20})
+	d.SetQuota(q)
+	q.Assign(1, "a")
+	d.mu.Lock()
+	for i := range chargeBatch - len(d.idx.slots) {
+		d.idx.slots = append(d.idx.slots, slot{key: quotaKey(2, i), state: slotLive, size: 4096})
+	}
+	d.mu.Unlock()
+	b.ResetTimer()
+	for b.Loop() {
+		d.ChargeScope(1)
+	}
+}

@@ -60,3 +60,29 @@ func TestChargeScopeHeld(t *testing.T) {
 		t.Fatalf("a's next put: %+v", st)
 	}
 }
+
+// BenchmarkChargeScopeScan measures ChargeScope's hold of the lock over
+// a RAM tier of 20,000 chunks none of which is the scope's: one scan of
+// the index (docs/security.md#quotas quotes it).
+func BenchmarkChargeScopeScan(b *testing.B) {
+	const n = 20_000
+	m := newTier(b, n*4096, "LRU")
+	q := tier.NewQuota([]string{"a"}, []int64{1 << 20})
+	m.SetQuota(q)
+	q.Assign(1, "a")
+	data := make([]byte, 64)
+	for i := range n {
+		key := k(2, 0)
+		key.Hash[1], key.Hash[2], key.Hash[3] = byte(i), byte(i>>8), byte(i>>16)
+		if err := m.Put(context.Background(), key, data); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if got := m.Stats().Objects; got != n {
+		b.Fatalf("the tier holds %d chunks, want %d", got, n)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		m.ChargeScope(1)
+	}
+}
