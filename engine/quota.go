@@ -32,6 +32,7 @@ type quotas struct {
 type quotaTier struct {
 	name string
 	q    *tier.Quota
+	t    tier.Tier
 }
 
 // QuotaOwnersFromConfig returns the tenants that have a quota.
@@ -74,11 +75,14 @@ func (e *Engine) setQuotas(owners []QuotaOwner) {
 		}
 		q := tier.NewQuota(names, limits)
 		qs.SetQuota(q)
-		e.quotas.tiers = append(e.quotas.tiers, quotaTier{name: t.Name(), q: q})
+		e.quotas.tiers = append(e.quotas.tiers, quotaTier{name: t.Name(), q: q, t: t})
 	}
 }
 
-// assignOwner charges scope's chunks (id) to the owner of its namespace.
+// assignOwner charges scope's chunks (id) to the owner of its namespace:
+// from now on, and, the first time, those each tier already holds
+// (tier.ScopeCharger), which may evict the owner's chunks to bring it
+// within its quota.
 func (e *Engine) assignOwner(id uint64, scope chunk.Scope) {
 	if e.quotas == nil {
 		return
@@ -90,6 +94,9 @@ func (e *Engine) assignOwner(id uint64, scope chunk.Scope) {
 		for _, t := range e.quotas.tiers {
 			if !t.q.Assigned(id) {
 				t.q.Assign(id, o.Name)
+				if c, ok := t.t.(tier.ScopeCharger); ok {
+					c.ChargeScope(id)
+				}
 			}
 		}
 		return

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"math"
+	"slices"
 	"time"
 
 	"kvtier/engine"
@@ -22,7 +23,9 @@ func (s *session) handleFlush(h wire.Header, body []byte) *requestError {
 	wait := engine.FlushWait(time.Duration(m.TimeoutMS) * time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	rep := s.svc.eng.Sync(ctx) // running out of time shows as pending writes
+	// Running out of time shows as pending writes. A tenant's reply
+	// counts only its own scopes' redone and missing chunks.
+	rep := s.svc.eng.SyncScopes(ctx, s.flushVisible())
 	reply := wire.FlushReply{Tiers: make([]wire.FlushTier, 0, len(rep))}
 	for _, t := range rep {
 		reply.Tiers = append(reply.Tiers, wire.FlushTier{Name: t.Tier,
@@ -30,6 +33,20 @@ func (s *session) handleFlush(h wire.Header, body []byte) *requestError {
 	}
 	s.out = reply.Append(wire.Begin(s.out))
 	return s.reply(h, 0)
+}
+
+// flushVisible selects the scopes a FLUSH reports on: every scope for a
+// connection without a tenant (nil), a tenant's registered scopes and
+// the scopes the connection opened for a tenant's.
+func (s *session) flushVisible() func(uint64) bool {
+	if s.tenant == nil {
+		return nil
+	}
+	ids := s.svc.eng.ScopesWhere(s.tenant.AllowsScope)
+	return func(id uint64) bool {
+		_, found := slices.BinarySearch(ids, id)
+		return found || s.opened(id)
+	}
 }
 
 func clampU32(n int) uint32 { return uint32(min(max(n, 0), math.MaxUint32)) }

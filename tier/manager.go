@@ -736,6 +736,7 @@ func (m *Manager) Remove(key chunk.Key) bool {
 	found := m.ram.Remove(key)
 	for _, lt := range m.lower {
 		found = Remove(lt.Tier, key) || found
+		lt.missed.forget(func(k chunk.Key) bool { return k == key })
 		lt.gone.forget(func(k chunk.Key) bool { return k == key })
 	}
 	return found
@@ -751,7 +752,8 @@ func (m *Manager) Clear(scope uint64) (removed []int, notCleared []string) {
 	removed[0] = m.ram.Clear(scope)
 	var keys []chunk.Key
 	for _, lt := range m.lower {
-		lt.gone.forget(func(k chunk.Key) bool { return scope == 0 || k.Scope == scope })
+		lt.missed.forgetScope(scope)
+		lt.gone.forgetScope(scope)
 	}
 	for i, lt := range m.lower {
 		l, ok := lt.Tier.(Lister)

@@ -1,0 +1,31 @@
+package mem
+
+import (
+	"kvtier/chunk"
+	"kvtier/tier"
+)
+
+var _ tier.ScopeCharger = (*Tier)(nil)
+
+// ChargeScope implements tier.ScopeCharger: it charges the chunks of
+// scope the tier holds to the scope's owner, then evicts the owner's
+// least recently used chunks not in use while it is over its limit
+// (TrimQuota). The index is a map, which a pass cannot leave and resume,
+// so the pass holds the lock for one scan of it; evictions run outside.
+func (t *Tier) ChargeScope(scope uint64) {
+	if t.quota == nil || t.quota.Owner(scope) == nil {
+		return
+	}
+	t.mu.Lock()
+	n := 0
+	for k, id := range t.index {
+		if k.Scope == scope {
+			t.quota.ChargeHeld(k, int64(t.arena.Size(id)), true)
+			n++
+		}
+	}
+	t.mu.Unlock()
+	if n > 0 {
+		t.TrimQuota(chunk.Key{Scope: scope})
+	}
+}
