@@ -49,6 +49,12 @@ type tree[K comparable] struct {
 	learned  bool // TREEHD: rank by hd
 	frequent bool // TREELFU, TREESLRU: reuse extends a leaf's life
 	segments bool // TREESLRU: a protected segment
+	retProb  bool // TREERP: credit by learned return probability
+	chains   bool // TREEGD: GreedyDual over chains
+	// inflation is TREEGD's L: the priority of the last victim, in
+	// gdUnit fractions.
+	inflation uint64
+	rp        returnProb
 	// protected counts tracked nodes with protectAt hits or more.
 	protected int
 	hd        hitDensity
@@ -60,11 +66,13 @@ type tree[K comparable] struct {
 // position in the leaf array, and what the rank needs.
 type tnode struct {
 	parent, child, prev, next int32
-	leaf                      int32  // index in tree.leaves, or none
-	last                      uint64 // clock at the last admission or hit
-	hits                      uint16 // saturating
-	hadChild                  bool   // ever had a child: not a prompt's last chunk
+	leaf                      int32   // index in tree.leaves, or none
+	pathSum                   float32 // TREEGD: return probabilities summed from the root
+	last                      uint64  // clock at the last admission or hit
+	hits                      uint16  // saturating
+	hadChild                  bool    // ever had a child: not a prompt's last chunk
 	live                      bool
+	depth                     uint8 // in the prefix tree, saturating; a root is 0
 }
 
 // leaf is one entry of the leaf array: the node and a copy of what its
@@ -77,6 +85,7 @@ type leaf struct {
 	node     int32
 	hits     uint16
 	hadChild bool
+	depth    uint8
 }
 
 // treeSamples is how many leaves Evict compares; treeGhosts, how many
@@ -97,8 +106,10 @@ const (
 func newTree[K comparable](name string) *tree[K] {
 	t := &tree[K]{name: name, free: none, index: make(map[K]int32), rng: 0x9E3779B97F4A7C15,
 		learned: name == TREEHD, frequent: name == TREELFU || name == TREESLRU,
-		segments: name == TREESLRU, ghosts: newGhosts[K]()}
+		segments: name == TREESLRU, retProb: name == TREERP, chains: name == TREEGD,
+		ghosts: newGhosts[K]()}
 	t.hd.init()
+	t.rp.init()
 	return t
 }
 
@@ -126,9 +137,18 @@ func (t *tree[K]) admit(k K, parent int32) {
 	t.index[k] = i
 	t.n++
 	t.nodes[i].last = t.clock
+	if parent != none {
+		t.nodes[i].depth = t.nodes[parent].depth + min(1, ^t.nodes[parent].depth)
+	}
 	if g, ok := t.ghosts.take(k); ok {
 		if t.learned {
 			t.hd.returned(g.hits, g.hadChild, g.last, g.gone, t.clock)
+		}
+		if t.retProb || t.chains {
+			t.rp.returned(&g)
+		}
+		if parent == none {
+			t.nodes[i].depth = g.depth
 		}
 		t.nodes[i].hits = min(g.hits, ^uint16(0)-1) + 1
 		if t.nodes[i].hits >= protectAt {
@@ -138,6 +158,9 @@ func (t *tree[K]) admit(k K, parent int32) {
 	}
 	if parent != none {
 		t.link(parent, i)
+	}
+	if t.chains {
+		t.setPriority(i)
 	}
 	t.addLeaf(i)
 }
@@ -152,12 +175,18 @@ func (t *tree[K]) Access(k K) {
 	if t.learned {
 		t.hd.hit(nd, t.clock)
 	}
+	if t.retProb || t.chains {
+		t.rp.hit(nd)
+	}
 	nd.last = t.clock
 	if nd.hits < ^uint16(0) {
 		nd.hits++
 		if nd.hits == protectAt {
 			t.protected++
 		}
+	}
+	if t.chains {
+		t.setPriority(i)
 	}
 	if nd.leaf != none {
 		l := &t.leaves[nd.leaf]
@@ -185,7 +214,13 @@ func (t *tree[K]) Evict(busy func(K) bool) (K, bool) {
 	if t.learned {
 		t.hd.evicted(&t.nodes[i], t.clock)
 	}
-	if t.learned || t.frequent {
+	if t.retProb || t.chains {
+		t.rp.evicted(&t.nodes[i])
+	}
+	if t.chains {
+		t.inflation = max(t.inflation, t.nodes[i].last)
+	}
+	if t.learned || t.frequent || t.retProb || t.chains {
 		t.ghosts.add(k, &t.nodes[i], t.clock, treeGhosts*t.n)
 	}
 	t.drop(i)
@@ -264,6 +299,12 @@ func (t *tree[K]) anyIdle(busy func(K) bool) int32 {
 func (t *tree[K]) rank(nd *leaf) float64 {
 	if t.learned {
 		return t.hd.density(nd.hits, nd.hadChild, nd.last, t.clock)
+	}
+	if t.chains {
+		return float64(nd.last)
+	}
+	if t.retProb {
+		return float64(nd.last) + (rpCredit*t.rp.p(nd.depth, nd.hits, nd.hadChild)-rpOffset)*float64(t.n)
 	}
 	if t.segments && nd.hits >= protectAt && float64(t.protected) <= protectedShare*float64(t.n) {
 		return float64(nd.last) + protectedPasses*float64(t.n)
@@ -361,7 +402,7 @@ func (t *tree[K]) drop(i int32) {
 func (t *tree[K]) addLeaf(i int32) {
 	nd := &t.nodes[i]
 	nd.leaf = int32(len(t.leaves))
-	t.leaves = append(t.leaves, leaf{last: nd.last, node: i, hits: nd.hits, hadChild: nd.hadChild})
+	t.leaves = append(t.leaves, leaf{last: nd.last, node: i, hits: nd.hits, hadChild: nd.hadChild, depth: nd.depth})
 }
 
 // removeLeaf takes i out of the leaf array by moving the last leaf into
@@ -377,3 +418,24 @@ func (t *tree[K]) removeLeaf(i int32) {
 	t.leaves = t.leaves[:len(t.leaves)-1]
 	t.nodes[i].leaf = none
 }
+
+// setPriority sets TREEGD's priority of node i (kept in last, in gdUnit
+// fractions): the inflation plus the value of its chain, the return
+// probabilities of the nodes from the root to i summed and divided by
+// their number, expected hits per chunk of the chain.
+func (t *tree[K]) setPriority(i int32) {
+	nd := &t.nodes[i]
+	p := float32(t.rp.p(nd.depth, nd.hits, nd.hadChild))
+	sum := p
+	if nd.parent != none {
+		sum += t.nodes[nd.parent].pathSum
+	}
+	nd.pathSum = sum
+	v := gdValue(sum, p, nd.depth)
+	nd.last = t.inflation + uint64(v*gdUnit)
+	if nd.leaf != none {
+		t.leaves[nd.leaf].last = nd.last
+	}
+}
+
+const gdUnit = 1 << 20
