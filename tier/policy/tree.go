@@ -67,7 +67,7 @@ type tree[K comparable] struct {
 type tnode struct {
 	parent, child, prev, next int32
 	leaf                      int32   // index in tree.leaves, or none
-	pathSum                   float32 // TREEGD: return probabilities summed from the root
+	anc                       float32 // TREEGD: return probabilities of the ancestors, summed
 	last                      uint64  // clock at the last admission or hit
 	hits                      uint16  // saturating
 	hadChild                  bool    // ever had a child: not a prompt's last chunk
@@ -86,6 +86,7 @@ type leaf struct {
 	hits     uint16
 	hadChild bool
 	depth    uint8
+	anc      float32 // TREEGD
 }
 
 // treeSamples is how many leaves Evict compares; treeGhosts, how many
@@ -217,8 +218,8 @@ func (t *tree[K]) Evict(busy func(K) bool) (K, bool) {
 	if t.retProb || t.chains {
 		t.rp.evicted(&t.nodes[i])
 	}
-	if t.chains {
-		t.inflation = max(t.inflation, t.nodes[i].last)
+	if l := t.nodes[i].leaf; t.chains && l != none && gdMode < 3 {
+		t.inflation = max(t.inflation, uint64(t.chainRank(&t.leaves[l])*gdUnit))
 	}
 	if t.learned || t.frequent || t.retProb || t.chains {
 		t.ghosts.add(k, &t.nodes[i], t.clock, treeGhosts*t.n)
@@ -301,10 +302,10 @@ func (t *tree[K]) rank(nd *leaf) float64 {
 		return t.hd.density(nd.hits, nd.hadChild, nd.last, t.clock)
 	}
 	if t.chains {
-		return float64(nd.last)
+		return t.chainRank(nd)
 	}
 	if t.retProb {
-		return float64(nd.last) + (rpCredit*t.rp.p(nd.depth, nd.hits, nd.hadChild)-rpOffset)*float64(t.n)
+		return float64(nd.last) + rpShape(t.rp.p(nd.depth, nd.hits, nd.hadChild), t.rp.credit)*float64(t.n)
 	}
 	if t.segments && nd.hits >= protectAt && float64(t.protected) <= protectedShare*float64(t.n) {
 		return float64(nd.last) + protectedPasses*float64(t.n)
@@ -402,7 +403,7 @@ func (t *tree[K]) drop(i int32) {
 func (t *tree[K]) addLeaf(i int32) {
 	nd := &t.nodes[i]
 	nd.leaf = int32(len(t.leaves))
-	t.leaves = append(t.leaves, leaf{last: nd.last, node: i, hits: nd.hits, hadChild: nd.hadChild, depth: nd.depth})
+	t.leaves = append(t.leaves, leaf{last: nd.last, node: i, hits: nd.hits, hadChild: nd.hadChild, depth: nd.depth, anc: nd.anc})
 }
 
 // removeLeaf takes i out of the leaf array by moving the last leaf into
@@ -419,23 +420,39 @@ func (t *tree[K]) removeLeaf(i int32) {
 	t.nodes[i].leaf = none
 }
 
-// setPriority sets TREEGD's priority of node i (kept in last, in gdUnit
-// fractions): the inflation plus the value of its chain, the return
-// probabilities of the nodes from the root to i summed and divided by
-// their number, expected hits per chunk of the chain.
+// setPriority records TREEGD's touch of node i: the return
+// probabilities of its ancestors, summed from the root as they are now
+// (anc), and, in last, the inflation (GreedyDual's L) at the touch. The
+// node's own probability is read at ranking time, since its class changes
+// when it gets a child.
 func (t *tree[K]) setPriority(i int32) {
 	nd := &t.nodes[i]
-	p := float32(t.rp.p(nd.depth, nd.hits, nd.hadChild))
-	sum := p
-	if nd.parent != none {
-		sum += t.nodes[nd.parent].pathSum
+	var anc float32
+	if p := nd.parent; p != none {
+		pn := &t.nodes[p]
+		anc = pn.anc + float32(t.rp.p(pn.depth, pn.hits, pn.hadChild))
 	}
-	nd.pathSum = sum
-	v := gdValue(sum, p, nd.depth)
-	nd.last = t.inflation + uint64(v*gdUnit)
+	nd.anc = anc
+	nd.last = t.inflation
+	if gdMode >= 3 {
+		nd.last = t.clock
+	}
 	if nd.leaf != none {
-		t.leaves[nd.leaf].last = nd.last
+		l := &t.leaves[nd.leaf]
+		l.anc, l.last = anc, nd.last
 	}
+}
+
+// chainRank is TREEGD's rank of a leaf: the inflation at its last touch
+// plus the value of its chain, expected hits per chunk of the chain from
+// the root to the leaf.
+func (t *tree[K]) chainRank(l *leaf) float64 {
+	p := float32(t.rp.p(l.depth, l.hits, l.hadChild))
+	v := float64(gdValue(l.anc+p, p, l.depth))
+	if gdMode >= 3 {
+		return float64(l.last) + rpCredit*v*float64(t.n)
+	}
+	return float64(l.last)/gdUnit + v
 }
 
 const gdUnit = 1 << 20
