@@ -61,7 +61,6 @@ const (
 	TREEHD   = "TREEHD"
 	TREESLRU = "TREESLRU"
 	TREERP   = "TREERP"
-	TREEGD   = "TREEGD"
 )
 
 // Prefixed is implemented by the policies that use the prefix chain: a
@@ -90,7 +89,7 @@ func AdmitAfter[K comparable](p Policy[K], k, parent K, hasParent bool) {
 // Names lists the policies New accepts: the classic ones, LRU first, then
 // the prefix-aware ones.
 func Names() []string {
-	return []string{LRU, LFU, FIFO, MRU, S3FIFO, ARC, TREELRU, TREELFU, TREEHD, TREESLRU, TREERP, TREEGD}
+	return []string{LRU, LFU, FIFO, MRU, S3FIFO, ARC, TREELRU, TREELFU, TREEHD, TREESLRU, TREERP}
 }
 
 // Default is the policy of the tiers when configuration names none: the
@@ -121,8 +120,6 @@ func New[K comparable](name string) (Policy[K], error) {
 		return newTree[K](TREESLRU), nil
 	case TREERP, "TREE-RP":
 		return newTree[K](TREERP), nil
-	case TREEGD, "TREE-GD":
-		return newTree[K](TREEGD), nil
 	case TREEHD, "TREE-HD":
 		return newTree[K](TREEHD), nil
 	}

@@ -15,9 +15,6 @@ type returnProb struct {
 	counts [rpClasses][2]float32 // returns, evictions
 	table  [rpClasses]float32
 	events int
-	// credit is the adaptive credit (passes per unit of probability);
-	// mid a running mean of the probability of the evicted nodes.
-	credit, mid float64
 }
 
 const (
@@ -28,6 +25,10 @@ const (
 	// rpPrior is how many events of the seeded probability each class
 	// starts with, so a class seen rarely stays near its prior.
 	rpPrior = 8
+	// rpCredit is how many passes of the cache a certain return is worth
+	// in TREERP's rank. Chosen on the traces of docs/bench.md: 4 keeps
+	// too little at 2 %, 8 too much at 10 %.
+	rpCredit = 6
 )
 
 // depthBucket maps a depth to its bucket: 0, 1, 2, 3, 4–7, 8–15, 16–31, 32+.
@@ -46,9 +47,6 @@ func depthBucket(d uint8) uint8 {
 }
 
 func rpClass(depth uint8, hits uint16, hadChild bool) int {
-	if rpNoDepth {
-		depth = 0
-	}
 	c := int(depthBucket(depth))*8 + int(min(hits, 3))*2
 	if hadChild {
 		c++
@@ -66,36 +64,19 @@ func (r *returnProb) init() {
 		r.table[c] = p
 		r.counts[c] = [2]float32{rpPrior * p, rpPrior * (1 - p)}
 	}
-	r.credit = rpCredit
 }
 
 func (r *returnProb) p(depth uint8, hits uint16, hadChild bool) float64 {
 	return float64(r.table[rpClass(depth, hits, hadChild)])
 }
 
-func (r *returnProb) hit(nd *tnode) {
-	if rpNoHits {
-		return
-	}
-	r.count(rpClass(nd.depth, nd.hits, nd.hadChild), 0)
-}
+func (r *returnProb) hit(nd *tnode) { r.count(rpClass(nd.depth, nd.hits, nd.hadChild), 0) }
 
-func (r *returnProb) evicted(nd *tnode) {
-	c := rpClass(nd.depth, nd.hits, nd.hadChild)
-	r.mid += (float64(r.table[c]) - r.mid) / 1024
-	r.count(c, 1)
-}
+func (r *returnProb) evicted(nd *tnode) { r.count(rpClass(nd.depth, nd.hits, nd.hadChild), 1) }
 
 // returned turns the eviction of a key whose ghost came back into a return.
 func (r *returnProb) returned(g *ghost) {
 	c := rpClass(g.depth, g.hits, g.hadChild)
-	if rpAdapt > 0 {
-		if float64(r.table[c]) > r.mid {
-			r.credit = min(r.credit+rpAdapt, 16)
-		} else {
-			r.credit = max(r.credit-rpAdapt, 1)
-		}
-	}
 	r.counts[c][1] = max(0, r.counts[c][1]-1)
 	r.count(c, 0)
 }

@@ -17,11 +17,13 @@ package policy
 //
 //   - TREELRU ranks leaves by their last use: least recent first. This is
 //     the radix-tree eviction of prefix caches in serving engines.
+//
 //   - TREELFU ranks leaves by last use pushed later by their reuse: each
 //     hit on the leaf, up to three, is worth one more pass of the whole
 //     cache, in the manner of GreedyDual's frequency credit; a
 //     prompt's last chunk never hit, which the next turn of a chat never
 //     finds (it diverges there), is worth one pass less.
+//
 //   - TREESLRU is TREELFU split in two segments, after segmented LRU: a
 //     leaf used twice or more is protected while the protected nodes are
 //     at most protectedShare of the cache, and ranks eight passes later
@@ -29,12 +31,19 @@ package policy
 //     (protected leaves among themselves by last use). The rest rank as
 //     in TREELFU. A returning chat's prefix is hit on every turn, so it
 //     is protected from the flood of first turns that never return.
+//
 //   - TREEHD ranks leaves by their expected hit density (hits per unit of
 //     cache time still to come), learnt online from the hits of keys and
 //     the evictions of leaves by age and class, after Least Hit Density
 //     (Beckmann et al., NSDI 2018). See hitDensity.
 //
-// TREELFU, TREESLRU and TREEHD remember recently evicted keys (ghosts): a key that
+//   - TREERP ranks leaves by last use pushed later by their learned return
+//     probability: rpCredit passes of the cache times the probability that
+//     a node of the leaf's class (depth in the tree, uses, whether it ever
+//     had a child) is used again, learnt online from hits, evictions and
+//     returning ghosts. See returnProb.
+//
+// TREELFU, TREESLRU, TREEHD and TREERP remember recently evicted keys (ghosts): a key that
 // comes back resumes its hit count, so chains that keep returning rise.
 type tree[K comparable] struct {
 	name     string
@@ -50,11 +59,7 @@ type tree[K comparable] struct {
 	frequent bool // TREELFU, TREESLRU: reuse extends a leaf's life
 	segments bool // TREESLRU: a protected segment
 	retProb  bool // TREERP: credit by learned return probability
-	chains   bool // TREEGD: GreedyDual over chains
-	// inflation is TREEGD's L: the priority of the last victim, in
-	// gdUnit fractions.
-	inflation uint64
-	rp        returnProb
+	rp       returnProb
 	// protected counts tracked nodes with protectAt hits or more.
 	protected int
 	hd        hitDensity
@@ -66,11 +71,10 @@ type tree[K comparable] struct {
 // position in the leaf array, and what the rank needs.
 type tnode struct {
 	parent, child, prev, next int32
-	leaf                      int32   // index in tree.leaves, or none
-	anc                       float32 // TREEGD: return probabilities of the ancestors, summed
-	last                      uint64  // clock at the last admission or hit
-	hits                      uint16  // saturating
-	hadChild                  bool    // ever had a child: not a prompt's last chunk
+	leaf                      int32  // index in tree.leaves, or none
+	last                      uint64 // clock at the last admission or hit
+	hits                      uint16 // saturating
+	hadChild                  bool   // ever had a child: not a prompt's last chunk
 	live                      bool
 	depth                     uint8 // in the prefix tree, saturating; a root is 0
 }
@@ -86,7 +90,6 @@ type leaf struct {
 	hits     uint16
 	hadChild bool
 	depth    uint8
-	anc      float32 // TREEGD
 }
 
 // treeSamples is how many leaves Evict compares; treeGhosts, how many
@@ -107,7 +110,7 @@ const (
 func newTree[K comparable](name string) *tree[K] {
 	t := &tree[K]{name: name, free: none, index: make(map[K]int32), rng: 0x9E3779B97F4A7C15,
 		learned: name == TREEHD, frequent: name == TREELFU || name == TREESLRU,
-		segments: name == TREESLRU, retProb: name == TREERP, chains: name == TREEGD,
+		segments: name == TREESLRU, retProb: name == TREERP,
 		ghosts: newGhosts[K]()}
 	t.hd.init()
 	t.rp.init()
@@ -145,7 +148,7 @@ func (t *tree[K]) admit(k K, parent int32) {
 		if t.learned {
 			t.hd.returned(g.hits, g.hadChild, g.last, g.gone, t.clock)
 		}
-		if t.retProb || t.chains {
+		if t.retProb {
 			t.rp.returned(&g)
 		}
 		if parent == none {
@@ -160,9 +163,6 @@ func (t *tree[K]) admit(k K, parent int32) {
 	if parent != none {
 		t.link(parent, i)
 	}
-	if t.chains {
-		t.setPriority(i)
-	}
 	t.addLeaf(i)
 }
 
@@ -176,7 +176,7 @@ func (t *tree[K]) Access(k K) {
 	if t.learned {
 		t.hd.hit(nd, t.clock)
 	}
-	if t.retProb || t.chains {
+	if t.retProb {
 		t.rp.hit(nd)
 	}
 	nd.last = t.clock
@@ -185,9 +185,6 @@ func (t *tree[K]) Access(k K) {
 		if nd.hits == protectAt {
 			t.protected++
 		}
-	}
-	if t.chains {
-		t.setPriority(i)
 	}
 	if nd.leaf != none {
 		l := &t.leaves[nd.leaf]
@@ -215,13 +212,10 @@ func (t *tree[K]) Evict(busy func(K) bool) (K, bool) {
 	if t.learned {
 		t.hd.evicted(&t.nodes[i], t.clock)
 	}
-	if t.retProb || t.chains {
+	if t.retProb {
 		t.rp.evicted(&t.nodes[i])
 	}
-	if l := t.nodes[i].leaf; t.chains && l != none && gdMode < 3 {
-		t.inflation = max(t.inflation, uint64(t.chainRank(&t.leaves[l])*gdUnit))
-	}
-	if t.learned || t.frequent || t.retProb || t.chains {
+	if t.learned || t.frequent || t.retProb {
 		t.ghosts.add(k, &t.nodes[i], t.clock, treeGhosts*t.n)
 	}
 	t.drop(i)
@@ -301,11 +295,9 @@ func (t *tree[K]) rank(nd *leaf) float64 {
 	if t.learned {
 		return t.hd.density(nd.hits, nd.hadChild, nd.last, t.clock)
 	}
-	if t.chains {
-		return t.chainRank(nd)
-	}
 	if t.retProb {
-		return float64(nd.last) + rpShape(t.rp.p(nd.depth, nd.hits, nd.hadChild), t.rp.credit)*float64(t.n)
+		// Expected returns, each worth rpCredit passes of the cache.
+		return float64(nd.last) + rpCredit*t.rp.p(nd.depth, nd.hits, nd.hadChild)*float64(t.n)
 	}
 	if t.segments && nd.hits >= protectAt && float64(t.protected) <= protectedShare*float64(t.n) {
 		return float64(nd.last) + protectedPasses*float64(t.n)
@@ -403,7 +395,7 @@ func (t *tree[K]) drop(i int32) {
 func (t *tree[K]) addLeaf(i int32) {
 	nd := &t.nodes[i]
 	nd.leaf = int32(len(t.leaves))
-	t.leaves = append(t.leaves, leaf{last: nd.last, node: i, hits: nd.hits, hadChild: nd.hadChild, depth: nd.depth, anc: nd.anc})
+	t.leaves = append(t.leaves, leaf{last: nd.last, node: i, hits: nd.hits, hadChild: nd.hadChild, depth: nd.depth})
 }
 
 // removeLeaf takes i out of the leaf array by moving the last leaf into
@@ -419,40 +411,3 @@ func (t *tree[K]) removeLeaf(i int32) {
 	t.leaves = t.leaves[:len(t.leaves)-1]
 	t.nodes[i].leaf = none
 }
-
-// setPriority records TREEGD's touch of node i: the return
-// probabilities of its ancestors, summed from the root as they are now
-// (anc), and, in last, the inflation (GreedyDual's L) at the touch. The
-// node's own probability is read at ranking time, since its class changes
-// when it gets a child.
-func (t *tree[K]) setPriority(i int32) {
-	nd := &t.nodes[i]
-	var anc float32
-	if p := nd.parent; p != none {
-		pn := &t.nodes[p]
-		anc = pn.anc + float32(t.rp.p(pn.depth, pn.hits, pn.hadChild))
-	}
-	nd.anc = anc
-	nd.last = t.inflation
-	if gdMode >= 3 {
-		nd.last = t.clock
-	}
-	if nd.leaf != none {
-		l := &t.leaves[nd.leaf]
-		l.anc, l.last = anc, nd.last
-	}
-}
-
-// chainRank is TREEGD's rank of a leaf: the inflation at its last touch
-// plus the value of its chain, expected hits per chunk of the chain from
-// the root to the leaf.
-func (t *tree[K]) chainRank(l *leaf) float64 {
-	p := float32(t.rp.p(l.depth, l.hits, l.hadChild))
-	v := float64(gdValue(l.anc+p, p, l.depth))
-	if gdMode >= 3 {
-		return float64(l.last) + rpCredit*v*float64(t.n)
-	}
-	return float64(l.last)/gdUnit + v
-}
-
-const gdUnit = 1 << 20
