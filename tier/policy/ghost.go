@@ -46,6 +46,7 @@ type ghost struct {
 	seq      uint32 // g.added when it was added
 	hits     uint16
 	hadChild bool
+	depth    uint8
 }
 
 const ghostWays = 4
@@ -105,7 +106,7 @@ func (g *ghosts[K]) add(k K, nd *tnode, now uint64, limit int) {
 			w = i
 		}
 	}
-	b[w] = ghost{hash: h, last: nd.last, gone: now, seq: g.added, hits: nd.hits, hadChild: nd.hadChild}
+	b[w] = ghost{hash: h, last: nd.last, gone: now, seq: g.added, hits: nd.hits, hadChild: nd.hadChild, depth: nd.depth}
 }
 
 // grow makes the table a power of two of buckets with room for limit

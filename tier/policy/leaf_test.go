@@ -16,7 +16,7 @@ func checkLeaves(t *testing.T, p Prefixed[int]) {
 			t.Fatalf("%s: leaf entry %d is node %d, live %v, child %d", tr.name, pos, l.node, nd.live, nd.child)
 		case nd.leaf != int32(pos):
 			t.Fatalf("%s: leaf entry %d is node %d, which points at entry %d", tr.name, pos, l.node, nd.leaf)
-		case l.last != nd.last || l.hits != nd.hits || l.hadChild != nd.hadChild:
+		case l.last != nd.last || l.hits != nd.hits || l.hadChild != nd.hadChild || l.depth != nd.depth:
 			t.Fatalf("%s: leaf entry %d holds %+v, node %d has last %d hits %d hadChild %v",
 				tr.name, pos, l, l.node, nd.last, nd.hits, nd.hadChild)
 		}

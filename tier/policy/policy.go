@@ -60,6 +60,7 @@ const (
 	TREELFU  = "TREELFU"
 	TREEHD   = "TREEHD"
 	TREESLRU = "TREESLRU"
+	TREERP   = "TREERP"
 )
 
 // Prefixed is implemented by the policies that use the prefix chain: a
@@ -88,7 +89,7 @@ func AdmitAfter[K comparable](p Policy[K], k, parent K, hasParent bool) {
 // Names lists the policies New accepts: the classic ones, LRU first, then
 // the prefix-aware ones.
 func Names() []string {
-	return []string{LRU, LFU, FIFO, MRU, S3FIFO, ARC, TREELRU, TREELFU, TREEHD, TREESLRU}
+	return []string{LRU, LFU, FIFO, MRU, S3FIFO, ARC, TREELRU, TREELFU, TREEHD, TREESLRU, TREERP}
 }
 
 // Default is the policy of the tiers when configuration names none: the
@@ -117,6 +118,8 @@ func New[K comparable](name string) (Policy[K], error) {
 		return newTree[K](TREELFU), nil
 	case TREESLRU, "TREE-SLRU":
 		return newTree[K](TREESLRU), nil
+	case TREERP, "TREE-RP":
+		return newTree[K](TREERP), nil
 	case TREEHD, "TREE-HD":
 		return newTree[K](TREEHD), nil
 	}

@@ -17,11 +17,13 @@ package policy
 //
 //   - TREELRU ranks leaves by their last use: least recent first. This is
 //     the radix-tree eviction of prefix caches in serving engines.
+//
 //   - TREELFU ranks leaves by last use pushed later by their reuse: each
 //     hit on the leaf, up to three, is worth one more pass of the whole
 //     cache, in the manner of GreedyDual's frequency credit; a
 //     prompt's last chunk never hit, which the next turn of a chat never
 //     finds (it diverges there), is worth one pass less.
+//
 //   - TREESLRU is TREELFU split in two segments, after segmented LRU: a
 //     leaf used twice or more is protected while the protected nodes are
 //     at most protectedShare of the cache, and ranks eight passes later
@@ -29,12 +31,19 @@ package policy
 //     (protected leaves among themselves by last use). The rest rank as
 //     in TREELFU. A returning chat's prefix is hit on every turn, so it
 //     is protected from the flood of first turns that never return.
+//
 //   - TREEHD ranks leaves by their expected hit density (hits per unit of
 //     cache time still to come), learnt online from the hits of keys and
 //     the evictions of leaves by age and class, after Least Hit Density
 //     (Beckmann et al., NSDI 2018). See hitDensity.
 //
-// TREELFU, TREESLRU and TREEHD remember recently evicted keys (ghosts): a key that
+//   - TREERP ranks leaves by last use pushed later by their learned return
+//     probability: rpCredit passes of the cache times the probability that
+//     a node of the leaf's class (depth in the tree, uses, whether it ever
+//     had a child) is used again, learnt online from hits, evictions and
+//     returning ghosts. See returnProb.
+//
+// TREELFU, TREESLRU, TREEHD and TREERP remember recently evicted keys (ghosts): a key that
 // comes back resumes its hit count, so chains that keep returning rise.
 type tree[K comparable] struct {
 	name     string
@@ -49,6 +58,8 @@ type tree[K comparable] struct {
 	learned  bool // TREEHD: rank by hd
 	frequent bool // TREELFU, TREESLRU: reuse extends a leaf's life
 	segments bool // TREESLRU: a protected segment
+	retProb  bool // TREERP: credit by learned return probability
+	rp       returnProb
 	// protected counts tracked nodes with protectAt hits or more.
 	protected int
 	hd        hitDensity
@@ -65,6 +76,7 @@ type tnode struct {
 	hits                      uint16 // saturating
 	hadChild                  bool   // ever had a child: not a prompt's last chunk
 	live                      bool
+	depth                     uint8 // in the prefix tree, saturating; a root is 0
 }
 
 // leaf is one entry of the leaf array: the node and a copy of what its
@@ -77,6 +89,7 @@ type leaf struct {
 	node     int32
 	hits     uint16
 	hadChild bool
+	depth    uint8
 }
 
 // treeSamples is how many leaves Evict compares; treeGhosts, how many
@@ -97,8 +110,10 @@ const (
 func newTree[K comparable](name string) *tree[K] {
 	t := &tree[K]{name: name, free: none, index: make(map[K]int32), rng: 0x9E3779B97F4A7C15,
 		learned: name == TREEHD, frequent: name == TREELFU || name == TREESLRU,
-		segments: name == TREESLRU, ghosts: newGhosts[K]()}
+		segments: name == TREESLRU, retProb: name == TREERP,
+		ghosts: newGhosts[K]()}
 	t.hd.init()
+	t.rp.init()
 	return t
 }
 
@@ -126,9 +141,18 @@ func (t *tree[K]) admit(k K, parent int32) {
 	t.index[k] = i
 	t.n++
 	t.nodes[i].last = t.clock
+	if parent != none {
+		t.nodes[i].depth = t.nodes[parent].depth + min(1, ^t.nodes[parent].depth)
+	}
 	if g, ok := t.ghosts.take(k); ok {
 		if t.learned {
 			t.hd.returned(g.hits, g.hadChild, g.last, g.gone, t.clock)
+		}
+		if t.retProb {
+			t.rp.returned(&g)
+		}
+		if parent == none {
+			t.nodes[i].depth = g.depth
 		}
 		t.nodes[i].hits = min(g.hits, ^uint16(0)-1) + 1
 		if t.nodes[i].hits >= protectAt {
@@ -151,6 +175,9 @@ func (t *tree[K]) Access(k K) {
 	nd := &t.nodes[i]
 	if t.learned {
 		t.hd.hit(nd, t.clock)
+	}
+	if t.retProb {
+		t.rp.hit(nd)
 	}
 	nd.last = t.clock
 	if nd.hits < ^uint16(0) {
@@ -185,7 +212,10 @@ func (t *tree[K]) Evict(busy func(K) bool) (K, bool) {
 	if t.learned {
 		t.hd.evicted(&t.nodes[i], t.clock)
 	}
-	if t.learned || t.frequent {
+	if t.retProb {
+		t.rp.evicted(&t.nodes[i])
+	}
+	if t.learned || t.frequent || t.retProb {
 		t.ghosts.add(k, &t.nodes[i], t.clock, treeGhosts*t.n)
 	}
 	t.drop(i)
@@ -264,6 +294,10 @@ func (t *tree[K]) anyIdle(busy func(K) bool) int32 {
 func (t *tree[K]) rank(nd *leaf) float64 {
 	if t.learned {
 		return t.hd.density(nd.hits, nd.hadChild, nd.last, t.clock)
+	}
+	if t.retProb {
+		// Expected returns, each worth rpCredit passes of the cache.
+		return float64(nd.last) + rpCredit*t.rp.p(nd.depth, nd.hits, nd.hadChild)*float64(t.n)
 	}
 	if t.segments && nd.hits >= protectAt && float64(t.protected) <= protectedShare*float64(t.n) {
 		return float64(nd.last) + protectedPasses*float64(t.n)
@@ -361,7 +395,7 @@ func (t *tree[K]) drop(i int32) {
 func (t *tree[K]) addLeaf(i int32) {
 	nd := &t.nodes[i]
 	nd.leaf = int32(len(t.leaves))
-	t.leaves = append(t.leaves, leaf{last: nd.last, node: i, hits: nd.hits, hadChild: nd.hadChild})
+	t.leaves = append(t.leaves, leaf{last: nd.last, node: i, hits: nd.hits, hadChild: nd.hadChild, depth: nd.depth})
 }
 
 // removeLeaf takes i out of the leaf array by moving the last leaf into

@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-var treeNames = []string{TREELRU, TREELFU, TREEHD, TREESLRU}
+var treeNames = []string{TREELRU, TREELFU, TREEHD, TREESLRU, TREERP}
 
 // treeModel is the naive reference of the prefix forest: each tracked key
 // and its tracked parent.
@@ -259,5 +259,33 @@ func TestSLRUProtectsLeavesUsedTwice(t *testing.T) {
 		if got, ok := p.Evict(nil); !ok || got != tc.want {
 			t.Errorf("%s evicts %d first, want %d", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestReturnProbLearns: TREERP's table follows what nodes of a class do —
+// hit, evicted, or evicted and back — and depth separates classes.
+func TestReturnProbLearns(t *testing.T) {
+	var r returnProb
+	r.init()
+	shallow := tnode{depth: 1, hits: 1, hadChild: true}
+	deep := tnode{depth: 20, hits: 1, hadChild: true}
+	back := tnode{depth: 2, hits: 2, hadChild: true}
+	for range 3 * rpPeriod / 4 {
+		r.hit(&shallow)
+		r.evicted(&deep)
+		r.evicted(&back)
+		r.returned(&ghost{depth: back.depth, hits: back.hits, hadChild: back.hadChild})
+	}
+	if p := r.p(shallow.depth, shallow.hits, true); p < 0.9 {
+		t.Errorf("a class always hit returns with probability %.2f", p)
+	}
+	if p := r.p(deep.depth, deep.hits, true); p > 0.1 {
+		t.Errorf("a class always evicted returns with probability %.2f", p)
+	}
+	if p := r.p(back.depth, back.hits, true); p < 0.9 {
+		t.Errorf("a class whose evicted nodes always come back returns with probability %.2f", p)
+	}
+	if p := r.p(7, 0, false); p != float64(float32(0.02)) {
+		t.Errorf("an unseen class has probability %.2f, want its prior 0.02", p)
 	}
 }
