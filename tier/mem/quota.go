@@ -44,8 +44,13 @@ func (t *Tier) quotaRoom(key chunk.Key, size int64) error {
 			t.mu.Unlock()
 			return nil
 		}
+		if size > o.Limit { // no eviction can make room: evict nothing
+			t.mu.Unlock()
+			return &tier.QuotaError{Owner: o, Err: fmt.Errorf("mem tier: a chunk of %d bytes for owner %s is larger than its whole quota of %d bytes: %w",
+				size, o.Name, o.Limit, tier.ErrQuota)}
+		}
 		k, id, ok := t.evictOwnedLocked(o)
-		if size > o.Limit || !ok {
+		if !ok {
 			used := o.Used()
 			t.mu.Unlock()
 			return &tier.QuotaError{Owner: o, Err: fmt.Errorf("mem tier: %d bytes for owner %s, whose quota of %d holds %d bytes in use: %w",

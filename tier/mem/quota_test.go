@@ -135,3 +135,34 @@ func k4(scope uint64) []chunk.Key {
 	}
 	return out
 }
+
+// A chunk larger than its owner's whole quota is refused without evicting
+// anything: no eviction could make room, and a chunk taken out of the
+// index before the refusal would keep its pages for good.
+func TestQuotaChunkLargerThanQuotaEvictsNothing(t *testing.T) {
+	m, q := quotaTier(t)
+	ctx := context.Background()
+	for i := range byte(2) {
+		if err := m.Put(ctx, k(1, i), chunkOf(1, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	used := m.Arena().Stats().Used
+	big := bytes.Repeat([]byte{7}, 5*4096) // the quota is 4 × 4 KiB
+	if err := m.Put(ctx, k(1, 9), big); !errors.Is(err, tier.ErrQuota) {
+		t.Fatalf("a chunk larger than the quota: %v, want ErrQuota", err)
+	}
+	if !m.Contains(k(1, 0)) || !m.Contains(k(1, 1)) || m.Contains(k(1, 9)) {
+		t.Fatalf("after the refusal: chunk 0 %v, chunk 1 %v, the big one %v", m.Contains(k(1, 0)), m.Contains(k(1, 1)), m.Contains(k(1, 9)))
+	}
+	if got := m.Arena().Stats().Used; got != used {
+		t.Fatalf("arena use %d after the refusal, want %d", got, used)
+	}
+	if st := q.Stats()[0]; st.Used != 2*4096 || st.Evictions != 0 {
+		t.Fatalf("quota stats %+v", st)
+	}
+	m.Clear(0)
+	if got := m.Arena().Stats().Used; got != 0 {
+		t.Fatalf("arena use %d after clearing everything, want 0", got)
+	}
+}
