@@ -360,7 +360,11 @@ class Client:
         from its lower tiers: it fills their slots layer by layer behind the
         reply, and ``layer_wait`` says when a layer is in (docs/layerwise.md).
         A chunk is ``parts`` (2: K then V; 1: MLA) × ``layers`` equal spans;
-        0 and 0 take the geometry from the scope's format tag."""
+        0 and 0 take the geometry from the scope's format tag. A staged
+        client (a tenant's connection, which the daemon gives no arena) reads
+        the chunks whole, as ``prepare_retrieve`` does."""
+        if self._staging is not None:
+            return staged.prepare_retrieve(self, keys)
         body = p.pack_prepare_retrieve_layers(keys, layers, parts, lease_ms)
         return p.unpack_slots(self._call(p.OP_PREPARE_RETRIEVE_LAYERS, body))
 
@@ -369,6 +373,11 @@ class Client:
         ``prepare_retrieve_layers`` lease is in place (at most until the
         lease's deadline). Slots from ``usable`` on failed to load: recompute
         them. ``ready`` fewer than layer+1 means the wait ran out."""
+        if self._staging is not None:  # staged slots are whole once prepared
+            n = self._staging.count(lease)
+            if n is None:
+                raise p.ProtocolError(f"layer wait: lease {lease} is not one of this client's staged leases")
+            return p.LayerReady(n, p.ALL_LAYERS)
         body = self._call(p.OP_LAYER_WAIT, p.pack_layer_wait(lease, layer), timeout=timeout)
         return p.unpack_layer_ready(body)
 

@@ -68,6 +68,12 @@ class Staging:
                 self._views.pop(off, None)
             return held[0], held[1]
 
+    def count(self, lease: int) -> Optional[int]:
+        """How many slots lease holds, or None when it is unknown."""
+        with self._lock:
+            held = self._leases.get(lease)
+            return None if held is None else len(held[1])
+
     def clear(self) -> None:
         with self._lock:
             self._leases.clear()

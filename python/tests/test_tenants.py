@@ -109,6 +109,21 @@ def test_vllm_connector_with_a_tenant_token(tenant_daemon, tmp_path, caplog, mon
     assert secret not in tenant_daemon.log()
 
 
+def test_vllm_connector_layerwise_with_a_tenant_token(tenant_daemon):
+    """Layerwise mode on a tenant's connection, which has no arena: the
+    chunks are read whole and the layers are all ready at once, so the hit
+    loads (no load errors) and the logits equal a full prefill."""
+    p = prompt(43, 3 * CHUNK + 7)
+    ref = reference(p)
+    sock = tenant_daemon.socket_path
+    first = engine(sock, "tenant-layerwise", namespace="alpha", token=ALPHA, layerwise=True)
+    assert_close(first.prefill(p), ref)
+    second = engine(sock, "tenant-layerwise", namespace="alpha", token=ALPHA, layerwise=True)
+    assert_close(second.prefill(p), ref)
+    assert [s.external_tokens for s in second.steps] == [3 * CHUNK]
+    assert second.worker_connector.stats.load_errors == 0
+
+
 def test_token_sources(tmp_path):
     f = tmp_path / "t"
     f.write_text("from-file-0123456789 \n")
