@@ -157,11 +157,11 @@ func newHandler(cfg Config, ix index.Store, pods *index.Pods, log *slog.Logger) 
 // done or the score API fails, then stops everything.
 func (c *controller) serve(ctx context.Context, unsignal func()) error {
 	ln, tr, err := c.listen()
-	if err == nil {
-		err = c.loadListenerTLS()
-	}
 	if err != nil {
 		return errors.Join(err, c.sub.Close())
+	}
+	if err := c.loadListenerTLS(); err != nil {
+		return errors.Join(err, ln.Close(), c.sub.Close())
 	}
 	defer tlsreload.OnSIGHUP(tr, c.grpcTLS, c.proxyTLS)()
 	if err := c.sub.Start(ctx); err != nil {

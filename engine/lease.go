@@ -203,6 +203,9 @@ func (t *leaseTable) renew(id LeaseID, ttl time.Duration) bool {
 	if ok {
 		t.slots[i].deadline = deadline
 		t.fix(int(t.slots[i].pos))
+		if s := t.slots[i].stream; s != nil { // its reads may run as long as the lease
+			s.Extend(t.epoch.Add(time.Duration(deadline)))
+		}
 	}
 	return ok
 }

@@ -840,13 +840,15 @@ func (m *Manager) Flush(ctx context.Context) error {
 // Close stops accepting work, finishes queued writes, and closes every
 // tier. The arena stays with its owner.
 func (m *Manager) Close() error {
+	// Before the lock: a reservation waiting for its owner's quota holds
+	// the read lock, and gives up when it sees this.
+	m.stopping.Store(true)
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
 		return nil
 	}
 	m.closed = true
-	m.stopping.Store(true)
 	for _, lt := range m.lower {
 		close(lt.queue)
 	}

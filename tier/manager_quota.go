@@ -30,11 +30,12 @@ func (m *Manager) reserveFor(key chunk.Key, size int) (arena.ID, []byte, error) 
 	id, buf, err := r.ReserveFor(key, size)
 	if errors.Is(err, ErrQuota) && m.writesPending() {
 		// Try again as writes finish, until one attempt fits, no write is
-		// pending (the refusal is then final) or quotaWait is spent.
+		// pending (the refusal is then final), quotaWait is spent or the
+		// manager is closing (its Close waits for this read lock).
 		tick := time.NewTicker(time.Millisecond)
 		defer tick.Stop()
 		deadline := time.Now().Add(quotaWait)
-		for errors.Is(err, ErrQuota) && m.writesPending() && time.Now().Before(deadline) {
+		for errors.Is(err, ErrQuota) && m.writesPending() && time.Now().Before(deadline) && !m.stopping.Load() {
 			<-tick.C
 			id, buf, err = r.ReserveFor(key, size)
 		}

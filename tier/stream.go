@@ -60,6 +60,7 @@ type Stream struct {
 	ids    []arena.ID // the stream's own reference on each reserved object; 0 for RAM chunks
 	tiers  []int      // lower tier of each chunk, -1 for RAM chunks
 	cancel context.CancelFunc
+	timer  *time.Timer // cancels at the deadline; Extend moves it
 	whole  chan struct{} // bounds whole-chunk reads in flight to FetchParallel
 
 	mu      sync.Mutex
@@ -143,8 +144,11 @@ func (m *Manager) AcquireStream(ctx context.Context, keys []chunk.Key, ids []are
 	}
 	m.wg.Add(1)
 	m.mu.RUnlock()
+	// A cancel at the deadline rather than a context deadline, so that a
+	// renewed lease can move it (Extend).
 	var bg context.Context
-	bg, s.cancel = context.WithDeadline(context.Background(), deadline)
+	bg, s.cancel = context.WithCancel(context.Background())
+	s.timer = time.AfterFunc(time.Until(deadline), s.cancel)
 	go s.run(bg)
 	return n + len(s.keys), s, err
 }
@@ -183,8 +187,18 @@ func (s *Stream) Wait(ctx context.Context, layer int) (usable, ready int, err er
 }
 
 // Cancel ends the reads still under way: the chunks they were filling
-// fail (and are never committed). A lease that ends calls it.
+// fail (and are never committed). The engine calls it when it closes; a
+// lease released or expired earlier leaves the reads to finish (they hold
+// their own references) so the promotion completes, until the deadline.
 func (s *Stream) Cancel() { s.cancel() }
+
+// Extend moves the reads' deadline to deadline (a renewed lease's), unless
+// it has passed already: then the reads have been cancelled and stay so.
+func (s *Stream) Extend(deadline time.Time) {
+	if s.timer != nil && s.timer.Stop() {
+		s.timer.Reset(time.Until(deadline))
+	}
+}
 
 // Done reports whether every read has ended.
 func (s *Stream) Done() bool {
@@ -209,6 +223,7 @@ func (s *Stream) run(ctx context.Context) {
 	}
 	wg.Wait()
 	s.finish()
+	s.timer.Stop()
 	s.cancel()
 }
 

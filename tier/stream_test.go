@@ -260,3 +260,39 @@ func TestStreamEndsAtItsDeadline(t *testing.T) {
 		t.Fatalf("%d bytes pinned", p)
 	}
 }
+
+// TestStreamExtendOutlivesTheFirstDeadline: a renewed lease moves its
+// stream's deadline, so reads held back past the first deadline still
+// complete, every chunk is usable and is committed.
+func TestStreamExtendOutlivesTheFirstDeadline(t *testing.T) {
+	gate := make(chan struct{})
+	m, _, _, keys, chunks := streamFixture(t, 3, nil, func(d *disk.Tier) tier.Tier { return gatedDisk{d, gate, 1} })
+	ids := make([]arena.ID, len(keys))
+	n, s, err := m.AcquireStream(context.Background(), keys, ids, func() tier.LayerGeometry { return testGeo }, time.Now().Add(time.Second))
+	if err != nil || n != 3 || s == nil {
+		t.Fatalf("AcquireStream = %d, %v, %v", n, s, err)
+	}
+	s.Extend(time.Now().Add(time.Minute))
+	time.Sleep(1500 * time.Millisecond) // past the first deadline
+	close(gate)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	usable, ready, err := s.Wait(ctx, testGeo.Layers-1)
+	if err != nil || usable != 3 || ready != testGeo.Layers {
+		t.Fatalf("Wait = %d usable, %d ready, %v; want 3 usable with every layer", usable, ready, err)
+	}
+	for layer := range testGeo.Layers {
+		checkLayer(t, m.RAM().Arena(), ids, chunks, layer)
+	}
+	for !s.Done() {
+		time.Sleep(time.Millisecond)
+	}
+	for i, k := range keys {
+		if !m.RAM().Contains(k) {
+			t.Fatalf("chunk %d not committed after its extended stream finished", i)
+		}
+	}
+	for _, id := range ids {
+		m.RAM().Arena().Unref(id)
+	}
+}
