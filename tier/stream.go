@@ -60,7 +60,7 @@ type Stream struct {
 	ids    []arena.ID // the stream's own reference on each reserved object; 0 for RAM chunks
 	tiers  []int      // lower tier of each chunk, -1 for RAM chunks
 	cancel context.CancelFunc
-	timer  *time.Timer // cancels at the deadline; Extend moves it
+	timer  *time.Timer   // cancels at the deadline; Extend moves it
 	whole  chan struct{} // bounds whole-chunk reads in flight to FetchParallel
 
 	mu      sync.Mutex
