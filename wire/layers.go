@@ -73,9 +73,11 @@ func (m *LayerWait) Decode(body []byte) error {
 }
 
 // LayerReady answers LAYER_WAIT. Usable counts the lease's slots, from
-// the first, whose chunks are (or will be) whole and verified; a client
-// must recompute the chunks of the slots after them, which failed to load
-// and are never filled. Ready is how many layers, from layer 0, are in
+// the first, whose chunks have not failed so far: their ready layers are
+// in place and verified. It only shrinks: a later LAYER_WAIT may report
+// fewer when a later layer of one of them fails to load, and a client must
+// recompute the chunks of the slots from usable on, whatever layers of
+// them it already copied. Ready is how many layers, from layer 0, are in
 // place in every usable chunk: more than the layer asked for unless the
 // wait ran out (the lease's deadline), in which case the reply is still OK
 // and the client treats the layers not ready as failed. A lease with

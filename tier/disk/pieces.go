@@ -29,7 +29,9 @@ func (c *pieceCheck) write(h *header, b []byte) bool {
 	for len(b) > 0 {
 		end := min(int64(c.piece+1)*p, c.n) // where the current piece ends
 		take := min(int64(len(b)), end-c.pos)
-		if take <= 0 { // more bytes than the payload has
+		// More bytes than the payload has, or than the header's pieces
+		// cover (a header describing a shorter payload than expected).
+		if take <= 0 || c.piece >= h.pieces() {
 			c.ok = false
 			return false
 		}
