@@ -3,8 +3,6 @@ package server_test
 import (
 	"bytes"
 	"context"
-	"fmt"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -22,21 +20,7 @@ import (
 func TestTenantFlushSeesOnlyItsOwnProcess(t *testing.T) {
 	const alphaChunks, alphaSize = 8, 64 << 10
 	dir := t.TempDir()
-	conf := fmt.Sprintf(`max_local_cpu_size: 0.0625
-local_disk: %s
-max_local_disk_size: 0.0625
-admin_token: %s
-tcp_token: %s
-tenants:
-  - name: alpha
-    token: %s
-    namespaces: [alpha]
-    ram_bytes: 128KiB
-    disk_bytes: 16KiB
-  - name: beta
-    token: %s
-    namespaces: ["beta/*"]
-`, filepath.Join(dir, "disk"), tAdmin, tTCP, tAlpha, tBeta)
+	conf := quotaConf(dir, "128KiB", "16KiB")
 	p := startProc(t, dir, conf)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

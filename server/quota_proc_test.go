@@ -24,7 +24,14 @@ const quotaChunk = 4096
 
 func startQuotaDaemon(t *testing.T) *proc {
 	dir := t.TempDir()
-	conf := fmt.Sprintf(`max_local_cpu_size: 0.0625
+	return startProc(t, dir, quotaConf(dir, "32KiB", "72KiB"))
+}
+
+// quotaConf is the configuration of a daemon in dir with RAM and disk
+// tiers of 1/16 GiB each and two tenants: alpha, in namespace alpha, with
+// the quotas given, and beta, in beta/*, without quotas.
+func quotaConf(dir, alphaRAM, alphaDisk string) string {
+	return fmt.Sprintf(`max_local_cpu_size: 0.0625
 local_disk: %s
 max_local_disk_size: 0.0625
 admin_token: %s
@@ -33,13 +40,12 @@ tenants:
   - name: alpha
     token: %s
     namespaces: [alpha]
-    ram_bytes: 32KiB
-    disk_bytes: 72KiB
+    ram_bytes: %s
+    disk_bytes: %s
   - name: beta
     token: %s
     namespaces: ["beta/*"]
-`, filepath.Join(dir, "disk"), tAdmin, tTCP, tAlpha, tBeta)
-	return startProc(t, dir, conf)
+`, filepath.Join(dir, "disk"), tAdmin, tTCP, tAlpha, alphaRAM, alphaDisk, tBeta)
 }
 
 // quotaPrompt returns prompt i's tokens (two chunks) and its chunks'

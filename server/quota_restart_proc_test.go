@@ -3,8 +3,6 @@ package server_test
 import (
 	"bytes"
 	"context"
-	"fmt"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -22,21 +20,7 @@ import (
 // stay, byte-exact.
 func TestTenantQuotaAfterRestartProcess(t *testing.T) {
 	dir := t.TempDir()
-	conf := fmt.Sprintf(`max_local_cpu_size: 0.0625
-local_disk: %s
-max_local_disk_size: 0.0625
-admin_token: %s
-tcp_token: %s
-tenants:
-  - name: alpha
-    token: %s
-    namespaces: [alpha]
-    ram_bytes: 32KiB
-    disk_bytes: 72KiB
-  - name: beta
-    token: %s
-    namespaces: ["beta/*"]
-`, filepath.Join(dir, "disk"), tAdmin, tTCP, tAlpha, tBeta)
+	conf := quotaConf(dir, "32KiB", "72KiB")
 	const (
 		diskUsed   = `kvtier_tenant_quota_used_bytes{tenant="alpha",tier="disk"}`
 		diskEvict  = `kvtier_tenant_quota_evictions_total{tenant="alpha",tier="disk"}`
