@@ -215,7 +215,7 @@ def test_evaluation_command_pieces(daemon):
     """The measurement loop on a small random model: every ratio gets a row, and r=100% adds no error."""
     from kvtier.harness import blend_eval, blend_task
     model = BlendLM(SMALL)
-    pool, queries = blend_task.workload(blend_task.Workload(queries=3, pool=8, doc_min=30, doc_max=60))
+    pool, queries = blend_task.workload(blend_task.Workload(queries=3, pool=12, doc_min=30, doc_max=60))
     with Client(daemon.socket_path) as c:
         store = SegmentStore(c, "blend-eval-test", namespace=str(random.random()))
         b = Blender(model, store, settings(), encode)
@@ -250,3 +250,34 @@ def test_deviation_measures():
     m.selection = "q"
     with pytest.raises(ValueError, match="unknown deviation measure 'q'"):
         m.deviation(k, v, lk, lv)
+
+
+def test_workload_questions_need_another_document():
+    """Each query's two answers are values defined by an earlier document than the
+    reference the question names, and the reference's own document does not hold them."""
+    from kvtier.harness import blend_task as bt
+    pool, queries = bt.workload(bt.Workload(queries=30, pool=50, doc_min=300, doc_max=1000))
+    assert all(300 <= len(d.tokens) <= 1000 for d in pool)
+    for q in queries:
+        assert 4 <= len(q.docs) <= 6 and len(set(q.docs)) == len(q.docs)
+        docs = [pool[i] for i in q.docs]
+        assert len({d.entity for d in docs}) == len(docs) and len({d.ref_class for d in docs}) == len(docs)
+        for cls, ans in zip((q.question[-1], q.follow[0]), q.answer):
+            j = next(j for j, d in enumerate(docs) if bt.CLASS0 + d.ref_class == cls)
+            b = docs[j]
+            assert b.tokens[b.ref_at:b.ref_at + 2] == [bt.ENTITY0 + b.ref_entity, cls]
+            assert ans not in b.tokens
+            assert any(ans in d.tokens and d.entity == b.ref_entity for d in docs[:j])
+
+
+def test_training_forward_taps_early_layers():
+    m = BlendLM(SMALL)
+    x = torch.tensor([doc(1, 12)])
+    full = m(x)
+    logits, early = m(x, tap=2)
+    assert torch.equal(full, logits)
+    # The early read-out equals a model cut after two layers.
+    cut = BlendLM(SMALL)
+    cut.load_state_dict(m.state_dict())
+    cut.layers = cut.layers[:2]
+    assert torch.allclose(early, cut(x), atol=1e-6)
