@@ -50,26 +50,11 @@ def kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
     return float((lp.exp() * (lp - lq)).sum())
 
 
-def asked_references(q, pool) -> List[int]:
-    """Prompt positions of the reference tokens the question's two classes name."""
-    at, out = 1, []
-    asked = {q.question[-1] - bt.CLASS0, q.follow[0] - bt.CLASS0}
-    for i in q.docs:
-        at += len(bt.encode(bt.MARKER))
-        if pool[i].ref_class in asked:
-            out.append(at + pool[i].ref_at)
-        at += len(pool[i].tokens)
-    return out
-
-
 def evaluate(model, queries, pool, blender, ratios, log=print) -> dict:
     full_time, full_correct = 0.0, 0
-    rows = {r: {"time": 0.0, "kl": 0.0, "maxerr": 0.0, "agree": 0, "correct": 0, "refs": 0} for r in ratios}
-    n_refs = 0
+    rows = {r: {"time": 0.0, "kl": 0.0, "maxerr": 0.0, "agree": 0, "correct": 0} for r in ratios}
     for qi, q in enumerate(queries):
         prompt = bt.join([pool[i].tokens for i in q.docs], q.question)
-        refs = asked_references(q, pool)
-        n_refs += len(refs)
         t = time.perf_counter()
         want, kv = model.prefill(prompt)
         full_time += time.perf_counter() - t
@@ -85,27 +70,24 @@ def evaluate(model, queries, pool, blender, ratios, log=print) -> dict:
             ans = greedy2(model, res.logits, res.kv, q.follow)
             row["agree"] += ans == want_ans
             row["correct"] += ans == q.answer
-            row["refs"] += int(res.recomputed[refs].sum())
         if (qi + 1) % 10 == 0:
             log(f"  {qi + 1}/{len(queries)} queries")
     n = len(queries)
     return {"queries": n, "full_acc": full_correct / n, "full_time": full_time,
             "rows": {r: {"ttft_ratio": v["time"] / full_time, "kl": v["kl"] / n, "max_logit_err": v["maxerr"],
-                         "agree": v["agree"] / n, "task_acc": v["correct"] / n,
-                         "refs_recomputed": v["refs"] / max(n_refs, 1)} for r, v in rows.items()}}
+                         "agree": v["agree"] / n, "task_acc": v["correct"] / n} for r, v in rows.items()}}
 
 
 def table(result: dict, check_layers) -> str:
     lines = [f"queries: {result['queries']}, full prefill task accuracy {result['full_acc']:.3f}, "
              f"full prefill total {result['full_time']:.1f}s, check layers {list(check_layers)}",
-             "| r | TTFT ratio | KL (first token) | KL / KL at 0% | max logit err | greedy agree | task acc "
-             "| asked refs recomputed |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| r | TTFT ratio | KL (first token) | KL / KL at 0% | max logit err | greedy agree | task acc |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
     base = result["rows"].get(0.0, {}).get("kl")
     for r, v in result["rows"].items():
-        rel = f"{v['kl'] / base:.3f}" if base else "—"
+        rel = f"{v['kl'] / base:.3f}" if base else "—"  # no r = 0% row, or it has no deviation
         lines.append(f"| {r:g}% | {v['ttft_ratio']:.3f} | {v['kl']:.2e} | {rel} | {v['max_logit_err']:.2e} | "
-                     f"{v['agree']:.3f} | {v['task_acc']:.3f} | {v['refs_recomputed']:.3f} |")
+                     f"{v['agree']:.3f} | {v['task_acc']:.3f} |")
     return "\n".join(lines)
 
 

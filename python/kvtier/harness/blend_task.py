@@ -5,23 +5,20 @@ the blend marker " # # " (two "#" tokens)::
 
     <s> # # doc_1 # # doc_2 # # ... # # doc_n # # ? c_a   ->  v_a, then c_b -> v_b
 
-Each document is filler words holding two facts, each one token at a random
-place: a *definition* ``e05=2`` (entity 5 is in setting 2; 16 entities, 4
-settings) and a *reference* ``c3>e11`` (the item of class 3 is entity 11). A
-reference names an entity that another document defines, and the pool defines
-each entity several times, in different settings, so what a reference means
-depends on which documents share the prompt. The question names a class;
-the answer is the value token of the entity its reference points to, then,
-after a second class, the same for another reference: ``? c3`` -> ``e11=1``,
-``c6`` -> ``e02=3``. Resolving a reference needs attention from one document
-into another at that token — what a document's K/V, cached on its own,
-lacks, and what CacheBlend's selective recompute has to restore.
+Each document is filler words with one value token ``v`` somewhere in it;
+the 64 values come in 8 classes (``c0``..``c7``), and the documents of one
+prompt hold values of distinct classes. The question names a class, the
+answer is the value of that class; then a second class, held by another
+document, and its value: the answer ``v_a v_b`` needs attention from the
+question into both documents, and the value's position in a 300-1,000-token document is
+random. Deviation of blended K/V from full prefill changes what the
+question's tokens read, so it shows in the answer's logits and accuracy.
 
-Training uses the same format (with six question pairs per sequence so each
-sequence gives more answer targets, and the value as a target at each
-resolvable reference token too) over a curriculum of document lengths, 4-14
-tokens, then 20-60, then 100-300; with a rotary base of 1e6 the lookups learnt
-there carry over to the evaluation's long-document workload (:func:`workload`). Weights are
+Training uses the same format (with six question groups per sequence so
+each sequence gives more answer targets) over a curriculum of document
+lengths, 4-14 tokens, then 20-60, then 100-300; with a rotary base of 1e6 the
+lookup learnt there carries over to the evaluation's long-document workload
+(:func:`workload`). Weights are
 cached under ``~/.cache/kvtier`` (or $KVTIER_BLEND_CACHE) keyed by a hash of
 the training settings and of the source of the code that trains the model,
 so they are trained once per change, reproducibly from the seed.
@@ -46,18 +43,14 @@ from .blend_model import BlendLM, BlendModelConfig
 # ----- vocabulary -------------------------------------------------------
 
 SPECIALS = ["<pad>", "<s>", "#", "?"]
-N_CLASSES, N_ENTITIES, N_SETTINGS, N_FILLER = 8, 16, 4, 200
-# "e05=2" is one token: entity 5 is in setting 2. A reference is two tokens,
-# "e11 c3": entity 11 is the item of class 3. Answers are value tokens.
-WORDS = (SPECIALS + [f"c{i}" for i in range(N_CLASSES)] + [f"e{e:02d}" for e in range(N_ENTITIES)]
-         + [f"e{e:02d}={s}" for e in range(N_ENTITIES) for s in range(N_SETTINGS)]
+N_CLASSES, N_VALUES, N_FILLER = 8, 64, 200
+WORDS = (SPECIALS + [f"c{i}" for i in range(N_CLASSES)] + [f"v{i:02d}" for i in range(N_VALUES)]
          + [f"w{i:03d}" for i in range(N_FILLER)])
 IDS = {w: i for i, w in enumerate(WORDS)}
 BOS, HASH, QUESTION = IDS["<s>"], IDS["#"], IDS["?"]
 CLASS0 = len(SPECIALS)
-ENTITY0 = CLASS0 + N_CLASSES
-VALUE0 = ENTITY0 + N_ENTITIES
-FILLER0 = VALUE0 + N_ENTITIES * N_SETTINGS
+VALUE0 = CLASS0 + N_CLASSES
+FILLER0 = VALUE0 + N_VALUES
 VOCAB = 384  # >= len(WORDS), rounded up
 MARKER = " # # "
 
@@ -77,59 +70,30 @@ def decode(ids: Sequence[int]) -> str:
 # ----- documents and prompts --------------------------------------------
 
 
-def value_token(entity: int, setting: int) -> int:
-    """The token saying "entity ``entity`` is in setting ``setting``"."""
-    return VALUE0 + entity * N_SETTINGS + setting
-
-
 @dataclass
 class Doc:
-    """A document: filler with one definition (a value token: entity e is in
-    setting s) and one reference (entity e' is the item of class c; another
-    document defines e')."""
-
     tokens: List[int]
-    entity: int  # the entity this document defines (0-based)
-    value: int  # its value token
-    ref_class: int  # the class this document's reference names (0-based)
-    ref_entity: int  # the entity it points to (0-based)
-    ref_at: int  # index in ``tokens`` of the reference's entity token (its class token follows)
-    direct: bool = False  # the reference's first token is a value token, not an entity token
+    value: int  # the document's one value token
 
 
-def make_doc(rng: random.Random, length: int, entity: int, ref_class: int, ref_entity: int,
-             direct: bool = False) -> Doc:
-    """Filler of ``length`` tokens holding a definition of ``entity`` (a random setting)
-    and the reference, each at a random place. A ``direct`` reference (training
-    only) names the entity by a value token of its own, "e11=2 c3", so it needs
-    no other document."""
-    if length < 3:
-        raise ValueError(f"a document needs at least 3 tokens, not {length}")
-    value = value_token(entity, rng.randrange(N_SETTINGS))
-    body = [FILLER0 + rng.randrange(N_FILLER) for _ in range(length - 3)]
+def value_class(v: int) -> int:
+    """The class token naming a value's class (values come in N_CLASSES classes of equal size)."""
+    return CLASS0 + (v - VALUE0) // (N_VALUES // N_CLASSES)
+
+
+def make_doc(rng: random.Random, length: int, cls: int) -> Doc:
+    """Filler of ``length`` tokens with one value of class ``cls`` (0-based) at a random place."""
+    per = N_VALUES // N_CLASSES
+    v = VALUE0 + cls * per + rng.randrange(per)
+    body = [FILLER0 + rng.randrange(N_FILLER) for _ in range(length - 1)]
     at = rng.randrange(len(body) + 1)
-    pointer = value_token(ref_entity, rng.randrange(N_SETTINGS)) if direct else ENTITY0 + ref_entity
-    body[at:at] = [pointer, CLASS0 + ref_class]
-    v = rng.randrange(len(body) + 1)
-    if at < v <= at + 1:  # not between the reference's two tokens
-        v = at
-    body.insert(v, value)
-    ref_at = at + (v <= at)
-    return Doc(body, entity, value, ref_class, ref_entity, ref_at, direct)
+    return Doc(body[:at] + [v] + body[at:], v)
 
 
-def make_pool(rng: random.Random, n_docs: int, lo: int, hi: int) -> List[Doc]:
-    """The workload's document pool: each document defines a random entity (an entity is
-    defined by several documents, in different settings) and refers to an entity that
-    some other document of the pool defines."""
-    entities = [rng.randrange(N_ENTITIES) for _ in range(n_docs)]
-    pool = []
-    for i, e in enumerate(entities):
-        others = sorted({x for j, x in enumerate(entities) if j != i and x != e})
-        if not others:
-            raise ValueError(f"a pool of {n_docs} documents defines too few entities to refer across documents")
-        pool.append(make_doc(rng, rng.randint(lo, hi), e, rng.randrange(N_CLASSES), rng.choice(others)))
-    return pool
+def make_pool(rng: random.Random, n_docs: int, lo: int, hi: int, distinct: bool = False) -> List[Doc]:
+    """Documents of lo..hi tokens; with ``distinct``, no two share a value class."""
+    classes = rng.sample(range(N_CLASSES), n_docs) if distinct else [rng.randrange(N_CLASSES) for _ in range(n_docs)]
+    return [make_doc(rng, rng.randint(lo, hi), c) for c in classes]
 
 
 def join(docs: Sequence[Sequence[int]], question: Sequence[int]) -> List[int]:
@@ -141,12 +105,6 @@ def join(docs: Sequence[Sequence[int]], question: Sequence[int]) -> List[int]:
     return out + marker + list(question)
 
 
-def resolvable(docs: Sequence[Doc]) -> List[int]:
-    """Indices (into ``docs``, in prompt order) of documents whose reference points to an
-    entity defined by an earlier document."""
-    return [i for i, d in enumerate(docs) if not d.direct and any(p.entity == d.ref_entity for p in docs[:i])]
-
-
 @dataclass
 class Query:
     docs: List[int]  # indices into the pool, in prompt order
@@ -155,48 +113,23 @@ class Query:
     answer: List[int]  # the two values
 
 
-def admissible(pool: Sequence[Doc], idx: Sequence[int]) -> bool:
-    """No two of the documents define the same entity or refer by the same class."""
-    docs = [pool[i] for i in idx]
-    return (len({d.entity for d in docs}) == len(docs) and len({d.ref_class for d in docs}) == len(docs))
-
-
 def make_query(rng: random.Random, pool: Sequence[Doc], n_docs: int) -> Query:
-    """``n_docs`` documents in random order, among them two whose references resolve to a
-    definition earlier in the prompt; the question names both references' classes, the
-    answer is the two values they point to.
-
-    Drawn as: two referring documents, for each a document defining what it points
-    to, the rest at random — retried until no entity is defined twice and no class
-    named twice — then shuffled, a definer moved before its referrer when needed.
-    """
-    definers: dict = {}
-    for i, d in enumerate(pool):
-        definers.setdefault(d.entity, []).append(i)
-    for _ in range(10000):
-        b1, b2 = rng.sample(range(len(pool)), 2)
-        a1, a2 = (rng.choice(definers.get(pool[b].ref_entity, [b])) for b in (b1, b2))
-        idx = list(dict.fromkeys([a1, b1, a2, b2]))
-        if len(idx) > n_docs or b1 in (a1, a2) or b2 in (a1, a2) or pool[b1].ref_entity == pool[b2].ref_entity:
-            continue
-        rest = [i for i in range(len(pool)) if i not in idx]
-        idx += rng.sample(rest, n_docs - len(idx))
-        if not admissible(pool, idx):
-            continue
-        rng.shuffle(idx)
-        for a, b in ((a1, b1), (a2, b2)):
-            ia, ib = idx.index(a), idx.index(b)
-            if ia > ib:
-                idx[ia], idx[ib] = b, a
-        docs = [pool[i] for i in idx]
-        ok = {idx[j] for j in resolvable(docs)}
-        if b1 not in ok or b2 not in ok:
-            continue
-        value = {d.entity: d.value for d in docs}
-        return Query(idx, [QUESTION, CLASS0 + pool[b1].ref_class], [CLASS0 + pool[b2].ref_class],
-                     [value[pool[b1].ref_entity], value[pool[b2].ref_entity]])
-    raise ValueError(f"no {n_docs} documents of this pool of {len(pool)} make a query with two resolvable "
-                     "references, distinct entities and distinct classes")
+    """n_docs documents of distinct value classes, in random order, and a question naming two classes."""
+    order = list(range(len(pool)))
+    rng.shuffle(order)
+    idx, seen = [], set()
+    for i in order:
+        c = value_class(pool[i].value)
+        if c not in seen:
+            idx.append(i)
+            seen.add(c)
+            if len(idx) == n_docs:
+                break
+    if len(idx) < n_docs:
+        raise ValueError(f"the pool has documents of only {len(idx)} value classes; {n_docs} wanted")
+    a, b = rng.sample(idx, 2)
+    va, vb = pool[a].value, pool[b].value
+    return Query(idx, [QUESTION, value_class(va)], [value_class(vb)], [va, vb])
 
 
 @dataclass(frozen=True)
@@ -236,11 +169,10 @@ class TrainConfig:
     # Curriculum: (steps, batch, doc_min, doc_max) per stage. The task is
     # learnt on short documents, then the same lookup is trained over longer
     # ones so attention keeps finding the one value token among more filler.
-    stages: Tuple[Tuple[int, int, int, int], ...] = ((700, 16, 4, 14), (100, 4, 20, 60), (60, 1, 100, 300))
+    stages: Tuple[Tuple[int, int, int, int], ...] = ((300, 8, 4, 14), (100, 4, 20, 60), (60, 1, 100, 300))
     lr: float = 4e-3
     warmup: int = 20
     groups: int = 6
-    tap: int = 3  # early targets are read out after this many layers
     seed: int = 0
 
     @property
@@ -264,81 +196,34 @@ class TrainConfig:
 
 def _TRAINING_CODE():
     from . import blend_model as bm
-    return (value_token, make_doc, resolvable, join, training_docs, training_sequence, batch, train,
+    return (make_doc, make_pool, join, make_query, training_sequence, batch, train,
             bm.rope, bm.inv_freq, bm._rms, bm._Layer, bm.BlendLM.__init__, bm.BlendLM._qkv,
             bm.BlendLM._finish, bm.BlendLM.logits, bm.BlendLM.forward)
 
 
-def training_docs(rng: random.Random, lo: int, hi: int) -> List[Doc]:
-    """4-6 documents of lo..hi tokens for one training prompt, in prompt order: distinct
-    entities and reference classes; each reference after the first document points to
-    an entity defined earlier, and not pointed to yet, with probability 0.8 (at
-    least two do, when they can), else it is direct (half the time) or points to an
-    entity defined later or nowhere. Distinct targets keep "the value most
-    references point to" from being a good guess."""
+def training_sequence(rng: random.Random, tc: TrainConfig, lo: int, hi: int) -> Tuple[List[int], List[int]]:
+    """One training prompt with documents of lo..hi tokens, and its targets (-100 where there is no loss)."""
     n = rng.randint(4, 6)
-    entities = rng.sample(range(N_ENTITIES), n)
-    classes = rng.sample(range(N_CLASSES), n)
-    back = set(rng.sample(range(1, n), 2)) | {i for i in range(1, n) if rng.random() < 0.8}
-    docs, pointed = [], set()
-    for i in range(n):
-        free = [e for e in entities[:i] if e not in pointed]
-        if i in back and free:
-            ref, direct = rng.choice(free), False
-        else:
-            direct = rng.random() < 0.5
-            ref = rng.choice([e for e in range(N_ENTITIES) if e not in (entities if direct else entities[:i + 1])])
-        pointed.add(ref)
-        docs.append(make_doc(rng, rng.randint(lo, hi), entities[i], classes[i], ref, direct))
-    return docs
-
-
-def training_sequence(rng: random.Random, tc: TrainConfig, lo: int,
-                      hi: int) -> Tuple[List[int], List[int], List[int]]:
-    """One training prompt with documents of lo..hi tokens, its targets and its early
-    targets (-100 where there is no loss).
-
-    Targets are the answers to ``tc.groups`` question pairs. Early targets sit on
-    both tokens of every reference that resolves to an earlier document's
-    definition: the value it points to, read out after the first ``tc.tap``
-    layers. So the document reads the other document at that token, and early
-    in the stack — cross-document attention of the kind CacheBlend's check
-    layers detect and its recompute restores.
-    """
-    docs = training_docs(rng, lo, hi)
-    tokens = join([d.tokens for d in docs], [])
+    pool = make_pool(rng, n, lo, hi, distinct=True)
+    tokens = join([d.tokens for d in pool], [])
     targets = [-100] * len(tokens)
-    early = [-100] * len(tokens)
-    value = {d.entity: d.value for d in docs}
-    ok = resolvable(docs)
-    answer = {i: docs[i].tokens[docs[i].ref_at] if docs[i].direct else value[docs[i].ref_entity]
-              for i in ok + [i for i, d in enumerate(docs) if d.direct]}
-    at = 1
-    for i, d in enumerate(docs):
-        at += 2  # the marker
-        if i in ok:
-            early[at + d.ref_at] = early[at + d.ref_at + 1] = value[d.ref_entity]
-        at += len(d.tokens)
     for _ in range(tc.groups):
-        a, b = rng.sample(sorted(answer), 2)
-        tokens += [QUESTION, CLASS0 + docs[a].ref_class, answer[a], CLASS0 + docs[b].ref_class, answer[b]]
-        targets += [-100, answer[a], -100, answer[b], -100]
-    return tokens, targets, early + [-100] * (len(tokens) - len(early))
+        q = make_query(rng, pool, n)
+        tokens += q.question + [q.answer[0]] + q.follow + [q.answer[1]]
+        targets += [-100, q.answer[0], -100, q.answer[1], -100]
+    return tokens, targets
 
 
-def batch(rng: random.Random, tc: TrainConfig, stage: Tuple[int, int, int, int]):
-    """Tokens, targets and early targets of one training batch ([batch, T] each)."""
+def batch(rng: random.Random, tc: TrainConfig, stage: Tuple[int, int, int, int]) -> Tuple[torch.Tensor, torch.Tensor]:
     _, size, lo, hi = stage
     seqs = [training_sequence(rng, tc, lo, hi) for _ in range(size)]
-    t = max(len(s[0]) for s in seqs)
+    t = max(len(s) for s, _ in seqs)
     x = torch.zeros(len(seqs), t, dtype=torch.long)
     y = torch.full((len(seqs), t), -100, dtype=torch.long)
-    y_early = torch.full((len(seqs), t), -100, dtype=torch.long)
-    for i, (s, tg, early) in enumerate(seqs):
+    for i, (s, tg) in enumerate(seqs):
         x[i, :len(s)] = torch.tensor(s)
         y[i, :len(tg)] = torch.tensor(tg)
-        y_early[i, :len(early)] = torch.tensor(early)
-    return x, y, y_early
+    return x, y
 
 
 def train(tc: TrainConfig, log=print) -> BlendLM:
@@ -348,27 +233,25 @@ def train(tc: TrainConfig, log=print) -> BlendLM:
     opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=0.01, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / tc.warmup) * max(0.05, 1 - s / tc.steps))
-    t0, sums = time.monotonic(), [0.0, 0.0, 0.0]
+    t0, acc_sum, loss_sum = time.monotonic(), 0.0, 0.0
     plan = [stage for stage in tc.stages for _ in range(stage[0])]
-    ce = torch.nn.functional.cross_entropy
     for step, stage in enumerate(plan):
-        x, y, y_early = batch(rng, tc, stage)
-        logits, early = model(x, tap=tc.tap)
-        loss = (ce(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100)
-                + ce(early.reshape(-1, early.shape[-1]), y_early.reshape(-1), ignore_index=-100))
+        x, y = batch(rng, tc, stage)
+        logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                                 ignore_index=-100)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        m, me = y != -100, y_early != -100
-        sums[0] += loss.item()
-        sums[1] += (logits.argmax(-1)[m] == y[m]).float().mean().item()
-        sums[2] += (early.argmax(-1)[me] == y_early[me]).float().mean().item()
+        m = y != -100
+        acc_sum += (logits.argmax(-1)[m] == y[m]).float().mean().item()
+        loss_sum += loss.item()
         if (step + 1) % 25 == 0:
-            log(f"step {step + 1}/{tc.steps} loss {sums[0] / 25:.3f} answer acc {sums[1] / 25:.3f} "
-                f"early reference acc {sums[2] / 25:.3f} ({time.monotonic() - t0:.0f}s)")
-            sums = [0.0, 0.0, 0.0]
+            log(f"step {step + 1}/{tc.steps} loss {loss_sum / 25:.3f} answer-token acc {acc_sum / 25:.3f} "
+                f"({time.monotonic() - t0:.0f}s)")
+            acc_sum = loss_sum = 0.0
     model.eval()
     return model
 
