@@ -287,3 +287,37 @@ def test_deviation_measures():
     with pytest.raises(ValueError, match="unknown deviation measure 'q'"):
         m.deviation(k, v, lk, lv)
 
+
+
+def test_workload_answer_depends_on_another_document():
+    """Each query's class has two or more candidates in the prompt; the answer is the
+    one an earlier document confirms, each other one is confirmed only after it."""
+    from kvtier.harness import blend_task as bt
+    pool, queries = bt.workload(bt.Workload(queries=30))
+    assert all(300 <= len(d.tokens) <= 1000 for d in pool)
+    assert len({d.value for d in pool}) == len(pool)
+    for q in queries:
+        assert 4 <= len(q.docs) <= 6 and len(set(q.docs)) == len(q.docs) and q.follow == []
+        docs = [pool[i] for i in q.docs]
+        cls = q.question[-1]
+        cands = [j for j, d in enumerate(docs) if bt.value_class(d.value) == cls]
+        assert len(cands) >= 2
+        ok = bt.valid(docs)
+        (good,) = [j for j in cands if ok[j]]
+        assert docs[good].value == q.answer[0]
+        assert any(d.confirms == q.answer[0] for d in docs[:good])
+        for bad in (j for j in cands if j != good):
+            assert any(d.confirms == docs[bad].value for d in docs[bad + 1:])
+
+
+def test_training_forward_taps_early_layers():
+    m = BlendLM(SMALL)
+    x = torch.tensor([doc(1, 12)])
+    full = m(x)
+    logits, early = m(x, tap=2)
+    assert torch.equal(full, logits)
+    # The early read-out equals a model cut after two layers.
+    cut = BlendLM(SMALL)
+    cut.load_state_dict(m.state_dict())
+    cut.layers = cut.layers[:2]
+    assert torch.allclose(early, cut(x), atol=1e-6)

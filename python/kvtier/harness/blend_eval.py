@@ -13,8 +13,8 @@ selected tokens. Printed per ratio:
   full prefill time, both measured in this run;
 - KL: mean KL(full ‖ blended) of the first answer token's distribution;
 - max logit err: the largest absolute logit difference over all queries;
-- agree: share of queries whose two greedy answer tokens equal full prefill's;
-- task acc: share of queries answered correctly (both values).
+- agree: share of queries whose greedy answer tokens equal full prefill's;
+- task acc: share of queries answered correctly.
 
 The first line gives the full prefill's own task accuracy.
 """
@@ -36,10 +36,12 @@ from ..testing import Daemon, daemon_binary
 from . import blend_task as bt
 
 def greedy2(model, logits: torch.Tensor, kv, follow: List[int]) -> List[int]:
-    """The two greedy answers after a prefill with last logits ``logits`` and K/V ``kv``:
-    the first, then — after it and the question's ``follow`` tokens, decoded over the
-    same K/V — the second."""
+    """The greedy answers after a prefill with last logits ``logits`` and K/V ``kv``:
+    the first, then — when the query has a ``follow`` question, after the first
+    answer and those tokens, decoded over the same K/V — the second."""
     first = int(logits.argmax())
+    if not follow:
+        return [first]
     for tok in [first] + list(follow):
         out, kv = model.decode(tok, kv)
     return [first, int(out.argmax())]
