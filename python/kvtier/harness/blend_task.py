@@ -3,22 +3,22 @@
 A prompt is a start segment, several documents and a question, separated by
 the blend marker " # # " (two "#" tokens)::
 
-    <s> # # doc_1 # # doc_2 # # ... # # doc_n # # ? c_a   ->  v_a, then c_b -> v_b
+    <s> # # doc_1 # # doc_2 # # ... # # doc_n # # ? c_a   ->  v
 
-Each document is filler words with one value token ``v`` somewhere in it;
-the 64 values come in 8 classes (``c0``..``c7``), and the documents of one
-prompt hold values of distinct classes. The question names a class, the
-answer is the value of that class; then a second class, held by another
-document, and its value: the answer ``v_a v_b`` needs attention from the
-question into both documents, and the value's position in a 300-1,000-token document is
-random. Deviation of blended K/V from full prefill changes what the
-question's tokens read, so it shows in the answer's logits and accuracy.
+Each document is filler words holding, at random places, a candidate value
+(``v17``; 64 values in 8 classes ``c0``..``c7``) and a confirmation of another
+document's candidate (``x42`` confirms ``v42``). A candidate counts only when
+an earlier document of the prompt confirms it. The question names a class
+that has two or more candidates in the prompt, exactly one confirmed earlier,
+the others confirmed only later; the answer is the confirmed one. So whether
+a candidate is the answer depends on another document, and that information
+belongs in the candidate token's K/V — what a document's K/V cached on its
+own lacks and CacheBlend's selective recompute has to restore.
 
-Training uses the same format (with six question groups per sequence so
-each sequence gives more answer targets) over a curriculum of document
-lengths, 4-14 tokens, then 20-60, then 100-300; with a rotary base of 1e6 the
-lookup learnt there carries over to the evaluation's long-document workload
-(:func:`workload`). Weights are
+Training uses the same format (six questions per sequence) over a curriculum
+of document lengths, 4-14 tokens, then 20-60, then 100-300, and reads out,
+after the first few layers, whether each candidate is confirmed, so that the
+attention across documents happens early in the stack. Weights are
 cached under ``~/.cache/kvtier`` (or $KVTIER_BLEND_CACHE) keyed by a hash of
 the training settings and of the source of the code that trains the model,
 so they are trained once per change, reproducibly from the seed.
