@@ -185,25 +185,41 @@ def check_position_scheme(style: Optional[str]) -> str:
     return style
 
 
-def rotate_keys_(keys: torch.Tensor, delta: int, inv_freq: torch.Tensor, style: str) -> torch.Tensor:
+def rotate_keys_(keys: torch.Tensor, delta: int, inv_freq: torch.Tensor, style: str,
+                 rotary_dim: Optional[int] = None) -> torch.Tensor:
     """Rotates keys computed at positions p to p + ``delta``, in place, on their device.
 
     ``keys`` is [..., heads, head_dim]. A rotary embedding is a rotation of
     each pair of dimensions by position × frequency, so moving by ``delta``
     is one more rotation by delta × frequency, whatever p was: no need to
     undo the stored rotation first.
+
+    ``rotary_dim`` (default: the whole head) is how many leading dimensions
+    of each head carry the rotation, as in models with partial rotary
+    embeddings (vLLM's ``rotary_dim < head_size``): the pairs are formed
+    within those dimensions (neox: i with i + rotary_dim/2; GPT-J: 2i with
+    2i+1) and the rest of the head is left as it is. ``inv_freq`` has
+    rotary_dim/2 entries.
     """
     check_position_scheme(style)
+    head = keys.shape[-1]
+    rdim = head if rotary_dim is None else rotary_dim
+    if isinstance(rdim, bool) or not isinstance(rdim, int) or rdim <= 0 or rdim > head or rdim % 2:
+        raise BlendError(f"rotary_dim {rotary_dim!r} must be an even number of dimensions in 2..{head} "
+                         "(the head size)")
+    if inv_freq.numel() != rdim // 2:
+        raise BlendError(f"{inv_freq.numel()} rotary frequencies for rotary_dim {rdim}: want {rdim // 2}")
     if delta == 0:
         return keys
     ang = delta * inv_freq.to(torch.float64)
     cos = ang.cos().to(device=keys.device, dtype=keys.dtype)
     sin = ang.sin().to(device=keys.device, dtype=keys.dtype)
+    part = keys[..., :rdim]
     if style == "neox":
-        half = keys.shape[-1] // 2
-        a, b = keys[..., :half], keys[..., half:]
+        half = rdim // 2
+        a, b = part[..., :half], part[..., half:]
     else:
-        a, b = keys[..., 0::2], keys[..., 1::2]
+        a, b = part[..., 0::2], part[..., 1::2]
     a2 = a * cos - b * sin
     b.mul_(cos).add_(a * sin)
     a.copy_(a2)
@@ -288,6 +304,7 @@ class Blender:
         self.model, self.store, self.settings = model, store, settings
         self.marker = list(encode(settings.special_str))
         self.shape = (cfg.layers, cfg.heads, cfg.head_dim)
+        self.rotary_dim = getattr(cfg, "rotary_dim", None)  # None: the whole head
 
     def ratios(self, ratio: Optional[float]) -> List[float]:
         if ratio is None:
@@ -324,7 +341,7 @@ class Blender:
                 if i < len(segs) - 1:
                     misses.append(seg)
                 continue
-            rotate_keys_(kv[:, 0], seg.start, self.model.freqs, self.style)
+            rotate_keys_(kv[:, 0], seg.start, self.model.freqs, self.style, self.rotary_dim)
             loaded[:, :, seg.start:seg.end] = kv
             have[seg.start:seg.end] = True
         t1 = time.perf_counter()

@@ -103,6 +103,38 @@ def test_delta_rotation_equals_rotation_at_new_position(style):
     assert (rope(x, pos, freqs, "neox") - rope(x, pos, freqs, "gptj")).abs().max() > 0.1
 
 
+def partial_rope(x, pos, freqs, style, rdim):
+    """Reference partial rotary embedding: rotate the first rdim dims, pass the rest."""
+    return torch.cat((rope(x[..., :rdim], pos, freqs, style), x[..., rdim:]), dim=-1)
+
+
+@pytest.mark.parametrize("style", ["neox", "gptj"])
+@pytest.mark.parametrize("rdim", [8, 16, 24])
+def test_delta_rotation_with_partial_rotary_dim(style, rdim):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(300, 4, 32, generator=g)
+    freqs = inv_freq(rdim, 10000.0)
+    pos = torch.arange(300)
+    for delta in (1, 17, 1234, 5000):
+        stored = partial_rope(x, pos, freqs, style, rdim)
+        moved = blend.rotate_keys_(stored.clone(), delta, freqs, style, rotary_dim=rdim)
+        want = partial_rope(x, pos + delta, freqs, style, rdim)
+        assert (moved - want).abs().max().item() <= TOL, (style, rdim, delta)
+        assert torch.equal(moved[..., rdim:], x[..., rdim:])  # the unrotated part is untouched
+    # Rotating the whole head instead would be wrong, so the test can tell.
+    whole = blend.rotate_keys_(partial_rope(x, pos, freqs, style, rdim), 17, inv_freq(32, 10000.0), style)
+    assert (whole - partial_rope(x, pos + 17, freqs, style, rdim)).abs().max() > 0.1
+
+
+def test_bad_rotary_dim_is_refused():
+    keys = torch.zeros(2, 1, 16)
+    for bad in (0, 3, 18, -2, True):
+        with pytest.raises(BlendError, match="rotary_dim"):
+            blend.rotate_keys_(keys, 3, inv_freq(8, 1e4), "neox", rotary_dim=bad)
+    with pytest.raises(BlendError, match="4 rotary frequencies for rotary_dim 16: want 8"):
+        blend.rotate_keys_(keys, 3, inv_freq(8, 1e4), "neox", rotary_dim=16)
+
+
 def test_unsupported_position_scheme_is_refused(daemon):
     with pytest.raises(BlendError, match="position scheme 'alibi' is not supported"):
         blend.rotate_keys_(torch.zeros(2, 1, 4), 3, inv_freq(4, 1e4), "alibi")
@@ -227,6 +259,10 @@ def test_evaluation_command_pieces(daemon):
     assert res["rows"][0]["max_logit_err"] > TOL
     text = blend_eval.table(res, [1])
     assert "| 15% |" in text and "full prefill task accuracy" in text
+    cells = {line.split("|")[1].strip(): line.split("|")[4].strip() for line in text.splitlines()
+             if line.startswith("| ") and "%" in line.split("|")[1]}
+    assert cells["0%"] == "1.000"  # KL relative to r = 0%
+    assert cells["15%"] == f"{res['rows'][15]['kl'] / res['rows'][0]['kl']:.3f}"
 
 
 def test_deviation_measures():
@@ -250,3 +286,38 @@ def test_deviation_measures():
     m.selection = "q"
     with pytest.raises(ValueError, match="unknown deviation measure 'q'"):
         m.deviation(k, v, lk, lv)
+
+
+
+def test_workload_answer_depends_on_another_document():
+    """Each query's class has two or more candidates in the prompt; the answer is the
+    one an earlier document confirms, each other one is confirmed only after it."""
+    from kvtier.harness import blend_task as bt
+    pool, queries = bt.workload(bt.Workload(queries=30))
+    assert all(300 <= len(d.tokens) <= 1000 for d in pool)
+    assert len({d.value for d in pool}) == len(pool)
+    for q in queries:
+        assert 4 <= len(q.docs) <= 6 and len(set(q.docs)) == len(q.docs) and q.follow == []
+        docs = [pool[i] for i in q.docs]
+        cls = q.question[-1]
+        cands = [j for j, d in enumerate(docs) if bt.value_class(d.value) == cls]
+        assert len(cands) >= 2
+        ok = bt.valid(docs)
+        (good,) = [j for j in cands if ok[j]]
+        assert docs[good].value == q.answer[0]
+        assert any(d.confirms == q.answer[0] for d in docs[:good])
+        for bad in (j for j in cands if j != good):
+            assert any(d.confirms == docs[bad].value for d in docs[bad + 1:])
+
+
+def test_training_forward_taps_early_layers():
+    m = BlendLM(SMALL)
+    x = torch.tensor([doc(1, 12)])
+    full = m(x)
+    logits, early = m(x, tap=2)
+    assert torch.equal(full, logits)
+    # The early read-out equals a model cut after two layers.
+    cut = BlendLM(SMALL)
+    cut.load_state_dict(m.state_dict())
+    cut.layers = cut.layers[:2]
+    assert torch.allclose(early, cut(x), atol=1e-6)

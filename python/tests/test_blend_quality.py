@@ -41,8 +41,10 @@ def test_quality_on_trained_model(trained, kvtier_bin, tmp_path):
     # All tokens recomputed: the machinery adds no error.
     assert rows[100.0]["max_logit_err"] <= 1e-5
     assert rows[100.0]["agree"] == 1.0
-    # Reuse without recompute really deviates on this model, and recomputing
-    # 15% of the reused tokens brings it closer to full prefill. (The goal of
-    # halving the deviation at 15% is not met by this model: docs/blend.md.)
-    assert rows[0.0]["kl"] > 1e-4
+    # Reuse without recompute really deviates on this model (its documents
+    # read each other at the candidate tokens), and recomputing 15% of the
+    # reused tokens brings it closer to full prefill. The goal's factor (half
+    # the deviation at 15%) is measured on the documented workload
+    # (docs/blend.md); four short queries are too few to hold it to that.
+    assert rows[0.0]["kl"] > 1e-3
     assert rows[15.0]["kl"] < rows[0.0]["kl"]

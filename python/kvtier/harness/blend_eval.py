@@ -13,8 +13,8 @@ selected tokens. Printed per ratio:
   full prefill time, both measured in this run;
 - KL: mean KL(full ‖ blended) of the first answer token's distribution;
 - max logit err: the largest absolute logit difference over all queries;
-- agree: share of queries whose two greedy answer tokens equal full prefill's;
-- task acc: share of queries answered correctly (both values).
+- agree: share of queries whose greedy answer tokens equal full prefill's;
+- task acc: share of queries answered correctly.
 
 The first line gives the full prefill's own task accuracy.
 """
@@ -36,10 +36,12 @@ from ..testing import Daemon, daemon_binary
 from . import blend_task as bt
 
 def greedy2(model, logits: torch.Tensor, kv, follow: List[int]) -> List[int]:
-    """The two greedy answers after a prefill with last logits ``logits`` and K/V ``kv``:
-    the first, then — after it and the question's ``follow`` tokens, decoded over the
-    same K/V — the second."""
+    """The greedy answers after a prefill with last logits ``logits`` and K/V ``kv``:
+    the first, then — when the query has a ``follow`` question, after the first
+    answer and those tokens, decoded over the same K/V — the second."""
     first = int(logits.argmax())
+    if not follow:
+        return [first]
     for tok in [first] + list(follow):
         out, kv = model.decode(tok, kv)
     return [first, int(out.argmax())]
@@ -81,10 +83,12 @@ def evaluate(model, queries, pool, blender, ratios, log=print) -> dict:
 def table(result: dict, check_layers) -> str:
     lines = [f"queries: {result['queries']}, full prefill task accuracy {result['full_acc']:.3f}, "
              f"full prefill total {result['full_time']:.1f}s, check layers {list(check_layers)}",
-             "| r | TTFT ratio | KL (first token) | max logit err | greedy agree | task acc |",
-             "|---:|---:|---:|---:|---:|---:|"]
+             "| r | TTFT ratio | KL (first token) | KL / KL at 0% | max logit err | greedy agree | task acc |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    base = result["rows"].get(0.0, {}).get("kl")
     for r, v in result["rows"].items():
-        lines.append(f"| {r:g}% | {v['ttft_ratio']:.3f} | {v['kl']:.2e} | {v['max_logit_err']:.2e} | "
+        rel = f"{v['kl'] / base:.3f}" if base else "—"  # no r = 0% row, or it has no deviation
+        lines.append(f"| {r:g}% | {v['ttft_ratio']:.3f} | {v['kl']:.2e} | {rel} | {v['max_logit_err']:.2e} | "
                      f"{v['agree']:.3f} | {v['task_acc']:.3f} |")
     return "\n".join(lines)
 

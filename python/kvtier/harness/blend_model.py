@@ -154,8 +154,12 @@ class BlendLM(nn.Module):
 
     # ----- training -----------------------------------------------------
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Batched causal forward ([batch, T] -> logits [batch, T, vocab]), for training."""
+    def forward(self, tokens: torch.Tensor, tap: Optional[int] = None):
+        """Batched causal forward ([batch, T] -> logits [batch, T, vocab]), for training.
+
+        With ``tap``, also returns the logits read (through the final norm and
+        head) from the residual stream after the first ``tap`` layers.
+        """
         cfg = self.cfg
         b, t = tokens.shape
         pos = torch.arange(t)
@@ -163,12 +167,15 @@ class BlendLM(nn.Module):
         x = self.embed(tokens)
         bias = torch.full((t, t), float("-inf")).triu(1)
         scale = 1.0 / math.sqrt(cfg.head_dim)
-        for lay in self.layers:
+        tapped = None
+        for i, lay in enumerate(self.layers):
+            if i == tap:
+                tapped = self.logits(x)
             q, k, v = (y.transpose(1, 2) for y in self._qkv(lay, x, pos, tables))  # [b, heads, t, d]
             scores = torch.matmul(q, k.transpose(-1, -2)) * scale + bias
             attn = torch.matmul(scores.softmax(-1), v).transpose(1, 2)
             x = self._finish(lay, x, attn)
-        return self.logits(x)
+        return self.logits(x) if tap is None else (self.logits(x), tapped)
 
     # ----- inference ------------------------------------------------------
 

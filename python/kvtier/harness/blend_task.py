@@ -3,22 +3,22 @@
 A prompt is a start segment, several documents and a question, separated by
 the blend marker " # # " (two "#" tokens)::
 
-    <s> # # doc_1 # # doc_2 # # ... # # doc_n # # ? c_a   ->  v_a, then c_b -> v_b
+    <s> # # doc_1 # # doc_2 # # ... # # doc_n # # ? c_a   ->  v
 
-Each document is filler words with one value token ``v`` somewhere in it;
-the 64 values come in 8 classes (``c0``..``c7``), and the documents of one
-prompt hold values of distinct classes. The question names a class, the
-answer is the value of that class; then a second class, held by another
-document, and its value: the answer ``v_a v_b`` needs attention from the
-question into both documents, and the value's position in a 300-1,000-token document is
-random. Deviation of blended K/V from full prefill changes what the
-question's tokens read, so it shows in the answer's logits and accuracy.
+Each document is filler words holding, at random places, a candidate value
+(``v17``; 64 values in 8 classes ``c0``..``c7``) and a confirmation of another
+document's candidate (``x42`` confirms ``v42``). A candidate counts only when
+an earlier document of the prompt confirms it. The question names a class
+that has two or more candidates in the prompt, exactly one confirmed earlier,
+the others confirmed only later; the answer is the confirmed one. So whether
+a candidate is the answer depends on another document, and that information
+belongs in the candidate token's K/V — what a document's K/V cached on its
+own lacks and CacheBlend's selective recompute has to restore.
 
-Training uses the same format (with six question groups per sequence so
-each sequence gives more answer targets) over a curriculum of document
-lengths, 4-14 tokens, then 20-60, then 100-300; with a rotary base of 1e6 the
-lookup learnt there carries over to the evaluation's long-document workload
-(:func:`workload`). Weights are
+Training uses the same format (six questions per sequence) over a curriculum
+of document lengths, 4-14 tokens, then 20-60, then 100-300, and reads out,
+after the first few layers, whether each candidate is confirmed, so that the
+attention across documents happens early in the stack. Weights are
 cached under ``~/.cache/kvtier`` (or $KVTIER_BLEND_CACHE) keyed by a hash of
 the training settings and of the source of the code that trains the model,
 so they are trained once per change, reproducibly from the seed.
@@ -42,15 +42,17 @@ from .blend_model import BlendLM, BlendModelConfig
 
 # ----- vocabulary -------------------------------------------------------
 
-SPECIALS = ["<pad>", "<s>", "#", "?"]
+SPECIALS = ["<pad>", "<s>", "#", "?", "yes", "no"]
 N_CLASSES, N_VALUES, N_FILLER = 8, 64, 200
+# Values v00..v63 come in 8 classes of 8; "x17" confirms value v17.
 WORDS = (SPECIALS + [f"c{i}" for i in range(N_CLASSES)] + [f"v{i:02d}" for i in range(N_VALUES)]
-         + [f"w{i:03d}" for i in range(N_FILLER)])
+         + [f"x{i:02d}" for i in range(N_VALUES)] + [f"w{i:03d}" for i in range(N_FILLER)])
 IDS = {w: i for i, w in enumerate(WORDS)}
-BOS, HASH, QUESTION = IDS["<s>"], IDS["#"], IDS["?"]
+BOS, HASH, QUESTION, YES, NO = IDS["<s>"], IDS["#"], IDS["?"], IDS["yes"], IDS["no"]
 CLASS0 = len(SPECIALS)
 VALUE0 = CLASS0 + N_CLASSES
-FILLER0 = VALUE0 + N_VALUES
+CONFIRM0 = VALUE0 + N_VALUES
+FILLER0 = CONFIRM0 + N_VALUES
 VOCAB = 384  # >= len(WORDS), rounded up
 MARKER = " # # "
 
@@ -72,8 +74,13 @@ def decode(ids: Sequence[int]) -> str:
 
 @dataclass
 class Doc:
+    """Filler with one candidate value token and one confirmation token (of a value
+    held by some other document)."""
+
     tokens: List[int]
-    value: int  # the document's one value token
+    value: int  # the candidate value token
+    confirms: int  # the value token this document's confirmation names
+    value_at: int  # index of the candidate in ``tokens``
 
 
 def value_class(v: int) -> int:
@@ -81,19 +88,28 @@ def value_class(v: int) -> int:
     return CLASS0 + (v - VALUE0) // (N_VALUES // N_CLASSES)
 
 
-def make_doc(rng: random.Random, length: int, cls: int) -> Doc:
-    """Filler of ``length`` tokens with one value of class ``cls`` (0-based) at a random place."""
-    per = N_VALUES // N_CLASSES
-    v = VALUE0 + cls * per + rng.randrange(per)
-    body = [FILLER0 + rng.randrange(N_FILLER) for _ in range(length - 1)]
-    at = rng.randrange(len(body) + 1)
-    return Doc(body[:at] + [v] + body[at:], v)
+def make_doc(rng: random.Random, length: int, value: int, confirms: int) -> Doc:
+    """Filler of ``length`` tokens with the candidate ``value`` and the confirmation of
+    ``confirms`` (both value token ids), each at a random place."""
+    if length < 2:
+        raise ValueError(f"a document needs at least 2 tokens, not {length}")
+    body = [FILLER0 + rng.randrange(N_FILLER) for _ in range(length - 2)]
+    for t in rng.sample([value, CONFIRM0 + confirms - VALUE0], 2):
+        body.insert(rng.randrange(len(body) + 1), t)
+    return Doc(body, value, confirms, body.index(value))
 
 
-def make_pool(rng: random.Random, n_docs: int, lo: int, hi: int, distinct: bool = False) -> List[Doc]:
-    """Documents of lo..hi tokens; with ``distinct``, no two share a value class."""
-    classes = rng.sample(range(N_CLASSES), n_docs) if distinct else [rng.randrange(N_CLASSES) for _ in range(n_docs)]
-    return [make_doc(rng, rng.randint(lo, hi), c) for c in classes]
+def valid(docs: Sequence[Doc]) -> List[bool]:
+    """Per document (in prompt order): is its candidate confirmed by an earlier document?"""
+    return [any(p.confirms == d.value for p in docs[:i]) for i, d in enumerate(docs)]
+
+
+def make_pool(rng: random.Random, n_docs: int, lo: int, hi: int) -> List[Doc]:
+    """Documents of lo..hi tokens with distinct candidate values, each confirming the
+    candidate of another document of the pool."""
+    values = [VALUE0 + v for v in rng.sample(range(N_VALUES), n_docs)]
+    return [make_doc(rng, rng.randint(lo, hi), v, rng.choice(values[:i] + values[i + 1:]))
+            for i, v in enumerate(values)]
 
 
 def join(docs: Sequence[Sequence[int]], question: Sequence[int]) -> List[int]:
@@ -108,28 +124,46 @@ def join(docs: Sequence[Sequence[int]], question: Sequence[int]) -> List[int]:
 @dataclass
 class Query:
     docs: List[int]  # indices into the pool, in prompt order
-    question: List[int]  # "?" and the first class: the prompt ends here
-    follow: List[int]  # the second class, given after the first answer
-    answer: List[int]  # the two values
+    question: List[int]  # "?" and the class: the prompt ends here
+    follow: List[int]  # nothing: one question per prompt
+    answer: List[int]  # the confirmed candidate of that class
 
 
 def make_query(rng: random.Random, pool: Sequence[Doc], n_docs: int) -> Query:
-    """n_docs documents of distinct value classes, in random order, and a question naming two classes."""
-    order = list(range(len(pool)))
-    rng.shuffle(order)
-    idx, seen = [], set()
-    for i in order:
-        c = value_class(pool[i].value)
-        if c not in seen:
-            idx.append(i)
-            seen.add(c)
-            if len(idx) == n_docs:
-                break
-    if len(idx) < n_docs:
-        raise ValueError(f"the pool has documents of only {len(idx)} value classes; {n_docs} wanted")
-    a, b = rng.sample(idx, 2)
-    va, vb = pool[a].value, pool[b].value
-    return Query(idx, [QUESTION, value_class(va)], [value_class(vb)], [va, vb])
+    """``n_docs`` documents in random order among which the asked class has two
+    candidates: one confirmed by an earlier document, one whose confirmation comes
+    only after it — so the answer depends on the order, on what one document says
+    about another."""
+    by_value = {d.value: i for i, d in enumerate(pool)}
+    confirmers: dict = {}
+    for i, d in enumerate(pool):
+        confirmers.setdefault(by_value[d.confirms], []).append(i)
+    for _ in range(20000):
+        b1, b2 = rng.sample(range(len(pool)), 2)
+        if value_class(pool[b1].value) != value_class(pool[b2].value):
+            continue
+        if b1 not in confirmers or b2 not in confirmers:
+            continue
+        c1, c2 = rng.choice(confirmers[b1]), rng.choice(confirmers[b2])
+        core = list(dict.fromkeys([c1, b1, b2, c2]))
+        if len(core) != 4 or len(core) > n_docs:
+            continue
+        cls = value_class(pool[b1].value)
+        rest = [i for i in range(len(pool)) if i not in core and value_class(pool[i].value) != cls]
+        idx = core + rng.sample(rest, n_docs - 4)
+        rng.shuffle(idx)
+        docs = [pool[i] for i in idx]
+        ok = valid(docs)
+        cands = [j for j, d in enumerate(docs) if value_class(d.value) == cls]
+        good = [j for j in cands if ok[j]]
+        if len(good) != 1:
+            continue
+        # Every unconfirmed candidate of the class is confirmed later in the prompt,
+        # so "a confirmation of this class exists" does not give the answer away.
+        if not all(any(d.confirms == docs[j].value for d in docs[j + 1:]) for j in cands if not ok[j]):
+            continue
+        return Query(idx, [QUESTION, cls], [], [docs[good[0]].value])
+    raise ValueError(f"no {n_docs} documents of this pool of {len(pool)} make a question")
 
 
 @dataclass(frozen=True)
@@ -169,10 +203,11 @@ class TrainConfig:
     # Curriculum: (steps, batch, doc_min, doc_max) per stage. The task is
     # learnt on short documents, then the same lookup is trained over longer
     # ones so attention keeps finding the one value token among more filler.
-    stages: Tuple[Tuple[int, int, int, int], ...] = ((300, 8, 4, 14), (100, 4, 20, 60), (60, 1, 100, 300))
+    stages: Tuple[Tuple[int, int, int, int], ...] = ((500, 16, 4, 14), (100, 4, 20, 60), (60, 1, 100, 300))
     lr: float = 4e-3
     warmup: int = 20
     groups: int = 6
+    tap: int = 3  # early targets are read out after this many layers
     seed: int = 0
 
     @property
@@ -196,34 +231,83 @@ class TrainConfig:
 
 def _TRAINING_CODE():
     from . import blend_model as bm
-    return (make_doc, make_pool, join, make_query, training_sequence, batch, train,
+    return (make_doc, valid, join, training_docs, training_sequence, batch, train,
             bm.rope, bm.inv_freq, bm._rms, bm._Layer, bm.BlendLM.__init__, bm.BlendLM._qkv,
             bm.BlendLM._finish, bm.BlendLM.logits, bm.BlendLM.forward)
 
 
-def training_sequence(rng: random.Random, tc: TrainConfig, lo: int, hi: int) -> Tuple[List[int], List[int]]:
-    """One training prompt with documents of lo..hi tokens, and its targets (-100 where there is no loss)."""
+def training_docs(rng: random.Random, lo: int, hi: int) -> List[Doc]:
+    """4-6 documents of lo..hi tokens for one training prompt, in prompt order. Their
+    candidates come from three classes, so classes repeat; each confirmation names an
+    earlier document's candidate (probability 0.45), a later one's (0.35) or a value
+    not in the prompt."""
     n = rng.randint(4, 6)
-    pool = make_pool(rng, n, lo, hi, distinct=True)
-    tokens = join([d.tokens for d in pool], [])
+    classes = rng.sample(range(N_CLASSES), 3)
+    per = N_VALUES // N_CLASSES
+    pool = [VALUE0 + c * per + v for c in classes for v in range(per)]
+    values = rng.sample(pool, n)
+    docs = []
+    for i, v in enumerate(values):
+        r = rng.random()
+        if r < 0.45 and i > 0:
+            c = rng.choice(values[:i])
+        elif r < 0.8 and i < n - 1:
+            c = rng.choice(values[i + 1:])
+        else:
+            c = rng.choice([x for x in range(VALUE0, VALUE0 + N_VALUES) if x not in values])
+        docs.append(make_doc(rng, rng.randint(lo, hi), v, c))
+    return docs
+
+
+def training_sequence(rng: random.Random, tc: TrainConfig, lo: int,
+                      hi: int) -> Tuple[List[int], List[int], List[int]]:
+    """One training prompt with documents of lo..hi tokens, its targets and its early
+    targets (-100 where there is no loss).
+
+    Targets are the answers to ``tc.groups`` questions ("? c" -> the one confirmed
+    candidate of class c). Early targets sit on every candidate: "yes" when an
+    earlier document confirms it, else "no", read out after the first ``tc.tap``
+    layers — so a candidate reads the other documents, early in the stack, which is
+    the cross-document attention CacheBlend's check layers detect and its recompute
+    restores.
+    """
+    while True:
+        docs = training_docs(rng, lo, hi)
+        ok = valid(docs)
+        by_class: dict = {}
+        for d, good in zip(docs, ok):
+            by_class.setdefault(value_class(d.value), []).append((d.value, good))
+        askable = {c: [v for v, g in cs if g][0] for c, cs in by_class.items() if sum(g for _, g in cs) == 1}
+        if askable:
+            break
+    tokens = join([d.tokens for d in docs], [])
     targets = [-100] * len(tokens)
+    early = [-100] * len(tokens)
+    at = 1
+    for d, good in zip(docs, ok):
+        at += 2  # the marker
+        early[at + d.value_at] = YES if good else NO
+        at += len(d.tokens)
     for _ in range(tc.groups):
-        q = make_query(rng, pool, n)
-        tokens += q.question + [q.answer[0]] + q.follow + [q.answer[1]]
-        targets += [-100, q.answer[0], -100, q.answer[1], -100]
-    return tokens, targets
+        c = rng.choice(sorted(askable))
+        tokens += [QUESTION, c, askable[c]]
+        targets += [-100, askable[c], -100]
+    return tokens, targets, early + [-100] * (len(tokens) - len(early))
 
 
-def batch(rng: random.Random, tc: TrainConfig, stage: Tuple[int, int, int, int]) -> Tuple[torch.Tensor, torch.Tensor]:
+def batch(rng: random.Random, tc: TrainConfig, stage: Tuple[int, int, int, int]):
+    """Tokens, targets and early targets of one training batch ([batch, T] each)."""
     _, size, lo, hi = stage
     seqs = [training_sequence(rng, tc, lo, hi) for _ in range(size)]
-    t = max(len(s) for s, _ in seqs)
+    t = max(len(s[0]) for s in seqs)
     x = torch.zeros(len(seqs), t, dtype=torch.long)
     y = torch.full((len(seqs), t), -100, dtype=torch.long)
-    for i, (s, tg) in enumerate(seqs):
+    y_early = torch.full((len(seqs), t), -100, dtype=torch.long)
+    for i, (s, tg, early) in enumerate(seqs):
         x[i, :len(s)] = torch.tensor(s)
         y[i, :len(tg)] = torch.tensor(tg)
-    return x, y
+        y_early[i, :len(early)] = torch.tensor(early)
+    return x, y, y_early
 
 
 def train(tc: TrainConfig, log=print) -> BlendLM:
@@ -233,25 +317,27 @@ def train(tc: TrainConfig, log=print) -> BlendLM:
     opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=0.01, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / tc.warmup) * max(0.05, 1 - s / tc.steps))
-    t0, acc_sum, loss_sum = time.monotonic(), 0.0, 0.0
+    t0, sums = time.monotonic(), [0.0, 0.0, 0.0]
     plan = [stage for stage in tc.stages for _ in range(stage[0])]
+    ce = torch.nn.functional.cross_entropy
     for step, stage in enumerate(plan):
-        x, y = batch(rng, tc, stage)
-        logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                                 ignore_index=-100)
+        x, y, y_early = batch(rng, tc, stage)
+        logits, early = model(x, tap=tc.tap)
+        loss = (ce(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100)
+                + ce(early.reshape(-1, early.shape[-1]), y_early.reshape(-1), ignore_index=-100))
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        m = y != -100
-        acc_sum += (logits.argmax(-1)[m] == y[m]).float().mean().item()
-        loss_sum += loss.item()
+        m, me = y != -100, y_early != -100
+        sums[0] += loss.item()
+        sums[1] += (logits.argmax(-1)[m] == y[m]).float().mean().item()
+        sums[2] += (early.argmax(-1)[me] == y_early[me]).float().mean().item()
         if (step + 1) % 25 == 0:
-            log(f"step {step + 1}/{tc.steps} loss {loss_sum / 25:.3f} answer-token acc {acc_sum / 25:.3f} "
-                f"({time.monotonic() - t0:.0f}s)")
-            acc_sum = loss_sum = 0.0
+            log(f"step {step + 1}/{tc.steps} loss {sums[0] / 25:.3f} answer acc {sums[1] / 25:.3f} "
+                f"early reference acc {sums[2] / 25:.3f} ({time.monotonic() - t0:.0f}s)")
+            sums = [0.0, 0.0, 0.0]
     model.eval()
     return model
 
