@@ -1,0 +1,272 @@
+"""Time to first token with the harness's CPU model, layerwise against whole-chunk loads.
+
+    python -m kvtier.harness.bench_layerwise --bin /tmp/kvtier --workdir /tmp/lw-ttft
+
+A 32-layer model (docs/layerwise.md gives the shapes) and a cached prefix of
+``--prefix`` tokens. Each measured request is the prefix plus ``n`` new
+tokens the engine computes; the prefix comes from the daemon. Three parts,
+all in one run:
+
+1. Calibration. ``compute(n)``: the engine's own prefix cache holds the
+   prefix, so a request computes its n new tokens and nothing is loaded.
+   ``load``: TTFT of a whole-chunk disk hit with one new token, minus
+   compute(1). From a line through compute(16) and compute(64) it picks n so
+   that compute ≈ load (and compute ≈ 4 × load); n = 1 is load ≫ compute.
+2. Disk. For every case and round the daemon is restarted (its RAM is
+   empty, its disk tier holds the prefix), then one request runs in each
+   mode: ``layerwise`` (PREPARE_RETRIEVE_LAYERS, layer i copied while
+   layer i-1 computes), ``whole`` (load_async off: the whole prefix is
+   promoted and copied, then the pass runs) and ``async`` (the connector's
+   default without layerwise: loaded in the background, the request waits
+   for it). The order of the modes rotates round by round. Figures are
+   medians over rounds of each mode's TTFT and of the per-round ratio to
+   ``whole``, with the ratios' min–max.
+3. RAM. The prefix stays in the daemon's RAM; pairs of requests, layerwise
+   and not (order alternating), with n for compute ≈ load. It prints the
+   median of the paired ratios layerwise / not and their interquartile range
+   and min–max.
+
+Every request's logits are checked against the calibration engine's (the
+same model computing the prefix itself), so a wrong byte fails the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import statistics
+import sys
+import time
+from typing import Dict, List, Optional
+
+import torch
+
+from .. import vllm_kv
+from ..client import Client
+from ..testing import Daemon
+from . import engine as engine_mod
+from .engine import Engine, KVTransferConfig
+from .model import Llama, LlamaConfig
+
+BLOCK = 16
+TOL = 1e-4
+
+
+def model_config(layers: int, hidden: int) -> LlamaConfig:
+    return LlamaConfig(vocab_size=256, hidden=hidden, layers=layers, heads=hidden // 64, kv_heads=4, head_dim=64,
+                       intermediate=3 * hidden, seed=7)
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.cfg = model_config(args.layers, args.hidden)
+        self.rng = random.Random(11)
+        self.prefix = [self.rng.randrange(self.cfg.vocab_size) for _ in range(args.prefix)]
+        os.makedirs(args.workdir, exist_ok=True)
+        shutil.rmtree(os.path.join(args.workdir, "daemon"), ignore_errors=True)
+        prefix_bytes = args.prefix * args.layers * 2 * self.cfg.kv_heads * self.cfg.head_dim * 4
+        ram_gb = max(0.25, 3 * prefix_bytes / 2**30)
+        self.daemon = Daemon(args.bin, os.path.join(args.workdir, "daemon"), chunk_size=args.chunk,
+                             ram_gb=ram_gb, disk_gb=2 * ram_gb).start()
+        self.prefix_bytes = prefix_bytes
+        self.blocks = (args.prefix + args.max_new) // BLOCK + 4
+        self._model = None
+        self.compute_engine = self._engine(None)
+        self.engines: Dict[str, Engine] = {}
+
+    def _engine(self, mode: Optional[str]) -> Engine:
+        kv = None
+        if mode is not None:
+            extra = {"socket_path": self.daemon.socket_path, "timeout": 30.0, "reconnect_interval": 0.0,
+                     "layerwise": mode == "layerwise", "load_async": mode == "async"}
+            kv = KVTransferConfig(kv_role="kv_consumer" if mode != "store" else "kv_both",
+                                  kv_connector_extra_config=extra)
+        if self._model is None:
+            self._model = Llama(self.cfg)
+        real = engine_mod.Llama
+        engine_mod.Llama = lambda cfg: self._model  # the same weights everywhere, built once
+        try:
+            return Engine(self.cfg, model_name="lw-ttft", num_blocks=self.blocks, block_size=BLOCK,
+                          layout_kind=vllm_kv.BLOCK_FIRST, kv_transfer=kv, prefix_caching=mode is None)
+        finally:
+            engine_mod.Llama = real
+
+    def engine(self, mode: str) -> Engine:
+        if mode not in self.engines:
+            self.engines[mode] = self._engine(mode)
+        return self.engines[mode]
+
+    def drop_engines(self) -> None:
+        """Closes the connectors: after a daemon restart each engine starts with new connections."""
+        for e in self.engines.values():
+            e.close()
+        self.engines.clear()
+
+    def suffix(self, n: int) -> List[int]:
+        return [self.rng.randrange(self.cfg.vocab_size) for _ in range(n)]
+
+    def store_prefix(self) -> None:
+        """Computes the prefix once in the calibration engine (its own prefix cache) and once
+        through a storing connector, then waits until the daemon's disk tier holds it."""
+        self.compute_engine.prefill(self.prefix + [1])
+        e = self._engine("store")
+        e.prefill(self.prefix + [1])
+        e.close()
+        with Client(self.daemon.socket_path) as c:
+            assert c.flush(120_000).durable, "the prefix did not reach the disk tier"
+
+    def reference(self, prompt: List[int]) -> torch.Tensor:
+        return self.compute_engine.prefill(prompt)
+
+    def compute(self, n: int, reps: int = 3) -> float:
+        ts = []
+        for _ in range(reps):
+            p = self.prefix + self.suffix(n)
+            t = time.perf_counter()
+            self.compute_engine.prefill(p)
+            ts.append(time.perf_counter() - t)
+            last = self.compute_engine.steps[-1]
+            if (last.num_computed_before, last.num_scheduled) != (len(self.prefix), n):
+                raise AssertionError(f"calibration computed {last.num_scheduled} tokens after "
+                                     f"{last.num_computed_before}, not {n} after the prefix")
+        return statistics.median(ts)
+
+    def ttft(self, mode: str, prompt: List[int], want: Optional[torch.Tensor]) -> float:
+        e = self.engine(mode)
+        rid = f"{mode}-{len(e.requests)}"
+        t = time.perf_counter()
+        got = e.prefill(prompt, rid)
+        dt = time.perf_counter() - t
+        steps = [s for s in e.steps if s.req_id == rid]
+        loaded = e.async_loaded.get(rid, 0) + sum(s.external_tokens for s in steps)
+        errors = set().union(*(s.load_error_blocks for s in steps))
+        if loaded != len(self.prefix) or errors or steps[-1].num_scheduled != len(prompt) - len(self.prefix):
+            raise AssertionError(f"{mode}: loaded {loaded} of {len(self.prefix)} tokens, errors {sorted(errors)}, "
+                                 f"computed {[s.num_scheduled for s in steps]}")
+        if want is not None:
+            diff = (got - want).abs().max().item()
+            if diff > TOL:
+                raise AssertionError(f"{mode}: logits differ from the model's own by {diff}")
+        return dt
+
+    def restart(self) -> None:
+        """An empty RAM: the prefix is on disk only."""
+        self.drop_engines()
+        self.daemon.kill()
+        self.daemon.start()
+
+
+def _fmt(s: float) -> str:
+    return f"{s * 1e3:.1f} ms"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin", default=os.environ.get("KVTIER_BIN", "kvtier"))
+    ap.add_argument("--workdir", default="/tmp/kvtier-lw-ttft")
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--prefix", type=int, default=2048, help="cached prefix tokens")
+    ap.add_argument("--chunk", type=int, default=256, help="the daemon's chunk size in tokens")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--ram-pairs", type=int, default=30)
+    ap.add_argument("--max-new", type=int, default=2048, help="most new tokens a case may use")
+    ap.add_argument("--cases", default="1,eq,4x", help="n per case: a number, eq (compute ≈ load), 4x")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    b = Bench(args)
+    try:
+        return run(b, args)
+    finally:
+        for e in b.engines.values():
+            e.close()
+        b.daemon.kill()
+
+
+def run(b: Bench, args) -> int:
+    cfg = b.cfg
+    print(f"model: {cfg.layers} layers, hidden {cfg.hidden}, {cfg.heads} heads, {cfg.kv_heads} KV heads x "
+          f"{cfg.head_dim}, fp32; prefix {args.prefix} tokens = {b.prefix_bytes / 2**20:.0f} MiB of KV "
+          f"({b.prefix_bytes / cfg.layers / 2**20:.1f} MiB per layer), chunks of {args.chunk} tokens; "
+          f"torch threads 1")
+    b.store_prefix()
+
+    # 1. calibration
+    c1, c16, c64 = b.compute(1), b.compute(16), b.compute(64)
+    slope = max((c64 - c16) / 48, 1e-6)
+    loads = []
+    for _ in range(3):
+        b.restart()
+        loads.append(b.ttft("whole", b.prefix + b.suffix(1), None) - c1)
+    load = statistics.median(loads)
+    print(f"calibration: compute(1) {_fmt(c1)}, compute(16) {_fmt(c16)}, compute(64) {_fmt(c64)} "
+          f"({slope * 1e3:.2f} ms per new token); whole disk load {_fmt(load)} "
+          f"(median of {_fmt(min(loads))}..{_fmt(max(loads))})")
+
+    def n_for(target: float) -> int:
+        return int(min(args.max_new, max(1, round(16 + (target - c16) / slope))))
+
+    cases = []
+    for c in args.cases.split(","):
+        n = {"eq": n_for(load), "4x": n_for(4 * load)}.get(c)
+        cases.append(n if n is not None else int(c))
+    eq_n = cases[args.cases.split(",").index("eq")] if "eq" in args.cases.split(",") else cases[0]
+
+    # 2. disk
+    modes = ["layerwise", "whole", "async"]
+    print("\ndisk hit (daemon restarted before every round):")
+    print("| new tokens | compute | compute / load | whole | async | layerwise | whole / layerwise "
+          "(min..max) | async / layerwise (min..max) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n in cases:
+        comp = b.compute(n)
+        times: Dict[str, List[float]] = {m: [] for m in modes}
+        for r in range(args.rounds):
+            prompt = b.prefix + b.suffix(n)
+            want = b.reference(prompt) if r == 0 else None
+            order = modes[r % 3:] + modes[:r % 3]
+            for m in order:
+                b.restart()
+                times[m].append(b.ttft(m, prompt, want))
+        rw = [w / l for w, l in zip(times["whole"], times["layerwise"])]
+        ra = [a / l for a, l in zip(times["async"], times["layerwise"])]
+        med = {m: statistics.median(v) for m, v in times.items()}
+        print(f"| {n} | {_fmt(comp)} | {comp / load:.2f} | {_fmt(med['whole'])} | {_fmt(med['async'])} | "
+              f"{_fmt(med['layerwise'])} | {statistics.median(rw):.2f}x ({min(rw):.2f}..{max(rw):.2f}) | "
+              f"{statistics.median(ra):.2f}x ({min(ra):.2f}..{max(ra):.2f}) |", flush=True)
+
+    # 3. RAM
+    if args.ram_pairs:
+        ram_pairs(b, eq_n, args.ram_pairs)
+    return 0
+
+
+def ram_pairs(b: Bench, n: int, pairs: int) -> None:
+    b.restart()
+    b.ttft("whole", b.prefix + b.suffix(1), None)  # promotes the prefix back into RAM
+    b.ttft("layerwise", b.prefix + b.suffix(1), None)  # warm both paths
+    ratios, lw, wh = [], [], []
+    for i in range(pairs):
+        prompt = b.prefix + b.suffix(n)
+        want = b.reference(prompt) if i == 0 else None
+        if i % 2:
+            w = b.ttft("whole", prompt, want)
+            l = b.ttft("layerwise", prompt, want)
+        else:
+            l = b.ttft("layerwise", prompt, want)
+            w = b.ttft("whole", prompt, want)
+        lw.append(l)
+        wh.append(w)
+        ratios.append(l / w)
+    q = statistics.quantiles(ratios, n=4)
+    print(f"\nRAM hit, {n} new tokens, {pairs} interleaved pairs:")
+    print(f"layerwise {_fmt(statistics.median(lw))}, not layerwise {_fmt(statistics.median(wh))}; "
+          f"paired ratio layerwise / not: median {statistics.median(ratios):.3f}, "
+          f"interquartile {q[0]:.3f}..{q[2]:.3f}, min..max {min(ratios):.3f}..{max(ratios):.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
