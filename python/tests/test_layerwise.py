@@ -94,3 +94,17 @@ def test_damaged_layer_on_disk_is_recomputed(own_daemon, monkeypatch):
     assert_close(e.prefill(p_), reference(p_))
     first = e.steps[0]
     assert first.external_tokens == 64 and first.load_error_blocks, "the damage went unnoticed"
+
+
+def test_ttft_bench_runs_and_checks_logits(kvtier_bin, tmp_path, capsys):
+    """The TTFT benchmark (python -m kvtier.harness.bench_layerwise) at a small size: every
+    measured request, from disk after a restart and from RAM, loads the whole prefix without
+    load errors and gives the logits of the model computing the prefix itself (the benchmark
+    raises otherwise). No timing is checked."""
+    from kvtier.harness import bench_layerwise
+
+    assert bench_layerwise.main(["--bin", kvtier_bin, "--workdir", str(tmp_path), "--layers", "4",
+                                 "--hidden", "256", "--prefix", "512", "--rounds", "1", "--ram-pairs", "2",
+                                 "--max-new", "64", "--cases", "1,eq"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("x (") == 4 and "RAM hit" in out

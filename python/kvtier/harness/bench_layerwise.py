@@ -55,8 +55,8 @@ TOL = 1e-4
 
 
 def model_config(layers: int, hidden: int) -> LlamaConfig:
-    return LlamaConfig(vocab_size=256, hidden=hidden, layers=layers, heads=hidden // 64, kv_heads=4, head_dim=64,
-                       intermediate=3 * hidden, seed=7)
+    return LlamaConfig(vocab_size=256, hidden=hidden, layers=layers, heads=4, kv_heads=4, head_dim=64,
+                       intermediate=2 * hidden, seed=7)
 
 
 class Bench:
@@ -111,10 +111,15 @@ class Bench:
     def store_prefix(self) -> None:
         """Computes the prefix once in the calibration engine (its own prefix cache) and once
         through a storing connector, then waits until the daemon's disk tier holds it."""
-        self.compute_engine.prefill(self.prefix + [1])
-        e = self._engine("store")
-        e.prefill(self.prefix + [1])
-        e.close()
+        threads = torch.get_num_threads()
+        torch.set_num_threads(2)
+        try:
+            for e in (self.compute_engine, self._engine("store")):
+                e.add_request(self.prefix + [1])
+                e.run(timeout=1800)
+            e.close()
+        finally:
+            torch.set_num_threads(threads)
         with Client(self.daemon.socket_path) as c:
             assert c.flush(120_000).durable, "the prefix did not reach the disk tier"
 
@@ -169,20 +174,22 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", default="/tmp/kvtier-lw-ttft")
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--prefix", type=int, default=2048, help="cached prefix tokens")
+    ap.add_argument("--prefix", type=int, default=1024, help="cached prefix tokens")
     ap.add_argument("--chunk", type=int, default=256, help="the daemon's chunk size in tokens")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--ram-pairs", type=int, default=30)
     ap.add_argument("--max-new", type=int, default=2048, help="most new tokens a case may use")
     ap.add_argument("--cases", default="1,eq,4x", help="n per case: a number, eq (compute ≈ load), 4x")
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the model on one core, the daemon and the copier on the other
     b = Bench(args)
     try:
         return run(b, args)
     finally:
-        for e in b.engines.values():
-            e.close()
+        torch.set_num_threads(threads)
+        b.drop_engines()
+        b.compute_engine.close()
         b.daemon.kill()
 
 
