@@ -47,6 +47,20 @@ def test_layerwise_streams_a_prefix_from_disk(own_daemon, monkeypatch):
     assert any(streamed), "every LAYER_WAIT answered at once: nothing was streamed from disk"
 
 
+def test_layerwise_ram_hit_is_copied_before_the_pass(own_daemon, monkeypatch):
+    """A prefix all in RAM: the first LAYER_WAIT says every layer is in, so the connector copies
+    it in start_load_kv, as without layerwise, and starts no per-layer copier; the logits are
+    those of a full prefill."""
+    p_ = prompt(34, 70)
+    engine(own_daemon.socket_path, "lw-ram", layerwise=True).prefill(p_)
+    streamed = _record_waits(monkeypatch)
+    e = engine(own_daemon.socket_path, "lw-ram", layerwise=True)
+    assert_close(e.prefill(p_), reference(p_))
+    assert [(s.external_tokens, s.num_scheduled) for s in e.steps] == [(64, 6)]
+    assert streamed and not any(streamed), "the prefix was not all in RAM"
+    assert not e.worker_connector._layer_ready, "a RAM hit started the per-layer copier"
+
+
 def test_use_layerwise_is_the_layerwise_setting(own_daemon, monkeypatch):
     """LMCache's use_layerwise turns on the same streaming."""
     p_ = prompt(32, 40)

@@ -127,16 +127,19 @@ class Bench:
         return self.compute_engine.prefill(prompt)
 
     def compute(self, n: int, reps: int = 3) -> float:
-        ts = []
-        for _ in range(reps):
-            p = self.prefix + self.suffix(n)
-            t = time.perf_counter()
-            self.compute_engine.prefill(p)
-            ts.append(time.perf_counter() - t)
-            last = self.compute_engine.steps[-1]
-            if (last.num_computed_before, last.num_scheduled) != (len(self.prefix), n):
-                raise AssertionError(f"calibration computed {last.num_scheduled} tokens after "
-                                     f"{last.num_computed_before}, not {n} after the prefix")
+        return statistics.median(self.compute_prompt(self.prefix + self.suffix(n)) for _ in range(reps))
+
+    def compute_prompt(self, p: List[int]) -> float:
+        """TTFT of the request with its prefix in the engine's own prefix cache: compute only."""
+        n = len(p) - len(self.prefix)
+        t = time.perf_counter()
+        self.compute_engine.prefill(p)
+        dt = time.perf_counter() - t
+        last = self.compute_engine.steps[-1]
+        if (last.num_computed_before, last.num_scheduled) != (len(self.prefix), n):
+            raise AssertionError(f"calibration computed {last.num_scheduled} tokens after "
+                                 f"{last.num_computed_before}, not {n} after the prefix")
+        return dt
         return statistics.median(ts)
 
     def ttft(self, mode: str, prompt: List[int], want: Optional[torch.Tensor]) -> float:
@@ -223,25 +226,31 @@ def run(b: Bench, args) -> int:
     eq_n = cases[args.cases.split(",").index("eq")] if "eq" in args.cases.split(",") else cases[0]
 
     # 2. disk
-    modes = ["layerwise", "whole", "async"]
-    print("\ndisk hit (daemon restarted before every round):")
-    print("| new tokens | compute | compute / load | whole | async | layerwise | whole / layerwise "
-          "(min..max) | async / layerwise (min..max) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    modes = ["layerwise", "whole", "async", "compute"]
+    print("\ndisk hit (daemon restarted before every request; compute = the same request with the prefix in "
+          "the engine's own cache, nothing loaded; load = whole - compute, per round):")
+    print("| new tokens | compute | load | compute / load (min..max) | whole | async | layerwise | "
+          "whole / layerwise (min..max) | async / layerwise (min..max) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in cases:
-        comp = b.compute(n)
         times: Dict[str, List[float]] = {m: [] for m in modes}
         for r in range(args.rounds):
             prompt = b.prefix + b.suffix(n)
             want = b.reference(prompt) if r == 0 else None
-            order = modes[r % 3:] + modes[:r % 3]
+            order = modes[r % 4:] + modes[:r % 4]
             for m in order:
+                if m == "compute":
+                    times[m].append(b.compute_prompt(prompt))
+                    continue
                 b.restart()
                 times[m].append(b.ttft(m, prompt, want))
+        loads = [w - c for w, c in zip(times["whole"], times["compute"])]
+        cl = [c / max(l, 1e-6) for c, l in zip(times["compute"], loads)]
         rw = [w / l for w, l in zip(times["whole"], times["layerwise"])]
         ra = [a / l for a, l in zip(times["async"], times["layerwise"])]
         med = {m: statistics.median(v) for m, v in times.items()}
-        print(f"| {n} | {_fmt(comp)} | {comp / load:.2f} | {_fmt(med['whole'])} | {_fmt(med['async'])} | "
+        print(f"| {n} | {_fmt(med['compute'])} | {_fmt(statistics.median(loads))} | {statistics.median(cl):.2f} "
+              f"({min(cl):.2f}..{max(cl):.2f}) | {_fmt(med['whole'])} | {_fmt(med['async'])} | "
               f"{_fmt(med['layerwise'])} | {statistics.median(rw):.2f}x ({min(rw):.2f}..{max(rw):.2f}) | "
               f"{statistics.median(ra):.2f}x ({min(ra):.2f}..{max(ra):.2f}) |", flush=True)
 
