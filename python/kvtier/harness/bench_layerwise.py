@@ -232,7 +232,7 @@ def run(b: Bench, args) -> int:
     print("| new tokens | compute | load | compute / load (min..max) | whole | async | layerwise | "
           "whole / layerwise (min..max) | async / layerwise (min..max) |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for n in cases:
+    for n in cases if args.rounds else []:
         times: Dict[str, List[float]] = {m: [] for m in modes}
         for r in range(args.rounds):
             prompt = b.prefix + b.suffix(n)
@@ -278,10 +278,14 @@ def ram_pairs(b: Bench, n: int, pairs: int) -> None:
         wh.append(w)
         ratios.append(l / w)
     q = statistics.quantiles(ratios, n=4)
+    boot = random.Random(5)
+    meds = sorted(statistics.median(boot.choices(ratios, k=len(ratios))) for _ in range(2000))
     print(f"\nRAM hit, {n} new tokens, {pairs} interleaved pairs:")
     print(f"layerwise {_fmt(statistics.median(lw))}, not layerwise {_fmt(statistics.median(wh))}; "
-          f"paired ratio layerwise / not: median {statistics.median(ratios):.3f}, "
+          f"paired ratio layerwise / not: median {statistics.median(ratios):.3f} "
+          f"(95 % bootstrap interval of the median {meds[50]:.3f}..{meds[1949]:.3f}), "
           f"interquartile {q[0]:.3f}..{q[2]:.3f}, min..max {min(ratios):.3f}..{max(ratios):.3f}", flush=True)
+    print("ratios: " + " ".join(f"{r:.3f}" for r in ratios))
 
 
 if __name__ == "__main__":
