@@ -245,7 +245,9 @@ def run(b: Bench, args) -> int:
                 b.restart()
                 times[m].append(b.ttft(m, prompt, want))
         loads = [w - c for w, c in zip(times["whole"], times["compute"])]
-        cl = [c / max(l, 1e-6) for c, l in zip(times["compute"], loads)]
+        # a round whose whole-chunk request was quicker than its compute-only one says
+        # nothing about the load: the machine's noise was larger than it
+        cl = [c / l for c, l in zip(times["compute"], loads) if l > 0] or [float("inf")]
         rw = [w / l for w, l in zip(times["whole"], times["layerwise"])]
         ra = [a / l for a, l in zip(times["async"], times["layerwise"])]
         med = {m: statistics.median(v) for m, v in times.items()}
