@@ -145,9 +145,10 @@ class Bench:
     def ttft(self, mode: str, prompt: List[int], want: Optional[torch.Tensor]) -> float:
         e = self.engine(mode)
         rid = f"{mode}-{len(e.requests)}"
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         got = e.prefill(prompt, rid)
         dt = time.perf_counter() - t
+        self.last_cpu = time.process_time() - c
         steps = [s for s in e.steps if s.req_id == rid]
         loaded = e.async_loaded.get(rid, 0) + sum(s.external_tokens for s in steps)
         errors = set().union(*(s.load_error_blocks for s in steps))
@@ -181,6 +182,7 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk", type=int, default=256, help="the daemon's chunk size in tokens")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--ram-pairs", type=int, default=30)
+    ap.add_argument("--ram-new", type=int, default=1, help="new tokens of the RAM pairs when --rounds is 0")
     ap.add_argument("--max-new", type=int, default=2048, help="most new tokens a case may use")
     ap.add_argument("--cases", default="1,eq,4x", help="n per case: a number, eq (compute ≈ load), 4x")
     args = ap.parse_args(argv)
@@ -203,6 +205,10 @@ def run(b: Bench, args) -> int:
           f"({b.prefix_bytes / cfg.layers / 2**20:.1f} MiB per layer), chunks of {args.chunk} tokens; "
           f"torch threads 1")
     b.store_prefix()
+
+    if not args.rounds:  # RAM pairs only
+        ram_pairs(b, args.ram_new, args.ram_pairs)
+        return 0
 
     # 1. calibration
     c1, c16, c64 = b.compute(1), b.compute(16), b.compute(64)
@@ -266,19 +272,20 @@ def ram_pairs(b: Bench, n: int, pairs: int) -> None:
     b.restart()
     b.ttft("whole", b.prefix + b.suffix(1), None)  # promotes the prefix back into RAM
     b.ttft("layerwise", b.prefix + b.suffix(1), None)  # warm both paths
-    ratios, lw, wh = [], [], []
+    ratios, lw, wh, cpu = [], [], [], []
     for i in range(pairs):
         prompt = b.prefix + b.suffix(n)
         want = b.reference(prompt) if i == 0 else None
-        if i % 2:
-            w = b.ttft("whole", prompt, want)
-            l = b.ttft("layerwise", prompt, want)
-        else:
-            l = b.ttft("layerwise", prompt, want)
-            w = b.ttft("whole", prompt, want)
+        for m in (["whole", "layerwise"] if i % 2 else ["layerwise", "whole"]):
+            t = b.ttft(m, prompt, want)
+            if m == "whole":
+                w, wc = t, b.last_cpu
+            else:
+                l, lc = t, b.last_cpu
         lw.append(l)
         wh.append(w)
         ratios.append(l / w)
+        cpu.append(lc / wc)
     q = statistics.quantiles(ratios, n=4)
     boot = random.Random(5)
     meds = sorted(statistics.median(boot.choices(ratios, k=len(ratios))) for _ in range(2000))
@@ -288,6 +295,11 @@ def ram_pairs(b: Bench, n: int, pairs: int) -> None:
           f"(95 % bootstrap interval of the median {meds[50]:.3f}..{meds[1949]:.3f}), "
           f"interquartile {q[0]:.3f}..{q[2]:.3f}, min..max {min(ratios):.3f}..{max(ratios):.3f}", flush=True)
     print("ratios: " + " ".join(f"{r:.3f}" for r in ratios))
+    cmeds = sorted(statistics.median(boot.choices(cpu, k=len(cpu))) for _ in range(2000))
+    cq = statistics.quantiles(cpu, n=4)
+    print(f"the engine process's CPU time (all its threads), paired ratio layerwise / not: median "
+          f"{statistics.median(cpu):.3f} (95 % bootstrap interval of the median {cmeds[50]:.3f}..{cmeds[1949]:.3f}), "
+          f"interquartile {cq[0]:.3f}..{cq[2]:.3f}, min..max {min(cpu):.3f}..{max(cpu):.3f}", flush=True)
 
 
 if __name__ == "__main__":
