@@ -182,17 +182,22 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk", type=int, default=256, help="the daemon's chunk size in tokens")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--ram-pairs", type=int, default=30)
+    ap.add_argument("--switch-interval", type=float, default=0.0,
+                    help="sys.setswitchinterval for the run, seconds (0: Python's default, 5 ms)")
     ap.add_argument("--ram-new", type=int, default=1, help="new tokens of the RAM pairs when --rounds is 0")
     ap.add_argument("--max-new", type=int, default=2048, help="most new tokens a case may use")
     ap.add_argument("--cases", default="1,eq,4x", help="n per case: a number, eq (compute ≈ load), 4x")
     args = ap.parse_args(argv)
-    threads = torch.get_num_threads()
+    threads, interval = torch.get_num_threads(), sys.getswitchinterval()
     torch.set_num_threads(1)  # the model on one core, the daemon and the copier on the other
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     b = Bench(args)
     try:
         return run(b, args)
     finally:
         torch.set_num_threads(threads)
+        sys.setswitchinterval(interval)
         b.drop_engines()
         b.compute_engine.close()
         b.daemon.kill()
@@ -203,7 +208,7 @@ def run(b: Bench, args) -> int:
     print(f"model: {cfg.layers} layers, hidden {cfg.hidden}, {cfg.heads} heads, {cfg.kv_heads} KV heads x "
           f"{cfg.head_dim}, fp32; prefix {args.prefix} tokens = {b.prefix_bytes / 2**20:.0f} MiB of KV "
           f"({b.prefix_bytes / cfg.layers / 2**20:.1f} MiB per layer), chunks of {args.chunk} tokens; "
-          f"torch threads 1")
+          f"torch threads 1, GIL switch interval {sys.getswitchinterval() * 1e3:g} ms")
     b.store_prefix()
 
     if not args.rounds:  # RAM pairs only
