@@ -794,6 +794,12 @@ class KVTierConnector(KVConnectorBase_V1):
         loads = [l for l in (prepare(r) for r in reqs if not r.load_async) if l]
         if not loads:
             return
+        if layered:
+            # A prefix all in RAM answers the first LAYER_WAIT with every layer: it is copied
+            # here, as without layerwise, rather than by a thread racing the forward pass.
+            for load in loads:
+                self._await_layer(link, load, 0)
+            layered = any(load.ready != p.ALL_LAYERS for load in loads)
         if not layered:
             self._copy_layers(loads, link, self.copier, [])
             return

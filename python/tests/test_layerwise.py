@@ -47,6 +47,20 @@ def test_layerwise_streams_a_prefix_from_disk(own_daemon, monkeypatch):
     assert any(streamed), "every LAYER_WAIT answered at once: nothing was streamed from disk"
 
 
+def test_layerwise_ram_hit_is_copied_before_the_pass(own_daemon, monkeypatch):
+    """A prefix all in RAM: the first LAYER_WAIT says every layer is in, so the connector copies
+    it in start_load_kv, as without layerwise, and starts no per-layer copier; the logits are
+    those of a full prefill."""
+    p_ = prompt(34, 70)
+    engine(own_daemon.socket_path, "lw-ram", layerwise=True).prefill(p_)
+    streamed = _record_waits(monkeypatch)
+    e = engine(own_daemon.socket_path, "lw-ram", layerwise=True)
+    assert_close(e.prefill(p_), reference(p_))
+    assert [(s.external_tokens, s.num_scheduled) for s in e.steps] == [(64, 6)]
+    assert streamed and not any(streamed), "the prefix was not all in RAM"
+    assert not e.worker_connector._layer_ready, "a RAM hit started the per-layer copier"
+
+
 def test_use_layerwise_is_the_layerwise_setting(own_daemon, monkeypatch):
     """LMCache's use_layerwise turns on the same streaming."""
     p_ = prompt(32, 40)
@@ -94,3 +108,17 @@ def test_damaged_layer_on_disk_is_recomputed(own_daemon, monkeypatch):
     assert_close(e.prefill(p_), reference(p_))
     first = e.steps[0]
     assert first.external_tokens == 64 and first.load_error_blocks, "the damage went unnoticed"
+
+
+def test_ttft_bench_runs_and_checks_logits(kvtier_bin, tmp_path, capsys):
+    """The TTFT benchmark (python -m kvtier.harness.bench_layerwise) at a small size: every
+    measured request, from disk after a restart and from RAM, loads the whole prefix without
+    load errors and gives the logits of the model computing the prefix itself (the benchmark
+    raises otherwise). No timing is checked."""
+    from kvtier.harness import bench_layerwise
+
+    assert bench_layerwise.main(["--bin", kvtier_bin, "--workdir", str(tmp_path), "--layers", "4",
+                                 "--hidden", "256", "--prefix", "512", "--rounds", "1", "--ram-pairs", "2",
+                                 "--max-new", "64", "--cases", "1,eq"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("x (") == 4 and "RAM hit" in out
