@@ -252,20 +252,38 @@ func (s *Stream) fill(ctx context.Context, c int) {
 		return
 	}
 	defer r.Close()
-	for layer := range s.geo.Layers {
+	for layer := 0; layer < s.geo.Layers; {
 		if !s.await(ctx, c, layer) {
 			return
 		}
+		// Every layer the window allows in one range per part: the
+		// layers of a part are adjacent, and a store that pays a round
+		// trip per range (S3) reads three layers for the price of one.
+		last := s.reach(layer)
 		for part := range s.geo.Parts {
-			from, to, _ := s.geo.Range(len(buf), layer, part)
+			from, _, _ := s.geo.Range(len(buf), layer, part)
+			_, to, _ := s.geo.Range(len(buf), last, part)
 			if err = r.ReadRange(ctx, from, to); err != nil {
 				break
 			}
 		}
-		if !s.progress(ctx, c, layer+1, err) {
+		if !s.progress(ctx, c, last+1, err) {
 			return
 		}
+		layer = last + 1
 	}
+}
+
+// reach returns the last layer from layer on that the window lets a chunk
+// read now: layer itself until layer 0 is ready everywhere, then up to
+// streamAhead layers past the layers ready everywhere.
+func (s *Stream) reach(layer int) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ready == 0 {
+		return layer
+	}
+	return min(max(layer, s.ready+streamAhead), s.geo.Layers-1)
 }
 
 // await blocks chunk c's reader until layer is within streamAhead of the

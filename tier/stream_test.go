@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -291,6 +292,86 @@ func TestStreamExtendOutlivesTheFirstDeadline(t *testing.T) {
 		if !m.RAM().Contains(k) {
 			t.Fatalf("chunk %d not committed after its extended stream finished", i)
 		}
+	}
+	for _, id := range ids {
+		m.RAM().Arena().Unref(id)
+	}
+}
+
+// loggedDisk records the ranges each chunk's reader asks for.
+type loggedDisk struct {
+	*disk.Tier
+	mu     *sync.Mutex
+	ranges map[chunk.Key][][2]int
+}
+
+func (l loggedDisk) OpenRange(ctx context.Context, k chunk.Key, dst []byte) (tier.RangeRead, error) {
+	r, err := l.Tier.OpenRange(ctx, k, dst)
+	if err != nil {
+		return nil, err
+	}
+	return loggedRead{r, l, k}, nil
+}
+
+type loggedRead struct {
+	tier.RangeRead
+	l loggedDisk
+	k chunk.Key
+}
+
+func (r loggedRead) ReadRange(ctx context.Context, from, to int) error {
+	r.l.mu.Lock()
+	r.l.ranges[r.k] = append(r.l.ranges[r.k], [2]int{from, to})
+	r.l.mu.Unlock()
+	return r.RangeRead.ReadRange(ctx, from, to)
+}
+
+// TestStreamReadsTheWindowInOneRange: each chunk reads layer 0's K and V
+// alone, then layers 1 to 3 (the window once layer 0 is everywhere) in one
+// range per part; every later range stays within one part, and together
+// they cover the chunk once, with the stored bytes.
+func TestStreamReadsTheWindowInOneRange(t *testing.T) {
+	l := loggedDisk{mu: new(sync.Mutex), ranges: map[chunk.Key][][2]int{}}
+	m, _, _, keys, chunks := streamFixture(t, 4, nil, func(d *disk.Tier) tier.Tier {
+		l.Tier = d
+		return l
+	})
+	ids := make([]arena.ID, len(keys))
+	_, s, err := m.AcquireStream(context.Background(), keys, ids, func() tier.LayerGeometry { return testGeo }, time.Now().Add(time.Minute))
+	if err != nil || s == nil {
+		t.Fatalf("AcquireStream: %v, %v", s, err)
+	}
+	if usable, _, err := s.Wait(context.Background(), testGeo.Layers-1); err != nil || usable != 4 {
+		t.Fatalf("Wait = %d usable, %v", usable, err)
+	}
+	for layer := range testGeo.Layers {
+		checkLayer(t, m.RAM().Arena(), ids, chunks, layer)
+	}
+	span := geoChunk / (testGeo.Layers * testGeo.Parts)
+	part := func(p, first, last int) [2]int {
+		return [2]int{(p*testGeo.Layers + first) * span, (p*testGeo.Layers + last + 1) * span}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for c, k := range keys {
+		rs := l.ranges[k]
+		want := [][2]int{part(0, 0, 0), part(1, 0, 0), part(0, 1, 3), part(1, 1, 3)}
+		if len(rs) < len(want) || [4][2]int(rs[:4]) != [4][2]int(want) {
+			t.Fatalf("chunk %d: first ranges %v, want %v", c, rs, want)
+		}
+		covered := 0
+		for _, r := range rs {
+			if r[0]/(geoChunk/testGeo.Parts) != (r[1]-1)/(geoChunk/testGeo.Parts) {
+				t.Fatalf("chunk %d: range %v spans two parts", c, r)
+			}
+			covered += r[1] - r[0]
+		}
+		if covered != geoChunk || len(rs) >= testGeo.Layers*testGeo.Parts {
+			t.Fatalf("chunk %d: %d ranges covering %d bytes: %v", c, len(rs), covered, rs)
+		}
+	}
+	for !s.Done() {
+		time.Sleep(time.Millisecond)
 	}
 	for _, id := range ids {
 		m.RAM().Arena().Unref(id)

@@ -24,6 +24,7 @@ import (
 type Options struct {
 	Dir         string // disk tier directory: a real disk (tmpfs refuses O_DIRECT)
 	Redis       string // redis:// URL of a Redis to measure too; "" skips it
+	S3          string // s3:// URL of an S3 bucket to measure too; "" skips it
 	Layers      int
 	KVHeads     int
 	HeadDim     int
@@ -87,7 +88,7 @@ type Result struct {
 	RAM        RAMRow
 }
 
-// Run measures the disk tier (and Redis when o.Redis is set) and the RAM
+// Run measures the disk tier (and Redis and S3 when o.Redis, o.S3 are set) and the RAM
 // path, writing progress to log.
 func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 	spec := kvformat.Spec{Layers: o.Layers, KVHeads: o.KVHeads, HeadDim: o.HeadDim, DType: kvformat.Float16,
@@ -111,19 +112,22 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 	if r.TTFT, err = f.ttft(ctx, "disk", perLayer, o.Rounds); err != nil {
 		return r, err
 	}
-	if o.Redis != "" {
-		rf, err := newRedisFixture(o, spec, size)
+	for _, remote := range []struct{ name, url string }{{"redis", o.Redis}, {"s3", o.S3}} {
+		if remote.url == "" {
+			continue
+		}
+		rf, err := newRemoteFixture(o, remote.url, spec, size)
 		if err != nil {
 			return r, err
 		}
 		defer rf.close()
-		fmt.Fprintf(log, "layerwise: the same prefix in %s\n", o.Redis)
-		row, perLayer, err := rf.tierRow(ctx, "redis", o.Rounds)
+		fmt.Fprintf(log, "layerwise: the same prefix in %s\n", remote.name)
+		row, perLayer, err := rf.tierRow(ctx, remote.name, o.Rounds)
 		if err != nil {
 			return r, err
 		}
 		r.Tiers = append(r.Tiers, row)
-		tt, err := rf.ttft(ctx, "redis", perLayer, o.Rounds)
+		tt, err := rf.ttft(ctx, remote.name, perLayer, o.Rounds)
 		if err != nil {
 			return r, err
 		}
@@ -164,11 +168,12 @@ func newFixture(o Options, spec kvformat.Spec, size int) (*fixture, error) {
 	return f, nil
 }
 
-// newRedisFixture holds the prefix in Redis (raw codec) with no disk tier.
-func newRedisFixture(o Options, spec kvformat.Spec, size int) (*fixture, error) {
+// newRemoteFixture holds the prefix in the remote store at url (raw codec)
+// with no disk tier.
+func newRemoteFixture(o Options, url string, spec kvformat.Spec, size int) (*fixture, error) {
 	total := int64(size) * int64(o.Chunks)
 	return openFixture(engine.Options{ChunkSize: o.ChunkTokens, RAMBytes: 2*total + 64<<20, Policy: "LRU",
-		RemoteURLs: []string{o.Redis}, RemoteTimeout: 10 * time.Second}, o, spec, size)
+		RemoteURLs: []string{url}, RemoteTimeout: 10 * time.Second}, o, spec, size)
 }
 
 func openFixture(eo engine.Options, o Options, spec kvformat.Spec, size int) (*fixture, error) {

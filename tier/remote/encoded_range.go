@@ -107,6 +107,10 @@ func (r *piecedRange) ReadRange(ctx context.Context, from, to int) error {
 	if err != nil {
 		return err
 	}
+	if n == 0 {
+		// Gone since OpenRange (evicted, cleared): a miss, not damage.
+		return fmt.Errorf("%s: %v: %w", r.e.name, r.key, tier.ErrNotFound)
+	}
 	for i := first; i < end; i++ {
 		if n != hi-lo || !r.p.Check(i, r.dst[i*pl:min((i+1)*pl, len(r.dst))]) {
 			r.e.corrupt.Add(1)

@@ -12,7 +12,8 @@
 //
 // # Round trips
 //
-// Get is one GET whose body is read straight into the caller's buffer.
+// Get is one GET whose body is read straight into the caller's buffer;
+// GetRange (layerwise loads of pieced objects) one GET with a Range header.
 // Put is a HEAD (skipped when the key is known present) and one PUT with the
 // length known up front: objects up to MaxSinglePut bytes go as a single
 // request, never through multipart buffering, and the payload is sent
