@@ -27,7 +27,7 @@ const (
 func s3Fixture(t *testing.T, from int) (*s3test.Server, *engine.Engine, []chunk.Key, [][]byte) {
 	t.Helper()
 	srv := s3test.Start(t)
-	e, keys, chunks := layeredFixture(t, srv.URL("kvc", "p/"), 4)
+	e, keys, chunks := layeredFixture(t, srv.URL("kvc", "p/")+"&layer_ranges=true", 4)
 	disk := e.Manager().Tiers()[1]
 	for _, k := range keys[from:] {
 		tier.Remove(disk, k)
@@ -151,4 +151,33 @@ func TestLayerwiseS3KilledMidStream(t *testing.T) {
 			t.Fatalf("chunk %d in RAM: %v with %d usable", c, e.InRAM(k), usable)
 		}
 	}
+}
+
+// TestLayerwiseS3WholeByDefault: without layer_ranges in its URL an S3
+// tier is read a whole chunk at a time, so the first layer a chunk has is
+// all of them: LayerWait(0) answers with every layer ready, the bytes are
+// the stored ones, and the chunks become RAM chunks.
+func TestLayerwiseS3WholeByDefault(t *testing.T) {
+	srv := s3test.Start(t)
+	e, keys, chunks := layeredFixture(t, srv.URL("kvc", "w/"), 4)
+	disk := e.Manager().Tiers()[1]
+	for _, k := range keys {
+		tier.Remove(disk, k)
+	}
+	ctx := context.Background()
+	slots, id, err := e.PrepareRetrieveLayers(ctx, keys, engine.Layers{}, time.Minute, nil)
+	if err != nil || len(slots) != 4 {
+		t.Fatalf("PrepareRetrieveLayers: %d slots, %v", len(slots), err)
+	}
+	defer e.Release(id)
+	usable, ready, err := e.LayerWait(ctx, id, 0)
+	if err != nil || usable != 4 || ready != s3Layers {
+		t.Fatalf("LayerWait(0) = %d usable, %d ready, %v; want 4 usable, all %d layers (whole reads)", usable, ready, err, s3Layers)
+	}
+	for c, s := range slots {
+		if !bytes.Equal(slotBytes(t, e, s), chunks[c]) {
+			t.Fatalf("chunk %d holds wrong bytes", c)
+		}
+	}
+	waitDone(t, e, keys, 4)
 }

@@ -18,6 +18,24 @@ type RangeReader interface {
 	OpenRange(ctx context.Context, key chunk.Key, dst []byte) (RangeRead, error)
 }
 
+// RangeChooser is implemented by a RangeReader that may prefer whole
+// reads: a remote tier whose store cannot read ranges, or can but was
+// measured to be slower at it (S3 unless asked, docs/layerwise.md). Its
+// chunks are then read whole, as many at once as a promotion reads.
+type RangeChooser interface {
+	ReadsRanges() bool
+}
+
+// readsRanges returns t as a RangeReader when layerwise retrieval should
+// read it a range at a time.
+func readsRanges(t Tier) (RangeReader, bool) {
+	rr, ok := t.(RangeReader)
+	if c, chooses := t.(RangeChooser); ok && chooses && !c.ReadsRanges() {
+		return nil, false
+	}
+	return rr, ok
+}
+
 // RangeRead reads one object into its destination a range at a time.
 // It is used by one goroutine at a time.
 type RangeRead interface {

@@ -232,7 +232,7 @@ func (s *Stream) run(ctx context.Context) {
 func (s *Stream) fill(ctx context.Context, c int) {
 	lt := s.m.lower[s.tiers[c]]
 	buf := s.m.arena.Bytes(s.ids[c])
-	rr, ranged := lt.Tier.(RangeReader)
+	rr, ranged := readsRanges(lt.Tier)
 	if _, _, fits := s.geo.Range(len(buf), 0, 0); !ranged || !fits {
 		if !s.await(ctx, c, 0) {
 			return

@@ -20,6 +20,33 @@ import (
 
 var _ tier.RangeReader = (*Encoded)(nil)
 
+// RangePreferrer is implemented by a store that can read ranges but may
+// be faster read whole (S3: one request per range costs more than the
+// bytes it saves, unless configured otherwise).
+type RangePreferrer interface {
+	PrefersRanges() bool
+}
+
+// ReadsRanges implements tier.RangeChooser: layerwise loads read ranges
+// only from a store that can, and that does not prefer whole reads.
+func (e *Encoded) ReadsRanges() bool {
+	if e.ranged == nil {
+		return false
+	}
+	if p, ok := storeOf(e.inner).(RangePreferrer); ok {
+		return p.PrefersRanges()
+	}
+	return true
+}
+
+// storeOf returns the store behind the circuit breaker, if t has one.
+func storeOf(t tier.Tier) tier.Tier {
+	if g, ok := t.(*Guarded); ok {
+		return g.inner
+	}
+	return t
+}
+
 // pieced reports whether Put seals raw chunks as pieced objects.
 func (e *Encoded) pieced(c codec.Codec) bool {
 	return e.ranged != nil && c.ID() == codec.IDRaw

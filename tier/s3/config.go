@@ -34,6 +34,7 @@ type Config struct {
 	Secure       bool   // HTTPS
 	PathStyle    bool   // bucket in the path rather than the host name
 	CreateBucket bool   // create the bucket when it is missing
+	LayerRanges  bool   // layerwise loads read a layer at a time (Range GETs) rather than whole objects
 
 	AccessKey    string
 	SecretKey    string
@@ -82,7 +83,7 @@ func (c Config) withDefaults() Config {
 
 // ParseURL reads a Config from a URL of the form
 //
-//	s3://[access:secret@]bucket[/prefix]?endpoint=host:port&region=r&secure=false&path_style=true&create=true
+//	s3://[access:secret@]bucket[/prefix]?endpoint=host:port&region=r&secure=false&path_style=true&create=true&layer_ranges=true
 //
 // All query parameters are optional; unknown ones are rejected so a typo
 // does not silently fall back to a default. Credentials come from the URL's
@@ -139,8 +140,10 @@ func parseQuery(c *Config, q url.Values) error {
 			c.PathStyle, err = strconv.ParseBool(v)
 		case "create":
 			c.CreateBucket, err = strconv.ParseBool(v)
+		case "layer_ranges":
+			c.LayerRanges, err = strconv.ParseBool(v)
 		default:
-			err = errors.New("unknown parameter (known: endpoint, region, secure, path_style, create)")
+			err = errors.New("unknown parameter (known: endpoint, region, secure, path_style, create, layer_ranges)")
 		}
 		if err != nil {
 			return fmt.Errorf("%w: %s=%q: %v", ErrBadURL, name, v, err)

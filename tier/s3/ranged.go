@@ -13,7 +13,17 @@ import (
 	"kvtier/tier/remote"
 )
 
-var _ remote.RangeGetter = (*Tier)(nil)
+var (
+	_ remote.RangeGetter    = (*Tier)(nil)
+	_ remote.RangePreferrer = (*Tier)(nil)
+)
+
+// PrefersRanges implements remote.RangePreferrer: the URL's layer_ranges.
+// Objects are pieced either way, so the choice can change without
+// rewriting them; whole reads are the default because a Range GET per
+// layer cost more than it saved against a local server
+// (docs/layerwise.md).
+func (t *Tier) PrefersRanges() bool { return t.cfg.LayerRanges }
 
 // GetRange implements remote.RangeGetter with one GET carrying an HTTP
 // Range header, its body read straight into dst. It returns how many bytes

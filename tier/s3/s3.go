@@ -33,12 +33,14 @@
 //
 // # URL and credentials
 //
-//	s3://[access:secret@]bucket[/prefix]?endpoint=host:port&region=r&secure=false&path_style=true&create=true
+//	s3://[access:secret@]bucket[/prefix]?endpoint=host:port&region=r&secure=false&path_style=true&create=true&layer_ranges=true
 //
 // endpoint defaults to AWS S3, secure to true, the prefix to "kvtier/".
 // path_style=true puts the bucket in the request path, which most
 // self-hosted servers need. create=true creates the bucket when it is
-// missing.
+// missing. layer_ranges=true makes layerwise loads read a chunk a few
+// layers per Range GET; by default they read each chunk whole, which was
+// faster here (docs/layerwise.md).
 //
 // Credentials are taken from exactly one place, in this order:
 //  1. the URL's user information, access:secret@ (percent-encode any '/',
