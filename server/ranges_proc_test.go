@@ -48,12 +48,14 @@ func TestRetrieveRangesProcess(t *testing.T) {
 	ctx := context.Background()
 	w := dialRanges(t, d.TCP, false)
 	for i := range 40 {
+		// Flushing after each store keeps RAM from filling with chunks
+		// still on their way to disk, which would refuse the next store.
 		if n, err := w.Store(ctx, client.Raw([]chunk.Key{rangeKey(i)}), [][]byte{rangePayload(i, size)}); err != nil || n != 1 {
 			t.Fatalf("store %d: %d, %v", i, n, err)
 		}
-	}
-	if _, err := w.Flush(ctx); err != nil {
-		t.Fatal(err)
+		if _, err := w.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 	c := dialRanges(t, d.TCP, true)
 	for _, first := range []int{0, 38} { // 0 on disk only, 38 in RAM
