@@ -71,6 +71,26 @@ func TestRangeReadsFromPeer(t *testing.T) {
 	if st := tr.Stats(); st.Hits != 2 || st.BytesRead != 2*size {
 		t.Fatalf("stats %+v, want 2 hits of %d bytes", st, size)
 	}
+	// A range read on the open connection allocates nothing (raceless
+	// builds only: the race detector allocates).
+	if _, ok := tr.Size(key(27)); !ok {
+		t.Fatal("chunk 27 is gone")
+	}
+	dctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	r, err := tr.OpenRange(dctx, key(27), make([]byte, size))
+	if err != nil {
+		t.Fatal(err)
+	}
+	allocs := testing.AllocsPerRun(50, func() {
+		if err := r.ReadRange(dctx, 4096, 8192); err != nil {
+			t.Fatal(err)
+		}
+	})
+	r.Close()
+	if allocs != 0 && !raceEnabled {
+		t.Fatalf("%v allocations per range read", allocs)
+	}
 	if _, err := tr.OpenRange(ctx, key(999), make([]byte, size)); !errors.Is(err, tier.ErrNotFound) {
 		t.Fatalf("a chunk no peer holds: %v", err)
 	}
@@ -80,7 +100,7 @@ func TestRangeReadsFromPeer(t *testing.T) {
 		t.Fatal("chunk 28 is gone")
 	}
 	dst := bytes.Repeat([]byte{0xAA}, size)
-	r, err := tr.OpenRange(ctx, key(28), dst)
+	r, err = tr.OpenRange(ctx, key(28), dst)
 	if err != nil {
 		t.Fatal(err)
 	}
