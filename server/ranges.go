@@ -37,9 +37,6 @@ func (s *session) handleRetrieveRanges(h wire.Header, body []byte) *requestError
 	if err != nil && n == 0 {
 		return statusOf(err)
 	}
-	if !peer {
-		s.svc.pd.consumed(keys[:n])
-	}
 	served := m.Ranges[:wire.Served(m.Ranges, n)]
 	rh := wire.RangeDataHeader{DataHeader: wire.DataHeader{Tokens: r.tokensAfter(n), Sizes: s.sizes[:0]}, Sums: s.sums[:0]}
 	for j := range n {
@@ -54,6 +51,9 @@ func (s *session) handleRetrieveRanges(h wire.Header, body []byte) *requestError
 		rh.Sums = append(rh.Sums, wire.Checksum(rd.Bytes(int(br.Key))[br.From:br.To]))
 	}
 	s.sizes, s.sums = rh.Sizes, rh.Sums
+	if !peer {
+		s.svc.pd.consumed(keys[:n])
+	}
 	s.out = rh.Append(wire.Begin(s.out))
 	flags := wire.Flags(0)
 	if len(served) > 0 {
