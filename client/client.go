@@ -108,6 +108,8 @@ type Client struct {
 	slots       wire.Slots
 	dataHeader  wire.DataHeader
 	peerHeader  wire.PeerDataHeader
+	rangeReq    wire.RetrieveRanges
+	rangeHeader wire.RangeDataHeader
 }
 
 // DialUnix connects to the daemon's local socket at path and maps the
@@ -741,3 +743,58 @@ func (c *Client) Sizes(ctx context.Context, k wire.Keys) ([]uint32, error) {
 }
 
 var _ io.Closer = (*Client)(nil)
+
+// RetrieveRanges reads byte ranges of the leading cached chunks named by k
+// (RETRIEVE_RANGES): range i lands in dst[ranges[i].Key][From:To], checked
+// against the checksum the daemon sends for it, so dst[j] must be at
+// least as long as the ranges of chunk j reach. It returns the sizes of
+// the leading cached chunks (valid until the next call) and how many
+// ranges were read: those naming one of them. A range that does not match
+// its checksum gives ErrChecksum, with the ranges before it read; that and
+// a range that does not fit dst close the connection.
+func (c *Client) RetrieveRanges(ctx context.Context, k wire.Keys, ranges []wire.ByteRange, dst [][]byte) (sizes []uint32, read int, err error) {
+	b, err := c.begin(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer c.end()
+	c.rangeReq.Keys, c.rangeReq.Ranges = k, ranges
+	h, body, err := c.roundTrip(c.rangeReq.Append(b), wire.OpRetrieveRanges, c.peerFlag())
+	c.rangeReq = wire.RetrieveRanges{}
+	if err != nil {
+		return nil, 0, err
+	}
+	rh := &c.rangeHeader
+	if err := rh.Decode(body); err != nil {
+		return nil, 0, c.breakConn(err)
+	}
+	n := wire.Served(ranges, len(rh.Sizes))
+	if len(rh.Sums) != n || (h.Flags&wire.FlagMore != 0) != (n > 0) {
+		return nil, 0, c.breakConn(fmt.Errorf("%w: RETRIEVE_RANGES reply with %d checksums for %d ranges, flags %#x", wire.ErrFrame, len(rh.Sums), n, h.Flags))
+	}
+	for i, br := range ranges[:n] {
+		if br.To > rh.Sizes[br.Key] {
+			return nil, 0, c.breakConn(fmt.Errorf("%w: range %d ends at %d in a %d-byte chunk", wire.ErrFrame, i, br.To, rh.Sizes[br.Key]))
+		}
+		dataHdr, err := c.rd.Header()
+		if err != nil {
+			return nil, i, c.breakConn(err)
+		}
+		last := i == n-1
+		if dataHdr.Op != wire.OpRetrieveRanges || dataHdr.ID != c.id || (dataHdr.Flags&wire.FlagMore == 0) != last || dataHdr.Len != br.To-br.From {
+			return nil, i, c.breakConn(fmt.Errorf("%w: data frame %d out of order", wire.ErrFrame, i))
+		}
+		if int(br.Key) >= len(dst) || len(dst[br.Key]) < int(br.To) {
+			return nil, i, c.breakConn(fmt.Errorf("range %d of chunk %d does not fit its buffer", i, br.Key))
+		}
+		part := dst[br.Key][br.From:br.To]
+		if err := c.rd.ReadData(dataHdr, part); err != nil {
+			return nil, i, c.breakConn(err)
+		}
+		if wire.Checksum(part) != rh.Sums[i] {
+			c.breakConn(fmt.Errorf("%w: range %d", ErrChecksum, i))
+			return nil, i, fmt.Errorf("%w: range %d of %d", ErrChecksum, i, n)
+		}
+	}
+	return rh.Sizes, n, nil
+}

@@ -74,7 +74,8 @@ type session struct {
 	prepR    wire.PrepareRetrieve
 	prepL    wire.PrepareRetrieveLayers
 	keysOnly wire.KeysOnly
-	sums     []uint64 // checksums of a peer's RETRIEVE
+	sums     []uint64 // checksums of a peer's RETRIEVE or of RETRIEVE_RANGES
+	ranges   wire.RetrieveRanges
 	store    wire.Store
 	digests  [][32]byte // vLLM block hashes, for the event publisher
 	blocks   []uint64
@@ -369,6 +370,8 @@ func (s *session) handle(h wire.Header) *requestError {
 		return s.handlePrepareRetrieveLayers(h, body)
 	case wire.OpLayerWait:
 		return s.handleLayerWait(h, body)
+	case wire.OpRetrieveRanges:
+		return s.handleRetrieveRanges(h, body)
 	}
 	return fail(wire.StatusUnknownOp, "%s is not a request", h.Op)
 }

@@ -63,7 +63,8 @@ const (
 	// OpLookupBatch    Op = 21, see batch.go
 	// OpRequestBuffer  Op = 22, see shared.go
 	// OpPrepareRetrieveLayers Op = 23, OpLayerWait Op = 24, see layers.go
-	opLimit Op = 25
+	// OpRetrieveRanges Op = 25, see ranges.go
+	opLimit Op = 26
 
 	// MaxOp is the highest operation of this version.
 	MaxOp = opLimit - 1
@@ -72,7 +73,7 @@ const (
 var opNames = [...]string{"", "HELLO", "PING", "SCOPE", "LOOKUP", "PREPARE_STORE",
 	"COMMIT_STORE", "PREPARE_RETRIEVE", "RELEASE", "RENEW", "PREFETCH", "CLEAR",
 	"STATS", "STORE", "RETRIEVE", "SIZES", "FLUSH", "PUSH", "PUSH_STATUS", "RECEIVE", "WAIT", "LOOKUP_BATCH", "REQUEST_BUFFER",
-	"PREPARE_RETRIEVE_LAYERS", "LAYER_WAIT"}
+	"PREPARE_RETRIEVE_LAYERS", "LAYER_WAIT", "RETRIEVE_RANGES"}
 
 func (o Op) String() string {
 	if o > 0 && o < opLimit {

@@ -93,29 +93,40 @@ func (s *store) dial(ctx context.Context) (*client.Client, error) {
 // checksum mismatch, is closed, not pooled again: the next call on it
 // would fail and count against the peer.
 func (s *store) call(ctx context.Context, fn func(*client.Client) error) error {
-	if s.done.Load() {
-		return tier.ErrClosed
-	}
-	var c *client.Client
-	select {
-	case c = <-s.pool:
-	default:
-		var err error
-		if c, err = s.dial(ctx); err != nil {
-			return err
-		}
-	}
-	err := fn(c)
-	if errors.Is(err, client.ErrClosed) || errors.Is(err, client.ErrChecksum) || s.done.Load() {
-		c.Close()
+	c, err := s.take(ctx)
+	if err != nil {
 		return err
+	}
+	err = fn(c)
+	s.give(c, errors.Is(err, client.ErrClosed) || errors.Is(err, client.ErrChecksum))
+	return err
+}
+
+// take returns a pooled connection, or dials one when none is idle.
+func (s *store) take(ctx context.Context) (*client.Client, error) {
+	if s.done.Load() {
+		return nil, tier.ErrClosed
+	}
+	select {
+	case c := <-s.pool:
+		return c, nil
+	default:
+		return s.dial(ctx)
+	}
+}
+
+// give pools c again, unless it is broken, the store closed or the pool
+// is full.
+func (s *store) give(c *client.Client, broken bool) {
+	if broken || s.done.Load() {
+		c.Close()
+		return
 	}
 	select {
 	case s.pool <- c:
 	default:
 		c.Close()
 	}
-	return err
 }
 
 func (s *store) ctx() (context.Context, context.CancelFunc) {

@@ -2,6 +2,7 @@ package remote
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"kvtier/chunk"
@@ -64,4 +65,28 @@ func (g *Guarded) execGetRange(c *call) {
 		return
 	}
 	c.n, c.err = rg.GetRange(c.ctx, c.key, c.off, c.buf)
+}
+
+// Admits reports whether the breaker would let a call through now (it is
+// not open and not closed), without counting one: for a caller that then
+// talks to the store outside the breaker (a P2P range read on a connection
+// it holds for one chunk) and reports the outcome with Report.
+func (g *Guarded) Admits() bool {
+	return !g.closed.Load() && State(g.state.Load()) != StateOpen
+}
+
+// Report records the outcome of a call made on the store outside the
+// breaker as a call through it would be: failures count towards opening
+// the circuit, an answer closes a half-open one.
+func (g *Guarded) Report(ctx context.Context, err error) {
+	o := classify(ctx, err)
+	if g.o.CorruptIsFailure && errors.Is(err, tier.ErrCorrupt) {
+		o = outcomeFailure
+	}
+	switch o {
+	case outcomeSuccess:
+		g.recordSuccess()
+	case outcomeFailure:
+		g.recordFailure()
+	}
 }

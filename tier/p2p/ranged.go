@@ -1,0 +1,165 @@
+package p2p
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"kvtier/chunk"
+	"kvtier/client"
+	"kvtier/tier"
+	"kvtier/tier/remote"
+	"kvtier/wire"
+)
+
+// Range reads (layerwise loads, docs/layerwise.md). OpenRange takes one of
+// the peer's connections for the chunk alone and a lease on the chunk
+// there (LOOKUP with a lease), so that the chunk stays in the peer's RAM
+// or on its disk between ranges and no range pays a LOOKUP; each
+// ReadRange is one RETRIEVE_RANGES on that connection, checked range by
+// range; Close releases the lease and gives the connection back. The
+// circuit breaker is asked at OpenRange and told each range's outcome.
+
+var (
+	_ tier.RangeReader  = (*Tier)(nil)
+	_ tier.RangeChooser = (*Tier)(nil)
+)
+
+// ReadsRanges implements tier.RangeChooser: a peer answers ranges from
+// its RAM by reference, so reading a layer costs a round trip and only
+// that layer's bytes.
+func (t *Tier) ReadsRanges() bool { return true }
+
+// OpenRange implements tier.RangeReader on the peer Size found key on.
+func (t *Tier) OpenRange(ctx context.Context, key chunk.Key, dst []byte) (tier.RangeRead, error) {
+	loc, ok := t.recall(key)
+	if !ok {
+		if _, ok = t.Size(key); ok {
+			loc, ok = t.recall(key)
+		}
+	}
+	if !ok {
+		t.misses.Add(1)
+		return nil, fmt.Errorf("p2p tier: %v: %w", key, tier.ErrNotFound)
+	}
+	t.forget(key)
+	if loc.size != len(dst) {
+		t.misses.Add(1)
+		return nil, fmt.Errorf("p2p tier: %v: %d bytes on the peer, %d asked: %w", key, loc.size, len(dst), tier.ErrNotFound)
+	}
+	g := t.peers.get(loc.addr)
+	s, _ := g.Inner().(*store)
+	if s == nil || !g.Admits() {
+		t.misses.Add(1)
+		return nil, fmt.Errorf("p2p peer %s: circuit open: %w", loc.addr, tier.ErrNotFound)
+	}
+	r := &peerRange{t: t, g: g, s: s, key: key}
+	r.keys = [1]chunk.Key{key}
+	r.dst[0] = dst
+	if err := r.open(ctx); err != nil {
+		t.misses.Add(1)
+		return nil, err
+	}
+	return r, nil
+}
+
+// peerRange is one chunk streamed from a peer on a connection of its own.
+type peerRange struct {
+	t     *Tier
+	g     *remote.Guarded
+	s     *store
+	c     *client.Client
+	key   chunk.Key
+	keys  [1]chunk.Key
+	dst   [1][]byte
+	rng   [1]wire.ByteRange
+	lease uint64
+	bad   bool // the connection failed or is out of step: closed, not pooled
+	read  int  // bytes read, counted at Close
+}
+
+// open takes a connection and a lease on the chunk.
+func (r *peerRange) open(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, r.s.o.Timeout)
+	defer cancel()
+	c, err := r.s.take(ctx)
+	if err != nil {
+		r.g.Report(ctx, err)
+		return err
+	}
+	r.c = c
+	hit, err := c.Lookup(ctx, client.Raw(r.keys[:]), uint32(r.s.o.Lease.Milliseconds()))
+	r.g.Report(ctx, err)
+	if err == nil && hit.Chunks == 0 {
+		err = fmt.Errorf("p2p peer %s: %v: %w", r.s.addr, r.key, tier.ErrNotFound)
+	}
+	if err != nil {
+		r.bad = errors.Is(err, client.ErrClosed)
+		r.done()
+		return err
+	}
+	r.lease = hit.Lease
+	return nil
+}
+
+// ReadRange implements tier.RangeRead: bytes [from, to) of the chunk,
+// checked against the checksum the peer sends for them.
+func (r *peerRange) ReadRange(ctx context.Context, from, to int) error {
+	if r.c == nil {
+		return fmt.Errorf("p2p peer %s: %v: %w", r.s.addr, r.key, tier.ErrClosed)
+	}
+	ctx, cancel := remote.BoundCall(ctx, r.s.o.Timeout, r.s.o.Bandwidth, to-from)
+	defer cancel()
+	r.rng[0] = wire.ByteRange{Key: 0, From: uint32(from), To: uint32(to)}
+	_, n, err := r.c.RetrieveRanges(ctx, client.Raw(r.keys[:]), r.rng[:], r.dst[:])
+	switch {
+	case errors.Is(err, client.ErrChecksum):
+		err = fmt.Errorf("p2p peer %s: %w: %w", r.s.addr, tier.ErrCorrupt, err)
+		r.t.corrupt.Add(1)
+	case err != nil:
+		err = fmt.Errorf("p2p peer %s: %w", r.s.addr, err)
+	case n == 0:
+		// Gone from the peer despite the lease (cleared, or the peer
+		// restarted): the chunk is a miss from here on.
+		err = fmt.Errorf("p2p peer %s: %v: %w", r.s.addr, r.key, tier.ErrNotFound)
+	}
+	r.g.Report(ctx, err)
+	if err != nil {
+		if errors.Is(err, client.ErrClosed) || errors.Is(err, client.ErrChecksum) {
+			r.bad = true
+		}
+		r.t.misses.Add(1)
+		r.done()
+		return err
+	}
+	r.read += to - from
+	return nil
+}
+
+// Close implements tier.RangeRead: the lease is released and the
+// connection given back.
+func (r *peerRange) Close() {
+	if r.c == nil {
+		return
+	}
+	r.t.hits.Add(1)
+	r.t.bytesRead.Add(uint64(r.read))
+	r.done()
+}
+
+// done releases the lease (a release that fails leaves it to lapse) and
+// returns the connection to the pool, or closes it when it is broken.
+func (r *peerRange) done() {
+	if r.c == nil {
+		return
+	}
+	if r.lease != 0 && !r.bad {
+		ctx, cancel := r.s.ctx()
+		if err := r.c.Release(ctx, r.lease); errors.Is(err, client.ErrClosed) {
+			r.bad = true
+		}
+		cancel()
+	}
+	r.s.give(r.c, r.bad)
+	r.c, r.lease = nil, 0
+}
