@@ -67,6 +67,11 @@ type Options struct {
 	Bandwidth int64
 	// Conns is how many connections to each peer are kept open (default 4).
 	Conns int
+	// RangedConns bounds the chunks layerwise loads read from one peer a
+	// range at a time, each on a connection of its own (default 8); the
+	// peer counts them against its max_connections, which its own clients
+	// share. Chunks past it are read whole, Conns at a time.
+	RangedConns int
 	// Lease is how long a read's lease pins the chunk on the peer should
 	// the release never come (default 10 s).
 	Lease time.Duration
@@ -85,6 +90,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.Conns <= 0 {
 		o.Conns = 4
+	}
+	if o.RangedConns <= 0 {
+		o.RangedConns = 8
 	}
 	if o.Lease <= 0 {
 		o.Lease = 10 * time.Second

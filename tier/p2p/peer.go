@@ -29,7 +29,7 @@ func (ps *peers) get(addr string) *remote.Guarded {
 	defer ps.mu.Unlock()
 	g, ok := ps.m[addr]
 	if !ok {
-		s := &store{addr: addr, o: ps.o, pool: make(chan *client.Client, ps.o.Conns)}
+		s := &store{addr: addr, o: ps.o, pool: make(chan *client.Client, ps.o.Conns), whole: make(chan struct{}, ps.o.Conns)}
 		g = remote.Guard(s, remote.GuardOptions{Timeout: ps.o.Timeout, Bandwidth: ps.o.Bandwidth,
 			Threshold: ps.o.Threshold, CorruptIsFailure: true, Logger: ps.o.Logger.With("tier", "p2p", "peer", addr)})
 		ps.m[addr] = g
@@ -69,10 +69,12 @@ var (
 // store is one peer seen as a tier, for the circuit breaker to guard: a
 // pool of peer connections (client.Options.Peer) to its TCP protocol.
 type store struct {
-	addr string
-	o    Options
-	pool chan *client.Client
-	done atomic.Bool
+	addr   string
+	o      Options
+	pool   chan *client.Client
+	done   atomic.Bool
+	ranged atomic.Int32  // open ranged reads (ranged.go), at most o.RangedConns
+	whole  chan struct{} // whole reads instead of ranged ones, at most o.Conns at once
 }
 
 func (s *store) Name() string { return "p2p" }

@@ -53,15 +53,63 @@ func (t *Tier) OpenRange(ctx context.Context, key chunk.Key, dst []byte) (tier.R
 		t.misses.Add(1)
 		return nil, fmt.Errorf("p2p peer %s: circuit open: %w", loc.addr, tier.ErrNotFound)
 	}
+	if s.ranged.Add(1) > int32(s.o.RangedConns) {
+		s.ranged.Add(-1)
+		return &wholePeerRead{t: t, g: g, s: s, key: key, dst: dst}, nil
+	}
 	r := &peerRange{t: t, g: g, s: s, key: key}
 	r.keys = [1]chunk.Key{key}
 	r.dst[0] = dst
-	if err := r.open(ctx); err != nil {
+	if err := r.open(ctx); err != nil { // open gave the ranged slot back
 		t.misses.Add(1)
 		return nil, err
 	}
 	return r, nil
 }
+
+// wholePeerRead reads a chunk whole at its first range, for a stream past
+// the peer's RangedConns: such reads take a pooled connection only for
+// the one RETRIEVE (whole-chunk checksum), at most Conns at once, and
+// never hold one while the stream waits for other chunks.
+type wholePeerRead struct {
+	t    *Tier
+	g    *remote.Guarded
+	s    *store
+	key  chunk.Key
+	dst  []byte
+	done bool
+}
+
+// ReadRange implements tier.RangeRead: the first call reads every byte.
+func (w *wholePeerRead) ReadRange(ctx context.Context, from, to int) error {
+	if w.done {
+		return nil
+	}
+	select {
+	case w.s.whole <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	n, err := w.g.Get(ctx, w.key, w.dst)
+	<-w.s.whole
+	if err == nil && n != len(w.dst) {
+		err = fmt.Errorf("p2p peer %s: %v: %d bytes, %d expected: %w", w.s.addr, w.key, n, len(w.dst), tier.ErrNotFound)
+	}
+	if err != nil {
+		w.t.misses.Add(1)
+		if errors.Is(err, tier.ErrCorrupt) {
+			w.t.corrupt.Add(1)
+		}
+		return err
+	}
+	w.done = true
+	w.t.hits.Add(1)
+	w.t.bytesRead.Add(uint64(n))
+	return nil
+}
+
+// Close implements tier.RangeRead; a whole read holds nothing.
+func (w *wholePeerRead) Close() {}
 
 // peerRange is one chunk streamed from a peer on a connection of its own.
 type peerRange struct {
@@ -78,13 +126,15 @@ type peerRange struct {
 	read  int  // bytes read, counted at Close
 }
 
-// open takes a connection and a lease on the chunk.
+// open takes a connection and a lease on the chunk. On failure it has
+// given back the ranged slot OpenRange took.
 func (r *peerRange) open(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, r.s.o.Timeout)
 	defer cancel()
 	c, err := r.s.take(ctx)
 	if err != nil {
 		r.g.Report(ctx, err)
+		r.s.ranged.Add(-1) // done, which gives it back otherwise, needs a connection
 		return err
 	}
 	r.c = c
@@ -162,4 +212,5 @@ func (r *peerRange) done() {
 	}
 	r.s.give(r.c, r.bad)
 	r.c, r.lease = nil, 0
+	r.s.ranged.Add(-1)
 }

@@ -124,13 +124,30 @@ func TestStreamFromPeerKilledMidStream(t *testing.T) {
 // through the manager: every layer holds the stored bytes once Wait says
 // so, and the chunks become this daemon's RAM chunks.
 func TestStreamFromPeer(t *testing.T) {
-	d1 := startProc(t, "chunk_size: 16\nmax_local_cpu_size: 0.0625")
+	streamFromPeer(t, "", 3, p2p.Options{})
+}
+
+// TestStreamFromPeerPastRangedConns streams more chunks than RangedConns
+// from a peer that serves few connections: the chunks past the bound are
+// read whole, a few at a time, so the peer refuses none and every chunk
+// arrives. Unbounded, the stream would ask for ten connections at once and
+// the peer, serving eight, would refuse some of them.
+func TestStreamFromPeerPastRangedConns(t *testing.T) {
+	streamFromPeer(t, "\nmax_connections: 8", 10, p2p.Options{Conns: 2, RangedConns: 2})
+}
+
+// streamFromPeer stores n chunks on a daemon started with peerConf and
+// streams them through a manager over a P2P tier with options o: every
+// layer holds the stored bytes once Wait says so, all n stay usable, and
+// the chunks become RAM chunks.
+func streamFromPeer(t *testing.T, peerConf string, n int, o p2p.Options) {
+	d1 := startProc(t, "chunk_size: 16\nmax_local_cpu_size: 0.0625"+peerConf)
 	c1 := dial(t, d1.TCP)
 	ctx := context.Background()
-	keys := keysOf(3)
+	keys := keysOf(n)
 	for i, k := range keys {
-		if n, err := c1.Store(ctx, client.Raw([]chunk.Key{k}), [][]byte{payload(i, streamChunk)}); err != nil || n != 1 {
-			t.Fatalf("store chunk %d: %d, %v", i, n, err)
+		if got, err := c1.Store(ctx, client.Raw([]chunk.Key{k}), [][]byte{payload(i, streamChunk)}); err != nil || got != 1 {
+			t.Fatalf("store chunk %d: %d, %v", i, got, err)
 		}
 	}
 	a, err := arena.New(arena.Options{Capacity: 64 * streamChunk})
@@ -142,22 +159,23 @@ func TestStreamFromPeer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr := p2p.NewStatic([]string{d1.TCP}, p2p.Options{Token: token, Timeout: 2 * time.Second})
+	o.Token, o.Timeout = token, 2*time.Second
+	tr := p2p.NewStatic([]string{d1.TCP}, o)
 	m, err := tier.NewManager(ram, []tier.Tier{tr}, tier.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.Close()
 	ids := make([]arena.ID, len(keys))
-	n, s, err := m.AcquireStream(ctx, keys, ids, func() tier.LayerGeometry { return streamGeo }, time.Now().Add(time.Minute))
-	if err != nil || n != 3 || s == nil {
-		t.Fatalf("AcquireStream = %d, %v, %v", n, s, err)
+	got, s, err := m.AcquireStream(ctx, keys, ids, func() tier.LayerGeometry { return streamGeo }, time.Now().Add(time.Minute))
+	if err != nil || got != n || s == nil {
+		t.Fatalf("AcquireStream = %d, %v, %v", got, s, err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for layer := range streamGeo.Layers {
 		usable, ready, err := s.Wait(wctx, layer)
-		if err != nil || usable != 3 || ready <= layer {
+		if err != nil || usable != n || ready <= layer {
 			t.Fatalf("Wait(%d) = %d, %d, %v", layer, usable, ready, err)
 		}
 		for i, id := range ids {
@@ -178,7 +196,7 @@ func TestStreamFromPeer(t *testing.T) {
 			t.Fatalf("chunk %d not in RAM after its stream", i)
 		}
 	}
-	if st := tr.Stats(); st.Hits != 3 || st.BytesRead != 3*streamChunk {
+	if st := tr.Stats(); st.Hits != uint64(n) || st.BytesRead != uint64(n*streamChunk) {
 		t.Fatalf("p2p stats %+v", st)
 	}
 	for _, id := range ids {
