@@ -39,12 +39,19 @@ func (s *session) handleRetrieveRanges(h wire.Header, body []byte) *requestError
 	}
 	served := m.Ranges[:wire.Served(m.Ranges, n)]
 	rh := wire.RangeDataHeader{DataHeader: wire.DataHeader{Tokens: r.tokensAfter(n), Sizes: s.sizes[:0]}, Sums: s.sums[:0]}
+	var held, asked int // bytes of the served chunks, and of the ranges asked of them
 	for j := range n {
 		rh.Sizes = append(rh.Sizes, uint32(rd.Size(j)))
+		held += rd.Size(j)
 	}
 	for i, br := range served {
 		if int(br.To) > rd.Size(int(br.Key)) {
 			return fail(wire.StatusBadRequest, "range %d: bytes [%d, %d) of a %d-byte chunk", i, br.From, br.To, rd.Size(int(br.Key)))
+		}
+		// Ranges may overlap, but never add up to more than the chunks
+		// hold: a small frame must not ask for gigabytes of the same bytes.
+		if asked += int(br.To - br.From); asked > held {
+			return fail(wire.StatusBadRequest, "ranges of %d bytes or more from chunks of %d bytes", asked, held)
 		}
 		// The checksum of the very bytes about to be sent, held by this
 		// request's references: the reader proves each range with it.

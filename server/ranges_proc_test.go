@@ -89,6 +89,20 @@ func TestRetrieveRangesProcess(t *testing.T) {
 	if err := c.Ping(ctx); err != nil {
 		t.Fatalf("the connection did not survive a refused range: %v", err)
 	}
+	// Overlapping ranges are allowed up to the chunk's own size, not past
+	// it: one small frame may not ask for the same bytes over and over.
+	whole := []wire.ByteRange{{Key: 0, From: 0, To: size / 2}, {Key: 0, From: 0, To: size / 2}}
+	if _, read, err := c.RetrieveRanges(ctx, client.Raw([]chunk.Key{rangeKey(39)}), whole, [][]byte{make([]byte, size)}); err != nil || read != 2 {
+		t.Fatalf("two overlapping halves of a chunk: %d read, %v", read, err)
+	}
+	again := append(whole, wire.ByteRange{Key: 0, From: 0, To: 1})
+	_, _, err = c.RetrieveRanges(ctx, client.Raw([]chunk.Key{rangeKey(39)}), again, [][]byte{make([]byte, size)})
+	if !client.IsStatus(err, wire.StatusBadRequest) {
+		t.Fatalf("ranges adding up to more than the chunk: %v", err)
+	}
+	if err := c.Ping(ctx); err != nil {
+		t.Fatalf("the connection did not survive refused ranges: %v", err)
+	}
 }
 
 // proxy relays one connection to addr; from the daemon's side it flips

@@ -161,7 +161,12 @@ func (r *peerRange) ReadRange(ctx context.Context, from, to int) error {
 	ctx, cancel := remote.BoundCall(ctx, r.s.o.Timeout, r.s.o.Bandwidth, to-from)
 	defer cancel()
 	r.rng[0] = wire.ByteRange{Key: 0, From: uint32(from), To: uint32(to)}
-	_, n, err := r.c.RetrieveRanges(ctx, client.Raw(r.keys[:]), r.rng[:], r.dst[:])
+	sizes, n, err := r.c.RetrieveRanges(ctx, client.Raw(r.keys[:]), r.rng[:], r.dst[:])
+	if err == nil && n > 0 && sizes[0] != uint32(len(r.dst[0])) {
+		// The checksums prove the bytes are the peer's, not that the
+		// peer's chunk is the size this one's layers were laid out for.
+		n, err = 0, nil
+	}
 	switch {
 	case errors.Is(err, client.ErrChecksum):
 		err = fmt.Errorf("p2p peer %s: %w: %w", r.s.addr, tier.ErrCorrupt, err)
