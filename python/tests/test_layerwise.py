@@ -4,6 +4,7 @@ that is only on disk layer by layer, and a damaged layer becomes a recompute, ne
 import glob
 import os
 import struct
+import threading
 
 from kvtier import protocol as p
 from kvtier.client import Client
@@ -59,6 +60,27 @@ def test_layerwise_ram_hit_is_copied_before_the_pass(own_daemon, monkeypatch):
     assert [(s.external_tokens, s.num_scheduled) for s in e.steps] == [(64, 6)]
     assert streamed and not any(streamed), "the prefix was not all in RAM"
     assert not e.worker_connector._layer_ready, "a RAM hit started the per-layer copier"
+
+
+def test_layer_thread_streams_the_same_bytes(own_daemon, monkeypatch):
+    """With layer_thread the streamed layers are copied by a thread of their own rather than in
+    wait_for_layer_load: the same logits, and without it no copier thread is started."""
+    p_ = prompt(35, 70)
+    engine(own_daemon.socket_path, "lw-thread", layerwise=True).prefill(p_)
+    for thread in (True, False):
+        _to_disk_only(own_daemon)
+        streamed = _record_waits(monkeypatch)
+        started = []
+        real = threading.Thread.start
+        monkeypatch.setattr(threading.Thread, "start",
+                            lambda self: (started.append(self.name), real(self))[1])
+        e = engine(own_daemon.socket_path, "lw-thread", layerwise=True, layer_thread=thread)
+        assert_close(e.prefill(p_), reference(p_))
+        monkeypatch.undo()
+        assert [(s.external_tokens, s.num_scheduled) for s in e.steps] == [(64, 6)]
+        assert not e.steps[0].load_error_blocks and any(streamed)
+        assert ("kvtier-load" in started) == thread, started
+        assert e.worker_connector._stream is None, "the step's stream was not finished"
 
 
 def test_use_layerwise_is_the_layerwise_setting(own_daemon, monkeypatch):
@@ -121,4 +143,4 @@ def test_ttft_bench_runs_and_checks_logits(kvtier_bin, tmp_path, capsys):
                                  "--hidden", "256", "--prefix", "512", "--rounds", "1", "--ram-pairs", "2",
                                  "--max-new", "64", "--cases", "1,eq"]) == 0
     out = capsys.readouterr().out
-    assert out.count("x (") == 4 and "RAM hit" in out
+    assert out.count("x (") == 6 and "RAM hit" in out
