@@ -6,6 +6,8 @@ import os
 import struct
 import threading
 
+import pytest
+
 from kvtier import protocol as p
 from kvtier.client import Client
 from harness_util import assert_close, engine, prompt, reference
@@ -81,6 +83,35 @@ def test_layer_thread_streams_the_same_bytes(own_daemon, monkeypatch):
         assert not e.steps[0].load_error_blocks and any(streamed)
         assert ("kvtier-load" in started) == thread, started
         assert e.worker_connector._stream is None, "the step's stream was not finished"
+
+
+@pytest.mark.parametrize("thread", [False, True])
+def test_daemon_killed_mid_stream_is_recomputed(own_daemon, monkeypatch, thread):
+    """The daemon dies before layer 1 of a prefix streaming from disk is in: the load becomes
+    load errors, the request is recomputed, and its logits are those of a full prefill (layer 0,
+    already copied, is overwritten by the recompute)."""
+    from kvtier.vllm import KVTierConnector
+
+    p_ = prompt(36, 70)
+    engine(own_daemon.socket_path, "lw-kill", layerwise=True).prefill(p_)
+    _to_disk_only(own_daemon)
+    real = KVTierConnector._await_layer
+    killed = []
+
+    def await_layer(self, link, load, layer):
+        if layer == 1 and load.layered and not killed:
+            own_daemon.kill()
+            killed.append(layer)
+            load.ready = min(load.ready, layer)  # as if layer 1 were still being read
+        return real(self, link, load, layer)
+
+    monkeypatch.setattr(KVTierConnector, "_await_layer", await_layer)
+    e = engine(own_daemon.socket_path, "lw-kill", layerwise=True, layer_thread=thread, prefix_caching=False)
+    assert_close(e.prefill(p_), reference(p_))
+    first, retry = e.steps
+    assert first.external_tokens == 64 and first.load_error_blocks
+    assert retry.num_computed_before == 0 and retry.num_scheduled == 70
+    assert killed and e.worker_connector._stream is None
 
 
 def test_use_layerwise_is_the_layerwise_setting(own_daemon, monkeypatch):
