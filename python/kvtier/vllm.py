@@ -37,6 +37,7 @@ Principles:
 from __future__ import annotations
 
 import array
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -956,13 +957,18 @@ class KVTierConnector(KVConnectorBase_V1):
         st = self._stream
         if st is None:
             return
+        # On CUDA the whole scatter (host copy and index into the paged KV) goes on the
+        # copier's load stream, whose per-layer event the compute stream then waits for,
+        # as it does for the copier thread: this thread's current stream is the compute one.
+        side = getattr(self.copier, "load_stream", None)
         try:
             while st.next < min(end, self._layers):
                 layer, kv = st.next, self._kv[st.next]
                 for load in st.loads:
                     self._await_layer(st.link, load, layer)
-                    for view, index, first in load.parts:
-                        kvl.scatter_layer(self.copier, view, layer, self._layout, kv, index, first)
+                    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                        for view, index, first in load.parts:
+                            kvl.scatter_layer(self.copier, view, layer, self._layout, kv, index, first)
                 self.copier.layer_done(layer)
                 st.next += 1
             if st.next < self._layers:
