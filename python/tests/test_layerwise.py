@@ -174,4 +174,4 @@ def test_ttft_bench_runs_and_checks_logits(kvtier_bin, tmp_path, capsys):
                                  "--hidden", "256", "--prefix", "512", "--rounds", "1", "--ram-pairs", "2",
                                  "--max-new", "64", "--cases", "1,eq"]) == 0
     out = capsys.readouterr().out
-    assert out.count("x (") == 6 and "RAM hit" in out
+    assert out.count("x (") == 8 and "RAM hit" in out

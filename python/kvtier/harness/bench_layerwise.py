@@ -244,8 +244,9 @@ def run(b: Bench, args) -> int:
     print("\ndisk hit (daemon restarted before every request; compute = the same request with the prefix in "
           "the engine's own cache, nothing loaded; load = whole - compute, per round):")
     print("| new tokens | compute | load | compute / load (min..max) | whole | async | thread | layerwise | "
-          "whole / thread (min..max) | whole / layerwise (min..max) | async / layerwise (min..max) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "whole / thread (min..max) | whole / layerwise (min..max) | thread / layerwise (min..max) | "
+          "async / layerwise (min..max) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in cases if args.rounds else []:
         times: Dict[str, List[float]] = {m: [] for m in modes}
         for r in range(args.rounds):
@@ -264,6 +265,7 @@ def run(b: Bench, args) -> int:
         cl = [c / l for c, l in zip(times["compute"], loads) if l > 0] or [float("inf")]
         rw = [w / l for w, l in zip(times["whole"], times["layerwise"])]
         rt = [w / t for w, t in zip(times["whole"], times["thread"])]
+        tl = [t / l for t, l in zip(times["thread"], times["layerwise"])]
         ra = [a / l for a, l in zip(times["async"], times["layerwise"])]
         med = {m: statistics.median(v) for m, v in times.items()}
         print(f"| {n} | {_fmt(med['compute'])} | {_fmt(statistics.median(loads))} | {statistics.median(cl):.2f} "
@@ -271,6 +273,7 @@ def run(b: Bench, args) -> int:
               f"{_fmt(med['thread'])} | {_fmt(med['layerwise'])} | "
               f"{statistics.median(rt):.2f}x ({min(rt):.2f}..{max(rt):.2f}) | "
               f"{statistics.median(rw):.2f}x ({min(rw):.2f}..{max(rw):.2f}) | "
+              f"{statistics.median(tl):.2f}x ({min(tl):.2f}..{max(tl):.2f}) | "
               f"{statistics.median(ra):.2f}x ({min(ra):.2f}..{max(ra):.2f}) |", flush=True)
 
     # 3. RAM
