@@ -109,9 +109,10 @@ class Settings:
     # caps leases at 10 minutes; a dead worker's connection frees them anyway.
     save_lease_ms: int = 600000
     layerwise: bool = False       # overlap loading layer i+1 with computing layer i
-    # Layerwise hits streamed from a lower tier: copy each layer on a thread of its own
-    # instead of in wait_for_layer_load (docs/layerwise.md; kept to measure the two).
-    layer_thread: bool = False
+    # Layerwise hits streamed from a lower tier: copy each layer in wait_for_layer_load, on
+    # the forward pass's thread, instead of on a copier thread (docs/layerwise.md: no gain
+    # measured with the CPU model; kept to measure the two on other hardware).
+    layer_inline: bool = False
     load_async: bool = True       # load hits that are not in RAM in the background
     cross_layer: bool = False     # ask vLLM for cross-layer blocks (one copy per block run)
     kv_layout: str = ""           # force the per-layer form: packed, block_first, kv_first, mla
@@ -819,7 +820,7 @@ class KVTierConnector(KVConnectorBase_V1):
         if not layered:
             self._copy_layers(loads, link, self.copier, [])
             return
-        if not self.settings.layer_thread:
+        if self.settings.layer_inline:
             # Streamed from a lower tier: wait_for_layer_load waits for each layer (the
             # daemon reads them in the background, no Python thread involved) and copies it
             # on the forward pass's own thread, so no copier thread contends for the GIL.

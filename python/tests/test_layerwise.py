@@ -62,11 +62,12 @@ def test_layerwise_ram_hit_is_copied_before_the_pass(own_daemon, monkeypatch):
     assert [(s.external_tokens, s.num_scheduled) for s in e.steps] == [(64, 6)]
     assert streamed and not any(streamed), "the prefix was not all in RAM"
     assert not e.worker_connector._layer_ready, "a RAM hit started the per-layer copier"
+    assert e.worker_connector._stream is None, "a RAM hit was left to wait_for_layer_load"
 
 
-def test_layer_thread_streams_the_same_bytes(own_daemon, monkeypatch):
-    """With layer_thread the streamed layers are copied by a thread of their own rather than in
-    wait_for_layer_load: the same logits, and without it no copier thread is started."""
+def test_layer_inline_streams_the_same_bytes(own_daemon, monkeypatch):
+    """With layer_inline the streamed layers are copied in wait_for_layer_load rather than by a
+    copier thread: the same logits, no copier thread started; without it, the copier thread."""
     p_ = prompt(35, 70)
     engine(own_daemon.socket_path, "lw-thread", layerwise=True).prefill(p_)
     for thread in (True, False):
@@ -76,7 +77,7 @@ def test_layer_thread_streams_the_same_bytes(own_daemon, monkeypatch):
         real = threading.Thread.start
         monkeypatch.setattr(threading.Thread, "start",
                             lambda self: (started.append(self.name), real(self))[1])
-        e = engine(own_daemon.socket_path, "lw-thread", layerwise=True, layer_thread=thread)
+        e = engine(own_daemon.socket_path, "lw-thread", layerwise=True, layer_inline=not thread)
         assert_close(e.prefill(p_), reference(p_))
         monkeypatch.undo()
         assert [(s.external_tokens, s.num_scheduled) for s in e.steps] == [(64, 6)]
@@ -85,8 +86,8 @@ def test_layer_thread_streams_the_same_bytes(own_daemon, monkeypatch):
         assert e.worker_connector._stream is None, "the step's stream was not finished"
 
 
-@pytest.mark.parametrize("thread", [False, True])
-def test_daemon_killed_mid_stream_is_recomputed(own_daemon, monkeypatch, thread):
+@pytest.mark.parametrize("inline", [False, True])
+def test_daemon_killed_mid_stream_is_recomputed(own_daemon, monkeypatch, inline):
     """The daemon dies before layer 1 of a prefix streaming from disk is in: the load becomes
     load errors, the request is recomputed, and its logits are those of a full prefill (layer 0,
     already copied, is overwritten by the recompute)."""
@@ -106,7 +107,7 @@ def test_daemon_killed_mid_stream_is_recomputed(own_daemon, monkeypatch, thread)
         return real(self, link, load, layer)
 
     monkeypatch.setattr(KVTierConnector, "_await_layer", await_layer)
-    e = engine(own_daemon.socket_path, "lw-kill", layerwise=True, layer_thread=thread, prefix_caching=False)
+    e = engine(own_daemon.socket_path, "lw-kill", layerwise=True, layer_inline=inline, prefix_caching=False)
     assert_close(e.prefill(p_), reference(p_))
     first, retry = e.steps
     assert first.external_tokens == 64 and first.load_error_blocks

@@ -14,10 +14,10 @@ all in one run:
    that compute ≈ load (and compute ≈ 4 × load); n = 1 is load ≫ compute.
 2. Disk. For every case and round the daemon is restarted (its RAM is
    empty, its disk tier holds the prefix), then one request runs in each
-   mode: ``layerwise`` (PREPARE_RETRIEVE_LAYERS; wait_for_layer_load waits for
-   layer i and copies it on the forward pass's thread while the daemon reads
-   the next layers), ``thread`` (the same, layers copied by a thread of their
-   own, as the connector did before), ``whole`` (load_async off: the whole prefix is
+   mode: ``layerwise`` (PREPARE_RETRIEVE_LAYERS, layer i copied by the
+   connector's copier thread while layer i-1 computes), ``inline`` (the same,
+   with layer_inline: wait_for_layer_load waits for layer i and copies it on
+   the forward pass's thread), ``whole`` (load_async off: the whole prefix is
    promoted and copied, then the pass runs) and ``async`` (the connector's
    default without layerwise: loaded in the background, the request waits
    for it). The order of the modes rotates round by round. Figures are
@@ -83,7 +83,7 @@ class Bench:
         kv = None
         if mode is not None:
             extra = {"socket_path": self.daemon.socket_path, "timeout": 30.0, "reconnect_interval": 0.0,
-                     "layerwise": mode in ("layerwise", "thread"), "layer_thread": mode == "thread",
+                     "layerwise": mode in ("layerwise", "inline"), "layer_inline": mode == "inline",
                      "load_async": mode == "async"}
             kv = KVTransferConfig(kv_role="kv_consumer" if mode != "store" else "kv_both",
                                   kv_connector_extra_config=extra)
@@ -240,11 +240,11 @@ def run(b: Bench, args) -> int:
     eq_n = cases[args.cases.split(",").index("eq")] if "eq" in args.cases.split(",") else cases[0]
 
     # 2. disk
-    modes = ["layerwise", "whole", "async", "compute", "thread"]
+    modes = ["layerwise", "whole", "async", "compute", "inline"]
     print("\ndisk hit (daemon restarted before every request; compute = the same request with the prefix in "
           "the engine's own cache, nothing loaded; load = whole - compute, per round):")
-    print("| new tokens | compute | load | compute / load (min..max) | whole | async | thread | layerwise | "
-          "whole / thread (min..max) | whole / layerwise (min..max) | thread / layerwise (min..max) | "
+    print("| new tokens | compute | load | compute / load (min..max) | whole | async | layerwise | inline | "
+          "whole / layerwise (min..max) | whole / inline (min..max) | layerwise / inline (min..max) | "
           "async / layerwise (min..max) |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in cases if args.rounds else []:
@@ -264,16 +264,16 @@ def run(b: Bench, args) -> int:
         # nothing about the load: the machine's noise was larger than it
         cl = [c / l for c, l in zip(times["compute"], loads) if l > 0] or [float("inf")]
         rw = [w / l for w, l in zip(times["whole"], times["layerwise"])]
-        rt = [w / t for w, t in zip(times["whole"], times["thread"])]
-        tl = [t / l for t, l in zip(times["thread"], times["layerwise"])]
+        ri = [w / i for w, i in zip(times["whole"], times["inline"])]
+        li = [l / i for l, i in zip(times["layerwise"], times["inline"])]
         ra = [a / l for a, l in zip(times["async"], times["layerwise"])]
         med = {m: statistics.median(v) for m, v in times.items()}
         print(f"| {n} | {_fmt(med['compute'])} | {_fmt(statistics.median(loads))} | {statistics.median(cl):.2f} "
               f"({min(cl):.2f}..{max(cl):.2f}) | {_fmt(med['whole'])} | {_fmt(med['async'])} | "
-              f"{_fmt(med['thread'])} | {_fmt(med['layerwise'])} | "
-              f"{statistics.median(rt):.2f}x ({min(rt):.2f}..{max(rt):.2f}) | "
+              f"{_fmt(med['layerwise'])} | {_fmt(med['inline'])} | "
               f"{statistics.median(rw):.2f}x ({min(rw):.2f}..{max(rw):.2f}) | "
-              f"{statistics.median(tl):.2f}x ({min(tl):.2f}..{max(tl):.2f}) | "
+              f"{statistics.median(ri):.2f}x ({min(ri):.2f}..{max(ri):.2f}) | "
+              f"{statistics.median(li):.2f}x ({min(li):.2f}..{max(li):.2f}) | "
               f"{statistics.median(ra):.2f}x ({min(ra):.2f}..{max(ra):.2f}) |", flush=True)
 
     # 3. RAM
