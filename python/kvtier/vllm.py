@@ -37,6 +37,7 @@ Principles:
 from __future__ import annotations
 
 import array
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -108,6 +109,10 @@ class Settings:
     # caps leases at 10 minutes; a dead worker's connection frees them anyway.
     save_lease_ms: int = 600000
     layerwise: bool = False       # overlap loading layer i+1 with computing layer i
+    # Layerwise hits streamed from a lower tier: copy each layer in wait_for_layer_load, on
+    # the forward pass's thread, instead of on a copier thread (docs/layerwise.md: no gain
+    # measured with the CPU model; kept to measure the two on other hardware).
+    layer_inline: bool = False
     load_async: bool = True       # load hits that are not in RAM in the background
     cross_layer: bool = False     # ask vLLM for cross-layer blocks (one copy per block run)
     kv_layout: str = ""           # force the per-layer form: packed, block_first, kv_first, mla
@@ -313,6 +318,16 @@ class _Load:
 
 
 @dataclass
+class _Stream:
+    """A step's layered loads still streaming in: ``wait_for_layer_load`` copies layer by layer."""
+
+    loads: List[_Load]
+    link: Link
+    t0: float
+    next: int = 0  # the first layer not copied yet
+
+
+@dataclass
 class _Save:
     req: ReqMeta
     lease: int
@@ -360,6 +375,7 @@ class KVTierConnector(KVConnectorBase_V1):
         self._device = torch.device("cpu")
         self._load_errors: Set[int] = set()
         self._layer_ready: List[threading.Event] = []
+        self._stream: Optional[_Stream] = None  # this step's streamed loads, copied in wait_for_layer_load
         self._loader: Optional[threading.Thread] = None
         self._saves: List[_Save] = []
         self._lock = threading.Lock()
@@ -778,6 +794,7 @@ class KVTierConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         """Leases the chunks of every loading request and copies them in (or starts the copier)."""
         self._saves = []
+        self._finish_stream()
         self._layer_ready = []
         meta = self._get_connector_metadata()
         for send in meta.sends:
@@ -802,6 +819,12 @@ class KVTierConnector(KVConnectorBase_V1):
             layered = any(load.ready != p.ALL_LAYERS for load in loads)
         if not layered:
             self._copy_layers(loads, link, self.copier, [])
+            return
+        if self.settings.layer_inline:
+            # Streamed from a lower tier: wait_for_layer_load waits for each layer (the
+            # daemon reads them in the background, no Python thread involved) and copies it
+            # on the forward pass's own thread, so no copier thread contends for the GIL.
+            self._stream = _Stream(loads, link, time.perf_counter())
             return
         self._layer_ready = [threading.Event() for _ in range(self._layers)]
         self._loader = threading.Thread(target=self._copy_layers, args=(loads, link, self.copier,
@@ -928,6 +951,45 @@ class KVTierConnector(KVConnectorBase_V1):
             self._fail_blocks(load.req, start, load.req.load_end)
             del load.parts[usable:]
             load.nbytes = 0 if not load.parts else load.nbytes
+
+    def _stream_upto(self, end: int) -> None:
+        """Copies the streamed loads' layers up to ``end`` (exclusive), each after its
+        LAYER_WAIT; after the last layer, or on an error, the step's stream is done."""
+        st = self._stream
+        if st is None:
+            return
+        # On CUDA the whole scatter (host copy and index into the paged KV) goes on the
+        # copier's load stream, whose per-layer event the compute stream then waits for,
+        # as it does for the copier thread: this thread's current stream is the compute one.
+        side = getattr(self.copier, "load_stream", None)
+        try:
+            while st.next < min(end, self._layers):
+                layer, kv = st.next, self._kv[st.next]
+                for load in st.loads:
+                    self._await_layer(st.link, load, layer)
+                    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                        for view, index, first in load.parts:
+                            kvl.scatter_layer(self.copier, view, layer, self._layout, kv, index, first)
+                self.copier.layer_done(layer)
+                st.next += 1
+            if st.next < self._layers:
+                return
+            self.copier.fence()
+            with self._lock:
+                self.stats.load_bytes += sum(l.nbytes for l in st.loads)
+                self.stats.load_seconds += time.perf_counter() - st.t0
+        except Exception as e:  # noqa: BLE001 - a failed load is a recompute, not a failed step
+            log.error("kvtier: copying loaded KV: %s", e)
+            for load in st.loads:
+                self._fail_blocks(load.req, load.req.load_start, load.req.load_end)
+        self._stream = None
+        for load in st.loads:
+            self._release_quietly(st.link, load.lease)
+
+    def _finish_stream(self) -> None:
+        """Copies whatever layers of the step's streamed loads the pass did not wait for,
+        and releases their leases."""
+        self._stream_upto(self._layers)
 
     def _release_quietly(self, link: Link, lease: int) -> None:
         c = link.client
@@ -1062,6 +1124,11 @@ class KVTierConnector(KVConnectorBase_V1):
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Blocks until the layer's loaded KV is in place (layerwise mode only)."""
+        if self._stream is not None:
+            i = self._layer_of(layer_name)
+            self._stream_upto(i + 1)
+            self.copier.wait_layer(i)
+            return
         if not self._layer_ready:
             return
         i = self._layer_of(layer_name)
@@ -1137,6 +1204,7 @@ class KVTierConnector(KVConnectorBase_V1):
         if self._loader is not None:
             self._loader.join()
             self._loader = None
+        self._finish_stream()
         saves, self._saves = self._saves, []
         t0 = time.perf_counter()
         ok = self._finish_saves(saves)
@@ -1189,6 +1257,7 @@ class KVTierConnector(KVConnectorBase_V1):
         return errors
 
     def shutdown(self) -> None:
+        self._finish_stream()
         if self._loader is not None:
             self._loader.join()
         if self._transport is not None:

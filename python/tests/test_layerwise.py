@@ -4,6 +4,9 @@ that is only on disk layer by layer, and a damaged layer becomes a recompute, ne
 import glob
 import os
 import struct
+import threading
+
+import pytest
 
 from kvtier import protocol as p
 from kvtier.client import Client
@@ -59,6 +62,57 @@ def test_layerwise_ram_hit_is_copied_before_the_pass(own_daemon, monkeypatch):
     assert [(s.external_tokens, s.num_scheduled) for s in e.steps] == [(64, 6)]
     assert streamed and not any(streamed), "the prefix was not all in RAM"
     assert not e.worker_connector._layer_ready, "a RAM hit started the per-layer copier"
+    assert e.worker_connector._stream is None, "a RAM hit was left to wait_for_layer_load"
+
+
+def test_layer_inline_streams_the_same_bytes(own_daemon, monkeypatch):
+    """With layer_inline the streamed layers are copied in wait_for_layer_load rather than by a
+    copier thread: the same logits, no copier thread started; without it, the copier thread."""
+    p_ = prompt(35, 70)
+    engine(own_daemon.socket_path, "lw-thread", layerwise=True).prefill(p_)
+    for thread in (True, False):
+        _to_disk_only(own_daemon)
+        streamed = _record_waits(monkeypatch)
+        started = []
+        real = threading.Thread.start
+        monkeypatch.setattr(threading.Thread, "start",
+                            lambda self: (started.append(self.name), real(self))[1])
+        e = engine(own_daemon.socket_path, "lw-thread", layerwise=True, layer_inline=not thread)
+        assert_close(e.prefill(p_), reference(p_))
+        monkeypatch.undo()
+        assert [(s.external_tokens, s.num_scheduled) for s in e.steps] == [(64, 6)]
+        assert not e.steps[0].load_error_blocks and any(streamed)
+        assert ("kvtier-load" in started) == thread, started
+        assert e.worker_connector._stream is None, "the step's stream was not finished"
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_daemon_killed_mid_stream_is_recomputed(own_daemon, monkeypatch, inline):
+    """The daemon dies before layer 1 of a prefix streaming from disk is in: the load becomes
+    load errors, the request is recomputed, and its logits are those of a full prefill (layer 0,
+    already copied, is overwritten by the recompute)."""
+    from kvtier.vllm import KVTierConnector
+
+    p_ = prompt(36, 70)
+    engine(own_daemon.socket_path, "lw-kill", layerwise=True).prefill(p_)
+    _to_disk_only(own_daemon)
+    real = KVTierConnector._await_layer
+    killed = []
+
+    def await_layer(self, link, load, layer):
+        if layer == 1 and load.layered and not killed:
+            own_daemon.kill()
+            killed.append(layer)
+            load.ready = min(load.ready, layer)  # as if layer 1 were still being read
+        return real(self, link, load, layer)
+
+    monkeypatch.setattr(KVTierConnector, "_await_layer", await_layer)
+    e = engine(own_daemon.socket_path, "lw-kill", layerwise=True, layer_inline=inline, prefix_caching=False)
+    assert_close(e.prefill(p_), reference(p_))
+    first, retry = e.steps
+    assert first.external_tokens == 64 and first.load_error_blocks
+    assert retry.num_computed_before == 0 and retry.num_scheduled == 70
+    assert killed and e.worker_connector._stream is None
 
 
 def test_use_layerwise_is_the_layerwise_setting(own_daemon, monkeypatch):
@@ -121,4 +175,4 @@ def test_ttft_bench_runs_and_checks_logits(kvtier_bin, tmp_path, capsys):
                                  "--hidden", "256", "--prefix", "512", "--rounds", "1", "--ram-pairs", "2",
                                  "--max-new", "64", "--cases", "1,eq"]) == 0
     out = capsys.readouterr().out
-    assert out.count("x (") == 4 and "RAM hit" in out
+    assert out.count("x (") == 8 and "RAM hit" in out

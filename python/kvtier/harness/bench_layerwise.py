@@ -14,8 +14,10 @@ all in one run:
    that compute ≈ load (and compute ≈ 4 × load); n = 1 is load ≫ compute.
 2. Disk. For every case and round the daemon is restarted (its RAM is
    empty, its disk tier holds the prefix), then one request runs in each
-   mode: ``layerwise`` (PREPARE_RETRIEVE_LAYERS, layer i copied while
-   layer i-1 computes), ``whole`` (load_async off: the whole prefix is
+   mode: ``layerwise`` (PREPARE_RETRIEVE_LAYERS, layer i copied by the
+   connector's copier thread while layer i-1 computes), ``inline`` (the same,
+   with layer_inline: wait_for_layer_load waits for layer i and copies it on
+   the forward pass's thread), ``whole`` (load_async off: the whole prefix is
    promoted and copied, then the pass runs) and ``async`` (the connector's
    default without layerwise: loaded in the background, the request waits
    for it). The order of the modes rotates round by round. Figures are
@@ -81,7 +83,8 @@ class Bench:
         kv = None
         if mode is not None:
             extra = {"socket_path": self.daemon.socket_path, "timeout": 30.0, "reconnect_interval": 0.0,
-                     "layerwise": mode == "layerwise", "load_async": mode == "async"}
+                     "layerwise": mode in ("layerwise", "inline"), "layer_inline": mode == "inline",
+                     "load_async": mode == "async"}
             kv = KVTransferConfig(kv_role="kv_consumer" if mode != "store" else "kv_both",
                                   kv_connector_extra_config=extra)
         if self._model is None:
@@ -237,18 +240,19 @@ def run(b: Bench, args) -> int:
     eq_n = cases[args.cases.split(",").index("eq")] if "eq" in args.cases.split(",") else cases[0]
 
     # 2. disk
-    modes = ["layerwise", "whole", "async", "compute"]
+    modes = ["layerwise", "whole", "async", "compute", "inline"]
     print("\ndisk hit (daemon restarted before every request; compute = the same request with the prefix in "
           "the engine's own cache, nothing loaded; load = whole - compute, per round):")
-    print("| new tokens | compute | load | compute / load (min..max) | whole | async | layerwise | "
-          "whole / layerwise (min..max) | async / layerwise (min..max) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| new tokens | compute | load | compute / load (min..max) | whole | async | layerwise | inline | "
+          "whole / layerwise (min..max) | whole / inline (min..max) | layerwise / inline (min..max) | "
+          "async / layerwise (min..max) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in cases if args.rounds else []:
         times: Dict[str, List[float]] = {m: [] for m in modes}
         for r in range(args.rounds):
             prompt = b.prefix + b.suffix(n)
             want = b.reference(prompt) if r == 0 else None
-            order = modes[r % 4:] + modes[:r % 4]
+            order = modes[r % len(modes):] + modes[:r % len(modes)]
             for m in order:
                 if m == "compute":
                     times[m].append(b.compute_prompt(prompt))
@@ -260,11 +264,16 @@ def run(b: Bench, args) -> int:
         # nothing about the load: the machine's noise was larger than it
         cl = [c / l for c, l in zip(times["compute"], loads) if l > 0] or [float("inf")]
         rw = [w / l for w, l in zip(times["whole"], times["layerwise"])]
+        ri = [w / i for w, i in zip(times["whole"], times["inline"])]
+        li = [l / i for l, i in zip(times["layerwise"], times["inline"])]
         ra = [a / l for a, l in zip(times["async"], times["layerwise"])]
         med = {m: statistics.median(v) for m, v in times.items()}
         print(f"| {n} | {_fmt(med['compute'])} | {_fmt(statistics.median(loads))} | {statistics.median(cl):.2f} "
               f"({min(cl):.2f}..{max(cl):.2f}) | {_fmt(med['whole'])} | {_fmt(med['async'])} | "
-              f"{_fmt(med['layerwise'])} | {statistics.median(rw):.2f}x ({min(rw):.2f}..{max(rw):.2f}) | "
+              f"{_fmt(med['layerwise'])} | {_fmt(med['inline'])} | "
+              f"{statistics.median(rw):.2f}x ({min(rw):.2f}..{max(rw):.2f}) | "
+              f"{statistics.median(ri):.2f}x ({min(ri):.2f}..{max(ri):.2f}) | "
+              f"{statistics.median(li):.2f}x ({min(li):.2f}..{max(li):.2f}) | "
               f"{statistics.median(ra):.2f}x ({min(ra):.2f}..{max(ra):.2f}) |", flush=True)
 
     # 3. RAM
