@@ -143,7 +143,6 @@ class Bench:
             raise AssertionError(f"calibration computed {last.num_scheduled} tokens after "
                                  f"{last.num_computed_before}, not {n} after the prefix")
         return dt
-        return statistics.median(ts)
 
     def ttft(self, mode: str, prompt: List[int], want: Optional[torch.Tensor]) -> float:
         e = self.engine(mode)
