@@ -9,6 +9,7 @@ import (
 	"kvtier/client"
 	"kvtier/engine"
 	"kvtier/server"
+	"kvtier/wire"
 )
 
 // benchPD times a prefill/decode transfer: the served daemon (the
@@ -71,8 +72,8 @@ func benchPD(ctx context.Context, f Options, r *Report, d *DaemonReport, produce
 		if err := sameChunks("PD bench", src, dst); err != nil {
 			return err
 		}
-		if st, err := pc.PushStatus(ctx, id); err != nil || st.Pushed != uint32(len(keys)) {
-			return fmt.Errorf("transfer %d: %+v, %v", id, st, err)
+		if err := pushSettled(ctx, pc, id, len(keys)); err != nil {
+			return err
 		}
 		if round > 0 {
 			d.PDStreamGBps = max(d.PDStreamGBps, stream)
@@ -81,6 +82,26 @@ func benchPD(ctx context.Context, f Options, r *Report, d *DaemonReport, produce
 	}
 	d.PDPushRatio = d.PDPushGBps / d.PDStreamGBps
 	return nil
+}
+
+// pushSettled waits until the producer counts transfer id's n chunks as
+// pushed. The consumer can hold them all before the producer has read
+// the consumer's acknowledgement of the last, so the status may still say
+// pending for a moment after the chunks have arrived.
+func pushSettled(ctx context.Context, pc *client.Client, id uint64, n int) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := pc.PushStatus(ctx, id)
+		switch {
+		case err != nil || st.State == wire.TransferFailed:
+			return fmt.Errorf("transfer %d: %+v, %v", id, st, err)
+		case st.State == wire.TransferDone && st.Pushed == uint32(n):
+			return nil
+		case time.Now().After(deadline):
+			return fmt.Errorf("transfer %d not settled after 10 s: %+v", id, st)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // pushAndWait pushes keys from the producer to the consumer at addr and
