@@ -49,15 +49,22 @@ func (t *Tier) OpenRange(ctx context.Context, key chunk.Key, dst []byte) (tier.R
 	}
 	g := t.peers.get(loc.addr)
 	s, _ := g.Inner().(*store)
-	if s == nil || !g.Admits() {
+	if s == nil {
 		t.misses.Add(1)
-		return nil, fmt.Errorf("p2p peer %s: circuit open: %w", loc.addr, tier.ErrNotFound)
+		return nil, fmt.Errorf("p2p peer %s: not a peer store: %w", loc.addr, tier.ErrNotFound)
 	}
 	if s.ranged.Add(1) > int32(s.o.RangedConns) {
+		// Read whole instead; that read goes through the breaker itself.
 		s.ranged.Add(-1)
 		return &wholePeerRead{t: t, g: g, s: s, key: key, dst: dst}, nil
 	}
-	r := &peerRange{t: t, g: g, s: s, key: key}
+	admitted, trial := g.Admits()
+	if !admitted {
+		s.ranged.Add(-1)
+		t.misses.Add(1)
+		return nil, fmt.Errorf("p2p peer %s: circuit open: %w", loc.addr, tier.ErrNotFound)
+	}
+	r := &peerRange{t: t, g: g, s: s, key: key, trial: trial}
 	r.keys = [1]chunk.Key{key}
 	r.dst[0] = dst
 	if err := r.open(ctx); err != nil { // open gave the ranged slot back
@@ -123,6 +130,7 @@ type peerRange struct {
 	rng   [1]wire.ByteRange
 	lease uint64
 	bad   bool // the connection failed or is out of step: closed, not pooled
+	trial bool // holds the breaker's half-open trial until the first Report
 	read  int  // bytes read, counted at Close
 }
 
@@ -133,13 +141,13 @@ func (r *peerRange) open(ctx context.Context) error {
 	defer cancel()
 	c, err := r.s.take(ctx)
 	if err != nil {
-		r.g.Report(ctx, err)
+		r.report(ctx, err)
 		r.s.ranged.Add(-1) // done, which gives it back otherwise, needs a connection
 		return err
 	}
 	r.c = c
 	hit, err := c.Lookup(ctx, client.Raw(r.keys[:]), uint32(r.s.o.Lease.Milliseconds()))
-	r.g.Report(ctx, err)
+	r.report(ctx, err)
 	if err == nil && hit.Chunks == 0 {
 		err = fmt.Errorf("p2p peer %s: %v: %w", r.s.addr, r.key, tier.ErrNotFound)
 	}
@@ -150,6 +158,13 @@ func (r *peerRange) open(ctx context.Context) error {
 	}
 	r.lease = hit.Lease
 	return nil
+}
+
+// report tells the breaker a call's outcome, giving back its half-open
+// trial with the first.
+func (r *peerRange) report(ctx context.Context, err error) {
+	r.g.Report(ctx, err, r.trial)
+	r.trial = false
 }
 
 // ReadRange implements tier.RangeRead: bytes [from, to) of the chunk,
@@ -178,7 +193,7 @@ func (r *peerRange) ReadRange(ctx context.Context, from, to int) error {
 		// restarted): the chunk is a miss from here on.
 		err = fmt.Errorf("p2p peer %s: %v: %w", r.s.addr, r.key, tier.ErrNotFound)
 	}
-	r.g.Report(ctx, err)
+	r.report(ctx, err)
 	if err != nil {
 		if errors.Is(err, client.ErrClosed) || errors.Is(err, client.ErrChecksum) {
 			r.bad = true

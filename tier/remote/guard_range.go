@@ -67,18 +67,30 @@ func (g *Guarded) execGetRange(c *call) {
 	c.n, c.err = rg.GetRange(c.ctx, c.key, c.off, c.buf)
 }
 
-// Admits reports whether the breaker would let a call through now (it is
-// not open and not closed), without counting one: for a caller that then
-// talks to the store outside the breaker (a P2P range read on a connection
-// it holds for one chunk) and reports the outcome with Report.
-func (g *Guarded) Admits() bool {
-	return !g.closed.Load() && State(g.state.Load()) != StateOpen
+// Admits reports whether the breaker lets a call through now, as a call
+// through it would be let through: never when it is open or too many calls
+// hang, and when it is half-open only as its one trial call (trial is
+// then true). It is for a caller that then talks to the store outside the
+// breaker (a P2P range read on a connection it holds for one chunk) and
+// reports each outcome with Report, the first with the trial it was given.
+func (g *Guarded) Admits() (ok, trial bool) {
+	c, err := g.begin(opGetRange)
+	if err != nil {
+		return false, false
+	}
+	trial = c.trial
+	g.recycle(c)
+	return true, trial
 }
 
 // Report records the outcome of a call made on the store outside the
 // breaker as a call through it would be: failures count towards opening
-// the circuit, an answer closes a half-open one.
-func (g *Guarded) Report(ctx context.Context, err error) {
+// the circuit, an answer closes a half-open one. trial gives back the
+// half-open trial Admits handed out, once its outcome is known.
+func (g *Guarded) Report(ctx context.Context, err error, trial bool) {
+	if trial { // as finish does, before the outcome moves the state
+		g.trial.Store(false)
+	}
 	o := classify(ctx, err)
 	if g.o.CorruptIsFailure && errors.Is(err, tier.ErrCorrupt) {
 		o = outcomeFailure

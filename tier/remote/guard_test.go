@@ -400,3 +400,29 @@ func TestGuardWithoutOptionalInterfaces(t *testing.T) {
 		t.Fatal("Encoded over a tier that cannot remove removed")
 	}
 }
+
+// Admits hands out the half-open trial as a call through the breaker
+// would, once, until Report gives it back with the outcome.
+func TestGuardAdmitsOneTrialWhenHalfOpen(t *testing.T) {
+	f := newFake()
+	g := guard(t, f, GuardOptions{Threshold: 1})
+	g.state.Store(int32(StateHalfOpen))
+	ok, trial := g.Admits()
+	if !ok || !trial {
+		t.Fatalf("first Admits when half-open = %v, %v; want the trial", ok, trial)
+	}
+	if ok, _ := g.Admits(); ok {
+		t.Fatal("a second Admits got through while the trial was out")
+	}
+	g.Report(context.Background(), nil, trial) // the trial answered: the circuit closes
+	if h := g.Health(); h.State != StateClosed {
+		t.Fatalf("after the trial's success: %+v", h)
+	}
+	if ok, trial := g.Admits(); !ok || trial {
+		t.Fatalf("Admits when closed = %v, %v; want admitted, no trial", ok, trial)
+	}
+	g.state.Store(int32(StateOpen))
+	if ok, _ := g.Admits(); ok {
+		t.Fatal("Admits let a call through an open circuit")
+	}
+}
