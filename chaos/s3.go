@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"fmt"
-	"go/build"
 	"net"
 	"net/url"
 	"os"
@@ -12,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"kvtier/internal/citest"
 	"kvtier/internal/procstop"
+	"kvtier/internal/s3test"
 )
 
 // s3Server is a real S3 server: versitygw over a posix directory, which
@@ -28,34 +27,9 @@ const (
 	s3Secret = "chaos-secret"
 )
 
-// versitygw finds the server binary: $VERSITYGW, $PATH, or GOPATH/bin
-// where `go install` puts it (as .ci/run does).
-func versitygw() (string, bool) {
-	if p := os.Getenv("VERSITYGW"); p != "" {
-		return p, true
-	}
-	if p, err := exec.LookPath("versitygw"); err == nil {
-		return p, true
-	}
-	for _, dir := range filepath.SplitList(build.Default.GOPATH) {
-		if p := filepath.Join(dir, "bin", "versitygw"); fileExists(p) {
-			return p, true
-		}
-	}
-	return "", false
-}
-
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
-}
-
 func startS3(t testing.TB) *s3Server {
 	t.Helper()
-	bin, ok := versitygw()
-	if !ok {
-		citest.Missing(t, "versitygw not found (go install github.com/versity/versitygw/cmd/versitygw@v1.8.0, as .ci/run does)")
-	}
+	bin := s3test.Need(t)
 	s := &s3Server{bin: bin, root: filepath.Join(t.TempDir(), "data"), addr: freeAddr(t)}
 	if err := os.Mkdir(s.root, 0o755); err != nil {
 		t.Fatal(err)

@@ -32,7 +32,9 @@ type Server struct {
 	cmd  *exec.Cmd
 }
 
-func binary() (string, bool) {
+// Binary finds versitygw: $VERSITYGW if set, else $PATH, else the bin
+// directory of GOPATH, where `go install` (and so .ci/run) puts it.
+func Binary() (string, bool) {
 	if p := os.Getenv("VERSITYGW"); p != "" {
 		return p, true
 	}
@@ -48,13 +50,21 @@ func binary() (string, bool) {
 	return "", false
 }
 
-// Start runs versitygw until the test ends (or Kill).
-func Start(t testing.TB) *Server {
+// Need returns versitygw's path; without it the test skips, or fails
+// under CI, which installs it.
+func Need(t testing.TB) string {
 	t.Helper()
-	bin, ok := binary()
+	bin, ok := Binary()
 	if !ok {
 		citest.Missing(t, "versitygw not found (go install github.com/versity/versitygw/cmd/versitygw@v1.8.0, as .ci/run does)")
 	}
+	return bin
+}
+
+// Start runs versitygw until the test ends (or Kill).
+func Start(t testing.TB) *Server {
+	t.Helper()
+	bin := Need(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -3,7 +3,6 @@ package s3
 import (
 	"context"
 	"fmt"
-	"go/build"
 	"log/slog"
 	"net"
 	"net/url"
@@ -20,7 +19,7 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
-	"kvtier/internal/citest"
+	"kvtier/internal/s3test"
 )
 
 // Credentials of the root account of every test server.
@@ -28,24 +27,6 @@ const (
 	testAccess = "kvtier-test"
 	testSecret = "kvtier-test-secret/with+odd@chars"
 )
-
-// gatewayBinary finds versitygw: $VERSITYGW if set, else $PATH, else the
-// bin directory of GOPATH where `go install` puts it.
-func gatewayBinary() (string, bool) {
-	if p := os.Getenv("VERSITYGW"); p != "" {
-		return p, true
-	}
-	if p, err := exec.LookPath("versitygw"); err == nil {
-		return p, true
-	}
-	for _, dir := range filepath.SplitList(build.Default.GOPATH) {
-		p := filepath.Join(dir, "bin", "versitygw")
-		if _, err := os.Stat(p); err == nil {
-			return p, true
-		}
-	}
-	return "", false
-}
 
 // server is a real S3 server (versitygw over a posix directory) on a
 // loopback port, owned by one test or benchmark.
@@ -75,10 +56,7 @@ func newServer(tb testing.TB) *server {
 // system's temporary directory).
 func newServerIn(tb testing.TB, parent string) *server {
 	tb.Helper()
-	bin, ok := gatewayBinary()
-	if !ok {
-		citest.Missing(tb, "versitygw not found (go install github.com/versity/versitygw/cmd/versitygw@v1.8.0, as .ci/run does)")
-	}
+	bin := s3test.Need(tb)
 	dir, err := os.MkdirTemp(parent, "kvtier-s3-")
 	if err != nil {
 		tb.Fatal(err)
@@ -207,7 +185,7 @@ var shared struct {
 
 func sharedServer(tb testing.TB) *server {
 	tb.Helper()
-	if _, ok := gatewayBinary(); !ok {
+	if _, ok := s3test.Binary(); !ok {
 		startServer(tb) // skips or fails with the install hint
 	}
 	shared.once.Do(func() { shared.srv = newServer(tb) })
