@@ -398,7 +398,9 @@ class Client:
         return body[0] == 1
 
     def clear(self, scope: int = 0) -> int:
-        """Drops a scope's chunks (every scope's with 0) from RAM; lower tiers keep theirs."""
+        """Drops a scope's chunks (every scope's with 0; a tenant's own with 0 on
+        a tenant connection) from RAM and the disk tier, and returns how many
+        left RAM. Remote stores keep theirs: they cannot list a scope's chunks."""
         return p.unpack_u64(self._call(p.OP_CLEAR, p.pack_clear(scope)), "clear reply")
 
     def stats(self) -> dict:
