@@ -2,6 +2,7 @@ package tier
 
 import (
 	"context"
+	"slices"
 	"sync"
 
 	"kvtier/arena"
@@ -163,19 +164,40 @@ func (s *LayerSave) claim() bool {
 	return true
 }
 
-// run writes each layer as it is noticed, until the save ends, then
-// finishes or gives up each chunk.
+// run writes the layers as they are noticed, until the save ends, then
+// finishes or gives up each chunk. Layers noticed while a write was under
+// way are written together: adjacent layers are adjacent bytes in each
+// part, so a save that falls behind catches up with fewer, larger writes.
 func (s *LayerSave) run() {
 	defer s.m.wg.Done()
 	ctx := context.Background()
 	var ws []RangeWrite // opened with the first layer
+	var batch []int
 	for {
 		select {
 		case layer := <-s.layers:
 			if ws == nil {
 				ws = s.open(ctx)
 			}
-			s.write(ctx, ws, layer)
+			batch = append(batch[:0], layer)
+		drain:
+			for {
+				select {
+				case l := <-s.layers:
+					batch = append(batch, l)
+				default:
+					break drain
+				}
+			}
+			slices.Sort(batch)
+			for i := 0; i < len(batch); {
+				j := i + 1
+				for j < len(batch) && batch[j] == batch[j-1]+1 {
+					j++
+				}
+				s.write(ctx, ws, batch[i], batch[j-1])
+				i = j
+			}
 		case <-s.end:
 			s.finish(ctx, ws)
 			return
@@ -205,31 +227,41 @@ func (s *LayerSave) open(ctx context.Context) []RangeWrite {
 	return ws
 }
 
-// write writes layer's ranges of every chunk with a writer. A chunk whose
-// write fails loses its writer; the commit writes it whole.
-func (s *LayerSave) write(ctx context.Context, ws []RangeWrite, layer int) {
+// write writes layers first..last of every chunk with a writer, one
+// range per part, the chunks in parallel so that the tier has a write
+// queued while it sums another. A chunk whose write fails loses its
+// writer; the commit writes it whole.
+func (s *LayerSave) write(ctx context.Context, ws []RangeWrite, first, last int) {
+	var wg sync.WaitGroup
 	for c, w := range ws {
 		if w == nil {
 			continue
 		}
-		src := s.m.arena.Bytes(s.ids[c])
-		for part := range s.geo.Parts {
-			from, to, _ := s.geo.Range(len(src), layer, part)
-			if err := w.WriteRange(ctx, src, from, to); err != nil {
-				s.m.writeFailed(s.lt, s.keys[c], err)
-				w.Abort()
-				ws[c] = nil
-				break
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			src := s.m.arena.Bytes(s.ids[c])
+			for part := range s.geo.Parts {
+				from, _, _ := s.geo.Range(len(src), first, part)
+				_, to, _ := s.geo.Range(len(src), last, part)
+				if err := w.WriteRange(ctx, src, from, to); err != nil {
+					s.m.writeFailed(s.lt, s.keys[c], err)
+					w.Abort()
+					ws[c] = nil // this goroutine's own element
+					return
+				}
 			}
-		}
+		}()
 	}
+	wg.Wait()
 }
 
 // finish commits the records of the committed chunks — the rest of a
 // range write, or the whole chunk where it had none or it failed — and
-// aborts the others, then drops the save's references.
+// aborts the others, then drops the save's references. The chunks commit
+// in parallel, so their syncs are shared as concurrent Puts' are.
 func (s *LayerSave) finish(ctx context.Context, ws []RangeWrite) {
-	m, lt := s.m, s.lt
+	var wg sync.WaitGroup
 	for c, id := range s.ids {
 		if id == 0 {
 			continue
@@ -242,23 +274,34 @@ func (s *LayerSave) finish(ctx context.Context, ws []RangeWrite) {
 			if w != nil {
 				w.Abort()
 			}
-			m.arena.Unref(id)
+			s.m.arena.Unref(id)
 			continue
 		}
-		k, src := s.keys[c], m.arena.Bytes(id)
-		up := parentOf(s.keys, c, link{})
-		var err error
-		if w != nil {
-			err = w.Commit(ctx, src, up.parent, up.ok)
-		}
-		if (w == nil || err != nil) && !Contains(lt.Tier, k) {
-			err = put(lt.Tier, writeJob{key: k, id: id, up: up}, src)
-		}
-		s.settle(k, err)
-		m.arena.Unref(id)
-		lt.inflight[s.gen].Add(-1)
-		lt.pending.Add(-1)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.finishChunk(ctx, c, w)
+		}()
 	}
+	wg.Wait()
+}
+
+// finishChunk commits committed chunk c's record in the save's tier.
+func (s *LayerSave) finishChunk(ctx context.Context, c int, w RangeWrite) {
+	m, lt, id := s.m, s.lt, s.ids[c]
+	k, src := s.keys[c], m.arena.Bytes(id)
+	up := parentOf(s.keys, c, link{})
+	var err error
+	if w != nil {
+		err = w.Commit(ctx, src, up.parent, up.ok)
+	}
+	if (w == nil || err != nil) && !Contains(lt.Tier, k) {
+		err = put(lt.Tier, writeJob{key: k, id: id, up: up}, src)
+	}
+	s.settle(k, err)
+	m.arena.Unref(id)
+	lt.inflight[s.gen].Add(-1)
+	lt.pending.Add(-1)
 }
 
 // settle does a queued write's bookkeeping for chunk k, as the writers
