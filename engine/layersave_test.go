@@ -128,3 +128,27 @@ func waitUsed(t *testing.T, disk tier.Tier, ok func(int64) bool) {
 		}
 	}
 }
+
+// TestStoreLayerNoticeAllocs: a notice for a lease whose save has started
+// allocates nothing (the save's writes run on its own goroutines).
+func TestStoreLayerNoticeAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are not meaningful under the race detector")
+	}
+	e, _, _, _, id, _ := saveFixture(t, 2)
+	// 16 KiB chunks as 1,024 layers of 8-byte parts: enough layers for
+	// every notice of AllocsPerRun to be a new one.
+	geo := engine.Layers{Layers: 1024, Parts: 2}
+	layer := 0
+	notice := func() {
+		e.StoreLayer(id, layer, geo)
+		layer++
+	}
+	notice() // the first notice starts the save
+	if a := testing.AllocsPerRun(200, notice); a != 0 {
+		t.Errorf("a STORE_LAYER notice: %.1f allocations, want 0", a)
+	}
+	if n, err := e.CommitStore(id, 2); n != 2 || err != nil {
+		t.Fatalf("commit: %d %v", n, err)
+	}
+}

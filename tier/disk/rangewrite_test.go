@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 
@@ -238,4 +239,30 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// TestWriteRangeDoesNotAllocate: a range write takes its op from the pool
+// and keeps its sums in the writer, so once warm it allocates nothing.
+func TestWriteRangeDoesNotAllocate(t *testing.T) {
+	d := openTier(t, t.TempDir(), Options{Capacity: 64 << 20})
+	defer d.Close()
+	const size, span = 4 << 20, 16 << 10
+	src := mmapAligned(t, size)
+	w, err := d.OpenWrite(context.Background(), testKey(1), size)
+	if err != nil || w == nil {
+		t.Fatal(w, err)
+	}
+	ctx, at := context.Background(), 0
+	write := func() {
+		if err := w.WriteRange(ctx, src, at, at+span); err != nil {
+			t.Fatal(err)
+		}
+		at += span
+	}
+	write()
+	runtime.GC() // as in TestLargeGetDoesNotAllocate
+	if a := testing.AllocsPerRun(100, write); a != 0 {
+		t.Errorf("%v allocations per WriteRange", a)
+	}
+	w.Abort()
 }
