@@ -45,7 +45,9 @@ type LayerSave struct {
 // CommitRunSaved. It returns nil when no lower tier writes ranges, geo is
 // not a layer geometry or the manager is closed: the commit then queues
 // whole chunks as CommitRun does. The save holds its own references, so
-// the objects outlive the lease until their records are written.
+// the objects outlive the lease until their records are written. Every
+// save must end, by CommitRunSaved or Abort: Close waits for the saves'
+// goroutines (the engine aborts a lease's save when the lease ends).
 func (m *Manager) BeginLayerSave(keys []chunk.Key, ids []arena.ID, geo LayerGeometry) *LayerSave {
 	if !geo.Valid() {
 		return nil
