@@ -176,4 +176,3 @@ def test_ttft_bench_runs_and_checks_logits(kvtier_bin, tmp_path, capsys):
                                  "--max-new", "64", "--cases", "1,eq"]) == 0
     out = capsys.readouterr().out
     assert out.count("x (") == 8 and "RAM hit" in out
-
