@@ -67,8 +67,10 @@ type lease struct {
 	deadline int64 // nanoseconds since the table's epoch
 	keys     []chunk.Key
 	ids      []arena.ID
-	stream   *tier.Stream // a layerwise retrieve's background fill (layerwise.go)
-	pos      int32        // index in byDeadline; notActive while free or being built
+	stream   *tier.Stream    // a layerwise retrieve's background fill (layerwise.go)
+	save     *tier.LayerSave // a store's per-layer writes (layersave.go)
+	noSave   bool            // a store whose layers cannot be saved one by one
+	pos      int32           // index in byDeadline; notActive while free or being built
 	nextFree int32
 }
 
@@ -315,7 +317,10 @@ func (t *leaseTable) freeLocked(i int32) {
 	if l.id != 0 {
 		delete(t.byID, l.id)
 	}
-	l.id, l.keys, l.ids, l.stream = 0, l.keys[:0], l.ids[:0], nil
+	if l.save != nil { // ended without a commit: its extents go back
+		l.save.Abort()
+	}
+	l.id, l.keys, l.ids, l.stream, l.save, l.noSave = 0, l.keys[:0], l.ids[:0], nil, nil, false
 	l.pos = notActive
 	l.nextFree = t.free
 	t.free = i

@@ -97,7 +97,9 @@ func (e *Engine) CommitStore(id LeaseID, count int) (int, error) {
 	// The lease's keys are consecutive chunks of the prompt; those stored
 	// already have no reservation (id 0), which CommitRun skips while
 	// still naming each chunk's parent to the tiers.
-	err := e.mgr.CommitRun(l.keys[:n], l.ids[:n])
+	save := l.save
+	l.save = nil // the commit ends it, not the lease's discard
+	err := e.mgr.CommitRunSaved(l.keys[:n], l.ids[:n], save)
 	for j := range n {
 		l.ids[j] = 0 // Commit consumed these references
 	}

@@ -372,6 +372,8 @@ func (s *session) handle(h wire.Header) *requestError {
 		return s.handleLayerWait(h, body)
 	case wire.OpRetrieveRanges:
 		return s.handleRetrieveRanges(h, body)
+	case wire.OpStoreLayer:
+		return s.handleStoreLayer(body)
 	}
 	return fail(wire.StatusUnknownOp, "%s is not a request", h.Op)
 }

@@ -34,6 +34,8 @@ func FuzzSession(f *testing.F) {
 		frame(wire.OpStore, 0, 3, []byte{1, 2, 3, 4})...))
 	f.Add(append(scope, frame(wire.OpRetrieve, 0, 3, (&wire.KeysOnly{Keys: keys}).Append(nil))...))
 	f.Add(frame(wire.OpCommitStore, 0, 3, (&wire.Commit{Lease: 1, Count: 1}).Append(nil)))
+	f.Add(frame(wire.OpStoreLayer, 0, 3, (&wire.StoreLayer{Lease: 1, Layer: 2, Layers: 4, Parts: 2}).Append(nil)))
+	f.Add(frame(wire.OpStoreLayer, 0, 3, []byte{1, 2, 3}))
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
 	f.Add(frame(wire.OpFlush, 0, 3, (&wire.Flush{TimeoutMS: 10}).Append(nil)))
 	f.Add(append(scope, frame(wire.OpLookupBatch, 0, 3, (&wire.LookupBatch{Lookups: []wire.Lookup{{Keys: keys}, {LeaseMS: 5, Keys: keys}}}).Append(nil))...))

@@ -420,33 +420,40 @@ func (b *writeBudget) stop() {
 // on full queues only within budget. Called with m.mu read-locked.
 func (m *Manager) enqueueWrites(k chunk.Key, up link, id arena.ID, upTo int, budget *writeBudget) {
 	for _, lt := range m.lower[:upTo] {
-		if lt.readOnly {
-			continue
-		}
-		if !m.arena.Ref(id) {
+		if !lt.readOnly && !m.enqueue(lt, k, up, id, budget) {
 			return
 		}
-		job := writeJob{key: k, id: id, gen: lt.gen.Load() & 1, up: up}
-		lt.pending.Add(1)
-		lt.inflight[job.gen].Add(1)
+	}
+}
+
+// enqueue queues object id for lt, or counts it dropped when the queue
+// stays full past the budget. It reports false when id could not be
+// referenced (it is being freed). Called with m.mu read-locked.
+func (m *Manager) enqueue(lt *lowerTier, k chunk.Key, up link, id arena.ID, budget *writeBudget) bool {
+	if !m.arena.Ref(id) {
+		return false
+	}
+	job := writeJob{key: k, id: id, gen: lt.gen.Load() & 1, up: up}
+	lt.pending.Add(1)
+	lt.inflight[job.gen].Add(1)
+	select {
+	case lt.queue <- job:
+		return true
+	default:
+	}
+	if expired := budget.expired(); expired != nil {
 		select {
 		case lt.queue <- job:
-			continue
-		default:
+			return true
+		case <-expired:
 		}
-		if expired := budget.expired(); expired != nil {
-			select {
-			case lt.queue <- job:
-				continue
-			case <-expired:
-			}
-		}
-		lt.inflight[job.gen].Add(-1)
-		lt.pending.Add(-1)
-		lt.dropped.Add(1)
-		lt.missed.add(k)
-		m.arena.Unref(id)
 	}
+	lt.inflight[job.gen].Add(-1)
+	lt.pending.Add(-1)
+	lt.dropped.Add(1)
+	lt.missed.add(k)
+	m.arena.Unref(id)
+	return true
 }
 
 // writer drains one lower tier's queue until Close.

@@ -64,7 +64,8 @@ const (
 	// OpRequestBuffer  Op = 22, see shared.go
 	// OpPrepareRetrieveLayers Op = 23, OpLayerWait Op = 24, see layers.go
 	// OpRetrieveRanges Op = 25, see ranges.go
-	opLimit Op = 26
+	// OpStoreLayer Op = 26, see store_layer.go
+	opLimit Op = 27
 
 	// MaxOp is the highest operation of this version.
 	MaxOp = opLimit - 1
@@ -73,7 +74,7 @@ const (
 var opNames = [...]string{"", "HELLO", "PING", "SCOPE", "LOOKUP", "PREPARE_STORE",
 	"COMMIT_STORE", "PREPARE_RETRIEVE", "RELEASE", "RENEW", "PREFETCH", "CLEAR",
 	"STATS", "STORE", "RETRIEVE", "SIZES", "FLUSH", "PUSH", "PUSH_STATUS", "RECEIVE", "WAIT", "LOOKUP_BATCH", "REQUEST_BUFFER",
-	"PREPARE_RETRIEVE_LAYERS", "LAYER_WAIT", "RETRIEVE_RANGES"}
+	"PREPARE_RETRIEVE_LAYERS", "LAYER_WAIT", "RETRIEVE_RANGES", "STORE_LAYER"}
 
 func (o Op) String() string {
 	if o > 0 && o < opLimit {

@@ -381,6 +381,23 @@ class Client:
         body = self._call(p.OP_LAYER_WAIT, p.pack_layer_wait(lease, layer), timeout=timeout)
         return p.unpack_layer_ready(body)
 
+    def store_layer(self, lease: int, layer: int, layers: int = 0, parts: int = 0) -> None:
+        """Tells the daemon that ``layer`` of every slot of store lease ``lease`` is final, so it
+        may write that layer to disk before the commit (docs/layerwise.md). One-way: it returns
+        once the frame is sent and the daemon never answers; a notice it cannot use is dropped.
+        ``layers``/``parts`` describe the chunks (0, 0: the scope's format tag)."""
+        body = p.pack_store_layer(lease, layer, layers, parts)
+        with self._lock:
+            if self._sock is None:
+                raise ConnectionLost("kvtier: client is closed")
+            rid = self._next_id
+            self._next_id = (self._next_id + 1) & 0xFFFFFFFF or 1
+            try:
+                self._sock.sendall(p.frame(p.OP_STORE_LAYER, rid, body))
+            except OSError as e:
+                self._break()
+                raise ConnectionLost(f"kvtier: op {p.OP_STORE_LAYER}: {e}") from e
+
     def release(self, lease: int) -> None:
         if self._staging is not None:
             return staged.release(self, lease)

@@ -50,6 +50,7 @@ OP_LOOKUP_BATCH = 21  # many LOOKUPs in one round trip
 OP_REQUEST_BUFFER = 22  # shared memory for the token ids of lookups
 OP_PREPARE_RETRIEVE_LAYERS = 23  # layer by layer, docs/layerwise.md
 OP_LAYER_WAIT = 24
+OP_STORE_LAYER = 26  # one-way: one layer of a store lease is final, docs/layerwise.md
 
 ALL_LAYERS = 0xFFFFFFFF  # LAYER_WAIT: nothing loads in the background
 MAX_LAYERS = 1 << 16
@@ -457,6 +458,14 @@ def pack_prepare_retrieve_layers(keys: "Keys", layers: int, parts: int, lease_ms
     if not 0 <= layers < MAX_LAYERS or parts not in (0, 1, 2) or (layers == 0) != (parts == 0):
         raise ValueError(f"{layers} layers of {parts} parts: want both 0, or layers and 1 or 2 parts")
     return struct.pack("<IHBB", lease_ms, layers, parts, 0) + keys.pack()
+
+
+def pack_store_layer(lease: int, layer: int, layers: int = 0, parts: int = 0) -> bytes:
+    if (layers == 0) != (parts == 0) or parts not in (0, 1, 2) or not 0 <= layers < MAX_LAYERS:
+        raise ValueError(f"{layers} layers of {parts} parts: want both 0, or layers and 1 or 2 parts")
+    if not 0 <= layer < (layers or MAX_LAYERS):
+        raise ValueError(f"layer {layer} of {layers or MAX_LAYERS}")
+    return struct.pack("<QIHBx", lease, layer, layers, parts)
 
 
 def pack_layer_wait(lease: int, layer: int) -> bytes:

@@ -113,6 +113,9 @@ class Settings:
     # the forward pass's thread, instead of on a copier thread (docs/layerwise.md: no gain
     # measured with the CPU model; kept to measure the two on other hardware).
     layer_inline: bool = False
+    # In layerwise mode, tell the daemon when each saved layer is in the arena (STORE_LAYER)
+    # so it writes that layer to its disk tier during the pass (docs/layerwise.md).
+    layer_saves: bool = True
     load_async: bool = True       # load hits that are not in RAM in the background
     cross_layer: bool = False     # ask vLLM for cross-layer blocks (one copy per block run)
     kv_layout: str = ""           # force the per-layer form: packed, block_first, kv_first, mla
@@ -378,6 +381,7 @@ class KVTierConnector(KVConnectorBase_V1):
         self._stream: Optional[_Stream] = None  # this step's streamed loads, copied in wait_for_layer_load
         self._loader: Optional[threading.Thread] = None
         self._saves: List[_Save] = []
+        self._noticed = 0  # layers of this step's saves announced with STORE_LAYER
         self._lock = threading.Lock()
         self._async_link: Optional[Link] = None
         self._layer_link: Optional[Link] = None  # PREPARE_RETRIEVE_LAYERS and LAYER_WAIT
@@ -1143,6 +1147,7 @@ class KVTierConnector(KVConnectorBase_V1):
         layer = self._layer_of(layer_name)
         if layer == 0:
             self._saves = self._prepare_saves()
+            self._noticed = 0
         if self._cross is not None:
             return  # whole blocks are copied once every layer is written (wait_for_save)
         for save in self._saves:
@@ -1152,6 +1157,25 @@ class KVTierConnector(KVConnectorBase_V1):
                 save.layers_done += 1
             except _ABSORBED as e:  # the save is dropped at commit time: layers_done falls short
                 log.error("kvtier: gathering layer %s: %s", layer_name, e)
+        if self.settings.layerwise and self.settings.layer_saves and self._saves:
+            self.copier.save_layer_done(layer)
+            self._notice_layers(layer)
+
+    def _notice_layers(self, upto: int) -> None:
+        """Sends STORE_LAYER for each layer up to ``upto``, in order, whose save copies have
+        landed in the arena: a one-way frame per save, so the forward pass never waits on the
+        daemon. A layer whose copies are still in flight (a GPU's) is sent with a later one."""
+        while self._noticed <= upto and self.copier.save_layer_landed(self._noticed):
+            layer = self._noticed
+            for save in self._saves:
+                if save.layers_done <= layer:
+                    continue  # its gather failed: the commit gives it up
+                try:
+                    self._client().store_layer(save.lease, layer, self._layers, self._layout.parts)
+                except _ABSORBED as e:  # the commit will find the link down as well
+                    self.link.fail(e)
+                    return
+            self._noticed += 1
 
     def _prepare_saves(self) -> List[_Save]:
         meta = self._get_connector_metadata()

@@ -212,6 +212,13 @@ class HostCopier:
     def wait_layer(self, layer: int) -> None:
         """Makes the engine's compute wait for ``layer``'s load (no-op when copies are synchronous)."""
 
+    def save_layer_done(self, layer: int) -> None:
+        """Marks the save copies issued so far as those of ``layer`` (asynchronous copiers record an event)."""
+
+    def save_layer_landed(self, layer: int) -> bool:
+        """Whether ``layer``'s save copies are in host memory, without waiting: synchronous copies are."""
+        return True
+
     def register_host(self, mapping: torch.Tensor) -> None:
         """Offers the arena mapping for direct DMA (CUDA pins it when it can)."""
 
@@ -237,6 +244,9 @@ class CudaCopier(HostCopier):  # pragma: no cover - needs a GPU
         self._drain: List[Tuple[torch.Tensor, torch.Tensor]] = []
         self._save_event: Optional[torch.cuda.Event] = None
         self._layer_events: Dict[int, torch.cuda.Event] = {}
+        # Per-layer save events (STORE_LAYER); None where a copy went through the bounce
+        # buffer, which reaches the arena only at fence.
+        self._save_layer_events: Dict[int, Optional[torch.cuda.Event]] = {}
 
     def register_host(self, mapping: torch.Tensor) -> None:
         try:
@@ -283,7 +293,22 @@ class CudaCopier(HostCopier):  # pragma: no cover - needs a GPU
         if ev is not None:
             torch.cuda.current_stream(self.device).wait_event(ev)
 
+    def save_layer_done(self, layer: int) -> None:
+        ev = None
+        if not self._drain:
+            ev = torch.cuda.Event()
+            ev.record()
+        self._save_layer_events[layer] = ev
+
+    def save_layer_landed(self, layer: int) -> bool:
+        ev = self._save_layer_events.get(layer)
+        if ev is None or not ev.query():
+            return False
+        del self._save_layer_events[layer]
+        return True
+
     def fence(self) -> None:
+        self._save_layer_events.clear()
         if self._save_event is not None:
             self._save_event.synchronize()
             self._save_event = None

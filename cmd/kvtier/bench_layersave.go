@@ -1,0 +1,45 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"kvtier/bench/layersave"
+)
+
+func benchLayersaveCmd() *cobra.Command {
+	var asJSON bool
+	o := layersave.Defaults(".kvtier-layersave")
+	cmd := &cobra.Command{
+		Use:   "layersave",
+		Short: "measure per-layer saves against whole-chunk write-behind (docs/layerwise.md)",
+		Long: `layersave saves chunks into a fresh disk tier the way the vLLM connector does
+(PREPARE_STORE, each layer copied into the slots, COMMIT_STORE), alternating round by
+round between writing each layer to disk as its STORE_LAYER notice arrives and writing
+whole chunks after the commit. It reports the time from the commit until every chunk is
+durable on disk, from the first layer until then, the write throughput and the CPU
+time, once with no compute between layers and once with a compute time per layer equal
+to the whole save's write time over the layers.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := layersave.Run(cmd.Context(), o, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), r)
+			}
+			r.Print(cmd.OutOrStdout())
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&o.Dir, "dir", o.Dir, "directory for the disk tier (a real disk: tmpfs refuses O_DIRECT)")
+	fl.IntVar(&o.Layers, "layers", o.Layers, "layers per chunk")
+	fl.IntVar(&o.KVHeads, "kv-heads", o.KVHeads, "KV heads")
+	fl.IntVar(&o.HeadDim, "head-dim", o.HeadDim, "elements per head (fp16)")
+	fl.IntVar(&o.ChunkTokens, "chunk-tokens", o.ChunkTokens, "tokens per chunk")
+	fl.IntVar(&o.Chunks, "chunks", o.Chunks, "chunks per save")
+	fl.IntVar(&o.Rounds, "rounds", o.Rounds, "rounds per figure (the median is reported)")
+	fl.BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}

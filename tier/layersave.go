@@ -1,0 +1,324 @@
+package tier
+
+import (
+	"context"
+	"slices"
+	"sync"
+
+	"kvtier/arena"
+	"kvtier/chunk"
+)
+
+// Per-layer saves (docs/layerwise.md). A client filling reserved RAM
+// objects layer by layer (the vLLM connector's save_kv_layer) says when
+// each layer is final; a LayerSave then writes that layer of every chunk
+// to the first lower tier that can write ranges (RangeWriter: the disk
+// tier) while the next layer is still being computed. At the commit the
+// chunks become RAM chunks as usual and are queued for the other lower
+// tiers; the LayerSave finishes its tier's records (the pieces no layer
+// completed, the header, the sync) on its own goroutine. A save that ends
+// without a commit — the lease released, expired or cut short by the
+// connection — gives back every extent it reserved.
+
+// LayerSave writes the chunks of one store lease to a lower tier layer by
+// layer. Its methods are safe for concurrent use and never block on I/O.
+type LayerSave struct {
+	m      *Manager
+	lt     *lowerTier
+	rw     RangeWriter
+	geo    LayerGeometry
+	keys   []chunk.Key
+	ids    []arena.ID // the save's own reference on each reservation; 0 for none
+	layers chan int   // layers noticed, each at most once
+	end    chan struct{}
+
+	mu        sync.Mutex
+	seen      []bool // layers noticed
+	ended     bool   // committed or aborted
+	committed []bool // chunks the commit made visible, which the save owes its tier
+	gen       uint32 // the tier's Sync generation the committed chunks count in
+}
+
+// BeginLayerSave starts a per-layer save of the reserved objects ids[i]
+// (0: no reservation, the chunk is stored already) that will be committed
+// under keys[i], consecutive chunks of one prompt from its first, through
+// CommitRunSaved. It returns nil when no lower tier writes ranges, geo is
+// not a layer geometry or the manager is closed: the commit then queues
+// whole chunks as CommitRun does. The save holds its own references, so
+// the objects outlive the lease until their records are written. Every
+// save must end, by CommitRunSaved or Abort: Close waits for the saves'
+// goroutines (the engine aborts a lease's save when the lease ends).
+func (m *Manager) BeginLayerSave(keys []chunk.Key, ids []arena.ID, geo LayerGeometry) *LayerSave {
+	if !geo.Valid() {
+		return nil
+	}
+	var lt *lowerTier
+	var rw RangeWriter
+	for _, t := range m.lower {
+		if w, ok := t.Tier.(RangeWriter); ok && !t.readOnly {
+			lt, rw = t, w
+			break
+		}
+	}
+	if lt == nil {
+		return nil
+	}
+	s := &LayerSave{m: m, lt: lt, rw: rw, geo: geo, keys: append([]chunk.Key(nil), keys...),
+		ids: make([]arena.ID, len(ids)), layers: make(chan int, geo.Layers), end: make(chan struct{}),
+		seen: make([]bool, geo.Layers), committed: make([]bool, len(keys))}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.closed {
+		return nil
+	}
+	for i, id := range ids {
+		if id != 0 && m.arena.Ref(id) {
+			s.ids[i] = id
+		}
+	}
+	m.wg.Add(1)
+	go s.run()
+	return s
+}
+
+// Layers returns the save's geometry.
+func (s *LayerSave) Layers() LayerGeometry { return s.geo }
+
+// Layer says that layer is final in every chunk: the save starts writing
+// it. A layer noticed twice, out of range, or after the save ended is
+// ignored.
+func (s *LayerSave) Layer(layer int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended || layer < 0 || layer >= s.geo.Layers || s.seen[layer] {
+		return
+	}
+	s.seen[layer] = true
+	s.layers <- layer // room for every layer once: never blocks
+}
+
+// Abort ends the save without a commit: nothing it wrote becomes visible,
+// and its tier gets the extents back. It does not wait for the I/O under
+// way.
+func (s *LayerSave) Abort() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.ended {
+		s.ended = true
+		close(s.end)
+	}
+}
+
+// CommitRunSaved is CommitRun for a store whose chunks s is writing: the
+// chunks become RAM chunks and are queued for every lower tier but s's,
+// and s finishes their records in its tier in the background (counted as
+// pending writes, so Flush and Sync wait for them). s ends here: chunks
+// past len(keys) are given up. A nil s is CommitRun.
+func (m *Manager) CommitRunSaved(keys []chunk.Key, ids []arena.ID, s *LayerSave) error {
+	if s == nil || !s.claim() {
+		return m.CommitRun(keys, ids)
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	defer func() {
+		for _, id := range ids[:len(keys)] {
+			if id != 0 {
+				m.arena.Unref(id)
+			}
+		}
+	}()
+	defer close(s.end)
+	if m.closed {
+		return ErrClosed
+	}
+	budget := writeBudget{wait: m.opts.WriteWait}
+	defer budget.stop()
+	s.gen = s.lt.gen.Load() & 1
+	for i, k := range keys {
+		if ids[i] == 0 || m.ram.Contains(k) {
+			continue
+		}
+		up := parentOf(keys, i, link{})
+		m.ram.CommitAfter(k, up.parent, up.ok, ids[i])
+		for _, lt := range m.lower {
+			if lt == s.lt && i < len(s.committed) && s.ids[i] != 0 {
+				s.committed[i] = true
+				lt.pending.Add(1)
+				lt.inflight[s.gen].Add(1)
+				continue
+			}
+			if !lt.readOnly && !m.enqueue(lt, k, up, ids[i], &budget) {
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// claim ends s for a commit, unless it ended already.
+func (s *LayerSave) claim() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended {
+		return false
+	}
+	s.ended = true
+	return true
+}
+
+// run writes the layers as they are noticed, until the save ends, then
+// finishes or gives up each chunk. Layers noticed while a write was under
+// way are written together: adjacent layers are adjacent bytes in each
+// part, so a save that falls behind catches up with fewer, larger writes.
+func (s *LayerSave) run() {
+	defer s.m.wg.Done()
+	ctx := context.Background()
+	var ws []RangeWrite // opened with the first layer
+	var batch []int
+	for {
+		select {
+		case layer := <-s.layers:
+			if ws == nil {
+				ws = s.open(ctx)
+			}
+			batch = append(batch[:0], layer)
+		drain:
+			for {
+				select {
+				case l := <-s.layers:
+					batch = append(batch, l)
+				default:
+					break drain
+				}
+			}
+			slices.Sort(batch)
+			for i := 0; i < len(batch); {
+				j := i + 1
+				for j < len(batch) && batch[j] == batch[j-1]+1 {
+					j++
+				}
+				s.write(ctx, ws, batch[i], batch[j-1])
+				i = j
+			}
+		case <-s.end:
+			s.finish(ctx, ws)
+			return
+		}
+	}
+}
+
+// open starts a range write of every chunk the tier lacks and whose size
+// fits the geometry; the others get none (nil).
+func (s *LayerSave) open(ctx context.Context) []RangeWrite {
+	ws := make([]RangeWrite, len(s.keys))
+	for c, id := range s.ids {
+		if id == 0 {
+			continue
+		}
+		n := len(s.m.arena.Bytes(id))
+		if _, _, fits := s.geo.Range(n, 0, 0); !fits {
+			continue
+		}
+		w, err := s.rw.OpenWrite(ctx, s.keys[c], n)
+		if err != nil {
+			s.m.writeFailed(s.lt, s.keys[c], err)
+			continue
+		}
+		ws[c] = w
+	}
+	return ws
+}
+
+// write writes layers first..last of every chunk with a writer, one
+// range per part, the chunks in parallel so that the tier has a write
+// queued while it sums another. A chunk whose write fails loses its
+// writer; the commit writes it whole.
+func (s *LayerSave) write(ctx context.Context, ws []RangeWrite, first, last int) {
+	var wg sync.WaitGroup
+	for c, w := range ws {
+		if w == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			src := s.m.arena.Bytes(s.ids[c])
+			for part := range s.geo.Parts {
+				from, _, _ := s.geo.Range(len(src), first, part)
+				_, to, _ := s.geo.Range(len(src), last, part)
+				if err := w.WriteRange(ctx, src, from, to); err != nil {
+					s.m.writeFailed(s.lt, s.keys[c], err)
+					w.Abort()
+					ws[c] = nil // this goroutine's own element
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// finish commits the records of the committed chunks — the rest of a
+// range write, or the whole chunk where it had none or it failed — and
+// aborts the others, then drops the save's references. The chunks commit
+// in parallel, so their syncs are shared as concurrent Puts' are.
+func (s *LayerSave) finish(ctx context.Context, ws []RangeWrite) {
+	var wg sync.WaitGroup
+	for c, id := range s.ids {
+		if id == 0 {
+			continue
+		}
+		var w RangeWrite
+		if ws != nil {
+			w = ws[c]
+		}
+		if !s.committed[c] {
+			if w != nil {
+				w.Abort()
+			}
+			s.m.arena.Unref(id)
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.finishChunk(ctx, c, w)
+		}()
+	}
+	wg.Wait()
+}
+
+// finishChunk commits committed chunk c's record in the save's tier.
+func (s *LayerSave) finishChunk(ctx context.Context, c int, w RangeWrite) {
+	m, lt, id := s.m, s.lt, s.ids[c]
+	k, src := s.keys[c], m.arena.Bytes(id)
+	up := parentOf(s.keys, c, link{})
+	var err error
+	if w != nil {
+		err = w.Commit(ctx, src, up.parent, up.ok)
+	}
+	if (w == nil || err != nil) && !Contains(lt.Tier, k) {
+		err = put(lt.Tier, writeJob{key: k, id: id, up: up}, src)
+	}
+	s.settle(k, err)
+	m.arena.Unref(id)
+	lt.inflight[s.gen].Add(-1)
+	lt.pending.Add(-1)
+}
+
+// settle does a queued write's bookkeeping for chunk k, as the writers
+// do: a failure is redone by Sync, and a chunk removed from RAM while it
+// was written is removed from the tier again.
+func (s *LayerSave) settle(k chunk.Key, err error) {
+	m, lt := s.m, s.lt
+	if err != nil {
+		lt.missed.add(k)
+		m.writeFailed(lt, k, err)
+	} else {
+		m.writeSucceeded(lt)
+		if !m.ram.Contains(k) {
+			Remove(lt.Tier, k)
+		}
+	}
+	m.trimQuota(k)
+}

@@ -1,0 +1,43 @@
+package tier
+
+import (
+	"context"
+
+	"kvtier/chunk"
+)
+
+// RangeWriter is implemented by tiers that can write an object a range
+// at a time while its owner is still filling it, and make it visible only
+// once it is complete: the disk tier, whose records carry their piece
+// checksums in a header written last. Per-layer saves (LayerSave) write
+// each layer of a chunk through it as soon as the connector says the layer
+// is final, instead of the whole chunk after COMMIT_STORE.
+type RangeWriter interface {
+	// OpenWrite reserves room for key's object of size bytes and returns
+	// its writer. It returns nil and no error when the tier holds key
+	// already or another write of key is under way: the caller then
+	// writes the object whole, or not at all, as it would without range
+	// writes.
+	OpenWrite(ctx context.Context, key chunk.Key, size int) (RangeWrite, error)
+}
+
+// RangeWrite writes one object. It is used by one goroutine at a time.
+// Nothing it writes is visible, before or after a crash, until Commit
+// returns nil.
+type RangeWrite interface {
+	// WriteRange writes src[from:to], whose bytes are final: src is the
+	// whole object (OpenWrite's size) and the caller will not change those
+	// bytes again. Ranges must not overlap. The tier may hold back bytes
+	// that share a block or a checksum piece with bytes no range has
+	// covered yet; Commit writes them.
+	WriteRange(ctx context.Context, src []byte, from, to int) error
+	// Commit writes whatever no range covered, then makes the object
+	// durable (as the tier's Put would) and visible. parent names the
+	// chunk before it in its prompt when hasParent, as ChainPutter. After
+	// a failed Commit nothing is visible and the writer's room is given
+	// back.
+	Commit(ctx context.Context, src []byte, parent chunk.Key, hasParent bool) error
+	// Abort gives back the room OpenWrite reserved; nothing becomes
+	// visible. Abort after Commit does nothing.
+	Abort()
+}
