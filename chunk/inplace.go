@@ -1,0 +1,45 @@
+package chunk
+
+import (
+	"fmt"
+
+	"github.com/zeebo/xxh3"
+)
+
+// HashSize is the size of a chunk hash, and the room KeysInPlace needs
+// before the tokens.
+const HashSize = len(Hash{})
+
+// KeysInPlace appends to dst the keys of the tokens in buf[HashSize:],
+// given as 4-byte little-endian ids (as the cache protocol carries them),
+// and returns the extended slice: the same keys Keys returns for those
+// tokens. It hashes every chunk where it lies, without copying or
+// converting a token. A chunk's hash input is its parent's hash followed
+// by its tokens, so the HashSize bytes just before the chunk — buf's first
+// HashSize bytes for chunk 0, the end of the previous chunk's tokens for
+// the others — are replaced by the parent's hash for the one call to
+// xxh3 and put back right after it. On return buf holds what it held on
+// entry; during the call nobody else may read or write it, and it must be
+// writable memory.
+//
+// It panics if len(buf) is less than HashSize or len(buf)-HashSize is not
+// a multiple of 4. Like Keys it allocates nothing when cap(dst) has room.
+func (c *Chunker) KeysInPlace(dst []Key, buf []byte) []Key {
+	if len(buf) < HashSize || (len(buf)-HashSize)%4 != 0 {
+		panic(fmt.Sprintf("chunk: KeysInPlace of %d bytes: want %d bytes of room and whole 4-byte tokens", len(buf), HashSize))
+	}
+	numTokens := (len(buf) - HashSize) / 4
+	parent := c.seed
+	for i, n := 0, c.NumChunks(numTokens); i < n; i++ {
+		start, end := c.Bounds(i, numTokens)
+		// The input is buf[4*start : 4*end+HashSize]: HashSize bytes of
+		// room followed by the chunk's tokens.
+		in := buf[4*start : 4*end+HashSize]
+		saved := Hash(in[:HashSize])
+		copy(in, parent[:])
+		parent = xxh3.Hash128(in).Bytes()
+		copy(in, saved[:])
+		dst = append(dst, Key{Scope: c.scope, Hash: parent})
+	}
+	return dst
+}
