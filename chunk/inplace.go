@@ -43,3 +43,28 @@ func (c *Chunker) KeysInPlace(dst []Key, buf []byte) []Key {
 	}
 	return dst
 }
+
+// KeysOfBytes is KeysInPlace for tokens that must not be written, such as
+// a read-only mapping: tokens holds only the ids' little-endian bytes, and
+// each chunk is copied behind its parent's hash into scratch (grown to
+// one chunk's input, HashSize + 4 × Size bytes, and returned for reuse)
+// before it is hashed. It panics if len(tokens) is not a multiple of 4.
+func (c *Chunker) KeysOfBytes(dst []Key, tokens []byte, scratch []byte) ([]Key, []byte) {
+	if len(tokens)%4 != 0 {
+		panic(fmt.Sprintf("chunk: KeysOfBytes of %d bytes: want whole 4-byte tokens", len(tokens)))
+	}
+	if need := HashSize + 4*c.size; cap(scratch) < need {
+		scratch = make([]byte, need)
+	}
+	numTokens := len(tokens) / 4
+	parent := c.seed
+	for i, n := 0, c.NumChunks(numTokens); i < n; i++ {
+		start, end := c.Bounds(i, numTokens)
+		in := scratch[:HashSize+4*(end-start)]
+		copy(in, parent[:])
+		copy(in[HashSize:], tokens[4*start:4*end])
+		parent = xxh3.Hash128(in).Bytes()
+		dst = append(dst, Key{Scope: c.scope, Hash: parent})
+	}
+	return dst, scratch
+}

@@ -44,6 +44,15 @@ func TestKeysInPlaceMatchesReference(t *testing.T) {
 				if !bytes.Equal(buf, orig) {
 					t.Fatalf("size %d, unfull %v, %d tokens: the buffer was not restored", size, unfull, n)
 				}
+				// A scratch too small, then the one returned.
+				var scratch []byte
+				for range 2 {
+					var got2 []Key
+					got2, scratch = c.KeysOfBytes(nil, buf[HashSize:], scratch)
+					if !slices.Equal(got2, want) {
+						t.Fatalf("size %d, unfull %v, %d tokens: KeysOfBytes differs from the documented hash", size, unfull, n)
+					}
+				}
 			}
 		}
 	}
@@ -99,6 +108,22 @@ func TestKeysInPlaceDoesNotAllocate(t *testing.T) {
 	if len(dst) != 129 {
 		t.Fatalf("%d keys, want 129", len(dst))
 	}
+	var scratch []byte
+	_, scratch = c.KeysOfBytes(dst[:0], buf[HashSize:], scratch)
+	allocs = testing.AllocsPerRun(20, func() { dst, scratch = c.KeysOfBytes(dst[:0], buf[HashSize:], scratch) })
+	if allocs != 0 {
+		t.Fatalf("KeysOfBytes allocated %v times per run with its scratch", allocs)
+	}
+}
+
+func TestKeysOfBytesPanicsOnPartialToken(t *testing.T) {
+	c := mustChunker(t, goldenScope, 256, true)
+	defer func() {
+		if recover() == nil {
+			t.Error("KeysOfBytes of 7 bytes did not panic")
+		}
+	}()
+	c.KeysOfBytes(nil, make([]byte, 7), nil)
 }
 
 // BenchmarkKeysInPlace4K and BenchmarkKeys4K compare the two ways of
@@ -118,3 +143,18 @@ func BenchmarkKeysInPlace4K(b *testing.B) {
 }
 
 func BenchmarkKeys4K(b *testing.B) { benchmarkKeys(b, 4096) }
+
+// BenchmarkKeysOfBytes4K: the same prompt from bytes that may not be
+// written, each chunk copied into a scratch buffer.
+func BenchmarkKeysOfBytes4K(b *testing.B) {
+	c := mustChunker(b, goldenScope, DefaultSize, false)
+	buf := leBuf(0, sequentialTokens(4096))[HashSize:]
+	dst := make([]Key, 0, 16)
+	var scratch []byte
+	b.SetBytes(4 * 4096)
+	b.ReportAllocs()
+	for b.Loop() {
+		dst, scratch = c.KeysOfBytes(dst[:0], buf, scratch)
+	}
+	sinkKeys = dst
+}
