@@ -2,6 +2,7 @@ package chunk
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/zeebo/xxh3"
 )
@@ -29,17 +30,19 @@ func (c *Chunker) KeysInPlace(dst []Key, buf []byte) []Key {
 		panic(fmt.Sprintf("chunk: KeysInPlace of %d bytes: want %d bytes of room and whole 4-byte tokens", len(buf), HashSize))
 	}
 	numTokens := (len(buf) - HashSize) / 4
+	n := c.NumChunks(numTokens)
+	at := len(dst)
+	dst = slices.Grow(dst, n)[:at+n]
 	parent := c.seed
-	for i, n := 0, c.NumChunks(numTokens); i < n; i++ {
-		start, end := c.Bounds(i, numTokens)
-		// The input is buf[4*start : 4*end+HashSize]: HashSize bytes of
-		// room followed by the chunk's tokens.
-		in := buf[4*start : 4*end+HashSize]
+	step := 4 * c.size
+	for i := range n {
+		// Chunk i's input: HashSize bytes of room, then its tokens.
+		in := buf[i*step : min((i+1)*step, len(buf)-HashSize)+HashSize]
 		saved := Hash(in[:HashSize])
-		copy(in, parent[:])
+		*(*Hash)(in) = parent
 		parent = xxh3.Hash128(in).Bytes()
-		copy(in, saved[:])
-		dst = append(dst, Key{Scope: c.scope, Hash: parent})
+		*(*Hash)(in) = saved
+		dst[at+i] = Key{Scope: c.scope, Hash: parent}
 	}
 	return dst
 }
@@ -56,15 +59,18 @@ func (c *Chunker) KeysOfBytes(dst []Key, tokens []byte, scratch []byte) ([]Key, 
 	if need := HashSize + 4*c.size; cap(scratch) < need {
 		scratch = make([]byte, need)
 	}
-	numTokens := len(tokens) / 4
+	n := c.NumChunks(len(tokens) / 4)
+	at := len(dst)
+	dst = slices.Grow(dst, n)[:at+n]
 	parent := c.seed
-	for i, n := 0, c.NumChunks(numTokens); i < n; i++ {
-		start, end := c.Bounds(i, numTokens)
-		in := scratch[:HashSize+4*(end-start)]
-		copy(in, parent[:])
-		copy(in[HashSize:], tokens[4*start:4*end])
+	step := 4 * c.size
+	for i := range n {
+		piece := tokens[i*step : min((i+1)*step, len(tokens))]
+		in := scratch[:HashSize+len(piece)]
+		*(*Hash)(in) = parent
+		copy(in[HashSize:], piece)
 		parent = xxh3.Hash128(in).Bytes()
-		dst = append(dst, Key{Scope: c.scope, Hash: parent})
+		dst[at+i] = Key{Scope: c.scope, Hash: parent}
 	}
 	return dst, scratch
 }
