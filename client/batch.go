@@ -32,7 +32,7 @@ func (c *Client) LookupBatch(ctx context.Context, lookups []wire.Lookup) ([]wire
 		for i := range c.shared {
 			at = c.shareTokens(&c.shared[i].Keys, at)
 		}
-		b = (&wire.LookupBatch{Lookups: c.shared}).Append(b)
+		b = (&wire.LookupBatch{Lookups: c.shared}).AppendGather(b, &c.gather)
 		clear(c.shared) // not kept past the call: they hold the caller's slices
 	}
 	_, body, err := c.roundTripGather(b, wire.OpLookupBatch, c.peerFlag())
