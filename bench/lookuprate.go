@@ -74,8 +74,7 @@ func benchLookups(ctx context.Context, d *DaemonReport, sock string) error {
 	}
 	// The request and reply a LOOKUP exchanges, for the echo of the same
 	// bytes: what the socket alone costs for them.
-	reqLen := wire.HeaderSize + len((&wire.Lookup{Keys: client.Tokens(1, ps[0].tokens, 0)}).Append(nil))
-	replyLen := wire.HeaderSize + len((&wire.LookupReply{ByTier: make([]uint32, 1)}).Append(nil))
+	reqBody, replyBody := lookupFrameLens(ps[0].tokens)
 	echoSrv, err := startEcho()
 	if err != nil {
 		return err
@@ -84,7 +83,7 @@ func benchLookups(ctx context.Context, d *DaemonReport, sock string) error {
 	kinds := []*rateKind{
 		{name: "empty", dial: func(context.Context) (rateClient, error) { return dialEcho(echoSrv.Addr().String(), 0, 0) }},
 		{name: "same bytes", dial: func(context.Context) (rateClient, error) {
-			return dialEcho(echoSrv.Addr().String(), reqLen-wire.HeaderSize, replyLen-wire.HeaderSize)
+			return dialEcho(echoSrv.Addr().String(), reqBody, replyBody)
 		}},
 		{name: "ping", dial: func(ctx context.Context) (rateClient, error) { return dialPing(ctx, sock) }},
 		{name: "lookup", track: true, dial: func(ctx context.Context) (rateClient, error) { return dialLookup(ctx, sock, ps, 1, 0) }},
@@ -127,6 +126,14 @@ func benchLookups(ctx context.Context, d *DaemonReport, sock string) error {
 	d.LookupP50Micros = lat[len(lat)/2]
 	d.LookupP99Micros = lat[len(lat)*99/100]
 	return nil
+}
+
+// lookupFrameLens returns the body lengths of a LOOKUP of tokens and of
+// its reply from a daemon with one tier.
+func lookupFrameLens(tokens []uint32) (req, reply int) {
+	req = len((&wire.Lookup{Keys: client.Tokens(1, tokens, 0)}).Append(nil))
+	reply = len((&wire.LookupReply{ByTier: make([]uint32, 1)}).Append(nil))
+	return req, reply
 }
 
 // benchPrompt is a looked-up prompt and the hit its lookup must report.

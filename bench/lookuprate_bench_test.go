@@ -12,9 +12,11 @@ import (
 // BenchmarkLookupRate runs one kind of the lookup-rate measurement alone,
 // so that a profile shows that kind's costs only (kvtier bench
 // --lookups-only --cpuprofile profiles all of them together): the empty
-// round trip, PING through the daemon, and LOOKUP with the request buffer,
+// round trip, the echo of a LOOKUP's bytes ("same"), PING through the
+// daemon, LOOKUP with the tokens in the frame and with the request buffer,
 // each from rateClients clients on their own connections; one op is one
-// request. For example:
+// request, and cpu-ns/op is the CPU time of the whole process (clients,
+// daemon, echo server) per request. For example:
 //
 //	go test -run X -bench 'LookupRate/buffer' -cpuprofile cpu.out ./bench
 func BenchmarkLookupRate(b *testing.B) {
@@ -39,13 +41,16 @@ func BenchmarkLookupRate(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	sameReq, sameReply := lookupFrameLens(ps[0].tokens)
 	defer echoSrv.Close()
 	for _, k := range []struct {
 		name string
 		dial func() (rateClient, error)
 	}{
 		{"empty", func() (rateClient, error) { return dialEcho(echoSrv.Addr().String(), 0, 0) }},
+		{"same", func() (rateClient, error) { return dialEcho(echoSrv.Addr().String(), sameReq, sameReply) }},
 		{"ping", func() (rateClient, error) { return dialPing(ctx, sock) }},
+		{"lookup", func() (rateClient, error) { return dialLookup(ctx, sock, ps, 1, 0) }},
 		{"buffer", func() (rateClient, error) { return dialLookup(ctx, sock, ps, 1, rateBuffer) }},
 	} {
 		b.Run(k.name, func(b *testing.B) {
@@ -58,6 +63,7 @@ func BenchmarkLookupRate(b *testing.B) {
 			}
 			b.ReportAllocs()
 			b.ResetTimer()
+			cpu0 := processCPU()
 			var wg sync.WaitGroup
 			for i, c := range cs {
 				n := b.N / len(cs)
@@ -76,6 +82,8 @@ func BenchmarkLookupRate(b *testing.B) {
 				}()
 			}
 			wg.Wait()
+			// CPU time moves far less than wall time on a loaded machine.
+			b.ReportMetric(float64((processCPU()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
 		})
 	}
 }

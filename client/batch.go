@@ -21,8 +21,9 @@ func (c *Client) LookupBatch(ctx context.Context, lookups []wire.Lookup) ([]wire
 		return nil, err
 	}
 	defer c.end()
+	c.gather.Reset()
 	if c.reqTokens == nil {
-		b = (&wire.LookupBatch{Lookups: lookups}).Append(b)
+		b = (&wire.LookupBatch{Lookups: lookups}).AppendGather(b, &c.gather)
 	} else {
 		// The lookups whose tokens fit in the request buffer name them
 		// there; the rest carry theirs in the frame.
@@ -31,10 +32,10 @@ func (c *Client) LookupBatch(ctx context.Context, lookups []wire.Lookup) ([]wire
 		for i := range c.shared {
 			at = c.shareTokens(&c.shared[i].Keys, at)
 		}
-		b = (&wire.LookupBatch{Lookups: c.shared}).Append(b)
+		b = (&wire.LookupBatch{Lookups: c.shared}).AppendGather(b, &c.gather)
 		clear(c.shared) // not kept past the call: they hold the caller's slices
 	}
-	_, body, err := c.roundTrip(b, wire.OpLookupBatch, c.peerFlag())
+	_, body, err := c.roundTripGather(b, wire.OpLookupBatch, c.peerFlag())
 	if err != nil {
 		return nil, err
 	}

@@ -99,6 +99,8 @@ type Client struct {
 	hdr         [wire.HeaderSize]byte
 	vec         [2][]byte
 	bufs        net.Buffers  // over vec; a field, so that WriteTo's pointer does not make it escape per call
+	gather      wire.Gather  // a lookup's tokens, sent from the caller's slices (gather.go)
+	gvec        [][]byte     // the pieces of a gathered frame
 	hasher      *xxh3.Hasher // checksums of RECEIVE data frames, made on first use
 
 	sizes       []uint32 // Store's chunk sizes, reused
@@ -444,7 +446,8 @@ func (c *Client) Lookup(ctx context.Context, k wire.Keys, leaseMS uint32) (wire.
 	defer c.end()
 	m := wire.Lookup{LeaseMS: leaseMS, Keys: k}
 	c.shareTokens(&m.Keys, 0)
-	_, body, err := c.roundTrip(m.Append(b), wire.OpLookup, c.peerFlag())
+	c.gather.Reset()
+	_, body, err := c.roundTripGather(m.AppendGather(b, &c.gather), wire.OpLookup, c.peerFlag())
 	if err == nil {
 		if err = c.lookupReply.Decode(body); err != nil {
 			err = c.breakConn(err)

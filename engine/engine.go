@@ -267,9 +267,16 @@ func TokensThrough(c *chunk.Chunker, n, numTokens int) int { return tokensThroug
 // ScopeID returns the id chunk keys of scope carry, after the engine's
 // default namespace is applied as it is for requests.
 func (e *Engine) ScopeID(scope chunk.Scope) (uint64, error) {
-	c, err := e.Chunker(e.scoped(scope))
+	c, err := e.ScopeChunker(scope)
 	if err != nil {
 		return 0, err
 	}
 	return c.Scope(), nil
+}
+
+// ScopeChunker returns the chunker Keys uses for requests of scope (with
+// the engine's default namespace applied). A Chunker never changes, so a
+// caller that serves many requests of one scope may keep it.
+func (e *Engine) ScopeChunker(scope chunk.Scope) (*chunk.Chunker, error) {
+	return e.Chunker(e.scoped(scope))
 }

@@ -74,6 +74,7 @@ type session struct {
 	prepR    wire.PrepareRetrieve
 	prepL    wire.PrepareRetrieveLayers
 	keysOnly wire.KeysOnly
+	hashIn   []byte   // a chunk's hash input, for tokens in the request buffer (lookup.go)
 	sums     []uint64 // checksums of a peer's RETRIEVE or of RETRIEVE_RANGES
 	ranges   wire.RetrieveRanges
 	store    wire.Store
@@ -83,8 +84,9 @@ type session struct {
 }
 
 type scopeEntry struct {
-	scope chunk.Scope
-	id    uint64
+	scope   chunk.Scope
+	id      uint64
+	chunker *chunk.Chunker // the scope's, once a lookup asked for it (lookup.go)
 }
 
 // newSession returns a session of c; its buffers are made by serve, so a
@@ -468,7 +470,7 @@ func (s *session) resolve(k *wire.Keys) (resolved, *requestError) {
 
 func (s *session) handleLookup(h wire.Header, body []byte) *requestError {
 	m := &s.lookup
-	if err := m.Decode(body); err != nil {
+	if err := m.DecodeView(body); err != nil {
 		return fail(wire.StatusBadRequest, "%v", err)
 	}
 	b, rerr := s.lookupOne(wire.Begin(s.out), m, h.Flags&wire.FlagPeer != 0)
@@ -482,20 +484,7 @@ func (s *session) handleLookup(h wire.Header, body []byte) *requestError {
 // lookupOne serves one lookup and appends its reply to b; on an error b is
 // returned as it came.
 func (s *session) lookupOne(b []byte, m *wire.Lookup, peer bool) ([]byte, *requestError) {
-	keys := &m.Keys
-	var shared wire.Keys
-	if keys.Kind == wire.KindShared {
-		// Resolved as token keys over a view of the request buffer, in a
-		// copy of the keys: m's own slices must never hold the view, or
-		// the next decode into m would write into the read-only mapping.
-		tokens, rerr := s.sharedTokens(&keys.Shared)
-		if rerr != nil {
-			return b, rerr
-		}
-		shared = wire.Keys{Scope: keys.Scope, Kind: wire.KindTokens, Skip: keys.Skip, Tokens: tokens}
-		keys = &shared
-	}
-	r, rerr := s.resolve(keys)
+	r, rerr := s.lookupKeys(&m.Keys)
 	if rerr != nil {
 		return b, rerr
 	}
@@ -531,7 +520,7 @@ func (s *session) lookupOne(b []byte, m *wire.Lookup, peer bool) ([]byte, *reque
 // and the others go on; only a malformed frame fails the whole request.
 func (s *session) handleLookupBatch(h wire.Header, body []byte) *requestError {
 	m := &s.batch
-	if err := m.Decode(body); err != nil {
+	if err := m.DecodeView(body); err != nil {
 		return fail(wire.StatusBadRequest, "%v", err)
 	}
 	peer := h.Flags&wire.FlagPeer != 0

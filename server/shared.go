@@ -18,7 +18,8 @@ import (
 // prompt there and names it by offset (wire.KindShared), so the tokens,
 // most of a lookup's bytes, cross no socket and are copied by no one but
 // the client. The daemon maps the buffer read-only and hashes the tokens
-// where they lie. The client may change them while the daemon reads:
+// from there, each chunk copied behind its parent's hash (lookup.go). The
+// client may change them while the daemon reads:
 // that can only make its own lookup's answer wrong. It cannot make the
 // buffer shorter (it is sealed), so every read stays inside the mapping.
 

@@ -32,7 +32,17 @@ func (m *LookupBatch) Append(b []byte) []byte {
 // of an earlier decode into m. Every lookup is checked before any is
 // served, so a malformed one fails the frame, not half of it.
 func (m *LookupBatch) Decode(body []byte) error {
-	d := decoder{b: body}
+	return m.decode(decoder{b: body})
+}
+
+// DecodeView is Decode that leaves token ids in body, as
+// Lookup.DecodeView does: m is valid only as long as body is.
+func (m *LookupBatch) DecodeView(body []byte) error {
+	return m.decode(decoder{b: body, view: true})
+}
+
+func (m *LookupBatch) decode(d decoder) error {
+	body := d.b
 	n := d.u32("lookup batch count")
 	switch {
 	case d.err != nil:

@@ -14,6 +14,8 @@ type decoder struct {
 	b   []byte
 	off int
 	err error
+	// view leaves token ids in b (Keys.Encoded) instead of copying them.
+	view bool
 }
 
 func (d *decoder) fail(format string, args ...any) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"runtime"
 	"testing"
+	"unsafe"
 
 	"kvtier/chunk"
 )
@@ -66,6 +67,7 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("%T: decoded %x, encodes back as %x", m, body, again)
 			}
 		}
+		checkViews(t, body)
 		for _, renew := range []bool{false, true} {
 			var l Lease
 			if l.Decode(body, renew) == nil && !bytes.Equal(l.Append(nil, renew), body) {
@@ -222,4 +224,69 @@ func BenchmarkLookupDecode(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// checkViews checks that the view decoders accept exactly what Decode
+// accepts, encode back to the same bytes, and leave every token where it
+// lies: each lookup's Encoded is its keys' bytes in body, with the same
+// tokens Decode copies out.
+func checkViews(t *testing.T, body []byte) {
+	t.Helper()
+	var l, lv Lookup
+	err, errv := l.Decode(body), lv.DecodeView(body)
+	if (err == nil) != (errv == nil) {
+		t.Fatalf("lookup: Decode says %v, DecodeView %v", err, errv)
+	}
+	if err == nil {
+		checkView(t, body, &l.Keys, &lv.Keys)
+		if again := lv.Append(nil); !bytes.Equal(again, body) {
+			t.Fatalf("lookup view: decoded %x, encodes back as %x", body, again)
+		}
+	}
+	var b, bv LookupBatch
+	err, errv = b.Decode(body), bv.DecodeView(body)
+	if (err == nil) != (errv == nil) {
+		t.Fatalf("lookup batch: Decode says %v, DecodeView %v", err, errv)
+	}
+	if err == nil {
+		for i := range b.Lookups {
+			checkView(t, body, &b.Lookups[i].Keys, &bv.Lookups[i].Keys)
+		}
+		if again := bv.Append(nil); !bytes.Equal(again, body) {
+			t.Fatalf("lookup batch view: decoded %x, encodes back as %x", body, again)
+		}
+	}
+}
+
+func checkView(t *testing.T, body []byte, k, v *Keys) {
+	t.Helper()
+	if k.Len() != v.Len() || k.Kind != v.Kind || k.Scope != v.Scope || k.Skip != v.Skip {
+		t.Fatalf("view keys %+v differ from decoded %+v", v, k)
+	}
+	if k.Kind != KindTokens {
+		if v.Encoded != nil {
+			t.Fatalf("kind %d keys with Encoded set", k.Kind)
+		}
+		return
+	}
+	if len(v.Tokens) != 0 || len(v.Encoded) != keysFixed+4*len(k.Tokens) {
+		t.Fatalf("view of %d tokens: %d tokens decoded, %d bytes encoded", len(k.Tokens), len(v.Tokens), len(v.Encoded))
+	}
+	if !bytes.Equal(v.TokenBytes(), appendU32Array(nil, k.Tokens)) {
+		t.Fatal("view token bytes differ from the decoded tokens")
+	}
+	// In place: the view's bytes are body's, not a copy.
+	if len(v.Encoded) > 0 && !overlaps(body, v.Encoded) {
+		t.Fatal("the view does not alias the body")
+	}
+}
+
+// overlaps reports whether sub lies inside b's memory.
+func overlaps(b, sub []byte) bool {
+	if len(b) == 0 || len(sub) == 0 {
+		return false
+	}
+	lo, hi := uintptr(unsafe.Pointer(&b[0])), uintptr(unsafe.Pointer(&b[len(b)-1]))
+	p := uintptr(unsafe.Pointer(&sub[0]))
+	return p >= lo && p+uintptr(len(sub))-1 <= hi
 }

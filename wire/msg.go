@@ -168,12 +168,34 @@ type Keys struct {
 	Raw    []chunk.Key
 	// Shared names KindShared tokens: where in the request buffer.
 	Shared SharedTokens
+	// Encoded is set instead of Tokens by the decoders that leave token
+	// ids where they lie (Lookup.DecodeView, LookupBatch.DecodeView):
+	// for KindTokens, the keys as they are in the body, their 16 bytes of
+	// fixed fields followed by the tokens' little-endian ids — the layout
+	// chunk.Chunker.KeysInPlace hashes without a copy. It aliases the
+	// body. Append writes it as it is, so a request can be sent from it.
+	Encoded []byte
+}
+
+// keysFixed is the size of the keys' fixed fields, before the tokens or
+// keys.
+const keysFixed = 16
+
+// TokenBytes returns the tokens' little-endian bytes in Encoded, or nil.
+func (k *Keys) TokenBytes() []byte {
+	if len(k.Encoded) < keysFixed {
+		return nil
+	}
+	return k.Encoded[keysFixed:]
 }
 
 // Len is the number of tokens (KindTokens, KindShared) or keys.
 func (k *Keys) Len() int {
 	switch k.Kind {
 	case KindTokens:
+		if k.Encoded != nil {
+			return len(k.TokenBytes()) / 4
+		}
 		return len(k.Tokens)
 	case KindHashes:
 		return len(k.Hashes)
@@ -190,6 +212,9 @@ func (k *Keys) Append(b []byte) []byte {
 	b = appendU32(b, uint32(k.Len()))
 	switch k.Kind {
 	case KindTokens:
+		if k.Encoded != nil {
+			return append(b, k.TokenBytes()...)
+		}
 		b = appendU32Array(b, k.Tokens)
 	case KindHashes:
 		for i := range k.Hashes {
@@ -207,15 +232,21 @@ func (k *Keys) Append(b []byte) []byte {
 }
 
 func (k *Keys) decode(d *decoder) {
+	at := d.off
 	k.Scope = d.u32("keys scope")
 	k.Kind = KeyKind(d.u8("keys kind"))
 	d.zero(3, "keys reserved")
 	k.Skip = d.u32("keys skip")
-	k.Tokens, k.Hashes, k.Raw, k.Shared = k.Tokens[:0], k.Hashes[:0], k.Raw[:0], SharedTokens{}
+	k.Tokens, k.Hashes, k.Raw, k.Shared, k.Encoded = k.Tokens[:0], k.Hashes[:0], k.Raw[:0], SharedTokens{}, nil
 	switch k.Kind {
 	case KindTokens:
 		n := d.count(4, "keys tokens")
-		if p := d.take(4*n, "keys tokens"); p != nil {
+		p := d.take(4*n, "keys tokens")
+		switch {
+		case p == nil:
+		case d.view:
+			k.Encoded = d.b[at:d.off:d.off]
+		default:
 			k.Tokens = decodeU32Array(k.Tokens, p, n)
 		}
 	case KindHashes:
@@ -260,7 +291,17 @@ func (m *Lookup) Append(b []byte) []byte {
 }
 
 func (m *Lookup) Decode(body []byte) error {
-	d := decoder{b: body}
+	return m.decode(decoder{b: body})
+}
+
+// DecodeView is Decode that leaves token ids in body: token keys come
+// back in Keys.Encoded, not Tokens, so m is valid only as long as body
+// is. The daemon answers a LOOKUP from the bytes it read, with no copy.
+func (m *Lookup) DecodeView(body []byte) error {
+	return m.decode(decoder{b: body, view: true})
+}
+
+func (m *Lookup) decode(d decoder) error {
 	m.LeaseMS = d.u32("lookup lease")
 	m.Keys.decode(&d)
 	return d.end("lookup")
