@@ -132,6 +132,7 @@ type Tier struct {
 	done bool
 
 	hits, misses, puts, bytesRead, bytesWritten atomic.Uint64
+	noRanges                                    atomic.Bool // the remote daemon has no RETRIEVE_RANGES (ranged.go)
 }
 
 // Open implements remote.OpenFunc. It connects once to fail early on a
@@ -208,7 +209,8 @@ func (t *Tier) call(ctx context.Context, fn func(*client.Client) error) error {
 		return err
 	}
 	err = fn(c)
-	if errors.Is(err, client.ErrClosed) {
+	// A checksum mismatch has closed the connection too.
+	if errors.Is(err, client.ErrClosed) || errors.Is(err, client.ErrChecksum) {
 		c.Close()
 		return fmt.Errorf("kvtier tier %s: %w", t.cfg.Addr, err)
 	}

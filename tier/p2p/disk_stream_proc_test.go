@@ -255,4 +255,3 @@ func TestStreamFromPeerDiskKilledMidStream(t *testing.T) {
 		t.Fatalf("%d bytes pinned after the stream", p)
 	}
 }
-
