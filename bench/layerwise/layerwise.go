@@ -25,6 +25,7 @@ type Options struct {
 	Dir         string // disk tier directory: a real disk (tmpfs refuses O_DIRECT)
 	Redis       string // redis:// URL of a Redis to measure too; "" skips it
 	S3          string // s3:// URL of an S3 bucket to measure too; "" skips it
+	Peer        bool   // also measure loads from a peer daemon's disk and RAM (peer.go)
 	Layers      int
 	KVHeads     int
 	HeadDim     int
@@ -88,8 +89,9 @@ type Result struct {
 	RAM        RAMRow
 }
 
-// Run measures the disk tier (and Redis and S3 when o.Redis, o.S3 are set) and the RAM
-// path, writing progress to log.
+// Run measures the disk tier (and Redis and S3 when o.Redis, o.S3 are set,
+// a peer daemon's disk and RAM with o.Peer) and the RAM path, writing
+// progress to log.
 func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 	spec := kvformat.Spec{Layers: o.Layers, KVHeads: o.KVHeads, HeadDim: o.HeadDim, DType: kvformat.Float16,
 		Layout: kvformat.Layout2LTD, ChunkTokens: o.ChunkTokens}
@@ -133,6 +135,13 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 		}
 		r.TTFT = append(r.TTFT, tt...)
 	}
+	if o.Peer {
+		rows, tt, err := peerRows(ctx, o, spec, size, func(format string, a ...any) { fmt.Fprintf(log, format, a...) })
+		r.Tiers, r.TTFT = append(r.Tiers, rows...), append(r.TTFT, tt...)
+		if err != nil {
+			return r, err
+		}
+	}
 	fmt.Fprintln(log, "layerwise: RAM path")
 	r.RAM, err = f.ram(ctx)
 	return r, err
@@ -145,6 +154,7 @@ type fixture struct {
 	data   [][]byte
 	layers int
 	dir    string // the disk tier's, removed by close
+	before func() // run by evict: where the peer rows put the prefix on the peer
 }
 
 // newFixture holds the prefix in a fresh disk tier under o.Dir (a tier
@@ -235,6 +245,9 @@ func (f *fixture) close() error {
 func (f *fixture) evict() {
 	for _, k := range f.keys {
 		f.eng.Manager().RAM().Remove(k)
+	}
+	if f.before != nil {
+		f.before()
 	}
 }
 
@@ -518,13 +531,13 @@ func median(d []time.Duration) time.Duration {
 // Print writes the result as the tables of docs/layerwise.md.
 func (r Result) Print(w io.Writer) {
 	fmt.Fprintf(w, "prefix: %d chunks of %d MiB, format %s\n\n", r.Chunks, r.ChunkBytes>>20, r.Format)
-	fmt.Fprintf(w, "%-6s %10s %10s %10s %10s %8s\n", "tier", "whole", "reply", "layer 0", "all", "l0/all")
+	fmt.Fprintf(w, "%-9s %10s %10s %10s %10s %8s\n", "tier", "whole", "reply", "layer 0", "all", "l0/all")
 	for _, t := range r.Tiers {
-		fmt.Fprintf(w, "%-6s %10s %10s %10s %10s %8s\n", t.Tier, ms(t.Whole), ms(t.Reply), ms(t.Layer0), ms(t.All), fmt.Sprintf("1/%.0f", 1/t.Ratio))
+		fmt.Fprintf(w, "%-9s %10s %10s %10s %10s %8s\n", t.Tier, ms(t.Whole), ms(t.Reply), ms(t.Layer0), ms(t.All), fmt.Sprintf("1/%.0f", 1/t.Ratio))
 	}
-	fmt.Fprintf(w, "\n%-6s %-16s %10s %10s %10s %8s\n", "tier", "case", "per layer", "whole", "layerwise", "speedup")
+	fmt.Fprintf(w, "\n%-9s %-16s %10s %10s %10s %8s\n", "tier", "case", "per layer", "whole", "layerwise", "speedup")
 	for _, t := range r.TTFT {
-		fmt.Fprintf(w, "%-6s %-16s %10s %10s %10s %7.2fx\n", t.Tier, t.Case, ms(t.PerLayer), ms(t.Whole), ms(t.Layerwise), t.Speedup)
+		fmt.Fprintf(w, "%-9s %-16s %10s %10s %10s %7.2fx\n", t.Tier, t.Case, ms(t.PerLayer), ms(t.Whole), ms(t.Layerwise), t.Speedup)
 	}
 	fmt.Fprintf(w, "\nRAM hit, operations only: PREPARE_RETRIEVE %s, PREPARE_RETRIEVE_LAYERS + LAYER_WAIT %s (%.3fx)\n",
 		r.RAM.Today, r.RAM.Layerwise, r.RAM.Ratio)
