@@ -155,6 +155,7 @@ type fixture struct {
 	layers int
 	dir    string // the disk tier's, removed by close
 	before func() // run by evict: where the peer rows put the prefix on the peer
+	given  engine.Layers
 }
 
 // newFixture holds the prefix in a fresh disk tier under o.Dir (a tier
@@ -295,7 +296,7 @@ func (f *fixture) whole(ctx context.Context, check bool) (time.Duration, error) 
 func (f *fixture) stream(ctx context.Context, check bool, compute func()) (reply, layer0, all, done time.Duration, err error) {
 	f.evict()
 	start := time.Now()
-	slots, id, err := f.eng.PrepareRetrieveLayers(ctx, f.keys, engine.Layers{}, leaseTTL, nil)
+	slots, id, err := f.eng.PrepareRetrieveLayers(ctx, f.keys, f.given, leaseTTL, nil)
 	reply = time.Since(start)
 	defer f.eng.Release(id)
 	if err == nil && len(slots) != len(f.keys) {

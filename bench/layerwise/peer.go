@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"time"
 
 	"kvtier/engine"
@@ -57,7 +58,9 @@ func (p *peer) reader(o Options, size int, onDisk bool) (*fixture, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &fixture{eng: eng, keys: p.keys, data: p.data, layers: p.layers}
+	// The geometry as the connector sends it: this engine never saw the
+	// scope's format tag, which the peer's stores registered.
+	f := &fixture{eng: eng, keys: p.keys, data: p.data, layers: p.layers, given: engine.Layers{Layers: p.layers, Parts: 2}}
 	if onDisk {
 		f.before = p.evict
 	} else {
@@ -100,6 +103,9 @@ func peerRows(ctx context.Context, o Options, spec kvformat.Spec, size int, log 
 			return rows, ttft, err
 		}
 		row, perLayer, err := f.tierRow(ctx, c.name, o.Rounds)
+		if err == nil && c.onDisk {
+			err = p.servedByRanges(ctx, f)
+		}
 		if err == nil {
 			var tt []TTFTRow
 			tt, err = f.ttft(ctx, c.name, perLayer, o.Rounds)
@@ -112,4 +118,19 @@ func peerRows(ctx context.Context, o Options, spec kvformat.Spec, size int, log 
 		}
 	}
 	return rows, ttft, nil
+}
+
+// servedByRanges checks that a layerwise load of the prefix from p's disk
+// went by ranges: p serves ranges of a disk-only chunk from its disk tier
+// and leaves its RAM alone, where a whole read would promote the chunk.
+func (p *peer) servedByRanges(ctx context.Context, f *fixture) error {
+	if _, _, _, _, err := f.stream(ctx, true, nil); err != nil {
+		return err
+	}
+	for i, k := range p.keys {
+		if p.eng.InRAM(k) {
+			return fmt.Errorf("layerwise: chunk %d was promoted on the peer: not read by ranges", i)
+		}
+	}
+	return nil
 }
