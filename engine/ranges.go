@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"sync"
+	"time"
 
 	"kvtier/chunk"
 	"kvtier/tier"
@@ -24,6 +25,7 @@ type RangeReads struct {
 	buf   []byte         // the scratch buffer at's ranges land in
 	n     int
 	take  func(size int) bool // takes buf from the engine's scratch pool
+	ctx   context.Context     // AcquireRanges's, for take
 }
 
 // AcquireRanges holds the leading keys cached anywhere (RAM and the
@@ -37,10 +39,11 @@ func (e *Engine) AcquireRanges(ctx context.Context, keys []chunk.Key, local bool
 	rd.ids = growIDs(rd.ids, len(keys))
 	if r.take == nil { // made once per RangeReads: a closure per request would allocate
 		r.take = func(size int) bool {
-			r.buf, _ = r.e.scratch.get(size)
+			r.buf, _ = r.e.scratch.get(r.ctx, size)
 			return r.buf != nil
 		}
 	}
+	r.ctx = ctx
 	n, at, lower, err := e.mgr.AcquireRanged(ctx, keys, rd.ids, local, r.take)
 	if at >= 0 && at < n {
 		copy(rd.ids[at:], rd.ids[at+1:n]) // ids[at] was left unset
@@ -108,33 +111,49 @@ func (r *RangeReads) Release() {
 		r.e.scratch.put(r.buf)
 		r.buf = nil
 	}
-	r.at, r.n, r.lower = -1, 0, tier.LowerRange{}
+	r.at, r.n, r.lower, r.ctx = -1, 0, tier.LowerRange{}, nil
 }
 
 // scratchBuffers bounds the chunks served by ranges from a lower tier at
-// once, and so the scratch memory they take (one chunk's size each): a
-// request past it promotes the chunk whole into RAM instead, as before.
-const scratchBuffers = 4
+// once, and so the scratch memory they take (one chunk's size each).
+// A request finding them all in use waits up to scratchWait for one (a
+// request holds one only while it reads and sends its ranges), then
+// promotes the chunk whole into RAM instead, as before.
+const (
+	scratchBuffers = 4
+	scratchWait    = 2 * time.Second
+)
 
 // scratchPool keeps the buffers lower-tier ranges are read into. A range
 // read needs a buffer of the whole chunk's size (tier.RangeReader reads
 // at the chunk's offsets), but touches only the pieces of its ranges.
 type scratchPool struct {
-	mu   sync.Mutex
-	free [][]byte
-	out  int
+	once  sync.Once
+	slots chan struct{} // one token per buffer in use
+	mu    sync.Mutex
+	free  [][]byte
 }
 
-// get returns a buffer of size bytes, or false when scratchBuffers are
-// in use. It allocates only when no free buffer is large enough.
-func (p *scratchPool) get(size int) ([]byte, bool) {
-	p.mu.Lock()
-	if p.out == scratchBuffers {
-		p.mu.Unlock()
-		return nil, false
+// get returns a buffer of size bytes, waiting while scratchBuffers are in
+// use, up to scratchWait or ctx's end; false when none came. It
+// allocates only when no free buffer is large enough.
+func (p *scratchPool) get(ctx context.Context, size int) ([]byte, bool) {
+	p.once.Do(func() { p.slots = make(chan struct{}, scratchBuffers) })
+	select {
+	case p.slots <- struct{}{}:
+	default:
+		t := time.NewTimer(scratchWait)
+		defer t.Stop()
+		select {
+		case p.slots <- struct{}{}:
+		case <-t.C:
+			return nil, false
+		case <-ctx.Done():
+			return nil, false
+		}
 	}
-	p.out++
 	var b []byte
+	p.mu.Lock()
 	if k := len(p.free); k > 0 {
 		b, p.free = p.free[k-1], p.free[:k-1]
 	}
@@ -148,7 +167,7 @@ func (p *scratchPool) get(size int) ([]byte, bool) {
 // put gives back a buffer from get.
 func (p *scratchPool) put(b []byte) {
 	p.mu.Lock()
-	p.out--
 	p.free = append(p.free, b)
 	p.mu.Unlock()
+	<-p.slots
 }
