@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"syscall"
 	"time"
 
 	"kvtier/chunk"
@@ -50,6 +51,10 @@ type TierRow struct {
 	All      time.Duration // every layer in place
 	Ratio    float64       // Layer0 / All; the goal is at most 1/16
 	Compared string        // notes on the setup (direct I/O or not)
+	// CPU time of this process (user + system, every thread: the peer
+	// daemon of the P2P rows too) per load, medians: whole, and every
+	// layer by layers.
+	WholeCPU, LayersCPU time.Duration
 }
 
 // TTFTRow is the modelled time to first token with the prefix on a lower
@@ -347,19 +352,24 @@ func (f *fixture) check(slots []engine.Slot) error {
 // layerwise loads, alternated round by round. It also returns the
 // per-layer compute time that makes compute equal to the whole load.
 func (f *fixture) tierRow(ctx context.Context, name string, rounds int) (TierRow, time.Duration, error) {
-	var whole, reply, l0, all []time.Duration
+	var whole, reply, l0, all, wcpu, lcpu []time.Duration
 	for r := range rounds {
+		c0 := cpuTime()
 		w, err := f.whole(ctx, r == 0)
 		if err != nil {
 			return TierRow{}, 0, err
 		}
+		c1 := cpuTime()
 		rp, a, b, _, err := f.stream(ctx, r == 0, nil)
 		if err != nil {
 			return TierRow{}, 0, err
 		}
+		c2 := cpuTime()
 		whole, reply, l0, all = append(whole, w), append(reply, rp), append(l0, a), append(all, b)
+		wcpu, lcpu = append(wcpu, c1-c0), append(lcpu, c2-c1)
 	}
-	row := TierRow{Tier: name, Whole: median(whole), Reply: median(reply), Layer0: median(l0), All: median(all)}
+	row := TierRow{Tier: name, Whole: median(whole), Reply: median(reply), Layer0: median(l0), All: median(all),
+		WholeCPU: median(wcpu), LayersCPU: median(lcpu)}
 	row.Ratio = float64(row.Layer0) / float64(row.All)
 	return row, row.Whole / time.Duration(f.layers), nil
 }
@@ -523,6 +533,15 @@ func (f *fixture) copyLayer(slots []engine.Slot, dst [][]byte, layer int) error 
 	return nil
 }
 
+// cpuTime returns the CPU time this process has used, user and system.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 func median(d []time.Duration) time.Duration {
 	s := slices.Clone(d)
 	slices.Sort(s)
@@ -532,9 +551,10 @@ func median(d []time.Duration) time.Duration {
 // Print writes the result as the tables of docs/layerwise.md.
 func (r Result) Print(w io.Writer) {
 	fmt.Fprintf(w, "prefix: %d chunks of %d MiB, format %s\n\n", r.Chunks, r.ChunkBytes>>20, r.Format)
-	fmt.Fprintf(w, "%-9s %10s %10s %10s %10s %8s\n", "tier", "whole", "reply", "layer 0", "all", "l0/all")
+	fmt.Fprintf(w, "%-9s %10s %10s %10s %10s %8s %10s %10s\n", "tier", "whole", "reply", "layer 0", "all", "l0/all", "cpu whole", "cpu all")
 	for _, t := range r.Tiers {
-		fmt.Fprintf(w, "%-9s %10s %10s %10s %10s %8s\n", t.Tier, ms(t.Whole), ms(t.Reply), ms(t.Layer0), ms(t.All), fmt.Sprintf("1/%.0f", 1/t.Ratio))
+		fmt.Fprintf(w, "%-9s %10s %10s %10s %10s %8s %10s %10s\n", t.Tier, ms(t.Whole), ms(t.Reply), ms(t.Layer0), ms(t.All),
+			fmt.Sprintf("1/%.0f", 1/t.Ratio), ms(t.WholeCPU), ms(t.LayersCPU))
 	}
 	fmt.Fprintf(w, "\n%-9s %-16s %10s %10s %10s %8s\n", "tier", "case", "per layer", "whole", "layerwise", "speedup")
 	for _, t := range r.TTFT {
