@@ -2,7 +2,8 @@
 // its TCP protocol (docs/protocol.md): the role LMCache's lm:// server
 // plays. Chunks travel under their whole keys (raw keys), so the remote
 // daemon stores them exactly as this one names them, whatever its own
-// chunk size or namespace.
+// chunk size or namespace. Layerwise loads read a chunk a range at a time
+// (RETRIEVE_RANGES, ranged.go), so raw chunks are stored as pieced objects.
 //
 // URL: kvtier://[TOKEN@]host:port[?tls=true&ca=/path/ca.pem&server_name=x&conns=4]
 // The token may also be given as the userinfo password (kvtier://:TOKEN@...).
