@@ -747,6 +747,20 @@ func (c *Client) Sizes(ctx context.Context, k wire.Keys) ([]uint32, error) {
 
 var _ io.Closer = (*Client)(nil)
 
+// rangeBuf returns where range i (br) lands: dst[i] from its start when
+// perRange, else dst[br.Key] at the range's own offsets.
+func rangeBuf(dst [][]byte, i int, br wire.ByteRange, perRange bool) ([]byte, bool) {
+	j, from := int(br.Key), int(br.From)
+	if perRange {
+		j, from = i, 0
+	}
+	to := from + int(br.To-br.From)
+	if j >= len(dst) || len(dst[j]) < to {
+		return nil, false
+	}
+	return dst[j][from:to], true
+}
+
 // RetrieveRanges reads byte ranges of the leading cached chunks named by k
 // (RETRIEVE_RANGES): range i lands in dst[ranges[i].Key][From:To], checked
 // against the checksum the daemon sends for it, so dst[j] must be at
@@ -756,6 +770,18 @@ var _ io.Closer = (*Client)(nil)
 // its checksum gives ErrChecksum, with the ranges before it read; that and
 // a range that does not fit dst close the connection.
 func (c *Client) RetrieveRanges(ctx context.Context, k wire.Keys, ranges []wire.ByteRange, dst [][]byte) (sizes []uint32, read int, err error) {
+	return c.retrieveRanges(ctx, k, ranges, dst, false)
+}
+
+// RetrieveRangesTo is RetrieveRanges with one buffer per range: range i
+// lands in dst[i][:To-From], for a reader that keeps a range apart from
+// the rest of its chunk (a remote tier's range read).
+func (c *Client) RetrieveRangesTo(ctx context.Context, k wire.Keys, ranges []wire.ByteRange, dst [][]byte) (sizes []uint32, read int, err error) {
+	return c.retrieveRanges(ctx, k, ranges, dst, true)
+}
+
+// retrieveRanges is RetrieveRanges, or RetrieveRangesTo when perRange.
+func (c *Client) retrieveRanges(ctx context.Context, k wire.Keys, ranges []wire.ByteRange, dst [][]byte, perRange bool) (sizes []uint32, read int, err error) {
 	b, err := c.begin(ctx)
 	if err != nil {
 		return nil, 0, err
@@ -787,10 +813,10 @@ func (c *Client) RetrieveRanges(ctx context.Context, k wire.Keys, ranges []wire.
 		if dataHdr.Op != wire.OpRetrieveRanges || dataHdr.ID != c.id || (dataHdr.Flags&wire.FlagMore == 0) != last || dataHdr.Len != br.To-br.From {
 			return nil, i, c.breakConn(fmt.Errorf("%w: data frame %d out of order", wire.ErrFrame, i))
 		}
-		if int(br.Key) >= len(dst) || len(dst[br.Key]) < int(br.To) {
+		part, ok := rangeBuf(dst, i, br, perRange)
+		if !ok {
 			return nil, i, c.breakConn(fmt.Errorf("range %d of chunk %d does not fit its buffer", i, br.Key))
 		}
-		part := dst[br.Key][br.From:br.To]
 		if err := c.rd.ReadData(dataHdr, part); err != nil {
 			return nil, i, c.breakConn(err)
 		}

@@ -64,6 +64,8 @@ type Engine struct {
 	leases *leaseTable // every lease clients hold, and their reaper
 	book   *scopeBook  // scopes clients registered, by id
 	quotas *quotas     // tenants' quotas (quota.go); nil for none
+
+	scratch scratchPool // buffers of lower-tier ranges (ranges.go)
 }
 
 // New returns an engine over mgr that cuts prompts into chunks of

@@ -17,7 +17,7 @@ import (
 
 // layeredFixture opens an engine with a disk tier and, when redisURL is
 // set, a Redis tier below it, and stores n chunks of a layered scope.
-func layeredFixture(t *testing.T, redisURL string, n int) (*engine.Engine, []chunk.Key, [][]byte) {
+func layeredFixture(t testing.TB, redisURL string, n int) (*engine.Engine, []chunk.Key, [][]byte) {
 	t.Helper()
 	spec := kvformat.Spec{Layers: 4, KVHeads: 2, HeadDim: 64, DType: kvformat.Float16, Layout: kvformat.Layout2LTD, ChunkTokens: 16}
 	o := engine.Options{ChunkSize: 16, RAMBytes: 8 << 20, Policy: "LRU", DiskDir: t.TempDir(), DiskBytes: 16 << 20,

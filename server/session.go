@@ -77,6 +77,8 @@ type session struct {
 	hashIn   []byte   // a chunk's hash input, for tokens in the request buffer (lookup.go)
 	sums     []uint64 // checksums of a peer's RETRIEVE or of RETRIEVE_RANGES
 	ranges   wire.RetrieveRanges
+	rreads   engine.RangeReads // RETRIEVE_RANGES's chunks (ranges.go)
+	rdata    [][]byte          // the bytes of each range served
 	store    wire.Store
 	digests  [][32]byte // vLLM block hashes, for the event publisher
 	blocks   []uint64

@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"syscall"
 	"time"
 
 	"kvtier/chunk"
@@ -25,6 +26,7 @@ type Options struct {
 	Dir         string // disk tier directory: a real disk (tmpfs refuses O_DIRECT)
 	Redis       string // redis:// URL of a Redis to measure too; "" skips it
 	S3          string // s3:// URL of an S3 bucket to measure too; "" skips it
+	Peer        bool   // also measure loads from a peer daemon's disk and RAM (peer.go)
 	Layers      int
 	KVHeads     int
 	HeadDim     int
@@ -49,6 +51,10 @@ type TierRow struct {
 	All      time.Duration // every layer in place
 	Ratio    float64       // Layer0 / All; the goal is at most 1/16
 	Compared string        // notes on the setup (direct I/O or not)
+	// CPU time of this process (user + system, every thread: the peer
+	// daemon of the P2P rows too) per load, medians: whole, and every
+	// layer by layers.
+	WholeCPU, LayersCPU time.Duration
 }
 
 // TTFTRow is the modelled time to first token with the prefix on a lower
@@ -88,8 +94,9 @@ type Result struct {
 	RAM        RAMRow
 }
 
-// Run measures the disk tier (and Redis and S3 when o.Redis, o.S3 are set) and the RAM
-// path, writing progress to log.
+// Run measures the disk tier (and Redis and S3 when o.Redis, o.S3 are set,
+// a peer daemon's disk and RAM with o.Peer) and the RAM path, writing
+// progress to log.
 func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 	spec := kvformat.Spec{Layers: o.Layers, KVHeads: o.KVHeads, HeadDim: o.HeadDim, DType: kvformat.Float16,
 		Layout: kvformat.Layout2LTD, ChunkTokens: o.ChunkTokens}
@@ -133,6 +140,13 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 		}
 		r.TTFT = append(r.TTFT, tt...)
 	}
+	if o.Peer {
+		rows, tt, err := peerRows(ctx, o, spec, size, func(format string, a ...any) { fmt.Fprintf(log, format, a...) })
+		r.Tiers, r.TTFT = append(r.Tiers, rows...), append(r.TTFT, tt...)
+		if err != nil {
+			return r, err
+		}
+	}
 	fmt.Fprintln(log, "layerwise: RAM path")
 	r.RAM, err = f.ram(ctx)
 	return r, err
@@ -145,6 +159,8 @@ type fixture struct {
 	data   [][]byte
 	layers int
 	dir    string // the disk tier's, removed by close
+	before func() // run by evict: where the peer rows put the prefix on the peer
+	given  engine.Layers
 }
 
 // newFixture holds the prefix in a fresh disk tier under o.Dir (a tier
@@ -236,6 +252,9 @@ func (f *fixture) evict() {
 	for _, k := range f.keys {
 		f.eng.Manager().RAM().Remove(k)
 	}
+	if f.before != nil {
+		f.before()
+	}
 }
 
 // settle waits until a layerwise retrieve's chunks are committed to RAM,
@@ -282,7 +301,7 @@ func (f *fixture) whole(ctx context.Context, check bool) (time.Duration, error) 
 func (f *fixture) stream(ctx context.Context, check bool, compute func()) (reply, layer0, all, done time.Duration, err error) {
 	f.evict()
 	start := time.Now()
-	slots, id, err := f.eng.PrepareRetrieveLayers(ctx, f.keys, engine.Layers{}, leaseTTL, nil)
+	slots, id, err := f.eng.PrepareRetrieveLayers(ctx, f.keys, f.given, leaseTTL, nil)
 	reply = time.Since(start)
 	defer f.eng.Release(id)
 	if err == nil && len(slots) != len(f.keys) {
@@ -333,19 +352,24 @@ func (f *fixture) check(slots []engine.Slot) error {
 // layerwise loads, alternated round by round. It also returns the
 // per-layer compute time that makes compute equal to the whole load.
 func (f *fixture) tierRow(ctx context.Context, name string, rounds int) (TierRow, time.Duration, error) {
-	var whole, reply, l0, all []time.Duration
+	var whole, reply, l0, all, wcpu, lcpu []time.Duration
 	for r := range rounds {
+		c0 := cpuTime()
 		w, err := f.whole(ctx, r == 0)
 		if err != nil {
 			return TierRow{}, 0, err
 		}
+		c1 := cpuTime()
 		rp, a, b, _, err := f.stream(ctx, r == 0, nil)
 		if err != nil {
 			return TierRow{}, 0, err
 		}
+		c2 := cpuTime()
 		whole, reply, l0, all = append(whole, w), append(reply, rp), append(l0, a), append(all, b)
+		wcpu, lcpu = append(wcpu, c1-c0), append(lcpu, c2-c1)
 	}
-	row := TierRow{Tier: name, Whole: median(whole), Reply: median(reply), Layer0: median(l0), All: median(all)}
+	row := TierRow{Tier: name, Whole: median(whole), Reply: median(reply), Layer0: median(l0), All: median(all),
+		WholeCPU: median(wcpu), LayersCPU: median(lcpu)}
 	row.Ratio = float64(row.Layer0) / float64(row.All)
 	return row, row.Whole / time.Duration(f.layers), nil
 }
@@ -509,6 +533,15 @@ func (f *fixture) copyLayer(slots []engine.Slot, dst [][]byte, layer int) error 
 	return nil
 }
 
+// cpuTime returns the CPU time this process has used, user and system.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 func median(d []time.Duration) time.Duration {
 	s := slices.Clone(d)
 	slices.Sort(s)
@@ -518,13 +551,14 @@ func median(d []time.Duration) time.Duration {
 // Print writes the result as the tables of docs/layerwise.md.
 func (r Result) Print(w io.Writer) {
 	fmt.Fprintf(w, "prefix: %d chunks of %d MiB, format %s\n\n", r.Chunks, r.ChunkBytes>>20, r.Format)
-	fmt.Fprintf(w, "%-6s %10s %10s %10s %10s %8s\n", "tier", "whole", "reply", "layer 0", "all", "l0/all")
+	fmt.Fprintf(w, "%-9s %10s %10s %10s %10s %8s %10s %10s\n", "tier", "whole", "reply", "layer 0", "all", "l0/all", "cpu whole", "cpu all")
 	for _, t := range r.Tiers {
-		fmt.Fprintf(w, "%-6s %10s %10s %10s %10s %8s\n", t.Tier, ms(t.Whole), ms(t.Reply), ms(t.Layer0), ms(t.All), fmt.Sprintf("1/%.0f", 1/t.Ratio))
+		fmt.Fprintf(w, "%-9s %10s %10s %10s %10s %8s %10s %10s\n", t.Tier, ms(t.Whole), ms(t.Reply), ms(t.Layer0), ms(t.All),
+			fmt.Sprintf("1/%.0f", 1/t.Ratio), ms(t.WholeCPU), ms(t.LayersCPU))
 	}
-	fmt.Fprintf(w, "\n%-6s %-16s %10s %10s %10s %8s\n", "tier", "case", "per layer", "whole", "layerwise", "speedup")
+	fmt.Fprintf(w, "\n%-9s %-16s %10s %10s %10s %8s\n", "tier", "case", "per layer", "whole", "layerwise", "speedup")
 	for _, t := range r.TTFT {
-		fmt.Fprintf(w, "%-6s %-16s %10s %10s %10s %7.2fx\n", t.Tier, t.Case, ms(t.PerLayer), ms(t.Whole), ms(t.Layerwise), t.Speedup)
+		fmt.Fprintf(w, "%-9s %-16s %10s %10s %10s %7.2fx\n", t.Tier, t.Case, ms(t.PerLayer), ms(t.Whole), ms(t.Layerwise), t.Speedup)
 	}
 	fmt.Fprintf(w, "\nRAM hit, operations only: PREPARE_RETRIEVE %s, PREPARE_RETRIEVE_LAYERS + LAYER_WAIT %s (%.3fx)\n",
 		r.RAM.Today, r.RAM.Layerwise, r.RAM.Ratio)

@@ -26,3 +26,22 @@ func TestRunSmall(t *testing.T) {
 		t.Fatalf("printed:\n%s", out.String())
 	}
 }
+
+// TestRunSmallPeer adds the P2P rows: the prefix read from a peer
+// daemon's disk and from its RAM, over loopback TCP, with the first
+// rounds' bytes checked.
+func TestRunSmallPeer(t *testing.T) {
+	o := Options{Dir: t.TempDir(), Layers: 4, KVHeads: 2, HeadDim: 64, ChunkTokens: 16, Chunks: 3, Rounds: 1, Peer: true}
+	r, err := Run(context.Background(), o, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Tiers) != 3 || r.Tiers[1].Tier != "peer-disk" || r.Tiers[2].Tier != "peer-ram" || len(r.TTFT) != 9 {
+		t.Fatalf("result %+v", r)
+	}
+	for _, row := range r.Tiers {
+		if row.Layer0 <= 0 || row.All < row.Layer0 || row.Whole <= 0 {
+			t.Fatalf("row %+v", row)
+		}
+	}
+}

@@ -13,7 +13,8 @@ func benchLayerwiseCmd() *cobra.Command {
 		Use:   "layerwise",
 		Short: "measure layerwise retrieval: layer 0 against the whole prefix, TTFT, RAM hits (docs/layerwise.md)",
 		Long: `layerwise stores a prefix of chunks in the disk tier (and in Redis with
---redis, in S3 with --s3), evicts it from RAM and reads it back both ways, alternating round by
+--redis, in S3 with --s3, on a peer daemon's disk and in its RAM with --peer),
+evicts it from RAM and reads it back both ways, alternating round by
 round: PREPARE_RETRIEVE (every chunk promoted before the reply) and
 PREPARE_RETRIEVE_LAYERS (reply at once, layers filled in the background). It
 reports the time until layer 0 of every chunk is in place against the time
@@ -38,6 +39,7 @@ operations on a prefix held in RAM.`,
 	fl.StringVar(&o.Dir, "dir", o.Dir, "directory for the disk tier (a real disk: tmpfs refuses O_DIRECT)")
 	fl.StringVar(&o.Redis, "redis", "", "also measure this Redis (redis://host:port/db); its chunks are written there")
 	fl.StringVar(&o.S3, "s3", "", "also measure this S3 bucket (s3://…?endpoint=…, as remote_url); its chunks are written there")
+	fl.BoolVar(&o.Peer, "peer", false, "also measure loads from a peer daemon (started in this process on loopback TCP, its disk under --dir) holding the prefix on its disk and in its RAM")
 	fl.IntVar(&o.Layers, "layers", o.Layers, "layers per chunk")
 	fl.IntVar(&o.KVHeads, "kv-heads", o.KVHeads, "KV heads")
 	fl.IntVar(&o.HeadDim, "head-dim", o.HeadDim, "elements per head (fp16)")

@@ -2,7 +2,8 @@
 // its TCP protocol (docs/protocol.md): the role LMCache's lm:// server
 // plays. Chunks travel under their whole keys (raw keys), so the remote
 // daemon stores them exactly as this one names them, whatever its own
-// chunk size or namespace.
+// chunk size or namespace. Layerwise loads read a chunk a range at a time
+// (RETRIEVE_RANGES, ranged.go), so raw chunks are stored as pieced objects.
 //
 // URL: kvtier://[TOKEN@]host:port[?tls=true&ca=/path/ca.pem&server_name=x&conns=4]
 // The token may also be given as the userinfo password (kvtier://:TOKEN@...).
@@ -132,6 +133,7 @@ type Tier struct {
 	done bool
 
 	hits, misses, puts, bytesRead, bytesWritten atomic.Uint64
+	noRanges                                    atomic.Bool // the remote daemon has no RETRIEVE_RANGES (ranged.go)
 }
 
 // Open implements remote.OpenFunc. It connects once to fail early on a
@@ -208,7 +210,8 @@ func (t *Tier) call(ctx context.Context, fn func(*client.Client) error) error {
 		return err
 	}
 	err = fn(c)
-	if errors.Is(err, client.ErrClosed) {
+	// A checksum mismatch has closed the connection too.
+	if errors.Is(err, client.ErrClosed) || errors.Is(err, client.ErrChecksum) {
 		c.Close()
 		return fmt.Errorf("kvtier tier %s: %w", t.cfg.Addr, err)
 	}

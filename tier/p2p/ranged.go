@@ -26,8 +26,9 @@ var (
 )
 
 // ReadsRanges implements tier.RangeChooser: a peer answers ranges from
-// its RAM by reference, so reading a layer costs a round trip and only
-// that layer's bytes.
+// its RAM by reference and from its disk a range at a time (without
+// promoting the chunk first), so reading a layer costs a round trip and
+// only that layer's bytes.
 func (t *Tier) ReadsRanges() bool { return true }
 
 // OpenRange implements tier.RangeReader on the peer Size found key on.
