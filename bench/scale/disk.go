@@ -234,6 +234,14 @@ func fill(spec string) error {
 		return err
 	}
 	have := int(d.Stats().Objects)
+	if have > n-tail {
+		// A directory filled by an earlier run: take the last records
+		// out again, so that every run stores the same log tail.
+		if err := removeFrom(d, n-tail, have); err != nil {
+			return err
+		}
+		have = n - tail
+	}
 	// Four writers keep the device busy; the records are numbered
 	// 0..n-1 whatever order they land in.
 	put := func(to int) error {
@@ -266,4 +274,23 @@ func fill(spec string) error {
 	}
 	fmt.Println("ready")
 	return nil
+}
+
+// removeFrom removes the records numbered lo..hi-1 from d, four at a time
+// (each Remove waits for its punch to be durable).
+func removeFrom(d *disk.Tier, lo, hi int) error {
+	next := atomic.Int64{}
+	next.Store(int64(lo))
+	var g errgroup.Group
+	for range 4 {
+		g.Go(func() error {
+			for i := next.Add(1) - 1; i < int64(hi); i = next.Add(1) - 1 {
+				if !d.Remove(scaleKey(uint64(i))) {
+					return fmt.Errorf("record %d is missing", i)
+				}
+			}
+			return nil
+		})
+	}
+	return g.Wait()
 }
