@@ -48,16 +48,23 @@ type warmer struct {
 	queued  []polOp          // under the tier's lock
 }
 
+// warmHold, when set (tests), is called by the policy goroutine before it
+// starts: the test holds the policy cold while it works the tier.
+var warmHold func()
+
 // startWarm starts admitting restored keys on another goroutine, after
 // sizing the policy for grow keys; at most segs batches will come.
 func (x *index) startWarm(grow, segs int) {
 	w := &warmer{batches: make(chan []chunk.Key, segs), feeding: true, done: make(chan struct{})}
-	order := x.order
+	order, hold := x.order, warmHold
 	go func() {
 		defer func() {
 			w.end = time.Now()
 			close(w.done)
 		}()
+		if hold != nil {
+			hold()
+		}
 		policy.Grow(order, grow) // a map grown step by step rehashes some twenty times
 		for b := range w.batches {
 			for _, k := range b {
