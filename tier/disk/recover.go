@@ -128,8 +128,8 @@ type found struct {
 // checkpoint lists were all stored before any record of the log, so the
 // policy takes them in log order as a full scan would.
 func (t *Tier) restoreAll(segs []*segment, cp *checkpoint, w *worker, sum *scanReport) error {
-	// Size the index for what the checkpoint lists: growing a map of a
-	// million keys step by step costs a third of the restore.
+	// Size the slots for what the checkpoint lists (the key table is
+	// sized by its fill).
 	listed := len(cp.recs) / ckptRecLen
 	t.idx.slots = make([]slot, 1, listed+listed/8+1)
 	rs := restorer{cp: cp, first: make(map[uint64][2]int, len(cp.segs)), w: w,
@@ -151,28 +151,7 @@ func (t *Tier) restoreAll(segs []*segment, cp *checkpoint, w *worker, sum *scanR
 		plans[i] = p
 	}
 	t.idx.startWarm(listed, len(segs))
-	founds := make([][]found, len(segs))
-	reps := make([]scanReport, len(segs))
-	scanned := make(chan error, 1)
-	go func() {
-		sw := newWorker(t.opts.BounceSize)
-		for i, seg := range segs {
-			var from int64
-			if plans[i].ok {
-				from = plans[i].e.scanFrom
-			}
-			rep, err := scan(seg, sw, from, func(h header) error {
-				founds[i] = append(founds[i], found{key: h.key, off: h.off, size: h.size})
-				return nil
-			})
-			if err != nil {
-				scanned <- fmt.Errorf("disk: scan %s: %w", seg.path, err)
-				return
-			}
-			reps[i] = rep
-		}
-		scanned <- nil
-	}()
+	logs := t.readLogs(segs, plans)
 	var err error
 	for i, seg := range segs {
 		if plans[i].ok {
@@ -186,7 +165,7 @@ func (t *Tier) restoreAll(segs []*segment, cp *checkpoint, w *worker, sum *scanR
 	if err == nil && t.idx.keys.fill(t.idx.slots, 1) {
 		err = fmt.Errorf("disk: %w: a key is listed twice", errCheckpoint)
 	}
-	if serr := <-scanned; err == nil {
+	if serr := <-logs.done; err == nil {
 		err = serr
 	}
 	if err != nil {
@@ -196,15 +175,50 @@ func (t *Tier) restoreAll(segs []*segment, cp *checkpoint, w *worker, sum *scanR
 		if !plans[i].ok || plans[i].e.scanFrom == 0 {
 			t.rec.FullScans++
 		}
-		for _, f := range founds[i] {
+		for _, f := range logs.found[i] {
 			t.rec.Scanned++
 			if err := t.recoverRecord(seg, f); err != nil {
 				return fmt.Errorf("disk: scan %s: %w", seg.path, err)
 			}
 		}
-		t.scanned(seg, reps[i], sum)
+		t.scanned(seg, logs.reps[i], sum)
 	}
 	return nil
+}
+
+// logReads is what readLogs found, valid once done has delivered.
+type logReads struct {
+	found [][]found // by segment, in log order
+	reps  []scanReport
+	done  chan error
+}
+
+// readLogs scans, on a goroutine of its own, each segment from where its
+// plan says the checkpoint stops vouching (from the start where it does
+// not), collecting the records found; a scan also repairs what a scan
+// repairs.
+func (t *Tier) readLogs(segs []*segment, plans []segPlan) *logReads {
+	r := &logReads{found: make([][]found, len(segs)), reps: make([]scanReport, len(segs)), done: make(chan error, 1)}
+	go func() {
+		w := newWorker(t.opts.BounceSize)
+		for i, seg := range segs {
+			var from int64
+			if plans[i].ok {
+				from = plans[i].e.scanFrom
+			}
+			rep, err := scan(seg, w, from, func(h header) error {
+				r.found[i] = append(r.found[i], found{key: h.key, off: h.off, size: h.size})
+				return nil
+			})
+			if err != nil {
+				r.done <- fmt.Errorf("disk: scan %s: %w", seg.path, err)
+				return
+			}
+			r.reps[i] = rep
+		}
+		r.done <- nil
+	}()
+	return r
 }
 
 // scanned notes what the scan of seg found.
