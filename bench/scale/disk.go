@@ -43,6 +43,8 @@ type DiskRow struct {
 	Crash         time.Duration
 	CleanCPU      time.Duration // CPU time (user + system, all threads) of the clean-stop Open
 	CrashCPU      time.Duration // the same for the crash
+	CleanPolicy   time.Duration // from the start of the clean-stop Open until the policy had every record (disk.Tier.WaitPolicy)
+	CrashPolicy   time.Duration // the same for the crash
 	CrashScanned  int           // records the crash recovery read from the log
 	CleanScanned  int           // records the clean-stop recovery read (0 expected)
 	CleanFromCkpt int
@@ -86,31 +88,31 @@ func Disk(ctx context.Context, dir string, counts []int, tail int, log io.Writer
 			return rows, err
 		}
 		row := DiskRow{Records: n}
-		rec, cpu, err := timedOpen(dir, nil)
+		o, err := timedOpen(dir, nil)
 		if err != nil {
 			return rows, err
 		}
-		row.Crash, row.CrashScanned, row.CrashCPU = rec.Duration, rec.Scanned, cpu
+		row.Crash, row.CrashScanned, row.CrashCPU, row.CrashPolicy = o.rec.Duration, o.rec.Scanned, o.cpu, o.policy
 		st, err := os.Stat(filepath.Join(dir, "CHECKPOINT"))
 		if err != nil {
 			return rows, fmt.Errorf("after the clean stop: %w", err)
 		}
 		row.CheckpointB = float64(st.Size()) / float64(n)
-		rec, cpu, err = timedOpen(dir, &row.IndexBytes)
+		o, err = timedOpen(dir, &row.IndexBytes)
 		if err != nil {
 			return rows, err
 		}
-		row.CleanStop, row.CleanScanned, row.CleanFromCkpt, row.CleanCPU = rec.Duration, rec.Scanned, rec.FromCheckpoint, cpu
+		row.CleanStop, row.CleanScanned, row.CleanFromCkpt, row.CleanCPU, row.CleanPolicy = o.rec.Duration, o.rec.Scanned, o.rec.FromCheckpoint, o.cpu, o.policy
 		if err := os.Remove(filepath.Join(dir, "CHECKPOINT")); err != nil {
 			return rows, err
 		}
-		rec, _, err = timedOpen(dir, nil)
+		o, err = timedOpen(dir, nil)
 		if err != nil {
 			return rows, err
 		}
-		row.FullScan = rec.Duration
-		if rec.Checkpoint || rec.Scanned != n {
-			return rows, fmt.Errorf("full scan found %d of %d records", rec.Scanned, n)
+		row.FullScan = o.rec.Duration
+		if o.rec.Checkpoint || o.rec.Scanned != n {
+			return rows, fmt.Errorf("full scan found %d of %d records", o.rec.Scanned, n)
 		}
 		fmt.Fprintf(log, "disk: %d records: crash %v, clean stop %v, full scan %v\n", n, row.Crash, row.CleanStop, row.FullScan)
 		rows = append(rows, row)
@@ -118,11 +120,56 @@ func Disk(ctx context.Context, dir string, counts []int, tail int, log io.Writer
 	return rows, nil
 }
 
+// opened is what timedOpen measured.
+type opened struct {
+	rec    disk.Recovery
+	cpu    time.Duration // process CPU time (all threads) until Open returned
+	policy time.Duration // wall time until the policy had every record
+}
+
+// Restart is one pair of restarts of Restarts.
+type Restart struct {
+	Load                 string // 1-minute load average before the crash restart
+	Crash, Clean         time.Duration
+	CrashCPU, CleanCPU   time.Duration
+	CrashPol, CleanPol   time.Duration // until the policy had every record
+	CrashRead, CleanRead int           // header blocks read
+}
+
+// Restarts measures the restart after a crash and after a clean stop runs
+// times over in dir, which Disk has filled to n records: each run stores
+// the last tail records again and is SIGKILLed, as in Disk.
+func Restarts(ctx context.Context, dir string, n, tail, runs int, log io.Writer) ([]Restart, error) {
+	var out []Restart
+	for r := range runs {
+		if ctx.Err() != nil {
+			return out, ctx.Err()
+		}
+		if err := fillChild(dir, n, min(tail, n)); err != nil {
+			return out, err
+		}
+		x := Restart{Load: loadAvg()}
+		o, err := timedOpen(dir, nil)
+		if err != nil {
+			return out, err
+		}
+		x.Crash, x.CrashCPU, x.CrashPol, x.CrashRead = o.rec.Duration, o.cpu, o.policy, o.rec.Scanned
+		if o, err = timedOpen(dir, nil); err != nil {
+			return out, err
+		}
+		x.Clean, x.CleanCPU, x.CleanPol, x.CleanRead = o.rec.Duration, o.cpu, o.policy, o.rec.Scanned
+		fmt.Fprintf(log, "disk: restart %d of %d records: crash %v, clean stop %v\n", r+1, n, x.Crash, x.Clean)
+		out = append(out, x)
+	}
+	return out, nil
+}
+
 // timedOpen drops the tier's files from the page cache, opens it, checks
 // that it holds what it should, and closes it (writing a checkpoint). It
-// returns how Open recovered and the process CPU time Open took; if heap is
-// set, it receives the heap bytes per record the open tier holds.
-func timedOpen(dir string, heap *float64) (disk.Recovery, time.Duration, error) {
+// returns how Open recovered, the process CPU time Open took and when the
+// policy was ready; if heap is set, it receives the heap bytes per record
+// the open tier holds.
+func timedOpen(dir string, heap *float64) (opened, error) {
 	dropCache(dir)
 	var before runtime.MemStats
 	if heap != nil {
@@ -133,10 +180,10 @@ func timedOpen(dir string, heap *float64) (disk.Recovery, time.Duration, error) 
 	d, err := disk.Open(dir, diskOptions())
 	cpu := cpuTime() - cpu0
 	if err != nil {
-		return disk.Recovery{}, 0, err
+		return opened{}, err
 	}
 	defer d.Close()
-	rec := d.Recovered()
+	o := opened{rec: d.Recovered(), cpu: cpu, policy: d.WaitPolicy()}
 	st := d.Stats()
 	if heap != nil {
 		runtime.GC()
@@ -145,9 +192,9 @@ func timedOpen(dir string, heap *float64) (disk.Recovery, time.Duration, error) 
 		*heap = (float64(after.HeapAlloc) - float64(before.HeapAlloc)) / float64(st.Objects)
 	}
 	if !d.Contains(scaleKey(0)) || !d.Contains(scaleKey(uint64(st.Objects-1))) {
-		return rec, cpu, errors.New("disk: a stored record is missing after the restart")
+		return o, errors.New("disk: a stored record is missing after the restart")
 	}
-	return rec, cpu, nil
+	return o, nil
 }
 
 // cpuTime is the process's user and system time so far.
@@ -234,6 +281,14 @@ func fill(spec string) error {
 		return err
 	}
 	have := int(d.Stats().Objects)
+	if have > n-tail {
+		// A directory filled by an earlier run: take the last records
+		// out again, so that every run stores the same log tail.
+		if err := removeFrom(d, n-tail, have); err != nil {
+			return err
+		}
+		have = n - tail
+	}
 	// Four writers keep the device busy; the records are numbered
 	// 0..n-1 whatever order they land in.
 	put := func(to int) error {
@@ -266,4 +321,23 @@ func fill(spec string) error {
 	}
 	fmt.Println("ready")
 	return nil
+}
+
+// removeFrom removes the records numbered lo..hi-1 from d, four at a time
+// (each Remove waits for its punch to be durable).
+func removeFrom(d *disk.Tier, lo, hi int) error {
+	next := atomic.Int64{}
+	next.Store(int64(lo))
+	var g errgroup.Group
+	for range 4 {
+		g.Go(func() error {
+			for i := next.Add(1) - 1; i < int64(hi); i = next.Add(1) - 1 {
+				if !d.Remove(scaleKey(uint64(i))) {
+					return fmt.Errorf("record %d is missing", i)
+				}
+			}
+			return nil
+		})
+	}
+	return g.Wait()
 }

@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,6 +27,7 @@ type Options struct {
 	Dir          string // directory for the disk tier (a real disk)
 	DiskRecords  []int
 	DiskTail     int // records stored after the last checkpoint before the SIGKILL
+	Restarts     int // times the restarts at the largest record count are repeated
 	RAMChunks    []int
 	ChurnChunks  []int
 	RouterBlocks []int
@@ -40,6 +42,7 @@ func Full(dir string) Options {
 		Dir:          dir,
 		DiskRecords:  []int{10_000, 100_000, 1_000_000},
 		DiskTail:     disk.DefaultCheckpointRecords - 1,
+		Restarts:     5,
 		RAMChunks:    []int{10_000, 100_000, 1_000_000, 10_000_000},
 		ChurnChunks:  []int{10_000, 100_000, 1_000_000},
 		RouterBlocks: []int{100_000, 1_000_000, 10_000_000},
@@ -54,6 +57,7 @@ func Quick(dir string) Options {
 		Dir:          dir,
 		DiskRecords:  []int{500, 2000},
 		DiskTail:     200,
+		Restarts:     2,
 		RAMChunks:    []int{1000, 10_000},
 		ChurnChunks:  []int{1000},
 		RouterBlocks: []int{10_000},
@@ -67,6 +71,7 @@ type Result struct {
 	Machine string
 	LoadAvg [2]string // /proc/loadavg's 1-minute figure at start and end
 	Disk    []DiskRow
+	Restart []Restart
 	RAM     []RAMRow
 	Churn   []ChurnRow
 	Router  []RouterRow
@@ -82,6 +87,10 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Result, error) {
 	if len(o.DiskRecords) > 0 {
 		if r.Disk, err = Disk(ctx, o.Dir, o.DiskRecords, o.DiskTail, log); err != nil {
 			return r, fmt.Errorf("disk: %w", err)
+		}
+		n := o.DiskRecords[len(o.DiskRecords)-1]
+		if r.Restart, err = Restarts(ctx, o.Dir, n, o.DiskTail, o.Restarts, log); err != nil {
+			return r, fmt.Errorf("disk restarts: %w", err)
 		}
 	}
 	if len(o.RAMChunks) > 0 {
@@ -134,16 +143,21 @@ func (r *Result) Print(w io.Writer) {
 	if len(r.Disk) > 0 {
 		fmt.Fprintln(w, "Disk tier restart (512-byte payloads, page cache emptied of the tier's files before each Open):")
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, "| records | full scan | µs/record | clean stop | µs/record | CPU | crash (SIGKILL) | log records read | µs/record | CPU | full/clean | index heap B/record | checkpoint B/record |")
-		fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+		fmt.Fprintln(w, "| records | full scan | µs/record | clean stop | µs/record | CPU | policy ready | crash (SIGKILL) | log records read | µs/record | CPU | policy ready | full/clean | index heap B/record | checkpoint B/record |")
+		fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 		for _, d := range r.Disk {
-			fmt.Fprintf(w, "| %d | %v | %.1f | %v | %.2f | %v | %v | %d | %.2f | %v | %.0f× | %.0f | %.0f |\n", d.Records,
+			fmt.Fprintf(w, "| %d | %v | %.1f | %v | %.2f | %v | %v | %v | %d | %.2f | %v | %v | %.0f× | %.0f | %.0f |\n", d.Records,
 				d.FullScan.Round(time.Millisecond), d.PerRecord(d.FullScan),
 				d.CleanStop.Round(time.Millisecond), d.PerRecord(d.CleanStop), d.CleanCPU.Round(time.Millisecond),
+				d.CleanPolicy.Round(time.Millisecond),
 				d.Crash.Round(time.Millisecond), d.CrashScanned, d.PerRecord(d.Crash), d.CrashCPU.Round(time.Millisecond),
+				d.CrashPolicy.Round(time.Millisecond),
 				float64(d.FullScan)/float64(d.CleanStop), d.IndexBytes, d.CheckpointB)
 		}
 		fmt.Fprintln(w)
+	}
+	if len(r.Restart) > 0 {
+		printRestarts(w, r.Disk[len(r.Disk)-1].Records, r.Restart)
 	}
 	if len(r.RAM) > 0 {
 		fmt.Fprintf(w, "RAM tier (%s, the default policy): heap metadata per chunk and a 128-chunk prefix lookup (PrefixContains, CPU time) of stored chunks drawn at random:\n", defaultPolicy())
@@ -178,4 +192,28 @@ func (r *Result) Print(w io.Writer) {
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// printRestarts writes the repeated restarts and their medians.
+func printRestarts(w io.Writer, n int, rs []Restart) {
+	ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+	fmt.Fprintf(w, "Disk tier restart at %d records, repeated (each run stores the log tail again and is SIGKILLed; wall time until Open returns, CPU time of Open, wall time until the policy had every record):\n\n", n)
+	fmt.Fprintln(w, "| run | load average | crash | CPU | policy ready | log records read | clean stop | CPU | policy ready |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for i, x := range rs {
+		fmt.Fprintf(w, "| %d | %s | %v | %v | %v | %d | %v | %v | %v |\n", i+1, x.Load, ms(x.Crash), ms(x.CrashCPU), ms(x.CrashPol),
+			x.CrashRead, ms(x.Clean), ms(x.CleanCPU), ms(x.CleanPol))
+	}
+	col := func(f func(Restart) time.Duration) string {
+		ds := make([]time.Duration, len(rs))
+		for i, x := range rs {
+			ds[i] = f(x)
+		}
+		slices.Sort(ds)
+		return fmt.Sprintf("%v (%v–%v)", ms(ds[len(ds)/2]), ms(ds[0]), ms(ds[len(ds)-1]))
+	}
+	fmt.Fprintf(w, "| median (min–max) | | %s | %s | %s | | %s | %s | %s |\n\n",
+		col(func(x Restart) time.Duration { return x.Crash }), col(func(x Restart) time.Duration { return x.CrashCPU }),
+		col(func(x Restart) time.Duration { return x.CrashPol }), col(func(x Restart) time.Duration { return x.Clean }),
+		col(func(x Restart) time.Duration { return x.CleanCPU }), col(func(x Restart) time.Duration { return x.CleanPol }))
 }

@@ -37,6 +37,14 @@ func TestQuick(t *testing.T) {
 			t.Errorf("checkpoint of %.1f bytes per record", d.CheckpointB)
 		}
 	}
+	if len(r.Restart) != o.Restarts {
+		t.Errorf("%d repeated restarts, want %d", len(r.Restart), o.Restarts)
+	}
+	for _, x := range r.Restart {
+		if x.CrashRead != o.DiskTail || x.CleanRead != 0 || x.CrashPol < x.Crash || x.CleanPol < x.Clean {
+			t.Errorf("repeated restart %+v: want %d log records read after the crash, none after the clean stop, the policy ready after Open", x, o.DiskTail)
+		}
+	}
 	for _, m := range r.RAM {
 		if m.HeapBytes <= 0 || m.Lookup <= 0 {
 			t.Errorf("RAM row %+v", m)
@@ -44,7 +52,7 @@ func TestQuick(t *testing.T) {
 	}
 	var out bytes.Buffer
 	r.Print(&out)
-	for _, want := range []string{"Disk tier restart", "RAM tier", "under churn", "Router index"} {
+	for _, want := range []string{"Disk tier restart", "repeated", "RAM tier", "under churn", "Router index"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q", want)
 		}

@@ -15,7 +15,7 @@ func benchScaleCmd() *cobra.Command {
 		Long: `scale measures how kvtier's costs grow with the number of items: the disk
 tier's restart time per record after a SIGKILL, after a clean stop and with a
 full scan, from 10k to 1M records (a child process of this binary fills the
-tier and is killed); heap metadata per chunk and prefix-lookup latency in the
+tier and is killed), and the restarts at 1M five times over; heap metadata per chunk and prefix-lookup latency in the
 RAM tier from 10k to 10M chunks; the cost of an eviction per stored chunk under
 churn for every policy; and the router index's memory and score latency up to
 10M blocks over 64 pods. The full run needs about 10 GiB of disk in --dir, 3 GiB

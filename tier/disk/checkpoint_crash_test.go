@@ -3,6 +3,7 @@ package disk
 import (
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 )
 
@@ -20,8 +21,9 @@ func crashCkptOptions(o Options) Options {
 // every five records, each time at a step of writing one (after the
 // temporary file is written, after it is synced, after the rename, after
 // the directory sync), alternating plain runs and eviction churn, with
-// O_DIRECT and through the page cache. Whatever
-// checkpoint the kill leaves, acknowledged Puts must read back exactly,
+// O_DIRECT and through the page cache, and in every third run with the
+// child's policy taking in the checkpoint it opened from late (warm.go).
+// Whatever checkpoint the kill leaves, acknowledged Puts must read back exactly,
 // acknowledged Removes must stay removed, and nothing may read back wrong.
 func TestCrashDuringCheckpoint(t *testing.T) {
 	if testing.Short() {
@@ -52,6 +54,13 @@ func TestCrashDuringCheckpoint(t *testing.T) {
 		mode := DirectAuto
 		if trial%3 == 2 {
 			mode = DirectOff // through the page cache
+		}
+		if trial%3 == 1 {
+			// The child's policy takes in its checkpoint late: the kill
+			// may come while operations wait for it or sit in its queue.
+			t.Setenv(crashSlowWarm, strconv.Itoa(r.IntN(40)))
+		} else {
+			t.Setenv(crashSlowWarm, "")
 		}
 		seen := runCrashChildUntil(t, dir, base, mode, churn, true, kill, false, 0, put, removed)
 		if seenCkpt >= nth {

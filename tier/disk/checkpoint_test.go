@@ -71,7 +71,7 @@ func stateOf(d *Tier) indexState {
 		}
 	}
 	for {
-		k, ok := d.idx.order.Evict(func(chunk.Key) bool { return false })
+		k, ok := d.idx.pol().Evict(func(chunk.Key) bool { return false })
 		if !ok {
 			return s
 		}

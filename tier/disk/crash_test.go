@@ -25,6 +25,10 @@ const (
 	crashModeEnv = "KVTIER_DISK_CRASH_DIRECT"
 	crashChurn   = "KVTIER_DISK_CRASH_CHURN"
 	crashCkpt    = "KVTIER_DISK_CRASH_CHECKPOINT"
+	// crashSlowWarm holds the child's policy goroutine back this many
+	// milliseconds after Open, so that Puts, Removes and evictions run,
+	// and the kill may land, while the policy takes in the checkpoint.
+	crashSlowWarm = "KVTIER_DISK_CRASH_SLOW_WARM"
 )
 
 func TestMain(m *testing.M) {
@@ -63,6 +67,9 @@ func crashChild(dir string) {
 	opts := crashOptions(DirectMode(mode), churn)
 	if ckpt {
 		opts = crashCkptOptions(opts)
+	}
+	if ms, err := strconv.Atoi(os.Getenv(crashSlowWarm)); err == nil {
+		warmHold = func() { time.Sleep(time.Duration(ms) * time.Millisecond) }
 	}
 	d, err := Open(dir, opts)
 	if err != nil {

@@ -32,34 +32,34 @@ type slot struct {
 // by slot: slots are reused, and the adaptive policies remember evicted
 // keys.
 type index struct {
-	byKey map[chunk.Key]int32
+	keys  keyTab // key to slot (keytab.go)
 	slots []slot
 	free  []int32
 	live  int // slots in slotLive
 
-	order  policy.Policy[chunk.Key]
-	pinned func(chunk.Key) bool // order's busy callback, allocated once
-	now    int64                // the clock victim is asked about, for pinned
-	met    []chunk.Key          // pinned keys the last victim search passed
+	order  policy.Policy[chunk.Key] // through pol, admit, access and remove (warm.go)
+	warm   *warmer                  // the policy is taking in restored keys; nil once done
+	pinned func(chunk.Key) bool     // order's busy callback, allocated once
+	now    int64                    // the clock victim is asked about, for pinned
+	met    []chunk.Key              // pinned keys the last victim search passed
 
 	quota     *tier.Quota          // per-owner accounting (quota.go); nil for none
 	quotaBusy func(chunk.Key) bool // pinnedNow, allocated once
 }
 
 func newIndex(order policy.Policy[chunk.Key]) *index {
-	x := &index{byKey: make(map[chunk.Key]int32), slots: make([]slot, 1, 64), order: order}
+	x := &index{keys: newKeyTab(0), slots: make([]slot, 1, 64), order: order}
 	x.pinned = x.isPinned
 	return x
 }
 
 func (x *index) get(key chunk.Key) (int32, bool) {
-	i, ok := x.byKey[key]
-	return i, ok
+	return x.keys.get(key, x.slots)
 }
 
 // liveSlot returns the slot of key if the key is readable.
 func (x *index) liveSlot(key chunk.Key) (int32, bool) {
-	i, ok := x.byKey[key]
+	i, ok := x.keys.get(key, x.slots)
 	if !ok || x.slots[i].state != slotLive {
 		return 0, false
 	}
@@ -78,7 +78,7 @@ func (x *index) add(s slot) int32 {
 		i = int32(len(x.slots))
 		x.slots = append(x.slots, s)
 	}
-	x.byKey[s.key] = i
+	x.keys.put(s.key, i, x.slots)
 	x.quota.Charge(s.key, recordSize(s.size))
 	return i
 }
@@ -91,7 +91,7 @@ func (x *index) publish(i int32) { x.publishAfter(i, parent{}) }
 func (x *index) publishAfter(i int32, up parent) {
 	x.slots[i].state = slotLive
 	x.live++
-	policy.AdmitAfter(x.order, x.slots[i].key, up.key, up.ok)
+	x.admit(x.slots[i].key, up)
 	x.quota.Admit(x.slots[i].key)
 }
 
@@ -100,10 +100,10 @@ func (x *index) publishAfter(i int32, up parent) {
 func (x *index) drop(i int32) {
 	s := &x.slots[i]
 	if s.state == slotLive {
-		x.order.Remove(s.key)
+		x.remove(s.key)
 		x.live--
 	}
-	delete(x.byKey, s.key)
+	x.keys.del(s.key, i)
 	x.quota.Release(s.key)
 	*s = slot{}
 	x.free = append(x.free, i)
@@ -111,7 +111,7 @@ func (x *index) drop(i int32) {
 
 // touch records a hit on slot i.
 func (x *index) touch(i int32) {
-	x.order.Access(x.slots[i].key)
+	x.access(x.slots[i].key)
 	x.quota.Access(x.slots[i].key)
 }
 
@@ -122,15 +122,16 @@ func (x *index) touch(i int32) {
 // of the next search's way.
 func (x *index) victim(now int64) int32 {
 	x.now = now
-	k, ok := x.order.Evict(x.pinned)
+	order := x.pol()
+	k, ok := order.Evict(x.pinned)
 	for _, m := range x.met {
-		x.order.Access(m)
+		order.Access(m)
 	}
 	x.met = x.met[:0]
 	if !ok {
 		return -1
 	}
-	i := x.byKey[k]
+	i, _ := x.keys.get(k, x.slots)
 	x.slots[i].state = slotEvicted
 	x.live--
 	return i
@@ -139,7 +140,7 @@ func (x *index) victim(now int64) int32 {
 // isPinned is the policy's busy callback: whether k's record is leased at
 // the time victim was asked about.
 func (x *index) isPinned(k chunk.Key) bool {
-	if x.slots[x.byKey[k]].pinUntil <= x.now {
+	if i, _ := x.keys.get(k, x.slots); x.slots[i].pinUntil <= x.now {
 		return false
 	}
 	x.met = append(x.met, k)

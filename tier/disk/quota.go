@@ -49,12 +49,14 @@ func (t *Tier) evictOwnedLocked(o *tier.Owner) bool {
 		return false
 	}
 	t.st.Evictions++
-	t.dropLocked(t.idx.byKey[k])
+	i, _ := t.idx.get(k)
+	t.dropLocked(i)
 	return true
 }
 
 // pinnedNow reports whether k's record is pinned at x.now, without
 // noting it as met (victim's business).
 func (x *index) pinnedNow(k chunk.Key) bool {
-	return x.slots[x.byKey[k]].pinUntil > x.now
+	i, _ := x.get(k)
+	return x.slots[i].pinUntil > x.now
 }

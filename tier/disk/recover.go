@@ -22,6 +22,7 @@ import (
 // capacity (it may have been lowered) the policy's victims are evicted.
 func (t *Tier) recover() error {
 	start := time.Now()
+	t.recStart = start
 	ids, err := listSegments(t.dir)
 	if err != nil {
 		return err
@@ -84,21 +85,7 @@ func (t *Tier) recover() error {
 // rebuild indexes the segments ids, from cp where it vouches for them.
 func (t *Tier) rebuild(ids []uint64, cp *checkpoint, sum *scanReport) error {
 	w := newWorker(t.opts.BounceSize)
-	rs := restorer{w: w}
-	if cp != nil {
-		// Size the index for what the checkpoint lists: growing a map of
-		// a million keys step by step costs a third of the restore.
-		listed := len(cp.recs) / ckptRecLen
-		t.idx.byKey = make(map[chunk.Key]int32, listed+listed/8)
-		t.idx.slots = make([]slot, 1, listed+listed/8+1)
-		policy.Grow(t.idx.order, listed) // and the policy's map: as costly
-		rs.cp, rs.first = cp, make(map[uint64][2]int, len(cp.segs))
-		n := 0
-		for _, e := range cp.segs {
-			rs.first[e.id] = [2]int{n, len(rs.first)}
-			n += e.recs
-		}
-	}
+	segs := make([]*segment, 0, len(ids))
 	for _, id := range ids {
 		seg := &segment{id: id, path: filepath.Join(t.dir, segmentName(id)), fd: -1, ready: make(chan struct{})}
 		close(seg.ready)
@@ -108,28 +95,140 @@ func (t *Tier) rebuild(ids []uint64, cp *checkpoint, sum *scanReport) error {
 		}
 		seg.fd = fd
 		t.segs[id] = seg
-		from, err := t.restore(&rs, seg, sum)
+		segs = append(segs, seg)
+	}
+	if cp == nil {
+		for _, seg := range segs {
+			t.rec.FullScans++
+			rep, err := scan(seg, w, 0, func(h header) error {
+				t.rec.Scanned++
+				return t.recoverRecord(seg, found{key: h.key, off: h.off, size: h.size})
+			})
+			if err != nil {
+				return fmt.Errorf("disk: scan %s: %w", seg.path, err)
+			}
+			t.scanned(seg, rep, sum)
+		}
+		return nil
+	}
+	return t.restoreAll(segs, cp, w, sum)
+}
+
+// found is a record a scan found.
+type found struct {
+	key       chunk.Key
+	off, size int64
+}
+
+// restoreAll indexes segs from the checkpoint cp and the log past it. The
+// log (a few thousand header blocks, read one after another) is read on
+// another goroutine while this one fills the index from the checkpoint
+// and a third admits the restored keys to the policy (warm.go); the
+// records found in the log are indexed last, in log order. Records the
+// checkpoint lists were all stored before any record of the log, so the
+// policy takes them in log order as a full scan would.
+func (t *Tier) restoreAll(segs []*segment, cp *checkpoint, w *worker, sum *scanReport) error {
+	// Size the slots for what the checkpoint lists (the key table is
+	// sized by its fill).
+	listed := len(cp.recs) / ckptRecLen
+	t.idx.slots = make([]slot, 1, listed+listed/8+1)
+	rs := restorer{cp: cp, first: make(map[uint64][2]int, len(cp.segs)), w: w,
+		kept: make([]int32, 0, listed), keys: make([]chunk.Key, 0, listed)}
+	n := 0
+	for _, e := range cp.segs {
+		rs.first[e.id] = [2]int{n, len(rs.first)}
+		n += e.recs
+	}
+	plans := make([]segPlan, len(segs))
+	for i, seg := range segs {
+		p, err := rs.plan(seg)
 		if err != nil {
 			return fmt.Errorf("disk: restore %s from the checkpoint: %w", seg.path, err)
 		}
-		if from == 0 {
+		if _, inCkpt := rs.first[seg.id]; inCkpt && !p.ok {
+			t.log.Warn("segment does not match the checkpoint: scanning it", "segment", seg.id)
+		}
+		plans[i] = p
+	}
+	t.idx.startWarm(listed, len(segs))
+	logs := t.readLogs(segs, plans)
+	var err error
+	for i, seg := range segs {
+		if plans[i].ok {
+			if err = t.restore(&rs, seg, plans[i], sum); err != nil {
+				err = fmt.Errorf("disk: restore %s from the checkpoint: %w", seg.path, err)
+				break
+			}
+		}
+	}
+	t.idx.endFeed()
+	if err == nil && t.idx.keys.fill(t.idx.slots, 1) {
+		err = fmt.Errorf("disk: %w: a key is listed twice", errCheckpoint)
+	}
+	if serr := <-logs.done; err == nil {
+		err = serr
+	}
+	if err != nil {
+		return err
+	}
+	for i, seg := range segs {
+		if !plans[i].ok || plans[i].e.scanFrom == 0 {
 			t.rec.FullScans++
 		}
-		rep, err := scan(seg, w, from, func(h header) error {
+		for _, f := range logs.found[i] {
 			t.rec.Scanned++
-			return t.recoverRecord(seg, h)
-		})
-		if err != nil {
-			return fmt.Errorf("disk: scan %s: %w", seg.path, err)
+			if err := t.recoverRecord(seg, f); err != nil {
+				return fmt.Errorf("disk: scan %s: %w", seg.path, err)
+			}
 		}
-		seg.tail = rep.end // a checkpoint lists what lies below
-		sum.records += rep.records
-		sum.skipped += rep.skipped
-		sum.garbage += rep.garbage
-		sum.truncated += rep.truncated
-		t.nextSeg = id + 1
+		t.scanned(seg, logs.reps[i], sum)
 	}
 	return nil
+}
+
+// logReads is what readLogs found, valid once done has delivered.
+type logReads struct {
+	found [][]found // by segment, in log order
+	reps  []scanReport
+	done  chan error
+}
+
+// readLogs scans, on a goroutine of its own, each segment from where its
+// plan says the checkpoint stops vouching (from the start where it does
+// not), collecting the records found; a scan also repairs what a scan
+// repairs.
+func (t *Tier) readLogs(segs []*segment, plans []segPlan) *logReads {
+	r := &logReads{found: make([][]found, len(segs)), reps: make([]scanReport, len(segs)), done: make(chan error, 1)}
+	go func() {
+		w := newWorker(t.opts.BounceSize)
+		for i, seg := range segs {
+			var from int64
+			if plans[i].ok {
+				from = plans[i].e.scanFrom
+			}
+			rep, err := scan(seg, w, from, func(h header) error {
+				r.found[i] = append(r.found[i], found{key: h.key, off: h.off, size: h.size})
+				return nil
+			})
+			if err != nil {
+				r.done <- fmt.Errorf("disk: scan %s: %w", seg.path, err)
+				return
+			}
+			r.reps[i] = rep
+		}
+		r.done <- nil
+	}()
+	return r
+}
+
+// scanned notes what the scan of seg found.
+func (t *Tier) scanned(seg *segment, rep scanReport, sum *scanReport) {
+	seg.tail = rep.end // a checkpoint lists what lies below
+	sum.records += rep.records
+	sum.skipped += rep.skipped
+	sum.garbage += rep.garbage
+	sum.truncated += rep.truncated
+	t.nextSeg = seg.id + 1
 }
 
 // resetIndex forgets what a failed rebuild indexed and closes its files.
@@ -138,6 +237,7 @@ func (t *Tier) resetIndex() error {
 	if err != nil {
 		return err
 	}
+	t.idx.pol() // the policy goroutine is done with it
 	for _, seg := range t.segs {
 		unix.Close(seg.fd)
 	}
@@ -148,16 +248,25 @@ func (t *Tier) resetIndex() error {
 }
 
 // recoverRecord indexes a record found by a scan. A key found twice means
-// the punch of an evicted copy was lost in a crash: the later copy stays.
-func (t *Tier) recoverRecord(seg *segment, h header) error {
-	if i, ok := t.idx.get(h.key); ok {
+// the punch of the other copy was lost in a crash: the copy later in the
+// log stays, as in a scan of every segment in order, and the other is
+// punched.
+func (t *Tier) recoverRecord(seg *segment, f found) error {
+	if i, ok := t.idx.get(f.key); ok {
+		if s := t.idx.slots[i]; s.seg > seg.id || (s.seg == seg.id && s.off > f.off) {
+			// Only a checkpointed copy can lie later in the log.
+			if err := punch(seg.fd, f.off, recordSize(f.size)); err != nil {
+				return fmt.Errorf("punch %s at %d: %w", seg.path, f.off, err)
+			}
+			return nil
+		}
 		if err := t.dropNow(i); err != nil {
 			return err
 		}
 	}
-	i := t.idx.add(slot{key: h.key, seg: seg.id, off: h.off, size: h.size})
+	i := t.idx.add(slot{key: f.key, seg: seg.id, off: f.off, size: f.size})
 	t.idx.publish(i)
-	t.used += recordSize(h.size)
+	t.used += recordSize(f.size)
 	seg.live++
 	return nil
 }

@@ -71,134 +71,112 @@ type restorer struct {
 	cp    *checkpoint
 	first map[uint64][2]int // segment number: first record entry, segment entry
 	w     *worker
-	exts  [][2]int64 // data extents of the segment at hand
-	kept  []int      // record entries whose bytes are all there
-	keys  []chunk.Key
+	exts  [][2]int64  // data extents below scan-from of every planned segment
+	kept  []int32     // record entries whose bytes are all there, every segment
+	keys  []chunk.Key // the kept records' keys, handed to the policy by segment
 }
 
-// restore indexes the checkpointed records of seg that are still on disk,
-// punches what else lies below the checkpoint's scan-from offset, and
-// returns the offset the scan must go on from: 0 when the checkpoint does
-// not cover seg or seg does not match it.
-func (t *Tier) restore(rs *restorer, seg *segment, sum *scanReport) (int64, error) {
-	if rs.cp == nil {
-		return 0, nil
-	}
+// segPlan is what the checkpoint vouches for in one segment file.
+type segPlan struct {
+	ok         bool // the checkpoint lists the file and it matches
+	e          ckptSeg
+	exts, kept [2]int // ranges of restorer.exts and restorer.kept
+}
+
+// plan finds out, without changing anything, whether the checkpoint lists
+// seg and seg is still the file it describes, and which listed records are
+// still whole. It reads the header blocks of the first and last of them.
+func (rs *restorer) plan(seg *segment) (segPlan, error) {
 	at, ok := rs.first[seg.id]
 	if !ok {
-		return 0, nil
+		return segPlan{}, nil
 	}
-	e := rs.cp.segs[at[1]]
-	if ok, err := rs.check(seg, e, at[0]); err != nil || !ok {
-		if err == nil {
-			t.log.Warn("segment does not match the checkpoint: scanning it", "segment", seg.id)
+	p := segPlan{e: rs.cp.segs[at[1]]}
+	var st unix.Stat_t
+	if err := unix.Fstat(seg.fd, &st); err != nil {
+		return p, err
+	}
+	if st.Ino != p.e.ino || st.Size < p.e.scanFrom {
+		return p, nil
+	}
+	p.exts[0] = len(rs.exts)
+	if err := rs.extents(seg.fd, p.e.scanFrom); err != nil {
+		return p, err
+	}
+	p.exts[1] = len(rs.exts)
+	exts := rs.exts[p.exts[0]:p.exts[1]]
+	p.kept[0] = len(rs.kept)
+	x := 0
+	for i := at[0]; i < at[0]+p.e.recs; i++ {
+		_, off, size := rs.cp.rec(i)
+		end := off + recordSize(size)
+		for x < len(exts) && exts[x][1] <= off {
+			x++
 		}
-		return 0, err
+		if x < len(exts) && exts[x][0] <= off && end <= exts[x][1] {
+			rs.kept = append(rs.kept, int32(i))
+		}
 	}
-	// Below scan-from, whatever no kept record covers is a copy whose
-	// punch was cut short, or garbage: free it, as a scan would.
+	p.kept[1] = len(rs.kept)
+	kept := rs.kept[p.kept[0]:p.kept[1]]
+	if len(kept) > 0 {
+		for _, i := range []int32{kept[0], kept[len(kept)-1]} {
+			key, off, size := rs.cp.rec(int(i))
+			h, err := readHeaderAt(seg, rs.w, off)
+			if err != nil {
+				return p, err
+			}
+			if h == nil || h.key != key || h.size != size {
+				rs.kept = rs.kept[:p.kept[0]]
+				return p, nil
+			}
+		}
+	}
+	p.ok = true
+	return p, nil
+}
+
+// restore adds the records of seg that p keeps to the index's slots (the
+// caller then maps their keys), hands their keys to the
+// policy goroutine and punches what else lies below the checkpoint's
+// scan-from offset: a copy whose punch a crash cut short, or garbage, as a
+// scan would.
+func (t *Tier) restore(rs *restorer, seg *segment, p segPlan, sum *scanReport) error {
+	exts := rs.exts[p.exts[0]:p.exts[1]]
 	var prevEnd int64
 	x := 0
 	gap := func(lo, hi int64) error {
-		for x < len(rs.exts) && rs.exts[x][1] <= lo {
+		for x < len(exts) && exts[x][1] <= lo {
 			x++
 		}
-		if lo >= hi || x == len(rs.exts) || rs.exts[x][0] >= hi {
+		if lo >= hi || x == len(exts) || exts[x][0] >= hi {
 			return nil
 		}
 		sum.skipped += hi - lo
 		return punch(seg.fd, lo, hi-lo)
 	}
-	// The policy admits the kept records, in log order, on another
-	// goroutine while this one fills the index's map: the two maps cost
-	// about the same, and a million records take a second on one core.
-	rs.keys = rs.keys[:0]
-	for _, i := range rs.kept {
-		key, _, _ := rs.cp.rec(i)
-		rs.keys = append(rs.keys, key)
-	}
-	admitted := make(chan struct{})
-	go func() {
-		defer close(admitted)
-		for _, k := range rs.keys {
-			t.idx.order.Admit(k)
+	kept := rs.kept[p.kept[0]:p.kept[1]]
+	keys := rs.keys[len(rs.keys) : len(rs.keys)+len(kept)]
+	rs.keys = rs.keys[:len(rs.keys)+len(kept)]
+	for j, i := range kept {
+		key, off, size := rs.cp.rec(int(i))
+		if err := gap(prevEnd, off); err != nil {
+			return err
 		}
-	}()
-	var err error
-	dup := false
-	for _, i := range rs.kept {
-		key, off, size := rs.cp.rec(i)
-		if err = gap(prevEnd, off); err != nil {
-			break
-		}
-		n := len(t.idx.byKey)
-		t.idx.byKey[key] = int32(len(t.idx.slots))
+		keys[j] = key
 		t.idx.slots = append(t.idx.slots, slot{key: key, seg: seg.id, off: off, size: size, state: slotLive})
-		dup = dup || len(t.idx.byKey) == n // a correct checkpoint lists a key once
 		t.used += recordSize(size)
 		seg.live++
 		prevEnd = off + recordSize(size)
 	}
-	<-admitted
-	t.idx.live += len(rs.kept)
-	t.rec.FromCheckpoint += len(rs.kept)
-	switch {
-	case err != nil:
-		return 0, err
-	case dup:
-		return 0, fmt.Errorf("%w: a key is listed twice", errCheckpoint)
-	}
-	if err := gap(prevEnd, e.scanFrom); err != nil {
-		return 0, err
-	}
-	return e.scanFrom, nil
+	t.idx.feedWarm(keys)
+	t.idx.live += len(kept)
+	t.rec.FromCheckpoint += len(kept)
+	return gap(prevEnd, p.e.scanFrom)
 }
 
-// check finds out, without changing anything, whether seg is the file the
-// checkpoint entry e describes, and which of its records are still whole
-// (rs.kept). It reads the header blocks of the first and last of them.
-func (rs *restorer) check(seg *segment, e ckptSeg, first int) (bool, error) {
-	var st unix.Stat_t
-	if err := unix.Fstat(seg.fd, &st); err != nil {
-		return false, err
-	}
-	if st.Ino != e.ino || st.Size < e.scanFrom {
-		return false, nil
-	}
-	if err := rs.extents(seg.fd, e.scanFrom); err != nil {
-		return false, err
-	}
-	rs.kept = rs.kept[:0]
-	x := 0
-	for i := first; i < first+e.recs; i++ {
-		_, off, size := rs.cp.rec(i)
-		end := off + recordSize(size)
-		for x < len(rs.exts) && rs.exts[x][1] <= off {
-			x++
-		}
-		if x < len(rs.exts) && rs.exts[x][0] <= off && end <= rs.exts[x][1] {
-			rs.kept = append(rs.kept, i)
-		}
-	}
-	if len(rs.kept) == 0 {
-		return true, nil
-	}
-	for _, i := range []int{rs.kept[0], rs.kept[len(rs.kept)-1]} {
-		key, off, size := rs.cp.rec(i)
-		h, err := readHeaderAt(seg, rs.w, off)
-		if err != nil {
-			return false, err
-		}
-		if h == nil || h.key != key || h.size != size {
-			return false, nil
-		}
-	}
-	return true, nil
-}
-
-// extents lists the data extents of fd below limit into rs.exts.
+// extents appends the data extents of fd below limit to rs.exts.
 func (rs *restorer) extents(fd int, limit int64) error {
-	rs.exts = rs.exts[:0]
 	for pos := int64(0); pos < limit; {
 		lo, err := unix.Seek(fd, pos, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) || (err == nil && lo >= limit) {

@@ -3,6 +3,7 @@ package disk
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -224,8 +225,9 @@ func scan(seg *segment, w *worker, from int64, found func(header) error) (scanRe
 	}
 	size := st.Size
 	off, end := from, from // end: just past the last valid record
+	var ra readAhead
 	for off+blockSize <= size {
-		h, err := readHeaderAt(seg, w, off)
+		h, err := ra.header(seg, w, off, size)
 		if err != nil {
 			return rep, err
 		}
@@ -237,10 +239,12 @@ func scan(seg *segment, w *worker, from int64, found func(header) error) (scanRe
 				}
 				rep.records++
 				off = next
+				ra.wide = recordSize(h.size) <= int64(len(w.bounce))/readAheadRecords
 				continue
 			}
 			break // the payload runs past the end: a torn last write
 		}
+		ra.lo, ra.hi = 0, 0 // resync reads through w.bounce
 		var next int64
 		if isZero(w.hdr) {
 			next, err = seekData(seg.fd, off+blockSize, size)
@@ -270,17 +274,73 @@ func scan(seg *segment, w *worker, from int64, found func(header) error) (scanRe
 	return rep, nil
 }
 
+// readAheadRecords is how many records of the last one's size must fit in
+// a worker's bounce buffer for a scan to read ahead.
+const readAheadRecords = 8
+
+// readAhead lets a scan read the header blocks of small records a bounce
+// buffer at a time. Each header says where the next one is, so a scan is a
+// chain of dependent reads: with one read per header, the few thousand
+// records written after a checkpoint cost a few thousand device round
+// trips. Where the last record was small, the scan reads the next
+// len(w.bounce) bytes at once and finds the following headers in them;
+// large records are read header block by header block, as before.
+type readAhead struct {
+	wide   bool
+	lo, hi int64 // the file range w.bounce holds; empty when lo == hi
+}
+
+// header reads the block at off into w.hdr, from the window when it holds
+// it, and returns its header as readHeaderAt does.
+func (ra *readAhead) header(seg *segment, w *worker, off, size int64) (*header, error) {
+	if off < ra.lo || off+blockSize > ra.hi {
+		if !ra.wide {
+			return readHeaderAt(seg, w, off)
+		}
+		if err := ra.fill(seg.fd, w.bounce, off, size); err != nil {
+			return nil, fmt.Errorf("read headers at %d: %w", off, err)
+		}
+	}
+	copy(w.hdr, w.bounce[off-ra.lo:off-ra.lo+blockSize])
+	return headerAt(seg, w.hdr, off)
+}
+
+// fill reads buf's length, or what is left of the file, from off.
+func (ra *readAhead) fill(fd int, buf []byte, off, size int64) error {
+	buf = buf[:min(int64(len(buf)), alignUp(size-off))]
+	for {
+		n, err := unix.Pread(fd, buf, off)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n < blockSize {
+			return io.ErrUnexpectedEOF
+		}
+		ra.lo, ra.hi = off, off+int64(n)&^(blockSize-1)
+		return nil
+	}
+}
+
+// headerAt returns the header in block if it is a valid header for exactly
+// this place, else nil.
+func headerAt(seg *segment, block []byte, off int64) (*header, error) {
+	h, err := decodeHeader(block)
+	if err != nil || h.seg != seg.id || h.off != off {
+		return nil, nil
+	}
+	return &h, nil
+}
+
 // readHeaderAt reads the block at off into w.hdr and returns its header if
 // it is a valid header for exactly this place, else nil.
 func readHeaderAt(seg *segment, w *worker, off int64) (*header, error) {
 	if err := preadFull(seg.fd, w.hdr, off); err != nil {
 		return nil, fmt.Errorf("read header at %d: %w", off, err)
 	}
-	h, err := decodeHeader(w.hdr)
-	if err != nil || h.seg != seg.id || h.off != off {
-		return nil, nil
-	}
-	return &h, nil
+	return headerAt(seg, w.hdr, off)
 }
 
 // seekData returns the first block boundary at or after from that holds

@@ -199,6 +199,8 @@ type Tier struct {
 
 	// Checkpoints: see checkpoint.go.
 	rec       Recovery
+	recStart  time.Time         // when Open began recovering
+	warmEnd   time.Time         // when the policy had taken in what Open restored (warm.go)
 	ckptMu    sync.Mutex        // one checkpoint at a time
 	ckptBuf   []slot            // reused snapshot space, under ckptMu
 	ckptPuts  int               // records stored since the last snapshot, under mu
@@ -814,6 +816,9 @@ func (t *Tier) Close() error {
 	t.calls.Wait()
 	t.sched.close()
 	t.finalCheckpoint()
+	t.mu.Lock()
+	t.idx.pol() // the policy goroutine of Open is done
+	t.mu.Unlock()
 	return t.closeFiles()
 }
 

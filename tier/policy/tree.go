@@ -261,18 +261,39 @@ func (t *tree[K]) sampleLeaf(busy func(K) bool) int32 {
 // random place: a run shares cache lines, so a large cache costs
 // treeSamples/treeRun misses instead of treeSamples. Neighbours in the
 // array are not neighbours in age (removals move the last leaf into the
-// hole), so the runs lose little of a random sample.
+// hole), so the runs lose little of a random sample. The places are drawn
+// and the first leaf of every run ranked before the rest: those reads do
+// not depend on one another, so the processor has all the runs' misses in
+// flight at once instead of one after another.
 func (t *tree[K]) bestOfSample(n int, busy func(K) bool) int32 {
 	best := none
 	var bestRank float64
-	start := 0
-	for j := range min(treeSamples, n) {
-		if n > treeSamples && j%treeRun == 0 {
-			start = t.rand(n) - j
+	if n <= treeSamples { // few leaves: compare them all
+		for j := range n {
+			l := &t.leaves[j]
+			if r := t.rank(l); (best == none || r < bestRank) && (busy == nil || !busy(t.keys[l.node])) {
+				best, bestRank = l.node, r
+			}
 		}
-		l := &t.leaves[(start+j)%n] // few leaves: compare them all
-		if r := t.rank(l); (best == none || r < bestRank) && (busy == nil || !busy(t.keys[l.node])) {
-			best, bestRank = l.node, r
+		return best
+	}
+	const runs = treeSamples / treeRun
+	var at [runs]int
+	var first [runs]float64
+	for r := range at {
+		at[r] = t.rand(n)
+		first[r] = t.rank(&t.leaves[at[r]])
+	}
+	for r := range at {
+		for m := range treeRun {
+			l := &t.leaves[(at[r]+m)%n]
+			rk := first[r]
+			if m > 0 {
+				rk = t.rank(l)
+			}
+			if (best == none || rk < bestRank) && (busy == nil || !busy(t.keys[l.node])) {
+				best, bestRank = l.node, rk
+			}
 		}
 	}
 	return best

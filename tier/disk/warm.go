@@ -1,0 +1,179 @@
+package disk
+
+import (
+	"time"
+
+	"kvtier/chunk"
+	"kvtier/tier/policy"
+)
+
+// Open does not wait for the eviction policy to take in the records a
+// checkpoint restores: a million admissions cost about as much CPU as
+// filling the index itself, and reads need only the index. A goroutine
+// admits the restored keys, in log order, while Open fills the index and
+// after it returns ("warming"). Until it is done, nothing else touches the
+// policy: admissions, hits and removals that come meanwhile are queued in
+// order and applied when it finishes, and anything that needs the policy's
+// answer — an eviction — waits for it. So the policy ends in the state an
+// Open that admitted everything itself would have left, reads are served
+// from the start, and no record can be evicted before the policy knows it.
+
+// polOp is a policy operation queued while the policy warms.
+type polOp struct {
+	kind  polKind
+	hasUp bool
+	key   chunk.Key
+	up    chunk.Key // the parent, for an admission that names one
+}
+
+type polKind uint8
+
+const (
+	polAdmit polKind = iota
+	polAccess
+	polRemove
+)
+
+// maxQueuedOps bounds the queue once Open has returned: past it, an
+// operation waits for the policy instead (a read storm during warm-up
+// costs a short wait, not unbounded memory).
+const maxQueuedOps = 1 << 16
+
+// warmer is the goroutine admitting restored keys, and the queue.
+type warmer struct {
+	batches chan []chunk.Key // restored keys, one batch per segment, in log order
+	feeding bool             // batches is still open: Open is restoring
+	done    chan struct{}    // closed once every batch is admitted
+	end     time.Time        // when; written before done is closed
+	queued  []polOp          // under the tier's lock
+}
+
+// warmHold, when set (tests), is called by the policy goroutine before it
+// starts: the test holds the policy cold while it works the tier.
+var warmHold func()
+
+// startWarm starts admitting restored keys on another goroutine, after
+// sizing the policy for grow keys; at most segs batches will come.
+func (x *index) startWarm(grow, segs int) {
+	w := &warmer{batches: make(chan []chunk.Key, segs), feeding: true, done: make(chan struct{})}
+	order, hold := x.order, warmHold
+	go func() {
+		defer func() {
+			w.end = time.Now()
+			close(w.done)
+		}()
+		if hold != nil {
+			hold()
+		}
+		policy.Grow(order, grow) // a map grown step by step rehashes some twenty times
+		for b := range w.batches {
+			for _, k := range b {
+				order.Admit(k)
+			}
+		}
+	}()
+	x.warm = w
+}
+
+// feedWarm hands the policy goroutine one segment's restored keys, which
+// the caller must not change afterwards.
+func (x *index) feedWarm(keys []chunk.Key) {
+	if len(keys) > 0 {
+		x.warm.batches <- keys
+	}
+}
+
+// endFeed tells the policy goroutine that no more batches come.
+func (x *index) endFeed() {
+	if w := x.warm; w != nil && w.feeding {
+		w.feeding = false
+		close(w.batches)
+	}
+}
+
+// pol returns the policy once it has taken in the restored keys and the
+// operations queued meanwhile: the only way to the policy for operations
+// that need its answer. Not while Open still feeds it.
+func (x *index) pol() policy.Policy[chunk.Key] {
+	if w := x.warm; w != nil {
+		x.endFeed()
+		<-w.done
+		x.warm = nil
+		for _, op := range w.queued {
+			op.apply(x.order)
+		}
+	}
+	return x.order
+}
+
+// warming reports whether the policy is still taking in restored keys;
+// an operation that need not wait for it then goes into the queue.
+func (x *index) warming() bool {
+	w := x.warm
+	if w == nil {
+		return false
+	}
+	select {
+	case <-w.done:
+	default:
+		if w.feeding || len(w.queued) < maxQueuedOps {
+			return true
+		}
+	}
+	x.pol()
+	return false
+}
+
+// admit, access and remove are the policy operations that can be queued.
+func (x *index) admit(k chunk.Key, up parent) {
+	if x.warming() {
+		x.warm.queued = append(x.warm.queued, polOp{kind: polAdmit, key: k, up: up.key, hasUp: up.ok})
+		return
+	}
+	policy.AdmitAfter(x.order, k, up.key, up.ok)
+}
+
+func (x *index) access(k chunk.Key) {
+	if x.warming() {
+		x.warm.queued = append(x.warm.queued, polOp{kind: polAccess, key: k})
+		return
+	}
+	x.order.Access(k)
+}
+
+func (x *index) remove(k chunk.Key) {
+	if x.warming() {
+		x.warm.queued = append(x.warm.queued, polOp{kind: polRemove, key: k})
+		return
+	}
+	x.order.Remove(k)
+}
+
+func (op polOp) apply(p policy.Policy[chunk.Key]) {
+	switch op.kind {
+	case polAdmit:
+		policy.AdmitAfter(p, op.key, op.up, op.hasUp)
+	case polAccess:
+		p.Access(op.key)
+	case polRemove:
+		p.Remove(op.key)
+	}
+}
+
+// WaitPolicy waits until the eviction policy has taken in the records Open
+// restored from a checkpoint and returns how long after Open began that
+// was: Open itself returns once reads can be served (Recovery.Duration);
+// evictions wait for the policy.
+func (t *Tier) WaitPolicy() time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if w := t.idx.warm; w != nil {
+		<-w.done
+		t.warmEnd = w.end
+		t.idx.pol()
+	}
+	if t.warmEnd.IsZero() {
+		return t.rec.Duration
+	}
+	return max(t.warmEnd.Sub(t.recStart), t.rec.Duration)
+}
