@@ -12,8 +12,9 @@ all in one run:
    ``load``: TTFT of a whole-chunk disk hit with one new token, minus
    compute(1). From a line through compute(16) and compute(64) it picks n so
    that compute ≈ load (and compute ≈ 4 × load); n = 1 is load ≫ compute.
-2. Disk. For every case and round the daemon is restarted (its RAM is
-   empty, its disk tier holds the prefix), then one request runs in each
+2. Disk. Before every request the daemon's RAM tier is cleared (its admin
+   API; ``--evict restart`` restarts the daemon instead), so its disk tier
+   alone holds the prefix, and one request runs in each
    mode: ``layerwise`` (PREPARE_RETRIEVE_LAYERS, layer i copied by the
    connector's copier thread while layer i-1 computes), ``inline`` (the same,
    with layer_inline: wait_for_layer_load waits for layer i and copies it on
@@ -22,11 +23,20 @@ all in one run:
    default without layerwise: loaded in the background, the request waits
    for it). The order of the modes rotates round by round. Figures are
    medians over rounds of each mode's TTFT and of the per-round ratio to
-   ``whole``, with the ratios' min–max.
+   ``whole``, with the ratios' min–max, the bound (compute + load) /
+   max(compute, load) per round, and CPU time per request: the engine
+   process's, the daemon's, and the forward pass's thread's run and runnable
+   wait (/proc schedstat), which show how much of the machine it got.
 3. RAM. The prefix stays in the daemon's RAM; pairs of requests, layerwise
    and not (order alternating), with n for compute ≈ load. It prints the
    median of the paired ratios layerwise / not and their interquartile range
    and min–max.
+
+TTFT is the engine's prefill of the request, without the harness's copy of
+the finished request's KV (a test aid; ``--snapshots`` puts it back). The
+daemon runs in a session of its own (``--own-session``), as a service would:
+with the kernel's autogroup scheduling a child in the engine's session would
+share the engine's CPU share instead of having its own.
 
 Every request's logits are checked against the calibration engine's (the
 same model computing the prefix itself), so a wrong byte fails the run.
@@ -42,6 +52,7 @@ import shutil
 import socket
 import statistics
 import sys
+import threading
 import time
 import urllib.request
 from typing import Dict, List, Optional
@@ -76,7 +87,8 @@ class Bench:
         ram_gb = max(0.25, 3 * prefix_bytes / 2**30)
         self.admin = f"127.0.0.1:{free_port()}"
         self.daemon = Daemon(args.bin, os.path.join(args.workdir, "daemon"), chunk_size=args.chunk,
-                             ram_gb=ram_gb, disk_gb=2 * ram_gb, extra_env={"KVTIER_ADMIN_ADDR": self.admin}).start()
+                             ram_gb=ram_gb, disk_gb=2 * ram_gb, extra_env={"KVTIER_ADMIN_ADDR": self.admin},
+                             own_session=args.own_session).start()
         self.chunks = -(-args.prefix // args.chunk)
         self.prefix_bytes = prefix_bytes
         self.blocks = (args.prefix + args.max_new) // BLOCK + 4
@@ -153,12 +165,13 @@ class Bench:
     def ttft(self, mode: str, prompt: List[int], want: Optional[torch.Tensor]) -> float:
         e = self.engine(mode)
         rid = f"{mode}-{len(e.requests)}"
-        d = daemon_cpu(self.daemon.proc.pid)
+        d, s = daemon_cpu(self.daemon.proc.pid), schedstat()
         t, c = time.perf_counter(), time.process_time()
         got = e.prefill(prompt, rid)
         dt = time.perf_counter() - t
         self.last_cpu = time.process_time() - c
         self.last_daemon_cpu = daemon_cpu(self.daemon.proc.pid) - d
+        self.last_main = tuple(b - a for a, b in zip(s, schedstat()))
         steps = [s for s in e.steps if s.req_id == rid]
         loaded = e.async_loaded.get(rid, 0) + sum(s.external_tokens for s in steps)
         errors = set().union(*(s.load_error_blocks for s in steps))
@@ -197,6 +210,13 @@ class Bench:
                                  f"{tiers[1]['objects']} on disk (want 0 and {self.chunks})")
 
 
+def schedstat() -> tuple:
+    """Seconds this (the forward pass's) thread has run and waited runnable for a core."""
+    with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+        run, wait, _ = f.read().split()
+    return int(run) / 1e9, int(wait) / 1e9
+
+
 def daemon_cpu(pid: int) -> float:
     """CPU seconds the daemon's threads have run (/proc schedstat, nanoseconds; a Go
     process keeps its threads, so the sum over the live ones is the process's)."""
@@ -208,6 +228,14 @@ def daemon_cpu(pid: int) -> float:
         except OSError:
             pass
     return total / 1e9
+
+
+def autogroup() -> str:
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            return "on" if f.read().strip() == "1" else "off"
+    except OSError:
+        return "unknown"
 
 
 def free_port() -> int:
@@ -235,6 +263,9 @@ def main(argv=None) -> int:
     ap.add_argument("--evict", choices=("clear", "restart"), default="clear",
                     help="how the prefix leaves RAM before a disk hit: clear the running daemon's RAM tier, "
                          "or restart the daemon (fresh arena pages, new connections)")
+    ap.add_argument("--own-session", action=argparse.BooleanOptionalAction, default=True,
+                    help="start the daemon in a session of its own, as a service is: with the kernel's "
+                         "autogroup scheduling it then has its own CPU share rather than part of the engine's")
     ap.add_argument("--snapshots", action=argparse.BooleanOptionalAction, default=False,
                     help="let the harness engine copy each finished request's KV (a test aid) inside the TTFT")
     ap.add_argument("--ram-new", type=int, default=1, help="new tokens of the RAM pairs when --rounds is 0")
@@ -261,7 +292,9 @@ def run(b: Bench, args) -> int:
     print(f"model: {cfg.layers} layers, hidden {cfg.hidden}, {cfg.heads} heads, {cfg.kv_heads} KV heads x "
           f"{cfg.head_dim}, fp32; prefix {args.prefix} tokens = {b.prefix_bytes / 2**20:.0f} MiB of KV "
           f"({b.prefix_bytes / cfg.layers / 2**20:.1f} MiB per layer), chunks of {args.chunk} tokens; "
-          f"torch threads 1, GIL switch interval {sys.getswitchinterval() * 1e3:g} ms; load average "
+          f"torch threads 1, GIL switch interval {sys.getswitchinterval() * 1e3:g} ms; "
+          f"daemon in {'a session of its own' if args.own_session else 'the engine process' + chr(39) + 's session'} "
+          f"(autogroup scheduling {autogroup()}); load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     b.store_prefix()
 
@@ -319,7 +352,7 @@ def run(b: Bench, args) -> int:
                     continue
                 b.evict()
                 times[m].append(b.ttft(m, prompt, want))
-                cpu[m].append((b.last_cpu, b.last_daemon_cpu))
+                cpu[m].append((b.last_cpu, b.last_daemon_cpu) + b.last_main)
         loads = [w - c for w, c in zip(times["whole"], times["compute"])]
         # a round whose whole-chunk request was quicker than its compute-only one says
         # nothing about the load: the machine's noise was larger than it
@@ -339,10 +372,11 @@ def run(b: Bench, args) -> int:
               f"{statistics.median(li):.2f}x ({min(li):.2f}..{max(li):.2f}) | "
               f"{statistics.median(ra):.2f}x ({min(ra):.2f}..{max(ra):.2f}) |", flush=True)
         cpu_lines.append(f"| {n} | " + " | ".join(
-            f"{statistics.median(e for e, _ in cpu[m]) * 1e3:.1f} / {statistics.median(d for _, d in cpu[m]) * 1e3:.1f} ms"
+            " / ".join(f"{statistics.median(x[i] for x in cpu[m]) * 1e3:.1f}" for i in range(4)) + " ms"
             for m in ("whole", "async", "layerwise", "inline")) + " |")
     if cpu_lines:
-        print("\nCPU time per request, medians: the engine process (all its threads) / the daemon")
+        print("\nCPU time per request, medians: the engine process (all its threads) / the daemon / the forward "
+              "pass's thread ran / that thread waited, runnable, for a core")
         print("| new tokens | whole | async | layerwise | inline |\n|---:|---:|---:|---:|---:|")
         print("\n".join(cpu_lines), flush=True)
 
