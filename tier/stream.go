@@ -329,7 +329,7 @@ func (s *Stream) progress(ctx context.Context, c, layers int, err error) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.done[c] = layers
-	s.update()
+	s.update(false)
 	return c < s.usable
 }
 
@@ -337,15 +337,25 @@ func (s *Stream) progress(ctx context.Context, c, layers int, err error) bool {
 func (s *Stream) fail(c int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.usable = min(s.usable, c)
-	s.update()
+	if c < s.usable {
+		s.usable = c
+		s.update(true)
+	}
 }
 
-// update recomputes ready and wakes the waiters. Called with s.mu held.
-func (s *Stream) update() {
+// update recomputes ready and wakes the waiters when it changed (or when
+// changed says something else they look at did: usable, over). A chunk
+// that gets ahead of the slowest one changes nothing anyone waits for, and
+// waking every reader and LAYER_WAIT for it cost the daemon a futile
+// goroutine wakeup (often a thread wakeup) per reader per range. Called
+// with s.mu held.
+func (s *Stream) update(changed bool) {
 	ready := s.geo.Layers
 	for _, d := range s.done[:s.usable] {
 		ready = min(ready, d)
+	}
+	if ready == s.ready && !changed {
+		return
 	}
 	s.ready = ready
 	close(s.changed)
@@ -380,6 +390,6 @@ func (s *Stream) finish() {
 	}
 	s.mu.Lock()
 	s.over = true
-	s.update()
+	s.update(true)
 	s.mu.Unlock()
 }

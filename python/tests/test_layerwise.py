@@ -166,7 +166,7 @@ def test_damaged_layer_on_disk_is_recomputed(own_daemon, monkeypatch):
 
 def test_ttft_bench_runs_and_checks_logits(kvtier_bin, tmp_path, capsys):
     """The TTFT benchmark (python -m kvtier.harness.bench_layerwise) at a small size: every
-    measured request, from disk after a restart and from RAM, loads the whole prefix without
+    measured request, from disk after its RAM tier is cleared and from RAM, loads the whole prefix without
     load errors and gives the logits of the model computing the prefix itself (the benchmark
     raises otherwise). No timing is checked."""
     from kvtier.harness import bench_layerwise
@@ -175,4 +175,16 @@ def test_ttft_bench_runs_and_checks_logits(kvtier_bin, tmp_path, capsys):
                                  "--hidden", "256", "--prefix", "512", "--rounds", "1", "--ram-pairs", "2",
                                  "--max-new", "64", "--cases", "1,eq"]) == 0
     out = capsys.readouterr().out
-    assert out.count("x (") == 8 and "RAM hit" in out
+    assert out.count("x (") == 10 and "RAM hit" in out and "RAM tier cleared" in out
+    assert "CPU time per request" in out
+
+
+def test_ttft_bench_with_restarts(kvtier_bin, tmp_path, capsys):
+    """The benchmark's other way to empty RAM, a daemon restart before every disk hit."""
+    from kvtier.harness import bench_layerwise
+
+    assert bench_layerwise.main(["--bin", kvtier_bin, "--workdir", str(tmp_path), "--layers", "4",
+                                 "--hidden", "256", "--prefix", "512", "--rounds", "1", "--ram-pairs", "0",
+                                 "--max-new", "64", "--cases", "1", "--evict", "restart"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("x (") == 5 and "daemon restarted" in out

@@ -362,8 +362,11 @@ class Engine:
                  block_size: int = 16, layout_kind: str = kvl.BLOCK_FIRST,
                  kv_transfer: Optional[KVTransferConfig] = None, prefix_caching: bool = True,
                  token_budget: int = 1 << 30, legacy_preemption: bool = False, cross_layer: bool = False,
-                 device: str = "cpu"):
+                 device: str = "cpu", kv_snapshots: bool = True):
         self.model = Llama(model_cfg)
+        # kv_snapshots: copy each finished request's KV (kv_snapshots[req_id]) for tests that
+        # compare it; a benchmark turns it off, since the copy is no part of an engine's TTFT.
+        self.keep_snapshots = kv_snapshots
         self.cfg = model_cfg
         self.block_size, self.token_budget = block_size, token_budget
         self.legacy_preemption = legacy_preemption
@@ -718,7 +721,8 @@ class Engine:
                 self._finished_recving.discard(r.request_id)
                 self._failed_recving.discard(r.request_id)
         r.status = status
-        self.kv_snapshots[r.request_id] = self.kv_of(r, 0, r.num_computed_tokens)
+        if self.keep_snapshots:
+            self.kv_snapshots[r.request_id] = self.kv_of(r, 0, r.num_computed_tokens)
         params = None
         if self.scheduler_connector is not None:
             connector_delay, params = self.scheduler_connector.request_finished(r, list(r.block_ids))

@@ -35,7 +35,11 @@ class Daemon:
     """One ``kvtier serve`` with its own socket and data directory under ``workdir``."""
 
     def __init__(self, binary: str, workdir: str, chunk_size: int = 16, ram_gb: float = 0.25,
-                 disk_gb: float = 0.0, extra_env: Optional[Dict[str, str]] = None):
+                 disk_gb: float = 0.0, extra_env: Optional[Dict[str, str]] = None, own_session: bool = False):
+        # own_session: start the daemon in a session of its own, as a service manager would, so
+        # the kernel's autogroup scheduling gives it a CPU share of its own instead of a part of
+        # the caller's (benchmarks; tests leave it off).
+        self.own_session = own_session
         self.binary, self.workdir = binary, workdir
         self.socket_path = os.path.join(workdir, "s.sock")
         self.log_path = os.path.join(workdir, "daemon.log")
@@ -62,7 +66,7 @@ class Daemon:
         env.update(self.env)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([self.binary, "serve"], env=env, stdout=log, stderr=log,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, start_new_session=self.own_session)
         log.close()
         self._wait_ready(wait)
         return self
