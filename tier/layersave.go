@@ -225,7 +225,7 @@ func (s *LayerSave) run() {
 	for {
 		select {
 		case <-s.wake:
-			for {
+			for !s.over() {
 				first, last, ok := s.take()
 				if !ok {
 					break
@@ -239,6 +239,17 @@ func (s *LayerSave) run() {
 			s.finish(ctx, ws)
 			return
 		}
+	}
+}
+
+// over reports whether the save ended: the layers still queued are then
+// left to the commit (which writes whatever no range covered) or dropped.
+func (s *LayerSave) over() bool {
+	select {
+	case <-s.end:
+		return true
+	default:
+		return false
 	}
 }
 
