@@ -3,6 +3,8 @@ package tier_test
 import (
 	"bytes"
 	"context"
+	"math/rand/v2"
+	"runtime"
 	"testing"
 	"time"
 
@@ -284,4 +286,41 @@ func TestLayerSaveSameKeyDoesNotStallWriters(t *testing.T) {
 			returns(t, "Close", func() { m.Close() })
 		})
 	}
+}
+
+// TestLayerSaveManyLayers: a save of the most layers a geometry may have
+// (geoChunk as 65,536 layers of one-byte K and V spans) keeps its notices
+// in a few KiB, not in a channel and a flag per layer, and writes layers
+// noticed out of order — runs crossing bitmap words included — into a
+// record that reads back byte-exact.
+func TestLayerSaveManyLayers(t *testing.T) {
+	geo := tier.LayerGeometry{Layers: tier.MaxLayers, Parts: 2}
+	m, d := pressureManager(t, 64<<20)
+	keys, ids := reserveFilled(t, m, 0, 1, 0)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	s := m.BeginLayerSave(keys, ids, geo)
+	runtime.ReadMemStats(&after)
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 64<<10 {
+		t.Errorf("a save of %d layers allocated %d bytes", geo.Layers, grew)
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, layer := range r.Perm(geo.Layers) {
+		s.Layer(layer)
+	}
+	s.Layer(geo.Layers) // out of range: ignored
+	waitUntil(t, "every layer written", func() bool { return d.written(keys[0]) == geoChunk })
+	if err := m.CommitRunSaved(keys, ids, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := sameOnDisk(t, m, d, keys); n != 1 {
+		t.Fatal("the record is not on disk")
+	}
+	if _, qs := m.Stats(); qs[0].LayerSaved != 1 || qs[0].LayerBytes != geoChunk {
+		t.Fatalf("%+v: want one record saved by layers", qs[0])
+	}
+	returns(t, "Close", func() { m.Close() })
 }
