@@ -117,7 +117,7 @@ func TestStoreLayerProcess(t *testing.T) {
 		t.Fatalf("FLUSH: %+v %v", rep, err)
 	}
 	// The records were committed from their range writes, not rewritten
-	// whole after the commit.
+	// whole after the commit, and every noticed layer went through them.
 	raw, err := c.Stats(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -37,8 +37,8 @@ type LayerSave struct {
 	ids  []arena.ID // the save's own reference on each reservation; 0 for none
 	wake chan struct{}
 	end  chan struct{}
-	// opening ends with the save (commit or abort): OpenWrite's waits for
-	// evictions' punches give up then, and the commit writes whole.
+	// opening ends with an abort: OpenWrite's waits for evictions'
+	// punches give up then.
 	opening context.Context
 	stop    context.CancelFunc
 
@@ -46,8 +46,9 @@ type LayerSave struct {
 	seen      []uint64 // bitmap of layers noticed
 	queued    []uint64 // bitmap of layers noticed and not yet taken by run
 	ended     bool     // committed or aborted
-	committed []bool   // chunks the commit made visible, which the save owes its tier
-	gen       uint32   // the tier's Sync generation the committed chunks count in
+	aborted   bool
+	committed []bool // chunks the commit made visible, which the save owes its tier
+	gen       uint32 // the tier's Sync generation the committed chunks count in
 }
 
 // BeginLayerSave starts a per-layer save of the reserved objects ids[i]
@@ -146,15 +147,10 @@ func (s *LayerSave) Abort() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.ended {
-		s.ended = true
-		s.endNow()
+		s.ended, s.aborted = true, true
+		s.stop()
+		close(s.end)
 	}
-}
-
-// endNow tells run the save ended.
-func (s *LayerSave) endNow() {
-	s.stop()
-	close(s.end)
 }
 
 // CommitRunSaved is CommitRun for a store whose chunks s is writing: the
@@ -175,7 +171,7 @@ func (m *Manager) CommitRunSaved(keys []chunk.Key, ids []arena.ID, s *LayerSave)
 			}
 		}
 	}()
-	defer s.endNow()
+	defer close(s.end)
 	if m.closed {
 		return ErrClosed
 	}
@@ -218,39 +214,46 @@ func (s *LayerSave) claim() bool {
 // finishes or gives up each chunk. Layers noticed while a write was under
 // way are written together: adjacent layers are adjacent bytes in each
 // part, so a save that falls behind catches up with fewer, larger writes.
+// Layers noticed before a commit are written by ranges even when the
+// commit came first, so that every notice taken counts; after an abort
+// nothing more is written.
 func (s *LayerSave) run() {
 	defer s.m.wg.Done()
+	defer s.stop()
 	ctx := context.Background() // writes are bounded I/O: they run to their end
 	var ws []RangeWrite         // opened with the first layer
 	for {
 		select {
 		case <-s.wake:
-			for !s.over() {
-				first, last, ok := s.take()
-				if !ok {
-					break
-				}
-				if ws == nil {
-					ws = s.open(s.opening)
-				}
-				s.write(ctx, ws, first, last)
-			}
+			ws = s.drain(ctx, ws)
 		case <-s.end:
+			ws = s.drain(ctx, ws)
 			s.finish(ctx, ws)
 			return
 		}
 	}
 }
 
-// over reports whether the save ended: the layers still queued are then
-// left to the commit (which writes whatever no range covered) or dropped.
-func (s *LayerSave) over() bool {
-	select {
-	case <-s.end:
-		return true
-	default:
-		return false
+// drain writes the queued layers, opening the range writes first if they
+// are not open yet, until none is queued or the save is aborted.
+func (s *LayerSave) drain(ctx context.Context, ws []RangeWrite) []RangeWrite {
+	for !s.isAborted() {
+		first, last, ok := s.take()
+		if !ok {
+			break
+		}
+		if ws == nil {
+			ws = s.open(s.opening)
+		}
+		s.write(ctx, ws, first, last)
 	}
+	return ws
+}
+
+func (s *LayerSave) isAborted() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.aborted
 }
 
 // open starts a range write of every chunk the tier lacks and whose size
