@@ -45,6 +45,8 @@ var (
 		newMetric("write_queue_capacity", "Writes the tier's queue can hold (write_queue_depth).", gauge, func(q engine.QueueStats) float64 { return float64(q.Capacity) }, "tier"),
 		newMetric("write_queue_dropped_total", "Writes dropped because the tier's queue stayed full for write_wait.", counter, func(q engine.QueueStats) float64 { return float64(q.Dropped) }, "tier"),
 		newMetric("write_queue_failed_total", "Writes the tier refused.", counter, func(q engine.QueueStats) float64 { return float64(q.Failed) }, "tier"),
+		newMetric("layer_saved_total", "Records a per-layer save wrote by layer ranges and committed.", counter, func(q engine.QueueStats) float64 { return float64(q.LayerSaved) }, "tier"),
+		newMetric("layer_saved_bytes_total", "Layer bytes per-layer saves gave to range writes before their commit.", counter, func(q engine.QueueStats) float64 { return float64(q.LayerBytes) }, "tier"),
 	}
 	arenaMetrics = []metric[engine.ArenaStats]{
 		newMetric("arena_capacity_bytes", "Bytes mapped for the RAM tier's arena.", gauge, func(a engine.ArenaStats) float64 { return float64(a.CapacityBytes) }),

@@ -1,6 +1,9 @@
 package engine
 
-import "kvtier/tier"
+import (
+	"kvtier/chunk"
+	"kvtier/tier"
+)
 
 // Per-layer saves (docs/layerwise.md): a client filling a store lease's
 // slots layer by layer says when each layer is final (STORE_LAYER), and
@@ -9,11 +12,12 @@ import "kvtier/tier"
 
 // StoreLayer says that layer of every chunk of store lease id is final in
 // its slot. The first notice starts the lease's per-layer save, with the
-// geometry given, or the scope's when given is zero; a lease whose chunks
-// have no layer geometry, or an engine without a tier that writes ranges,
-// gets none, and its chunks are written whole after the commit as
-// without notices. A notice never waits for I/O. It reports whether the
-// lease is an active store lease: a notice for any other id does nothing.
+// geometry of the scope's format tag, or the one given when the scope has
+// no tag; a lease whose chunks have no layer geometry, or an engine
+// without a tier that writes ranges, gets none, and its chunks are written
+// whole after the commit as without notices. A notice never waits for
+// I/O. It reports whether the lease is an active store lease: a notice for
+// any other id does nothing.
 func (e *Engine) StoreLayer(id LeaseID, layer int, given Layers) bool {
 	t := e.leases
 	t.mu.Lock()
@@ -24,15 +28,31 @@ func (e *Engine) StoreLayer(id LeaseID, layer int, given Layers) bool {
 	}
 	l := t.slots[i]
 	if l.save == nil && !l.noSave {
-		geo := tier.LayerGeometry{Layers: given.Layers, Parts: given.Parts}
-		if given.Layers == 0 {
-			geo, _ = e.geometry(l.keys)
+		if geo, ok := e.saveGeometry(l.keys, given); ok {
+			l.save = e.mgr.BeginLayerSave(l.keys, l.ids, geo)
 		}
-		l.save = e.mgr.BeginLayerSave(l.keys, l.ids, geo)
 		l.noSave = l.save == nil
 	}
 	if l.save != nil {
 		l.save.Layer(layer)
 	}
 	return true
+}
+
+// saveGeometry is the layer geometry a save of keys writes by: the scope's
+// tag rules where it has one, since a geometry that differs from the
+// chunks' real layout would put on disk a record whose bytes differ from
+// the RAM copy, served later as KV. A tag whose layout interleaves layers
+// with tokens (KV_T2D, KV_2TD), or a given geometry that differs from the
+// tag's, starts no save; a scope without a tag takes the given one.
+func (e *Engine) saveGeometry(keys []chunk.Key, given Layers) (tier.LayerGeometry, bool) {
+	want := tier.LayerGeometry{Layers: given.Layers, Parts: given.Parts}
+	if spec := e.scopeSpec(keys); spec.Layers > 0 {
+		tag, ok := LayerGeometryOf(spec)
+		if !ok || (given.Layers != 0 && want != tag) {
+			return tier.LayerGeometry{}, false
+		}
+		return tag, true
+	}
+	return want, want.Valid()
 }

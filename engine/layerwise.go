@@ -84,8 +84,14 @@ func (e *Engine) LayerWait(ctx context.Context, id LeaseID, layer int) (usable, 
 // geometry returns the layer geometry of keys' scope, when its format tag
 // is complete and its layout keeps each layer in a few ranges.
 func (e *Engine) geometry(keys []chunk.Key) (tier.LayerGeometry, bool) {
+	return LayerGeometryOf(e.scopeSpec(keys))
+}
+
+// scopeSpec returns the spec of keys' scope's format tag; zero when it
+// has none or it is incomplete.
+func (e *Engine) scopeSpec(keys []chunk.Key) kvformat.Spec {
 	if len(keys) == 0 {
-		return tier.LayerGeometry{}, false
+		return kvformat.Spec{}
 	}
 	var spec kvformat.Spec
 	if e.specs != nil {
@@ -96,7 +102,7 @@ func (e *Engine) geometry(keys []chunk.Key) (tier.LayerGeometry, bool) {
 			spec, _ = kvformat.ParseTag(sc.Format, e.chunkSize)
 		}
 	}
-	return LayerGeometryOf(spec)
+	return spec
 }
 
 // LayerGeometryOf returns where the layers of a chunk in spec's format

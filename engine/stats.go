@@ -74,6 +74,10 @@ type QueueStats struct {
 	Capacity int    `json:"capacity"`
 	Dropped  uint64 `json:"dropped"`
 	Failed   uint64 `json:"failed"`
+	// Per-layer saves (docs/layerwise.md): records written by layer
+	// ranges and committed, and the layer bytes given to them.
+	LayerSaved uint64 `json:"layer_saved"`
+	LayerBytes uint64 `json:"layer_bytes"`
 }
 
 // ArenaStats is the RAM tier's arena, and Leases the engine's leases

@@ -170,7 +170,12 @@ func (s *session) serve() {
 		rerr := s.handle(h)
 		s.svc.metrics.observe(h.Op, start, rerr)
 		if rerr != nil {
-			s.replyError(h.Op, h.ID, rerr)
+			// A one-way request gets no reply, not even to an error: the
+			// client reads nothing for it, and a stray frame would pass for
+			// the reply to its next call.
+			if h.Op != wire.OpStoreLayer {
+				s.replyError(h.Op, h.ID, rerr)
+			}
 			if rerr.fatal {
 				s.svc.logs.Log(s.svc.log, slog.LevelInfo, "closing connection", "peer", peer, "local", s.local, "op", h.Op, "err", rerr.err)
 				return

@@ -2,7 +2,7 @@ package tier
 
 import (
 	"context"
-	"slices"
+	"math/bits"
 	"sync"
 
 	"kvtier/arena"
@@ -19,22 +19,34 @@ import (
 // completed, the header, the sync) on its own goroutine. A save that ends
 // without a commit — the lease released, expired or cut short by the
 // connection — gives back every extent it reserved.
+//
+// A save never waits for room on its tier: its own open records would be
+// what it waits for. A chunk the tier has no room for when its first
+// layer arrives gets no range write and is written whole at the commit
+// (RangeWriter.OpenWrite). Its memory is a few words per 64 layers,
+// whatever the client claims the chunks hold.
 
 // LayerSave writes the chunks of one store lease to a lower tier layer by
 // layer. Its methods are safe for concurrent use and never block on I/O.
 type LayerSave struct {
-	m      *Manager
-	lt     *lowerTier
-	rw     RangeWriter
-	geo    LayerGeometry
-	keys   []chunk.Key
-	ids    []arena.ID // the save's own reference on each reservation; 0 for none
-	layers chan int   // layers noticed, each at most once
-	end    chan struct{}
+	m    *Manager
+	lt   *lowerTier
+	rw   RangeWriter
+	geo  LayerGeometry
+	keys []chunk.Key
+	ids  []arena.ID // the save's own reference on each reservation; 0 for none
+	wake chan struct{}
+	end  chan struct{}
+	// opening ends with an abort: OpenWrite's waits for evictions'
+	// punches give up then.
+	opening context.Context
+	stop    context.CancelFunc
 
 	mu        sync.Mutex
-	seen      []bool // layers noticed
-	ended     bool   // committed or aborted
+	seen      []uint64 // bitmap of layers noticed
+	queued    []uint64 // bitmap of layers noticed and not yet taken by run
+	ended     bool     // committed or aborted
+	aborted   bool
 	committed []bool // chunks the commit made visible, which the save owes its tier
 	gen       uint32 // the tier's Sync generation the committed chunks count in
 }
@@ -63,14 +75,16 @@ func (m *Manager) BeginLayerSave(keys []chunk.Key, ids []arena.ID, geo LayerGeom
 	if lt == nil {
 		return nil
 	}
+	words := (geo.Layers + 63) / 64
 	s := &LayerSave{m: m, lt: lt, rw: rw, geo: geo, keys: append([]chunk.Key(nil), keys...),
-		ids: make([]arena.ID, len(ids)), layers: make(chan int, geo.Layers), end: make(chan struct{}),
-		seen: make([]bool, geo.Layers), committed: make([]bool, len(keys))}
+		ids: make([]arena.ID, len(ids)), wake: make(chan struct{}, 1), end: make(chan struct{}),
+		seen: make([]uint64, words), queued: make([]uint64, words), committed: make([]bool, len(keys))}
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	if m.closed {
 		return nil
 	}
+	s.opening, s.stop = context.WithCancel(context.Background())
 	for i, id := range ids {
 		if id != 0 && m.arena.Ref(id) {
 			s.ids[i] = id
@@ -90,11 +104,40 @@ func (s *LayerSave) Layers() LayerGeometry { return s.geo }
 func (s *LayerSave) Layer(layer int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.ended || layer < 0 || layer >= s.geo.Layers || s.seen[layer] {
+	if s.ended || layer < 0 || layer >= s.geo.Layers {
 		return
 	}
-	s.seen[layer] = true
-	s.layers <- layer // room for every layer once: never blocks
+	w, b := layer/64, uint64(1)<<(layer%64)
+	if s.seen[w]&b != 0 {
+		return
+	}
+	s.seen[w] |= b
+	s.queued[w] |= b
+	select {
+	case s.wake <- struct{}{}:
+	default: // run is woken already and takes every queued layer
+	}
+}
+
+// take takes the lowest run of adjacent queued layers off the queue.
+func (s *LayerSave) take() (first, last int, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for w, q := range s.queued {
+		if q == 0 {
+			continue
+		}
+		first = w*64 + bits.TrailingZeros64(q)
+		last = first
+		for last+1 < s.geo.Layers && s.queued[(last+1)/64]&(1<<((last+1)%64)) != 0 {
+			last++
+		}
+		for l := first; l <= last; l++ {
+			s.queued[l/64] &^= 1 << (l % 64)
+		}
+		return first, last, true
+	}
+	return 0, 0, false
 }
 
 // Abort ends the save without a commit: nothing it wrote becomes visible,
@@ -104,7 +147,8 @@ func (s *LayerSave) Abort() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.ended {
-		s.ended = true
+		s.ended, s.aborted = true, true
+		s.stop()
 		close(s.end)
 	}
 }
@@ -170,41 +214,46 @@ func (s *LayerSave) claim() bool {
 // finishes or gives up each chunk. Layers noticed while a write was under
 // way are written together: adjacent layers are adjacent bytes in each
 // part, so a save that falls behind catches up with fewer, larger writes.
+// Layers noticed before a commit are written by ranges even when the
+// commit came first, so that every notice taken counts; after an abort
+// nothing more is written.
 func (s *LayerSave) run() {
 	defer s.m.wg.Done()
-	ctx := context.Background()
-	var ws []RangeWrite // opened with the first layer
-	var batch []int
+	defer s.stop()
+	ctx := context.Background() // writes are bounded I/O: they run to their end
+	var ws []RangeWrite         // opened with the first layer
 	for {
 		select {
-		case layer := <-s.layers:
-			if ws == nil {
-				ws = s.open(ctx)
-			}
-			batch = append(batch[:0], layer)
-		drain:
-			for {
-				select {
-				case l := <-s.layers:
-					batch = append(batch, l)
-				default:
-					break drain
-				}
-			}
-			slices.Sort(batch)
-			for i := 0; i < len(batch); {
-				j := i + 1
-				for j < len(batch) && batch[j] == batch[j-1]+1 {
-					j++
-				}
-				s.write(ctx, ws, batch[i], batch[j-1])
-				i = j
-			}
+		case <-s.wake:
+			ws = s.drain(ctx, ws)
 		case <-s.end:
+			ws = s.drain(ctx, ws)
 			s.finish(ctx, ws)
 			return
 		}
 	}
+}
+
+// drain writes the queued layers, opening the range writes first if they
+// are not open yet, until none is queued or the save is aborted.
+func (s *LayerSave) drain(ctx context.Context, ws []RangeWrite) []RangeWrite {
+	for !s.isAborted() {
+		first, last, ok := s.take()
+		if !ok {
+			break
+		}
+		if ws == nil {
+			ws = s.open(s.opening)
+		}
+		s.write(ctx, ws, first, last)
+	}
+	return ws
+}
+
+func (s *LayerSave) isAborted() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.aborted
 }
 
 // open starts a range write of every chunk the tier lacks and whose size
@@ -219,12 +268,9 @@ func (s *LayerSave) open(ctx context.Context) []RangeWrite {
 		if _, _, fits := s.geo.Range(n, 0, 0); !fits {
 			continue
 		}
-		w, err := s.rw.OpenWrite(ctx, s.keys[c], n)
-		if err != nil {
-			s.m.writeFailed(s.lt, s.keys[c], err)
-			continue
-		}
-		ws[c] = w
+		// A chunk that gets no writer, for whatever reason, is written
+		// whole at the commit, which reports a failure then.
+		ws[c], _ = s.rw.OpenWrite(ctx, s.keys[c], n)
 	}
 	return ws
 }
@@ -252,6 +298,7 @@ func (s *LayerSave) write(ctx context.Context, ws []RangeWrite, first, last int)
 					ws[c] = nil // this goroutine's own element
 					return
 				}
+				s.lt.layerBytes.Add(uint64(to - from))
 			}
 		}()
 	}
@@ -261,9 +308,12 @@ func (s *LayerSave) write(ctx context.Context, ws []RangeWrite, first, last int)
 // finish commits the records of the committed chunks — the rest of a
 // range write, or the whole chunk where it had none or it failed — and
 // aborts the others, then drops the save's references. The chunks commit
-// in parallel, so their syncs are shared as concurrent Puts' are.
+// in parallel, so their syncs are shared as concurrent Puts' are. Chunks
+// written whole go last: the range writes are then records or given back,
+// so the room a whole write needs can come from them.
 func (s *LayerSave) finish(ctx context.Context, ws []RangeWrite) {
 	var wg sync.WaitGroup
+	var whole []int
 	for c, id := range s.ids {
 		if id == 0 {
 			continue
@@ -279,10 +329,22 @@ func (s *LayerSave) finish(ctx context.Context, ws []RangeWrite) {
 			s.m.arena.Unref(id)
 			continue
 		}
+		if w == nil {
+			whole = append(whole, c)
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			s.finishChunk(ctx, c, w)
+		}()
+	}
+	wg.Wait()
+	for _, c := range whole {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.finishChunk(ctx, c, nil)
 		}()
 	}
 	wg.Wait()
@@ -295,7 +357,9 @@ func (s *LayerSave) finishChunk(ctx context.Context, c int, w RangeWrite) {
 	up := parentOf(s.keys, c, link{})
 	var err error
 	if w != nil {
-		err = w.Commit(ctx, src, up.parent, up.ok)
+		if err = w.Commit(ctx, src, up.parent, up.ok); err == nil {
+			lt.layerSaved.Add(1)
+		}
 	}
 	if (w == nil || err != nil) && !Contains(lt.Tier, k) {
 		err = put(lt.Tier, writeJob{key: k, id: id, up: up}, src)
@@ -313,7 +377,7 @@ func (s *LayerSave) settle(k chunk.Key, err error) {
 	m, lt := s.m, s.lt
 	if err != nil {
 		lt.missed.add(k)
-		m.writeFailed(lt, k, err)
+		m.writeFailed(lt, k, err) // not for ErrRangeOpen: missed, not refused
 	} else {
 		m.writeSucceeded(lt)
 		if !m.ram.Contains(k) {

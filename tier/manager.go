@@ -126,6 +126,10 @@ type lowerTier struct {
 	dropped  atomic.Uint64 // writes dropped because the queue stayed full
 	failed   atomic.Uint64 // writes the tier refused
 	failing  atomic.Bool   // the last write failed: later failures are not logged
+	// Per-layer saves (layersave.go): records committed from their range
+	// writes, and the bytes of layers given to range writes.
+	layerSaved atomic.Uint64
+	layerBytes atomic.Uint64
 	// failLog writes refused writes to the log at most once per
 	// failLogEvery: a tier that refuses everything (a full disk, a store
 	// that is down) would otherwise log once per write.
@@ -495,6 +499,9 @@ func put(t Tier, job writeJob, data []byte) error {
 // that is down refuses every write, and one line per chunk stored would
 // flood the log for as long as it stays down.
 func (m *Manager) writeFailed(lt *lowerTier, k chunk.Key, err error) {
+	if errors.Is(err, ErrRangeOpen) {
+		return // deferred, not refused: the caller counted it missed
+	}
 	lt.failed.Add(1)
 	lt.failing.Store(true)
 	lt.failLog.Log("tier", lt.Name(), "key", k, "err", err)
@@ -804,6 +811,11 @@ type QueueStats struct {
 	Capacity int    // QueueDepth
 	Dropped  uint64 // writes dropped on a full queue
 	Failed   uint64 // writes the tier refused
+	// LayerSaved counts the records a per-layer save wrote by ranges and
+	// committed; LayerBytes the bytes of layers it gave to range writes
+	// before their commit (LayerSave).
+	LayerSaved uint64
+	LayerBytes uint64
 }
 
 // Stats returns each tier's stats, RAM first, and each lower tier's queue.
@@ -812,7 +824,8 @@ func (m *Manager) Stats() ([]Stats, []QueueStats) {
 	var qs []QueueStats
 	for _, lt := range m.lower {
 		st = append(st, StatsOf(lt.Tier))
-		qs = append(qs, QueueStats{Tier: lt.Name(), Depth: len(lt.queue), Capacity: cap(lt.queue), Dropped: lt.dropped.Load(), Failed: lt.failed.Load()})
+		qs = append(qs, QueueStats{Tier: lt.Name(), Depth: len(lt.queue), Capacity: cap(lt.queue), Dropped: lt.dropped.Load(), Failed: lt.failed.Load(),
+			LayerSaved: lt.layerSaved.Load(), LayerBytes: lt.layerBytes.Load()})
 	}
 	return st, qs
 }

@@ -2,6 +2,7 @@ package tier
 
 import (
 	"context"
+	"errors"
 
 	"kvtier/chunk"
 )
@@ -14,12 +15,21 @@ import (
 // is final, instead of the whole chunk after COMMIT_STORE.
 type RangeWriter interface {
 	// OpenWrite reserves room for key's object of size bytes and returns
-	// its writer. It returns nil and no error when the tier holds key
-	// already or another write of key is under way: the caller then
-	// writes the object whole, or not at all, as it would without range
-	// writes.
+	// its writer. It never waits for other writes, and gives up waiting
+	// for anything when ctx ends. It returns nil and no error when the
+	// tier holds key already, another write of key is under way, or there
+	// is no room without waiting for writes: the caller then writes the
+	// object whole, or not at all, as it would without range writes.
 	OpenWrite(ctx context.Context, key chunk.Key, size int) (RangeWrite, error)
 }
+
+// ErrRangeOpen is why a RangeWriter's Put of a key fails while a range
+// write of that key is open (opened, not yet committing or aborting). An
+// open write ends when its client commits or its lease lapses, which can
+// be minutes away, so a Put does not wait for it: the write counts as
+// missed, not failed, and Sync redoes it if the range write did not store
+// the key meanwhile.
+var ErrRangeOpen = errors.New("tier: a range write of the key is open")
 
 // RangeWrite writes one object. It is used by one goroutine at a time.
 // Nothing it writes is visible, before or after a crash, until Commit

@@ -2,6 +2,7 @@ package tier
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -236,6 +237,11 @@ func (m *Manager) redo(ctx context.Context, lt *lowerTier, r *TierSync, visible 
 		}
 		err := lt.Put(ctx, k, m.arena.Bytes(id[0]))
 		m.arena.Unref(id[0])
+		if errors.Is(err, ErrRangeOpen) { // still being saved by layers: not durable yet, not refused
+			lt.missed.add(k)
+			r.count(seen, false)
+			continue
+		}
 		if err != nil {
 			lt.failed.Add(1)
 			lt.missed.add(k)

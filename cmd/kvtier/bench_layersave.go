@@ -18,7 +18,7 @@ round between writing each layer to disk as its STORE_LAYER notice arrives and w
 whole chunks after the commit. It reports the time from the commit until every chunk is
 durable on disk, from the first layer until then, the write throughput and the CPU
 time, once with no compute between layers and once with a compute time per layer equal
-to the whole save's write time over the layers.`,
+to a whole-chunk warm-up save's write time (commit to durable) over the layers.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			r, err := layersave.Run(cmd.Context(), o, cmd.ErrOrStderr())

@@ -67,6 +67,14 @@ def test_layer_saves_are_announced_and_read_back(own_daemon, monkeypatch):
         mine = [e for e in events if e[1] == lease]
         assert [e[2] for e in mine[:-1]] == list(range(MODEL.layers)), mine
         assert mine[-1][0] == "commit" and all(e[0] == "layer" for e in mine[:-1]), mine
+    # The daemon acted on the notices: every committed chunk's record was written layer by layer
+    # and committed from those writes, not written whole after the commit.
+    chunks = sum(len(want) for _, want in committed.values())
+    nbytes = sum(len(b) for _, want in committed.values() for b in want)
+    with Client(own_daemon.socket_path) as c:
+        assert c.flush(30_000).durable
+        (q,) = c.stats()["queues"]
+    assert q["layer_saved"] == chunks and q["layer_bytes"] == nbytes, (q, chunks, nbytes)
     _to_disk_only(own_daemon)
     with Client(own_daemon.socket_path) as c:
         handles = {h: c.scope(*a, **k) for h, a, k in scopes}
@@ -89,6 +97,10 @@ def test_layer_saves_off_sends_no_notice(own_daemon, monkeypatch):
     engine(own_daemon.socket_path, "lw-nosave", layerwise=True, layer_saves=False).prefill(p_)
     monkeypatch.undo()
     assert committed and not [e for e in events if e[0] == "layer"]
+    with Client(own_daemon.socket_path) as c:
+        assert c.flush(30_000).durable
+        (q,) = c.stats()["queues"]
+    assert q["layer_saved"] == 0 and q["layer_bytes"] == 0, q
     _to_disk_only(own_daemon)
     e = engine(own_daemon.socket_path, "lw-nosave", layerwise=True)
     assert_close(e.prefill(p_), reference(p_))

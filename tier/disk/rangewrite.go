@@ -40,7 +40,12 @@ type rangeWrite struct {
 	done    bool                   // committed or aborted
 }
 
-// OpenWrite implements tier.RangeWriter.
+// OpenWrite implements tier.RangeWriter. It never waits for other writes
+// (see reserveLocked): where room would have to come from a write in
+// flight, or ctx ends while evictions are punched out, it returns no
+// writer. Until its Commit or Abort begins, the write is open: a Put of
+// its key fails with tier.ErrRangeOpen instead of waiting for it, and its
+// bytes do not make Puts wait for room.
 func (t *Tier) OpenWrite(ctx context.Context, key chunk.Key, size int) (tier.RangeWrite, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -56,13 +61,24 @@ func (t *Tier) OpenWrite(ctx context.Context, key chunk.Key, size int) (tier.Ran
 		t.calls.Done()
 		return nil, fmt.Errorf("disk: range write %v: %w", key, err)
 	}
+	// Wake the wait for punches when ctx ends (the save ended).
+	stop := context.AfterFunc(ctx, func() {
+		t.mu.Lock()
+		t.space.Broadcast()
+		t.mu.Unlock()
+	})
+	defer stop()
 	t.mu.Lock()
 	if _, busy := t.idx.get(key); busy { // a Put of key is under way: leave the key to it
 		t.mu.Unlock()
 		t.calls.Done()
 		return nil, nil
 	}
-	r, err := t.reserveLocked(key, int64(size), need)
+	r, err := t.reserveLocked(ctx, key, int64(size), need)
+	if err == nil && r.seg != nil {
+		t.opened[key] = r.need
+		t.openedBytes += r.need
+	}
 	t.mu.Unlock()
 	if err != nil || r.seg == nil {
 		t.calls.Done()
@@ -72,14 +88,27 @@ func (t *Tier) OpenWrite(ctx context.Context, key chunk.Key, size int) (tier.Ran
 		t.createSegment(r.seg)
 	}
 	<-r.seg.ready
+	w := &rangeWrite{t: t, r: r, size: int64(size), piece: 1 << pieceShift(int64(size))}
 	if err := r.seg.openErr; err != nil {
+		w.close()
 		t.finishPut(r, 0, err)
 		t.calls.Done()
 		return nil, fmt.Errorf("disk: range write %v in segment %d: %w", key, r.seg.id, err)
 	}
-	w := &rangeWrite{t: t, r: r, size: int64(size), piece: 1 << pieceShift(int64(size))}
 	w.hdr = header{seg: r.seg.id, off: r.off, key: key, size: int64(size)}
 	return w, nil
+}
+
+// close ends w's open state: from here it ends on its own (its commit's
+// I/O or its abort's punch), so Puts of its key may wait for it again.
+func (w *rangeWrite) close() {
+	t := w.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.opened[w.r.key]; ok {
+		delete(t.opened, w.r.key)
+		t.openedBytes -= w.r.need
+	}
 }
 
 // pieces is how many pieces the record has.
@@ -180,6 +209,7 @@ func (w *rangeWrite) Commit(ctx context.Context, src []byte, parentKey chunk.Key
 		w.Abort()
 		return err
 	}
+	w.close()
 	t, seg := w.t, w.r.seg
 	err := w.writeDone(ctx, src, 0, w.pieces(), true)
 	if err == nil {
@@ -209,6 +239,7 @@ func (w *rangeWrite) Abort() {
 		return
 	}
 	w.done = true
+	w.close()
 	w.t.finishPut(w.r, 0, errAborted) // punches out whatever reached the disk
 	w.t.calls.Done()
 }

@@ -45,7 +45,10 @@ func onDisk(t *testing.T, d *Tier, key chunk.Key, from, n int) []byte {
 	t.Helper()
 	d.mu.Lock()
 	i, ok := d.idx.get(key)
-	s := d.idx.slots[i]
+	var s slot
+	if ok {
+		s = d.idx.slots[i]
+	}
 	d.mu.Unlock()
 	if !ok {
 		t.Fatalf("%v has no place in the index", key)
@@ -265,4 +268,68 @@ func TestWriteRangeDoesNotAllocate(t *testing.T) {
 		t.Errorf("%v allocations per WriteRange", a)
 	}
 	w.Abort()
+}
+
+// within runs f and fails the test if it has not returned within a
+// minute: a bound on a hang, far above what f needs, not a timing check.
+func within(t *testing.T, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatalf("%s hangs", what)
+	}
+}
+
+// TestRangeWriteNeverWaits: with a range write open and no room for a
+// second record, nothing waits for it — its end is up to a client. A
+// second range write gets no writer (it would wait for the first, which
+// may be its own save's), a Put of another key fails busy, a Put of the
+// open key fails with tier.ErrRangeOpen; once the first commits, the Put
+// evicts it and goes through.
+func TestRangeWriteNeverWaits(t *testing.T) {
+	const size = 1 << 20
+	d := openTier(t, t.TempDir(), Options{Capacity: recordSize(size) * 3 / 2, Headroom: -1})
+	a, b, c := testKey(1), testKey(2), testKey(3)
+	src := mmapAligned(t, size)
+	copy(src, testPayload(a, size))
+	w := writeLayers(t, d, a, src, 8, 4)
+	within(t, "a second OpenWrite", func() {
+		if w2, err := d.OpenWrite(context.Background(), b, size); w2 != nil || err != nil {
+			t.Errorf("a second range write with no room: %v, %v; want no writer", w2, err)
+		}
+	})
+	within(t, "a Put of another key", func() {
+		if err := d.Put(context.Background(), c, testPayload(c, size)); !errors.Is(err, tier.ErrBusy) {
+			t.Errorf("Put with the room held by an open range write: %v, want ErrBusy", err)
+		}
+	})
+	within(t, "a Put of the open key", func() {
+		if err := d.Put(context.Background(), a, testPayload(a, size)); !errors.Is(err, tier.ErrRangeOpen) {
+			t.Errorf("Put of a key being range-written: %v, want ErrRangeOpen", err)
+		}
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if w2, err := d.OpenWrite(ctx, b, size); w2 != nil || err == nil {
+		t.Errorf("OpenWrite with its context ended: %v, %v", w2, err)
+	}
+	if d.Contains(b) || d.Contains(c) || d.Contains(a) {
+		t.Fatal("a record appeared before the commit")
+	}
+	if err := w.Commit(context.Background(), src, chunk.Key{}, false); err != nil {
+		t.Fatal(err)
+	}
+	checkGet(t, d, a, src)
+	mustPut(t, d, c, testPayload(c, size))
+	checkGet(t, d, c, testPayload(c, size))
+	if d.Contains(a) {
+		t.Fatal("two records in the room of one and a half")
+	}
+	d.Close()
 }

@@ -184,9 +184,15 @@ type Tier struct {
 	active   *segment // segment new records go to; nil until the first Put
 	nextSeg  uint64
 	used     int64 // bytes reserved: live + being written + waiting for a punch + leaked
-	writing  int64 // bytes of Puts in flight
+	writing  int64 // bytes of Puts in flight, open range writes included
 	punching int64 // bytes of punches queued or running
 	st       tier.Stats
+
+	// Range writes open between two ranges (rangewrite.go): their end is
+	// up to a client (a commit, or a lease lapsing, minutes away), so
+	// nothing waits for them; opened maps their keys to their bytes.
+	opened      map[chunk.Key]int64
+	openedBytes int64
 
 	// Room on the file system: see space.go.
 	room      Space
@@ -264,6 +270,7 @@ func Open(dir string, opts Options) (*Tier, error) {
 		idx:    newIndex(order),
 		segs:   make(map[uint64]*segment),
 		ghosts: make(map[chunk.Key]int32),
+		opened: make(map[chunk.Key]int64),
 	}
 	t.space.L = &t.mu
 	t.st.Name = t.Name()
@@ -430,7 +437,7 @@ func (t *Tier) put(ctx context.Context, key chunk.Key, up parent, data []byte, n
 	}
 
 	t.mu.Lock()
-	r, err := t.reserveLocked(key, int64(len(data)), need)
+	r, err := t.reserveLocked(nil, key, int64(len(data)), need)
 	r.up = up
 	t.mu.Unlock()
 	if err != nil || r.seg == nil {
@@ -507,15 +514,30 @@ func (t *Tier) enter(key chunk.Key) (stored bool, err error) {
 // reserveLocked makes room for a need-byte record, evicting the policy's
 // victims as needed, and places it. The reservation is empty if key
 // was stored meanwhile. If another Put of key is writing it, this one waits
-// for the outcome rather than report as stored a record that may yet fail.
-func (t *Tier) reserveLocked(key chunk.Key, size, need int64) (reservation, error) {
+// for the outcome rather than report as stored a record that may yet fail;
+// if an open range write holds key, it fails with tier.ErrRangeOpen
+// instead, and the caller redoes the write later (tier.Manager's Sync).
+//
+// A range write reserves with ranged set (OpenWrite): it waits only for
+// the punches of evictions, which end on their own, and only until ranged
+// ends; where a Put would wait for writes in flight, or key is being
+// written, it gets an empty reservation and no error, and its chunk is
+// written whole at the commit. It must not wait for writes: its own save's
+// open range writes count among them.
+func (t *Tier) reserveLocked(ranged context.Context, key chunk.Key, size, need int64) (reservation, error) {
 	for {
 		if t.closed {
 			return reservation{}, tier.ErrClosed
 		}
+		if ranged != nil && ranged.Err() != nil {
+			return reservation{}, nil
+		}
 		if i, ok := t.idx.get(key); ok {
-			if t.idx.slots[i].state == slotLive {
+			if t.idx.slots[i].state == slotLive || ranged != nil {
 				return reservation{}, nil
+			}
+			if _, open := t.opened[key]; open {
+				return reservation{}, fmt.Errorf("disk: put %v: %w", key, tier.ErrRangeOpen)
 			}
 			t.space.Wait() // finishPut broadcasts
 			continue
@@ -535,8 +557,17 @@ func (t *Tier) reserveLocked(key chunk.Key, size, need int64) (reservation, erro
 		if t.used-t.punching+need > limit && t.evictOneLocked() {
 			continue
 		}
-		if t.punching == 0 && t.writing == 0 {
-			return reservation{}, fmt.Errorf("disk: put %v: %d of %d bytes pinned: %w",
+		// Open range writes end when a client says so: waiting for them
+		// could take minutes, or forever when it is this caller's own save.
+		inFlight := t.writing - t.openedBytes
+		if ranged != nil {
+			inFlight = 0
+		}
+		if t.punching == 0 && inFlight == 0 {
+			if ranged != nil {
+				return reservation{}, nil
+			}
+			return reservation{}, fmt.Errorf("disk: put %v: %d of %d bytes pinned or held by open range writes: %w",
 				key, t.used, limit, tier.ErrBusy)
 		}
 		t.space.Wait()
