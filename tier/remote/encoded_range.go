@@ -75,14 +75,19 @@ func (e *Encoded) pieced(c codec.Codec) bool {
 // from its header, read with one range read. The store's breaker bounds
 // the call and counts its failures (a deadline of our own would be taken
 // for the caller's cancellation, which says nothing about the store).
-// When the range read fails the size is n less a version 1 header: right for every object but a
-// pieced one, whose read then fails its checks (a miss), and better than
-// no size at all, which would hide the chunk from promotion altogether.
+// A store found not to read ranges by this very read (a kvtier:// daemon
+// older than RETRIEVE_RANGES, which does not fail it but reads the object
+// whole) sizes the following objects from n (Size). A read that fails
+// otherwise is no size: the store that failed it would fail the Get as
+// well, and a size would only promise a chunk that cannot be delivered.
 func (e *Encoded) rawSize(k chunk.Key, n int) (int, bool) {
 	var head [codec.HeaderSize]byte
 	got, err := e.ranged.GetRange(context.Background(), k, 0, head[:])
 	if err != nil {
-		return n - codec.HeaderSize, true
+		if !e.canRange() {
+			return n - codec.HeaderSize, true
+		}
+		return 0, false
 	}
 	if got < codec.HeaderSize {
 		return 0, false
