@@ -166,7 +166,7 @@ func Open(ctx context.Context, u *url.URL, o remote.Options) (tier.Tier, error) 
 		return nil, fmt.Errorf("kvtier tier %s: %w", t.cfg.Addr, err)
 	}
 	if t.noRanges.Load() {
-		c.Close() // the daemon closed it
+		c.Close() // an older daemon may have closed it already
 	} else {
 		t.put(c)
 	}

@@ -22,10 +22,10 @@ import (
 //
 // A remote daemon built before RETRIEVE_RANGES existed cannot say so in
 // HELLO (neither side's HELLO has a field an older peer would accept), so
-// it is found out by asking: Open sends one RETRIEVE_RANGES of nothing,
-// and every range read watches for the same answer. Such a daemon either
-// answers UNKNOWN_OP or, older still, refuses the frame's header (a
-// BAD_REQUEST on op PING) and closes the connection
+// it is found out by asking: Open sends one RETRIEVE_RANGES (a byte of
+// the zero key), and every range read watches for the same answer. Such
+// a daemon either answers UNKNOWN_OP or, older still, refuses the frame's
+// header (a BAD_REQUEST on op PING) and closes the connection
 // (client.IsUnknownOp). From then on the tier reads no ranges: the
 // envelope stops sealing pieced objects for it and sizes raw objects from
 // SIZES alone (remote.RangeCapable), and a range still asked for is read
@@ -49,7 +49,7 @@ func (t *Tier) ReadsRanges() bool { return !t.noRanges.Load() }
 
 // probeRanges asks c's daemon for one byte of the zero key with
 // RETRIEVE_RANGES: any answer naming the operation (a miss, as a rule)
-// shows that it knows it. A daemon that does not has closed c.
+// shows that it knows it. A daemon that does not may have closed c.
 func (t *Tier) probeRanges(ctx context.Context, c *client.Client) error {
 	keys := [1]chunk.Key{}
 	rng := [1]wire.ByteRange{{Key: 0, From: 0, To: 1}}

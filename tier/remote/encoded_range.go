@@ -75,10 +75,10 @@ func (e *Encoded) pieced(c codec.Codec) bool {
 // from its header, read with one range read. The store's breaker bounds
 // the call and counts its failures (a deadline of our own would be taken
 // for the caller's cancellation, which says nothing about the store).
-// A store found not to read ranges by this very read (a kvtier:// daemon
-// older than RETRIEVE_RANGES, which does not fail it but reads the object
-// whole) sizes the following objects from n (Size). A read that fails
-// otherwise is no size: the store that failed it would fail the Get as
+// A store that this very read found not to read ranges (a kvtier://
+// daemon older than RETRIEVE_RANGES; its GetRange then reads the object
+// whole, and only that failing gets here) is sized from n, as Size sizes
+// it from then on. A read that fails otherwise is no size: the store that failed it would fail the Get as
 // well, and a size would only promise a chunk that cannot be delivered.
 func (e *Encoded) rawSize(k chunk.Key, n int) (int, bool) {
 	var head [codec.HeaderSize]byte
