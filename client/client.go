@@ -62,6 +62,11 @@ type StatusError struct {
 	Op      wire.Op
 	Status  wire.Status
 	Message string
+	// Header is set when the daemon refused the request's frame header
+	// itself, which its reply shows by naming another operation: a daemon
+	// that does not know Op replies BAD_REQUEST on op PING and closes the
+	// connection (the client is closed too then).
+	Header bool
 }
 
 func (e *StatusError) Error() string {
@@ -72,6 +77,15 @@ func (e *StatusError) Error() string {
 func IsStatus(err error, st wire.Status) bool {
 	var se *StatusError
 	return errors.As(err, &se) && se.Status == st
+}
+
+// IsUnknownOp reports whether err says the daemon does not know the
+// request's operation: it answered UNKNOWN_OP, or, built before the
+// operation existed, refused the frame's header (StatusError.Header).
+// Such a daemon answers the same way every time.
+func IsUnknownOp(err error) bool {
+	var se *StatusError
+	return errors.As(err, &se) && (se.Status == wire.StatusUnknownOp || se.Header)
 }
 
 // ErrClosed is returned by calls on a closed client, or after a transport
@@ -379,6 +393,12 @@ func (c *Client) readReply(op wire.Op) (wire.Header, []byte, error) {
 		var se *StatusError
 		if !errors.As(err, &se) {
 			return h, nil, c.breakConn(err)
+		}
+		if h.Op != op {
+			// The daemon could not parse the request's header and has
+			// closed the connection after this reply.
+			se.Header = true
+			return h, nil, fmt.Errorf("%w: %w", c.breakConn(err), se)
 		}
 		return h, nil, err
 	}

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"sync"
-	"time"
 
 	"kvtier/chunk"
 	"kvtier/tier"
@@ -25,7 +24,6 @@ type RangeReads struct {
 	buf   []byte         // the scratch buffer at's ranges land in
 	n     int
 	take  func(size int) bool // takes buf from the engine's scratch pool
-	ctx   context.Context     // AcquireRanges's, for take
 }
 
 // AcquireRanges holds the leading keys cached anywhere (RAM and the
@@ -39,11 +37,10 @@ func (e *Engine) AcquireRanges(ctx context.Context, keys []chunk.Key, local bool
 	rd.ids = growIDs(rd.ids, len(keys))
 	if r.take == nil { // made once per RangeReads: a closure per request would allocate
 		r.take = func(size int) bool {
-			r.buf, _ = r.e.scratch.get(r.ctx, size)
+			r.buf, _ = r.e.scratch.get(size)
 			return r.buf != nil
 		}
 	}
-	r.ctx = ctx
 	n, at, lower, err := e.mgr.AcquireRanged(ctx, keys, rd.ids, local, r.take)
 	if at >= 0 && at < n {
 		copy(rd.ids[at:], rd.ids[at+1:n]) // ids[at] was left unset
@@ -111,18 +108,29 @@ func (r *RangeReads) Release() {
 		r.e.scratch.put(r.buf)
 		r.buf = nil
 	}
-	r.at, r.n, r.lower, r.ctx = -1, 0, tier.LowerRange{}, nil
+	r.at, r.n, r.lower = -1, 0, tier.LowerRange{}
 }
 
+// Scratch reports whether r holds a scratch buffer: a chunk of it is read
+// from a lower tier by ranges. The server gives such a reply less time to
+// be written (server/ranges.go), since the buffer is one of a few.
+func (r *RangeReads) Scratch() bool { return r.buf != nil }
+
+// RangeBuffersInUse returns how many scratch buffers requests hold now
+// (at most scratchBuffers).
+func (e *Engine) RangeBuffersInUse() int { return e.scratch.inUse() }
+
 // scratchBuffers bounds the chunks served by ranges from a lower tier at
-// once, and so the scratch memory they take (one chunk's size each).
-// A request finding them all in use waits up to scratchWait for one (a
-// request holds one only while it reads and sends its ranges), then
-// promotes the chunk whole into RAM instead, as before.
-const (
-	scratchBuffers = 4
-	scratchWait    = 2 * time.Second
-)
+// once, and so the scratch memory they take (one chunk's size each). A
+// connection holds at most one: its requests run one at a time, and a
+// request holds its buffer only while it reads and sends its ranges. A
+// request finding them all in use does not wait for one: it promotes the
+// chunk whole into RAM instead, as before ranges were read from lower
+// tiers. Waiting would make it wait for the slowest readers of the
+// daemon — a buffer is held while its ranges are written, to a reader
+// that may have stopped reading — while the readers of ranges, P2P tiers
+// and kvtier:// tiers, give up after a remote timeout of about 100 ms.
+const scratchBuffers = 4
 
 // scratchPool keeps the buffers lower-tier ranges are read into. A range
 // read needs a buffer of the whole chunk's size (tier.RangeReader reads
@@ -134,23 +142,21 @@ type scratchPool struct {
 	free  [][]byte
 }
 
-// get returns a buffer of size bytes, waiting while scratchBuffers are in
-// use, up to scratchWait or ctx's end; false when none came. It
-// allocates only when no free buffer is large enough.
-func (p *scratchPool) get(ctx context.Context, size int) ([]byte, bool) {
-	p.once.Do(func() { p.slots = make(chan struct{}, scratchBuffers) })
+func (p *scratchPool) init() { p.slots = make(chan struct{}, scratchBuffers) }
+
+func (p *scratchPool) inUse() int {
+	p.once.Do(p.init)
+	return len(p.slots)
+}
+
+// get returns a buffer of size bytes, or false when scratchBuffers are in
+// use. It allocates only when no free buffer is large enough.
+func (p *scratchPool) get(size int) ([]byte, bool) {
+	p.once.Do(p.init)
 	select {
 	case p.slots <- struct{}{}:
 	default:
-		t := time.NewTimer(scratchWait)
-		defer t.Stop()
-		select {
-		case p.slots <- struct{}{}:
-		case <-t.C:
-			return nil, false
-		case <-ctx.Done():
-			return nil, false
-		}
+		return nil, false
 	}
 	var b []byte
 	p.mu.Lock()

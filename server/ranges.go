@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"time"
 
 	"kvtier/engine"
 	"kvtier/wire"
@@ -54,6 +55,10 @@ func (s *session) handleRetrieveRanges(h wire.Header, body []byte) *requestError
 	if !peer {
 		s.svc.pd.consumed(keys[:n])
 	}
+	if rd.Scratch() {
+		s.capWrites(served)
+		defer s.uncapWrites()
+	}
 	s.out = rh.Append(wire.Begin(s.out))
 	flags := wire.Flags(0)
 	if len(served) > 0 {
@@ -76,6 +81,34 @@ func (s *session) handleRetrieveRanges(h wire.Header, body []byte) *requestError
 		}
 	}
 	return nil
+}
+
+// rangeWriteRate is the rate below which a reply holding a scratch buffer
+// is cut off (with RangeWriteTimeout on top).
+const rangeWriteRate = 64 << 20 // bytes per second
+
+// capWrites gives the reply of the served ranges one write deadline,
+// which no frame of it pushes back: the engine has only a few scratch
+// buffers (engine.RangeReads), and a reader that stops reading would
+// otherwise hold one for WriteTimeout per frame, up to 65,536 frames,
+// sending the requests of every other reader of a disk chunk to whole
+// promotions meanwhile. Past the deadline the write fails, the
+// connection closes and the buffer is released.
+func (s *session) capWrites(served []wire.ByteRange) {
+	var total int64
+	for _, br := range served {
+		total += int64(br.To - br.From)
+	}
+	d := s.svc.opts.RangeWriteTimeout + time.Duration(total/(rangeWriteRate/1000))*time.Millisecond
+	s.writeDeadline = time.Now().Add(d)
+	s.conn.SetWriteDeadline(s.writeDeadline)
+	s.writeCapped = true
+}
+
+// uncapWrites lets the next reply set its own deadline.
+func (s *session) uncapWrites() {
+	s.writeCapped = false
+	s.writeDeadline = time.Time{}
 }
 
 // checkRanges refuses a range past the end of its chunk, and ranges that

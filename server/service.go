@@ -38,6 +38,12 @@ type ServiceOptions struct {
 	// hold arena references forever.
 	HandshakeTimeout time.Duration
 	WriteTimeout     time.Duration
+	// RangeWriteTimeout bounds a RETRIEVE_RANGES reply whose ranges sit in
+	// one of the engine's few scratch buffers (read from the disk tier),
+	// plus the time its bytes take at 64 MiB/s (default 1 s): a reader
+	// that stops reading loses its connection then, and the buffer is
+	// free for others, instead of holding it for WriteTimeout per frame.
+	RangeWriteTimeout time.Duration
 	// MaxConns bounds the open connections, local and TCP together
 	// (default 1024); one more is answered NO_SPACE and closed.
 	MaxConns int
@@ -77,6 +83,9 @@ func (o *ServiceOptions) setDefaults() {
 	}
 	if o.WriteTimeout <= 0 {
 		o.WriteTimeout = 60 * time.Second
+	}
+	if o.RangeWriteTimeout <= 0 {
+		o.RangeWriteTimeout = time.Second
 	}
 	if o.MaxConns <= 0 {
 		o.MaxConns = 1024

@@ -45,6 +45,7 @@ type session struct {
 	reqBuf []byte
 
 	writeDeadline time.Time // the deadline set on conn, see extendWriteDeadline
+	writeCapped   bool      // a reply has a fixed write deadline (ranges.go): leave it
 
 	scopes []scopeEntry // handle h is scopes[h-1]
 
@@ -280,6 +281,9 @@ func (s *session) send(frame []byte) error {
 // moving it only once half of it has passed: arming the runtime's timer on
 // every small reply costs more than the reply itself.
 func (s *session) extendWriteDeadline() {
+	if s.writeCapped {
+		return
+	}
 	now := time.Now()
 	if s.writeDeadline.Sub(now) > s.svc.opts.WriteTimeout/2 {
 		return

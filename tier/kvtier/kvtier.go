@@ -3,7 +3,8 @@
 // plays. Chunks travel under their whole keys (raw keys), so the remote
 // daemon stores them exactly as this one names them, whatever its own
 // chunk size or namespace. Layerwise loads read a chunk a range at a time
-// (RETRIEVE_RANGES, ranged.go), so raw chunks are stored as pieced objects.
+// (RETRIEVE_RANGES, ranged.go), so raw chunks are stored as pieced objects,
+// unless the daemon predates RETRIEVE_RANGES.
 //
 // URL: kvtier://[TOKEN@]host:port[?tls=true&ca=/path/ca.pem&server_name=x&conns=4]
 // The token may also be given as the userinfo password (kvtier://:TOKEN@...).
@@ -155,7 +156,20 @@ func Open(ctx context.Context, u *url.URL, o remote.Options) (tier.Tier, error) 
 	if err != nil {
 		return nil, err
 	}
-	t.put(c)
+	// Whether the daemon reads ranges decides how raw chunks are sealed
+	// (ranged.go), so it is learned before the first Put.
+	pctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
+	err = t.probeRanges(pctx, c)
+	cancel()
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("kvtier tier %s: %w", t.cfg.Addr, err)
+	}
+	if t.noRanges.Load() {
+		c.Close() // an older daemon may have closed it already
+	} else {
+		t.put(c)
+	}
 	return t, nil
 }
 

@@ -26,9 +26,12 @@ type SpecFunc func(scope uint64) kvformat.Spec
 // (Stats().Corrupt), never wrong KV.
 //
 // The manager asks a tier for an object's size before reading it. With the
-// raw codec the decoded size is the stored size minus the header, so Size
-// is the store's own; with any other codec the header must be read, so
-// Size fetches the object and keeps it for the Get that follows. Contains
+// raw codec over a store without range reads the decoded size is the
+// stored size minus the header, so Size is the store's own; over a store
+// that reads ranges raw objects may be pieced, with a longer header, so
+// Size reads the header with one range read (rawSize). With any other
+// codec the header must be read, so Size fetches the object and keeps it
+// for the Get that follows. Contains
 // (tier.Container) answers presence without that fetch.
 //
 // Besides tier.Tier and tier.Container, Encoded implements
@@ -144,8 +147,8 @@ func (e *Encoded) Size(k chunk.Key) (int, bool) {
 		return 0, false
 	}
 	if e.codec.ID() == codec.IDRaw {
-		if e.ranged != nil { // version 1 or pieced: the header says
-			return e.rawSize(k)
+		if e.canRange() { // version 1 or pieced: the header says
+			return e.rawSize(k, n)
 		}
 		return n - codec.HeaderSize, true
 	}

@@ -27,10 +27,29 @@ type RangePreferrer interface {
 	PrefersRanges() bool
 }
 
+// RangeCapable is implemented by a store that may turn out not to read
+// ranges after all (a kvtier:// daemon older than RETRIEVE_RANGES). Once
+// ReadsRanges is false, raw chunks are sealed unpieced for it and sized
+// from the store's length, with no range read.
+type RangeCapable interface {
+	ReadsRanges() bool
+}
+
+// canRange reports whether the store reads ranges, now.
+func (e *Encoded) canRange() bool {
+	if e.ranged == nil {
+		return false
+	}
+	if c, ok := storeOf(e.inner).(RangeCapable); ok {
+		return c.ReadsRanges()
+	}
+	return true
+}
+
 // ReadsRanges implements tier.RangeChooser: layerwise loads read ranges
 // only from a store that can, and that does not prefer whole reads.
 func (e *Encoded) ReadsRanges() bool {
-	if e.ranged == nil {
+	if !e.canRange() {
 		return false
 	}
 	if p, ok := storeOf(e.inner).(RangePreferrer); ok {
@@ -49,17 +68,28 @@ func storeOf(t tier.Tier) tier.Tier {
 
 // pieced reports whether Put seals raw chunks as pieced objects.
 func (e *Encoded) pieced(c codec.Codec) bool {
-	return e.ranged != nil && c.ID() == codec.IDRaw
+	return c.ID() == codec.IDRaw && e.canRange()
 }
 
-// rawSize returns the decoded size of k's raw object from its header,
-// read with one range read. The store's breaker bounds the call and counts
-// its failures (a deadline of our own would be taken for the caller's
-// cancellation, which says nothing about the store).
-func (e *Encoded) rawSize(k chunk.Key) (int, bool) {
+// rawSize returns the decoded size of k's raw object, stored as n bytes,
+// from its header, read with one range read. The store's breaker bounds
+// the call and counts its failures (a deadline of our own would be taken
+// for the caller's cancellation, which says nothing about the store).
+// A store that this very read found not to read ranges (a kvtier://
+// daemon older than RETRIEVE_RANGES; its GetRange then reads the object
+// whole, and only that failing gets here) is sized from n, as Size sizes
+// it from then on. A read that fails otherwise is no size: the store that failed it would fail the Get as
+// well, and a size would only promise a chunk that cannot be delivered.
+func (e *Encoded) rawSize(k chunk.Key, n int) (int, bool) {
 	var head [codec.HeaderSize]byte
-	n, err := e.ranged.GetRange(context.Background(), k, 0, head[:])
-	if err != nil || n < codec.HeaderSize {
+	got, err := e.ranged.GetRange(context.Background(), k, 0, head[:])
+	if err != nil {
+		if !e.canRange() {
+			return n - codec.HeaderSize, true
+		}
+		return 0, false
+	}
+	if got < codec.HeaderSize {
 		return 0, false
 	}
 	info, err := codec.PeekInfo(head[:])
