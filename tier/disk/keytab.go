@@ -21,9 +21,10 @@ import (
 // A Go map would do, but Open restores a million keys from a checkpoint,
 // and a map takes them one random cache miss at a time (about half of
 // Open's CPU at a million records, docs/scale.md). This table is filled
-// in bucket order instead (fill): one pass over memory. Full to its
-// maximum load it takes 12.2 bytes per key, just after doubling 24.4, and
-// 36.6 while the keys of the table before move (a map took about 40).
+// in bucket order instead (fill): one pass over memory. Its size is 64
+// bytes per bucket of up to 5.25 keys (a load of 0.75): 12.2 bytes per key
+// when full, 24.4 just after doubling, 36.6 while the old table's keys move
+// out, 12.2-24.4 after a fill (16.8 at a million keys); a map took 40 or so.
 //
 // It doubles when full, and moves the keys of the old table a few buckets
 // per put rather than all at once: every tier operation waits while the
