@@ -122,10 +122,10 @@ func (x *index) touch(i int32) {
 
 // victim asks the policy for a record not pinned at time now, takes it out
 // of the live set and returns its slot, which the caller must drop; -1
-// when every record is pinned. After Open, only once the policy is ready
-// (policyReady): it waits for it otherwise. Pinned records met on the way count as
-// accessed afterwards: they are in use, and under LRU that moves them out
-// of the next search's way.
+// when every record is pinned. After Open, call it only once the policy is
+// ready (policyReady): it waits for it otherwise, lock and all. Pinned
+// records met on the way count as accessed afterwards: they are in use,
+// and under LRU that moves them out of the next search's way.
 func (x *index) victim(now int64) int32 {
 	x.now = now
 	order := x.pol()
