@@ -1,6 +1,9 @@
 package disk
 
 import (
+	"sync/atomic"
+	"time"
+
 	"kvtier/chunk"
 	"kvtier/tier"
 	"kvtier/tier/policy"
@@ -37,11 +40,13 @@ type index struct {
 	free  []int32
 	live  int // slots in slotLive
 
-	order  policy.Policy[chunk.Key] // through pol, admit, access and remove (warm.go)
-	warm   *warmer                  // the policy is taking in restored keys; nil once done
-	pinned func(chunk.Key) bool     // order's busy callback, allocated once
-	now    int64                    // the clock victim is asked about, for pinned
-	met    []chunk.Key              // pinned keys the last victim search passed
+	order   policy.Policy[chunk.Key] // through pol, admit, access and remove (warm.go)
+	warm    *warmer                  // the policy is taking in restored keys; nil once done
+	warmEnd time.Time                // when it had taken them in (zero: Open restored none)
+	full    atomic.Pointer[warmer]   // warm, while its queue is full: read without the lock (waitQueueRoom)
+	pinned  func(chunk.Key) bool     // order's busy callback, allocated once
+	now     int64                    // the clock victim is asked about, for pinned
+	met     []chunk.Key              // pinned keys the last victim search passed
 
 	quota     *tier.Quota          // per-owner accounting (quota.go); nil for none
 	quotaBusy func(chunk.Key) bool // pinnedNow, allocated once
@@ -117,9 +122,10 @@ func (x *index) touch(i int32) {
 
 // victim asks the policy for a record not pinned at time now, takes it out
 // of the live set and returns its slot, which the caller must drop; -1
-// when every record is pinned. Pinned records met on the way count as
-// accessed afterwards: they are in use, and under LRU that moves them out
-// of the next search's way.
+// when every record is pinned. After Open, call it only once the policy is
+// ready (policyReady): it waits for it otherwise, lock and all. Pinned
+// records met on the way count as accessed afterwards: they are in use,
+// and under LRU that moves them out of the next search's way.
 func (x *index) victim(now int64) int32 {
 	x.now = now
 	order := x.pol()

@@ -21,14 +21,31 @@ import (
 // A Go map would do, but Open restores a million keys from a checkpoint,
 // and a map takes them one random cache miss at a time (about half of
 // Open's CPU at a million records, docs/scale.md). This table is filled
-// in bucket order instead (fill): one pass over memory. It also takes 16
-// bytes per key at most against a map's 40 or so.
+// in bucket order instead (fill): one pass over memory. Its size is 64
+// bytes per bucket of up to 5.25 keys (a load of 0.75): 12.2 bytes per key
+// when full, 24.4 just after doubling, 36.6 while the old table's keys move
+// out, 12.2-24.4 after a fill (16.8 at a million keys); a map took 40 or so.
+//
+// It doubles when full, and moves the keys of the old table a few buckets
+// per put rather than all at once: every tier operation waits while the
+// table is changed, and a million keys take hundreds of milliseconds to
+// rehash. Sizing it for the most records a tier could hold instead
+// (capacity over the smallest record, 4 KiB) would spare it growing, but
+// real records are megabytes: a 1 TiB tier would take 3 GiB of table for
+// a few hundred thousand keys.
 type keyTab struct {
-	b     []kbucket
-	shift uint   // 64 - log2(len(b)): a hash's top bits choose its home bucket
-	n     int    // keys held
-	max   int    // keys it holds before it doubles
+	cur   ktable
+	old   ktable // the table before the last doubling while its keys move to cur; nil b after
+	moved int    // buckets of old already moved
+	n     int    // keys held, in cur and old
+	max   int    // keys it holds before cur doubles
 	seed  uint64 // the hash's: keys come from clients
+}
+
+// ktable is one array of buckets.
+type ktable struct {
+	b     []kbucket
+	shift uint // 64 - log2(len(b)): a hash's top bits choose its home bucket
 }
 
 const kways = 7
@@ -44,6 +61,11 @@ type kbucket struct {
 // maxLoad is the share of entries a table fills before it doubles.
 const maxLoad = 0.75
 
+// movePerPut is how many buckets of the old table each put moves. One
+// would do: a table that doubled at n keys doubles again after n more
+// puts, and the old table has n/5.25 buckets.
+const movePerPut = 2
+
 func newKeyTab(n int) keyTab {
 	t := keyTab{seed: rand.Uint64()}
 	t.alloc(n)
@@ -56,9 +78,14 @@ func (t *keyTab) alloc(n int) {
 	for float64(nb*kways)*maxLoad < float64(n) {
 		nb *= 2
 	}
-	t.b = make([]kbucket, nb)
-	t.shift = uint(64 - bitsOf(nb))
-	t.n, t.max = 0, int(float64(nb*kways)*maxLoad)
+	t.allocBuckets(nb)
+	t.n = 0
+}
+
+// allocBuckets makes cur an empty table of nb buckets, a power of two.
+func (t *keyTab) allocBuckets(nb int) {
+	t.cur = ktable{b: make([]kbucket, nb), shift: uint(64 - bitsOf(nb))}
+	t.max = int(float64(nb*kways) * maxLoad)
 }
 
 func bitsOf(pow2 int) int {
@@ -80,9 +107,19 @@ func tagOf(h uint64) uint32 { return uint32(h) | 1 }
 // get returns the slot of k among slots.
 func (t *keyTab) get(k chunk.Key, slots []slot) (int32, bool) {
 	h := t.hash(&k)
-	tag, mask := tagOf(h), len(t.b)-1
-	for b := int(h >> t.shift); ; b = (b + 1) & mask {
-		bk := &t.b[b]
+	if i, ok := t.cur.get(h, k, slots); ok {
+		return i, true
+	}
+	if t.old.b != nil {
+		return t.old.get(h, k, slots)
+	}
+	return 0, false
+}
+
+func (kt *ktable) get(h uint64, k chunk.Key, slots []slot) (int32, bool) {
+	tag, mask := tagOf(h), len(kt.b)-1
+	for b := int(h >> kt.shift); ; b = (b + 1) & mask {
+		bk := &kt.b[b]
 		for w := range kways {
 			if bk.tag[w] == tag && slots[bk.slot[w]].key == k {
 				return bk.slot[w], true
@@ -94,22 +131,26 @@ func (t *keyTab) get(k chunk.Key, slots []slot) (int32, bool) {
 	}
 }
 
-// put adds k, which t does not hold, at slot i.
+// put adds k, which t does not hold, at slot i. Every slot t holds must
+// name its key: moving keys rehashes them.
 func (t *keyTab) put(k chunk.Key, i int32, slots []slot) {
+	if t.old.b != nil {
+		t.move(movePerPut, slots)
+	}
 	if t.n == t.max {
 		t.grow(slots)
 	}
-	t.insert(t.hash(&k), i)
+	t.cur.insert(t.hash(&k), i)
+	t.n++
 }
 
-func (t *keyTab) insert(h uint64, i int32) {
-	mask := len(t.b) - 1
-	for b := int(h >> t.shift); ; b = (b + 1) & mask {
-		bk := &t.b[b]
+func (kt *ktable) insert(h uint64, i int32) {
+	mask := len(kt.b) - 1
+	for b := int(h >> kt.shift); ; b = (b + 1) & mask {
+		bk := &kt.b[b]
 		for w := range kways {
 			if bk.tag[w] == 0 {
 				bk.tag[w], bk.slot[w] = tagOf(h), i
-				t.n++
 				return
 			}
 		}
@@ -121,37 +162,60 @@ func (t *keyTab) insert(h uint64, i int32) {
 // key: the caller may have cleared the slot already.
 func (t *keyTab) del(k chunk.Key, i int32) {
 	h := t.hash(&k)
-	tag, mask := tagOf(h), len(t.b)-1
-	home := int(h >> t.shift)
+	if t.cur.del(h, i) || (t.old.b != nil && t.old.del(h, i)) {
+		t.n--
+	}
+}
+
+func (kt *ktable) del(h uint64, i int32) bool {
+	tag, mask := tagOf(h), len(kt.b)-1
+	home := int(h >> kt.shift)
 	for b := home; ; b = (b + 1) & mask {
-		bk := &t.b[b]
+		bk := &kt.b[b]
 		for w := range kways {
 			if bk.tag[w] == tag && bk.slot[w] == i {
 				bk.tag[w], bk.slot[w] = 0, 0
 				for p := home; p != b; p = (p + 1) & mask {
-					t.b[p].over--
+					kt.b[p].over--
 				}
-				t.n--
-				return
+				return true
 			}
 		}
 		if bk.over == 0 {
-			return
+			return false
 		}
 	}
 }
 
-// grow doubles the table, taking the keys from their slots.
+// grow doubles the table. The keys stay in the old one until puts move
+// them (move); a lookup looks in both.
 func (t *keyTab) grow(slots []slot) {
-	old := t.b
-	t.alloc(2 * len(old) * kways)
-	for i := range old {
+	if t.old.b != nil { // not reached: puts move the old table out faster than they fill the new one
+		t.move(len(t.old.b), slots)
+	}
+	t.old, t.moved = t.cur, 0
+	t.allocBuckets(2 * len(t.old.b))
+}
+
+// move moves the keys of up to nb more buckets of the old table to cur,
+// and drops the old table once it is empty. The counts of entries passing
+// old buckets are left as they are: too high a count only makes a lookup
+// of the old table look one bucket further.
+func (t *keyTab) move(nb int, slots []slot) {
+	end := min(t.moved+nb, len(t.old.b))
+	for b := t.moved; b < end; b++ {
+		bk := &t.old.b[b]
 		for w := range kways {
-			if old[i].tag[w] != 0 {
-				s := old[i].slot[w]
-				t.insert(t.hash(&slots[s].key), s)
+			if bk.tag[w] != 0 {
+				s := bk.slot[w]
+				t.cur.insert(t.hash(&slots[s].key), s)
+				bk.tag[w], bk.slot[w] = 0, 0
 			}
 		}
+	}
+	t.moved = end
+	if end == len(t.old.b) {
+		t.old = ktable{}
 	}
 }
 
@@ -163,6 +227,7 @@ func (t *keyTab) fill(slots []slot, first int) (dup bool) {
 	if n > t.max {
 		t.alloc(n)
 	}
+	t.n = 0
 	hs := make([]hashed, n)
 	for j := range hs {
 		hs[j] = hashed{h: t.hash(&slots[first+j].key), slot: int32(first + j)}
@@ -172,7 +237,8 @@ func (t *keyTab) fill(slots []slot, first int) (dup bool) {
 		if j > 0 && hs[j-1].h == e.h && slots[hs[j-1].slot].key == slots[e.slot].key {
 			return true
 		}
-		t.insert(e.h, e.slot)
+		t.cur.insert(e.h, e.slot)
+		t.n++
 	}
 	return false
 }

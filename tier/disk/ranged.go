@@ -43,6 +43,7 @@ func (t *Tier) OpenRange(ctx context.Context, key chunk.Key, dst []byte) (tier.R
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	t.waitQueueRoom()
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()

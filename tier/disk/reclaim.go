@@ -17,8 +17,14 @@ import (
 // to nor read, is closed and deleted.
 
 // keepHeadroomLocked evicts until Headroom bytes are free or being freed,
-// so that the next Put need not wait for punches.
+// so that the next Put need not wait for punches. Not while the policy
+// takes in what Open restored: its caller cannot let go of the lock to
+// wait for it (warm.go), and a restarted tier sits just under its
+// headroom, so the first Put after Open would wait.
 func (t *Tier) keepHeadroomLocked() {
+	if !t.idx.policyReady() {
+		return
+	}
 	for t.room.Capacity-(t.used-t.punching) < t.headroomLocked() {
 		if !t.evictOneLocked() {
 			return

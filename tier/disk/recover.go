@@ -15,7 +15,9 @@ import (
 
 // recover rebuilds the index from the segment files at Open. Records enter
 // the eviction policy in log order, so after a restart the oldest go first
-// (under LRU and FIFO). Where a checkpoint vouches for a segment's records
+// (under LRU and FIFO), with one exception: the records of a segment the
+// checkpoint does not vouch for enter after every record it restores (see
+// restoreAll). Where a checkpoint vouches for a segment's records
 // (checkpoint.go), only the part written after it is scanned. Torn tails
 // are cut off, garbage between records is punched out, segments left
 // without records are deleted, and if the files hold more than the
@@ -125,8 +127,15 @@ type found struct {
 // another goroutine while this one fills the index from the checkpoint
 // and a third admits the restored keys to the policy (warm.go); the
 // records found in the log are indexed last, in log order. Records the
-// checkpoint lists were all stored before any record of the log, so the
-// policy takes them in log order as a full scan would.
+// checkpoint lists were all stored before any record of the log past
+// scan-from, so for those the policy takes them in log order as a full
+// scan would. A segment whose plan failed (it does not match the
+// checkpoint) is scanned whole, and its records, though older than the
+// checkpointed records of later segments, enter the policy after all of
+// them: under LRU and FIFO they go later than their age says. Only the
+// order suffers, never the data, and only on the rare segment that fails
+// its checks; admitting it in place would hold the restore of every later
+// segment behind its scan.
 func (t *Tier) restoreAll(segs []*segment, cp *checkpoint, w *worker, sum *scanReport) error {
 	// Size the slots for what the checkpoint lists (the key table is
 	// sized by its fill).

@@ -206,7 +206,6 @@ type Tier struct {
 	// Checkpoints: see checkpoint.go.
 	rec       Recovery
 	recStart  time.Time         // when Open began recovering
-	warmEnd   time.Time         // when the policy had taken in what Open restored (warm.go)
 	ckptMu    sync.Mutex        // one checkpoint at a time
 	ckptBuf   []slot            // reused snapshot space, under ckptMu
 	ckptPuts  int               // records stored since the last snapshot, under mu
@@ -415,6 +414,7 @@ func (t *Tier) putAfter(ctx context.Context, key chunk.Key, up parent, data []by
 	if need > t.opts.Capacity {
 		return fmt.Errorf("disk: put %v: %d bytes on disk: %w", key, need, tier.ErrTooLarge)
 	}
+	t.waitQueueRoom()
 	err := t.put(ctx, key, up, data, need)
 	if isNoSpace(err) && t.noSpace(need, err) {
 		// The capacity in force was lowered to what the file system
@@ -553,6 +553,9 @@ func (t *Tier) reserveLocked(ranged context.Context, key chunk.Key, size, need i
 		if t.used+need <= limit {
 			break
 		}
+		if t.used-t.punching+need > limit && t.waitPolicyLocked() {
+			continue // evicting needs the policy; the tier may have changed meanwhile
+		}
 		// Evict only what the punches already under way will not free.
 		if t.used-t.punching+need > limit && t.evictOneLocked() {
 			continue
@@ -656,6 +659,7 @@ func (t *Tier) Get(ctx context.Context, key chunk.Key, dst []byte) (int, error) 
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
+	t.waitQueueRoom()
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
@@ -813,6 +817,7 @@ func (t *Tier) finishGet(key chunk.Key, loc slot, seg *segment, err, bad error) 
 // punched out and the punch fsync'ed, so removed data stays gone after a
 // crash. A Put still in flight for key is not affected.
 func (t *Tier) Remove(key chunk.Key) bool {
+	t.waitQueueRoom()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -847,9 +852,7 @@ func (t *Tier) Close() error {
 	t.calls.Wait()
 	t.sched.close()
 	t.finalCheckpoint()
-	t.mu.Lock()
-	t.idx.pol() // the policy goroutine of Open is done
-	t.mu.Unlock()
+	t.WaitPolicy() // the policy goroutine of Open is done
 	return t.closeFiles()
 }
 

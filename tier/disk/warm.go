@@ -17,6 +17,13 @@ import (
 // answer — an eviction — waits for it. So the policy ends in the state an
 // Open that admitted everything itself would have left, reads are served
 // from the start, and no record can be evicted before the policy knows it.
+//
+// Nothing waits for the policy while holding the tier's lock, or every
+// read would wait with it (a million records take seconds to admit): a Put
+// that must evict lets go of the lock until the policy is ready
+// (waitPolicyLocked), Puts evict ahead of need (Headroom) only once it is,
+// and an operation that finds the queue full waits before it takes the
+// lock (waitQueueRoom).
 
 // polOp is a policy operation queued while the policy warms.
 type polOp struct {
@@ -34,9 +41,10 @@ const (
 	polRemove
 )
 
-// maxQueuedOps bounds the queue once Open has returned: past it, an
-// operation waits for the policy instead (a read storm during warm-up
-// costs a short wait, not unbounded memory).
+// maxQueuedOps bounds the queue once Open has returned: past it, Gets,
+// Puts and Removes wait for the policy before they take the tier's lock (a
+// read storm during warm-up costs those callers a wait, not unbounded
+// memory). The bound is loose by what callers already inside the lock add.
 const maxQueuedOps = 1 << 16
 
 // warmer is the goroutine admitting restored keys, and the queue.
@@ -48,9 +56,23 @@ type warmer struct {
 	queued  []polOp          // under the tier's lock
 }
 
+// ready reports whether the policy goroutine is done.
+func (w *warmer) ready() bool {
+	select {
+	case <-w.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // warmHold, when set (tests), is called by the policy goroutine before it
 // starts: the test holds the policy cold while it works the tier.
 var warmHold func()
+
+// warmWaiting, when set (tests), is called by a caller that starts
+// waiting for the policy without the tier's lock.
+var warmWaiting func()
 
 // startWarm starts admitting restored keys on another goroutine, after
 // sizing the policy for grow keys; at most segs batches will come.
@@ -93,12 +115,16 @@ func (x *index) endFeed() {
 
 // pol returns the policy once it has taken in the restored keys and the
 // operations queued meanwhile: the only way to the policy for operations
-// that need its answer. Not while Open still feeds it.
+// that need its answer. Not while Open still feeds it. It waits for the
+// policy goroutine if that is not done, so after Open a caller holding
+// the tier's lock must first make sure it is (policyReady,
+// Tier.waitPolicyLocked).
 func (x *index) pol() policy.Policy[chunk.Key] {
 	if w := x.warm; w != nil {
 		x.endFeed()
 		<-w.done
-		x.warm = nil
+		x.warm, x.warmEnd = nil, w.end
+		x.full.Store(nil)
 		for _, op := range w.queued {
 			op.apply(x.order)
 		}
@@ -106,21 +132,25 @@ func (x *index) pol() policy.Policy[chunk.Key] {
 	return x.order
 }
 
+// policyReady reports whether pol would return without waiting.
+func (x *index) policyReady() bool { return x.warm == nil || x.warm.ready() }
+
 // warming reports whether the policy is still taking in restored keys;
-// an operation that need not wait for it then goes into the queue.
+// an operation that need not wait for it then goes into the queue. It
+// never waits: a full queue only makes the next callers wait, outside the
+// lock (waitQueueRoom).
 func (x *index) warming() bool {
 	w := x.warm
 	if w == nil {
 		return false
 	}
-	select {
-	case <-w.done:
-	default:
-		if w.feeding || len(w.queued) < maxQueuedOps {
-			return true
+	if !w.ready() {
+		if !w.feeding && len(w.queued) >= maxQueuedOps {
+			x.full.Store(w)
 		}
+		return true
 	}
-	x.pol()
+	x.pol() // ready: apply the queue
 	return false
 }
 
@@ -160,6 +190,36 @@ func (op polOp) apply(p policy.Policy[chunk.Key]) {
 	}
 }
 
+// waitPolicyLocked waits, with t.mu let go, until the policy has taken in
+// what Open restored, so that the caller can then ask it for a victim
+// without holding everyone else up. It reports whether it let go of the
+// lock: then the caller, which holds it again, must look at the tier
+// afresh.
+func (t *Tier) waitPolicyLocked() bool {
+	w := t.idx.warm
+	if w == nil || w.ready() {
+		return false
+	}
+	t.mu.Unlock()
+	if warmWaiting != nil {
+		warmWaiting()
+	}
+	<-w.done
+	t.mu.Lock()
+	return true
+}
+
+// waitQueueRoom waits, before the caller takes t.mu, while the policy is
+// warming with its queue full.
+func (t *Tier) waitQueueRoom() {
+	if w := t.idx.full.Load(); w != nil {
+		if warmWaiting != nil {
+			warmWaiting()
+		}
+		<-w.done
+	}
+}
+
 // WaitPolicy waits until the eviction policy has taken in the records Open
 // restored from a checkpoint and returns how long after Open began that
 // was: Open itself returns once reads can be served (Recovery.Duration);
@@ -167,13 +227,11 @@ func (op polOp) apply(p policy.Policy[chunk.Key]) {
 func (t *Tier) WaitPolicy() time.Duration {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if w := t.idx.warm; w != nil {
-		<-w.done
-		t.warmEnd = w.end
-		t.idx.pol()
-	}
-	if t.warmEnd.IsZero() {
+	t.waitPolicyLocked()
+	t.idx.pol()
+	end := t.idx.warmEnd // set where the fill ended, whoever waited for it
+	if end.IsZero() {
 		return t.rec.Duration
 	}
-	return max(t.warmEnd.Sub(t.recStart), t.rec.Duration)
+	return max(end.Sub(t.recStart), t.rec.Duration)
 }
