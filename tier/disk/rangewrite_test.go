@@ -135,7 +135,10 @@ func TestRangeWriteAbortGivesSpaceBack(t *testing.T) {
 	}
 	w.Abort()
 	w.Abort() // a second Abort does nothing
-	waitFor(t, func() bool { return allocatedBytes(t, dir) <= before && d.Stats().Used == recordSize(1<<20) })
+	// Punching a hole can leave the file system an extent-tree block or two
+	// per segment (ext4 does), as the capacity test allows for.
+	slack := int64(len(segmentFiles(t, dir))) * 2 * blockSize
+	waitFor(t, func() bool { return allocatedBytes(t, dir) <= before+slack && d.Stats().Used == recordSize(1<<20) })
 	if d.Contains(gone) {
 		t.Fatal("an aborted record is visible")
 	}
