@@ -18,10 +18,11 @@ its K/V — what a document's K/V cached on its own lacks and CacheBlend's
 selective recompute has to restore. Both lookups (value to mark, question
 to value) match a class, which a small model finds at any distance.
 
-Training uses the same format (six questions per sequence) over a curriculum
-of document lengths, and reads out, after the first layer(s), whether each
-value is marked, so that the attention across documents happens early in the
-stack, where CacheBlend's check layer sees it. Weights are
+Training uses the same format (one question per document whose class's mark
+is in the prompt) over a curriculum of document lengths, with random jumps of
+the rotary positions between segments, and reads out, after the first layer,
+whether each value is marked, so that the attention across documents happens
+early in the stack, where CacheBlend's check layer sees it. Weights are
 cached under ``~/.cache/kvtier`` (or $KVTIER_BLEND_CACHE) keyed by a hash of
 the training settings and of the source of the code that trains the model,
 so they are trained once per change, reproducibly from the seed.
