@@ -31,9 +31,9 @@ def trained():
 
 def test_quality_on_trained_model(trained, kvtier_bin, tmp_path):
     out = tmp_path / "blend.json"
-    # Four queries over documents of 100-250 tokens keep this test to a few
-    # seconds; the documented table uses the full 300-1,000-token workload.
-    subprocess.run([sys.executable, "-m", "kvtier.harness.blend_eval", "--queries", "4", "--ratios", "0,15,100",
+    # Eight queries over documents of 100-250 tokens keep this test to a
+    # minute; the documented table uses the full 300-1,000-token workload.
+    subprocess.run([sys.executable, "-m", "kvtier.harness.blend_eval", "--queries", "8", "--ratios", "0,15,100",
                     "--doc-min", "100", "--doc-max", "250", "--kvtier-bin", kvtier_bin, "--json", str(out)],
                    cwd=HERE, check=True, timeout=1800)
     res = json.loads(out.read_text())
@@ -41,10 +41,13 @@ def test_quality_on_trained_model(trained, kvtier_bin, tmp_path):
     # All tokens recomputed: the machinery adds no error.
     assert rows[100.0]["max_logit_err"] <= 1e-5
     assert rows[100.0]["agree"] == 1.0
-    # Reuse without recompute really deviates on this model (its documents
-    # read each other at the candidate tokens), and recomputing 15% of the
-    # reused tokens brings it closer to full prefill. The goal's factor (half
-    # the deviation at 15%) is measured on the documented workload
-    # (docs/blend.md); four short queries are too few to hold it to that.
+    # Reuse without recompute loses the marks other documents put on the
+    # asked value: the first token's distribution moves and answers change;
+    # recomputing 15% of the reused tokens removes at least half of the KL
+    # (the goal; on these eight queries 0.41x at the time of writing,
+    # docs/blend.md has the full workload). A model whose documents did not
+    # read each other (KL ~0 at 0%) or whose deviation is spread over all
+    # tokens (the earlier value-lookup model: 0.70x at 15%) fails here.
     assert rows[0.0]["kl"] > 1e-3
-    assert rows[15.0]["kl"] < rows[0.0]["kl"]
+    assert rows[0.0]["agree"] < 1.0
+    assert rows[15.0]["kl"] <= 0.5 * rows[0.0]["kl"]

@@ -52,7 +52,9 @@ def kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
     return float((lp.exp() * (lp - lq)).sum())
 
 
-def evaluate(model, queries, pool, blender, ratios, log=print) -> dict:
+def evaluate(model, queries, pool, blender, ratios, log=print, table_every: int = 0) -> dict:
+    """Runs the queries; with ``table_every``, also logs the table over the queries
+    done so far after every that many (a long run that is cut short still leaves figures)."""
     full_time, full_correct = 0.0, 0
     rows = {r: {"time": 0.0, "kl": 0.0, "maxerr": 0.0, "agree": 0, "correct": 0} for r in ratios}
     for qi, q in enumerate(queries):
@@ -74,7 +76,12 @@ def evaluate(model, queries, pool, blender, ratios, log=print) -> dict:
             row["correct"] += ans == q.answer
         if (qi + 1) % 10 == 0:
             log(f"  {qi + 1}/{len(queries)} queries")
-    n = len(queries)
+        if table_every and (qi + 1) % table_every == 0 and qi + 1 < len(queries):
+            log(table(_summary(qi + 1, full_correct, full_time, rows), blender.settings.check_layers))
+    return _summary(len(queries), full_correct, full_time, rows)
+
+
+def _summary(n: int, full_correct: int, full_time: float, rows: dict) -> dict:
     return {"queries": n, "full_acc": full_correct / n, "full_time": full_time,
             "rows": {r: {"ttft_ratio": v["time"] / full_time, "kl": v["kl"] / n, "max_logit_err": v["maxerr"],
                          "agree": v["agree"] / n, "task_acc": v["correct"] / n} for r, v in rows.items()}}
@@ -110,7 +117,8 @@ def run(args) -> dict:
                 for seg in [[bt.BOS]] + [doc.tokens for doc in pool]:
                     store.store(seg, blender.segment_kv(seg))
                 print(f"stored {len(pool)} documents' K/V in the daemon; running {len(queries)} queries", flush=True)
-                result = evaluate(model, queries, pool, blender, ratios, log=lambda s: print(s, flush=True))
+                result = evaluate(model, queries, pool, blender, ratios, log=lambda s: print(s, flush=True),
+                                  table_every=args.table_every)
         finally:
             d.stop()
     print(table(result, settings.check_layers))
@@ -133,6 +141,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--kvtier-bin", default=os.environ.get("KVTIER_BIN"))
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--table-every", type=int, default=0, metavar="N",
+                    help="also print the table over the queries done so far after every N queries")
     args = ap.parse_args()
     bt.use_fast_blas("kvtier.harness.blend_eval")
     run(args)

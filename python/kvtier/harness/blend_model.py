@@ -154,15 +154,17 @@ class BlendLM(nn.Module):
 
     # ----- training -----------------------------------------------------
 
-    def forward(self, tokens: torch.Tensor, tap: Optional[int] = None):
+    def forward(self, tokens: torch.Tensor, tap: Optional[int] = None, positions: Optional[torch.Tensor] = None):
         """Batched causal forward ([batch, T] -> logits [batch, T, vocab]), for training.
 
         With ``tap``, also returns the logits read (through the final norm and
         head) from the residual stream after the first ``tap`` layers.
+        ``positions`` ([batch, T], ascending) are the rotary positions, 0..T-1
+        when absent; the causal mask always follows the token order.
         """
         cfg = self.cfg
         b, t = tokens.shape
-        pos = torch.arange(t)
+        pos = torch.arange(t) if positions is None else positions
         tables = rope_tables(pos, self.freqs, torch.float32)
         x = self.embed(tokens)
         bias = torch.full((t, t), float("-inf")).triu(1)

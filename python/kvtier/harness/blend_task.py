@@ -5,20 +5,24 @@ the blend marker " # # " (two "#" tokens)::
 
     <s> # # doc_1 # # doc_2 # # ... # # doc_n # # ? c_a   ->  v
 
-Each document is filler words holding, at random places, a candidate value
-(``v17``; 64 values in 8 classes ``c0``..``c7``) and a confirmation of another
-document's candidate (``x42`` confirms ``v42``). A candidate counts only when
-an earlier document of the prompt confirms it. The question names a class
-that has two or more candidates in the prompt, exactly one confirmed earlier,
-the others confirmed only later; the answer is the confirmed one. So whether
-a candidate is the answer depends on another document, and that information
-belongs in the candidate token's K/V — what a document's K/V cached on its
-own lacks and CacheBlend's selective recompute has to restore.
+Each document is filler words holding, at random places, a value (``v17``; 64
+values in 8 classes ``c0``..``c7``, the documents of a prompt holding values
+of distinct classes) and a mark of another class (``m3``). The question
+``? c3`` asks for the class-3 value, written ``u17`` instead of ``v17`` when
+an earlier document of the prompt marks class 3. In the evaluation the asked
+class's mark is always in the prompt, before the value for half the queries
+and only after it for the other half, so the answer depends on the order, on
+what one document says about another: the value token has to attend to
+earlier documents for a mark of its class, and that information belongs in
+its K/V — what a document's K/V cached on its own lacks and CacheBlend's
+selective recompute has to restore. Both lookups (value to mark, question
+to value) match a class, which a small model finds at any distance.
 
-Training uses the same format (six questions per sequence) over a curriculum
-of document lengths, 4-14 tokens, then 20-60, then 100-300, and reads out,
-after the first few layers, whether each candidate is confirmed, so that the
-attention across documents happens early in the stack. Weights are
+Training uses the same format (one question per document whose class's mark
+is in the prompt) over a curriculum of document lengths, with random jumps of
+the rotary positions between segments, and reads out, after the first layer,
+whether each value is marked, so that the attention across documents happens
+early in the stack, where CacheBlend's check layer sees it. Weights are
 cached under ``~/.cache/kvtier`` (or $KVTIER_BLEND_CACHE) keyed by a hash of
 the training settings and of the source of the code that trains the model,
 so they are trained once per change, reproducibly from the seed.
@@ -44,15 +48,18 @@ from .blend_model import BlendLM, BlendModelConfig
 
 SPECIALS = ["<pad>", "<s>", "#", "?", "yes", "no"]
 N_CLASSES, N_VALUES, N_FILLER = 8, 64, 200
-# Values v00..v63 come in 8 classes of 8; "x17" confirms value v17.
+# Values v00..v63 come in 8 classes of 8; "u17" is value v17 as answered when
+# an earlier document marks its class; "m3" marks class 3.
 WORDS = (SPECIALS + [f"c{i}" for i in range(N_CLASSES)] + [f"v{i:02d}" for i in range(N_VALUES)]
-         + [f"x{i:02d}" for i in range(N_VALUES)] + [f"w{i:03d}" for i in range(N_FILLER)])
+         + [f"u{i:02d}" for i in range(N_VALUES)] + [f"m{i}" for i in range(N_CLASSES)]
+         + [f"w{i:03d}" for i in range(N_FILLER)])
 IDS = {w: i for i, w in enumerate(WORDS)}
 BOS, HASH, QUESTION, YES, NO = IDS["<s>"], IDS["#"], IDS["?"], IDS["yes"], IDS["no"]
 CLASS0 = len(SPECIALS)
 VALUE0 = CLASS0 + N_CLASSES
-CONFIRM0 = VALUE0 + N_VALUES
-FILLER0 = CONFIRM0 + N_VALUES
+MARKED0 = VALUE0 + N_VALUES
+MARK0 = MARKED0 + N_VALUES
+FILLER0 = MARK0 + N_CLASSES
 VOCAB = 384  # >= len(WORDS), rounded up
 MARKER = " # # "
 
@@ -74,13 +81,13 @@ def decode(ids: Sequence[int]) -> str:
 
 @dataclass
 class Doc:
-    """Filler with one candidate value token and one confirmation token (of a value
-    held by some other document)."""
+    """Filler with one value token and one mark token (naming a class other than
+    the value's), each at a random place."""
 
     tokens: List[int]
-    value: int  # the candidate value token
-    confirms: int  # the value token this document's confirmation names
-    value_at: int  # index of the candidate in ``tokens``
+    value: int  # the value token
+    mark: int  # the class token (c0..c7) this document's mark names
+    value_at: int  # index of the value in ``tokens``
 
 
 def value_class(v: int) -> int:
@@ -88,28 +95,36 @@ def value_class(v: int) -> int:
     return CLASS0 + (v - VALUE0) // (N_VALUES // N_CLASSES)
 
 
-def make_doc(rng: random.Random, length: int, value: int, confirms: int) -> Doc:
-    """Filler of ``length`` tokens with the candidate ``value`` and the confirmation of
-    ``confirms`` (both value token ids), each at a random place."""
+def answer_token(value: int, marked: bool) -> int:
+    """The answer about a value: "yes" when an earlier document marks its class, else "no"."""
+    return YES if marked else NO
+
+
+def make_doc(rng: random.Random, length: int, value: int, mark: int) -> Doc:
+    """Filler of ``length`` tokens with the ``value`` token and the mark of class
+    ``mark`` (a class token id), each at a random place."""
     if length < 2:
         raise ValueError(f"a document needs at least 2 tokens, not {length}")
     body = [FILLER0 + rng.randrange(N_FILLER) for _ in range(length - 2)]
-    for t in rng.sample([value, CONFIRM0 + confirms - VALUE0], 2):
+    for t in rng.sample([value, MARK0 + mark - CLASS0], 2):
         body.insert(rng.randrange(len(body) + 1), t)
-    return Doc(body, value, confirms, body.index(value))
+    return Doc(body, value, mark, body.index(value))
 
 
 def valid(docs: Sequence[Doc]) -> List[bool]:
-    """Per document (in prompt order): is its candidate confirmed by an earlier document?"""
-    return [any(p.confirms == d.value for p in docs[:i]) for i, d in enumerate(docs)]
+    """Per document (in prompt order): does an earlier document mark its value's class?"""
+    return [any(p.mark == value_class(d.value) for p in docs[:i]) for i, d in enumerate(docs)]
 
 
 def make_pool(rng: random.Random, n_docs: int, lo: int, hi: int) -> List[Doc]:
-    """Documents of lo..hi tokens with distinct candidate values, each confirming the
-    candidate of another document of the pool."""
+    """Documents of lo..hi tokens with distinct values, each marking a class other
+    than its value's."""
     values = [VALUE0 + v for v in rng.sample(range(N_VALUES), n_docs)]
-    return [make_doc(rng, rng.randint(lo, hi), v, rng.choice(values[:i] + values[i + 1:]))
-            for i, v in enumerate(values)]
+    docs = []
+    for v in values:
+        mark = rng.choice([c for c in range(CLASS0, CLASS0 + N_CLASSES) if c != value_class(v)])
+        docs.append(make_doc(rng, rng.randint(lo, hi), v, mark))
+    return docs
 
 
 def join(docs: Sequence[Sequence[int]], question: Sequence[int]) -> List[int]:
@@ -126,43 +141,27 @@ class Query:
     docs: List[int]  # indices into the pool, in prompt order
     question: List[int]  # "?" and the class: the prompt ends here
     follow: List[int]  # nothing: one question per prompt
-    answer: List[int]  # the confirmed candidate of that class
+    answer: List[int]  # the asked class's value, as answer_token writes it
 
 
 def make_query(rng: random.Random, pool: Sequence[Doc], n_docs: int) -> Query:
-    """``n_docs`` documents in random order among which the asked class has two
-    candidates: one confirmed by an earlier document, one whose confirmation comes
-    only after it — so the answer depends on the order, on what one document says
-    about another."""
-    by_value = {d.value: i for i, d in enumerate(pool)}
-    confirmers: dict = {}
-    for i, d in enumerate(pool):
-        confirmers.setdefault(by_value[d.confirms], []).append(i)
+    """``n_docs`` documents of distinct value classes in random order and a question
+    about a class whose mark is in the prompt. Half the answers (a coin) are marked —
+    the mark comes before the value — and half are not — it comes only after —, so
+    the answer depends on the order, on what one document says about another."""
+    want_marked = rng.random() < 0.5
     for _ in range(20000):
-        b1, b2 = rng.sample(range(len(pool)), 2)
-        if value_class(pool[b1].value) != value_class(pool[b2].value):
-            continue
-        if b1 not in confirmers or b2 not in confirmers:
-            continue
-        c1, c2 = rng.choice(confirmers[b1]), rng.choice(confirmers[b2])
-        core = list(dict.fromkeys([c1, b1, b2, c2]))
-        if len(core) != 4 or len(core) > n_docs:
-            continue
-        cls = value_class(pool[b1].value)
-        rest = [i for i in range(len(pool)) if i not in core and value_class(pool[i].value) != cls]
-        idx = core + rng.sample(rest, n_docs - 4)
-        rng.shuffle(idx)
+        idx = rng.sample(range(len(pool)), n_docs)
         docs = [pool[i] for i in idx]
+        if len({value_class(d.value) for d in docs}) != n_docs:
+            continue
         ok = valid(docs)
-        cands = [j for j, d in enumerate(docs) if value_class(d.value) == cls]
-        good = [j for j in cands if ok[j]]
-        if len(good) != 1:
+        asks = [j for j, d in enumerate(docs) if ok[j] == want_marked
+                and any(p.mark == value_class(d.value) for p in docs[j + 1:] + docs[:j])]
+        if not asks:
             continue
-        # Every unconfirmed candidate of the class is confirmed later in the prompt,
-        # so "a confirmation of this class exists" does not give the answer away.
-        if not all(any(d.confirms == docs[j].value for d in docs[j + 1:]) for j in cands if not ok[j]):
-            continue
-        return Query(idx, [QUESTION, cls], [], [docs[good[0]].value])
+        d = docs[rng.choice(asks)]
+        return Query(idx, [QUESTION, value_class(d.value)], [], [answer_token(d.value, want_marked)])
     raise ValueError(f"no {n_docs} documents of this pool of {len(pool)} make a question")
 
 
@@ -203,11 +202,14 @@ class TrainConfig:
     # Curriculum: (steps, batch, doc_min, doc_max) per stage. The task is
     # learnt on short documents, then the same lookup is trained over longer
     # ones so attention keeps finding the one value token among more filler.
-    stages: Tuple[Tuple[int, int, int, int], ...] = ((500, 16, 4, 14), (100, 4, 20, 60), (60, 1, 100, 300))
+    stages: Tuple[Tuple[int, int, int, int], ...] = ((600, 16, 4, 14), (150, 4, 20, 60), (30, 1, 100, 300))
     lr: float = 4e-3
     warmup: int = 20
-    groups: int = 6
-    tap: int = 3  # early targets are read out after this many layers
+    # Early targets are read out after this many layers: after the first, so
+    # a value looks for marks in layer 0 and its K/V deviates from the cached
+    # one already in check layer 1.
+    tap: int = 1
+    gap: int = 1500  # largest position jump at a segment start (see training_sequence)
     seed: int = 0
 
     @property
@@ -231,83 +233,91 @@ class TrainConfig:
 
 def _TRAINING_CODE():
     from . import blend_model as bm
-    return (make_doc, valid, join, training_docs, training_sequence, batch, train,
+    return (value_class, answer_token, make_doc, valid, join, training_docs, training_sequence, batch, train,
             bm.rope, bm.inv_freq, bm._rms, bm._Layer, bm.BlendLM.__init__, bm.BlendLM._qkv,
             bm.BlendLM._finish, bm.BlendLM.logits, bm.BlendLM.forward)
 
 
 def training_docs(rng: random.Random, lo: int, hi: int) -> List[Doc]:
-    """4-6 documents of lo..hi tokens for one training prompt, in prompt order. Their
-    candidates come from three classes, so classes repeat; each confirmation names an
-    earlier document's candidate (probability 0.45), a later one's (0.35) or a value
-    not in the prompt."""
+    """4-6 documents of lo..hi tokens and distinct value classes for one training
+    prompt, in prompt order. A mark names another document's class (probability
+    0.8) or a class not in the prompt."""
     n = rng.randint(4, 6)
-    classes = rng.sample(range(N_CLASSES), 3)
+    classes = rng.sample(range(CLASS0, CLASS0 + N_CLASSES), n)
     per = N_VALUES // N_CLASSES
-    pool = [VALUE0 + c * per + v for c in classes for v in range(per)]
-    values = rng.sample(pool, n)
     docs = []
-    for i, v in enumerate(values):
-        r = rng.random()
-        if r < 0.45 and i > 0:
-            c = rng.choice(values[:i])
-        elif r < 0.8 and i < n - 1:
-            c = rng.choice(values[i + 1:])
-        else:
-            c = rng.choice([x for x in range(VALUE0, VALUE0 + N_VALUES) if x not in values])
-        docs.append(make_doc(rng, rng.randint(lo, hi), v, c))
+    for c in classes:
+        others = [x for x in classes if x != c]
+        absent = [x for x in range(CLASS0, CLASS0 + N_CLASSES) if x not in classes]
+        mark = rng.choice(others if rng.random() < 0.8 or not absent else absent)
+        value = VALUE0 + (c - CLASS0) * per + rng.randrange(per)
+        docs.append(make_doc(rng, rng.randint(lo, hi), value, mark))
     return docs
 
 
 def training_sequence(rng: random.Random, tc: TrainConfig, lo: int,
-                      hi: int) -> Tuple[List[int], List[int], List[int]]:
-    """One training prompt with documents of lo..hi tokens, its targets and its early
-    targets (-100 where there is no loss).
+                      hi: int) -> Tuple[List[int], List[int], List[int], List[int]]:
+    """One training prompt with documents of lo..hi tokens, its targets, its early
+    targets (-100 where there is no loss) and its rotary positions.
 
-    Targets are the answers to ``tc.groups`` questions ("? c" -> the one confirmed
-    candidate of class c). Early targets sit on every candidate: "yes" when an
-    earlier document confirms it, else "no", read out after the first ``tc.tap``
-    layers — so a candidate reads the other documents, early in the stack, which is
-    the cross-document attention CacheBlend's check layers detect and its recompute
-    restores.
+    Positions jump by a random gap of up to ``tc.gap`` at the start of every
+    segment: short prompts then span the distances of long ones, and a
+    position comparison cannot tell which of two far-apart tokens comes
+    first — only causal attention can, which puts the order into the value's
+    own K/V.
+
+    Targets are the answers to one question per document ("? c" -> "yes" when an
+    earlier document marks class c, else "no"). Early targets sit on every
+    value: "yes" when an earlier document marks its class, else "no", read out
+    after the first ``tc.tap`` layers — so a value reads the other documents, early
+    in the stack, which is the cross-document attention CacheBlend's check layers
+    detect and its recompute restores.
     """
     while True:
         docs = training_docs(rng, lo, hi)
-        ok = valid(docs)
-        by_class: dict = {}
-        for d, good in zip(docs, ok):
-            by_class.setdefault(value_class(d.value), []).append((d.value, good))
-        askable = {c: [v for v, g in cs if g][0] for c, cs in by_class.items() if sum(g for _, g in cs) == 1}
-        if askable:
+        # As in the evaluation, only classes whose mark is in the prompt are
+        # asked: "no mark at all" would be an answer without order.
+        asks = [j for j, d in enumerate(docs) if any(p.mark == value_class(d.value) for p in docs)]
+        if asks:
             break
+    ok = valid(docs)
     tokens = join([d.tokens for d in docs], [])
     targets = [-100] * len(tokens)
     early = [-100] * len(tokens)
-    at = 1
+    at, pos, shift = 1, [0], 0
     for d, good in zip(docs, ok):
+        shift += rng.randint(0, tc.gap)
+        pos += range(at + shift, at + shift + 2 + len(d.tokens))
         at += 2  # the marker
         early[at + d.value_at] = YES if good else NO
         at += len(d.tokens)
-    for _ in range(tc.groups):
-        c = rng.choice(sorted(askable))
-        tokens += [QUESTION, c, askable[c]]
-        targets += [-100, askable[c], -100]
-    return tokens, targets, early + [-100] * (len(tokens) - len(early))
+    # Each is asked once, in random order: a repeated question could copy
+    # the earlier answer instead of looking it up.
+    for j in rng.sample(asks, len(asks)):
+        ans = answer_token(docs[j].value, ok[j])
+        tokens += [QUESTION, value_class(docs[j].value), ans]
+        targets += [-100, ans, -100]
+    shift += rng.randint(0, tc.gap)
+    pos += range(at + shift, at + shift + len(tokens) - at)
+    return tokens, targets, early + [-100] * (len(tokens) - len(early)), pos
 
 
 def batch(rng: random.Random, tc: TrainConfig, stage: Tuple[int, int, int, int]):
-    """Tokens, targets and early targets of one training batch ([batch, T] each)."""
+    """Tokens, targets, early targets and positions of one training batch ([batch, T] each)."""
     _, size, lo, hi = stage
     seqs = [training_sequence(rng, tc, lo, hi) for _ in range(size)]
     t = max(len(s[0]) for s in seqs)
     x = torch.zeros(len(seqs), t, dtype=torch.long)
     y = torch.full((len(seqs), t), -100, dtype=torch.long)
     y_early = torch.full((len(seqs), t), -100, dtype=torch.long)
-    for i, (s, tg, early) in enumerate(seqs):
+    pos = torch.arange(t).repeat(len(seqs), 1)
+    for i, (s, tg, early, p) in enumerate(seqs):
         x[i, :len(s)] = torch.tensor(s)
         y[i, :len(tg)] = torch.tensor(tg)
         y_early[i, :len(early)] = torch.tensor(early)
-    return x, y, y_early
+        pos[i, :len(p)] = torch.tensor(p)
+        pos[i, len(p):] += p[-1] + 1 - len(p)  # padding after the prompt, ascending
+    return x, y, y_early, pos
 
 
 def train(tc: TrainConfig, log=print) -> BlendLM:
@@ -321,8 +331,8 @@ def train(tc: TrainConfig, log=print) -> BlendLM:
     plan = [stage for stage in tc.stages for _ in range(stage[0])]
     ce = torch.nn.functional.cross_entropy
     for step, stage in enumerate(plan):
-        x, y, y_early = batch(rng, tc, stage)
-        logits, early = model(x, tap=tc.tap)
+        x, y, y_early, pos = batch(rng, tc, stage)
+        logits, early = model(x, tap=tc.tap, positions=pos)
         loss = (ce(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100)
                 + ce(early.reshape(-1, early.shape[-1]), y_early.reshape(-1), ignore_index=-100))
         opt.zero_grad()
