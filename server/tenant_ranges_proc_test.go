@@ -278,6 +278,7 @@ func TestTenantLayerLeasesProcess(t *testing.T) {
 	if err != nil || len(lay.Slots) != 2 || lay.Lease == 0 {
 		t.Fatalf("PREPARE_RETRIEVE_LAYERS of alpha's chunks: %+v %v", lay, err)
 	}
+	lay.Slots = slices.Clone(lay.Slots) // the client's next call reuses the reply's slices
 	for j, s := range lay.Slots {
 		if b, _ := full.Slot(s); !bytes.Equal(b, data[j]) {
 			t.Fatalf("alpha's chunk %d read layer by layer: wrong bytes", j)
@@ -328,6 +329,11 @@ func TestTenantLayerLeasesProcess(t *testing.T) {
 	// Every lease is still its holder's.
 	if r, err := full.LayerWait(ctx, lay.Lease, layerCount-1); err != nil || r.Usable != 2 {
 		t.Fatalf("LAYER_WAIT of the lease's holder after beta's attempts: %+v %v", r, err)
+	}
+	for j, s := range lay.Slots {
+		if b, _ := full.Slot(s); !bytes.Equal(b, data[j]) {
+			t.Fatalf("alpha's chunk %d read layer by layer after beta's attempts: wrong bytes", j)
+		}
 	}
 	if err := full.Release(ctx, lay.Lease); err != nil {
 		t.Fatalf("the holder's RELEASE: %v", err)
