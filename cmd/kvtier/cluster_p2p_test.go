@@ -13,8 +13,15 @@ import (
 )
 
 // p2pViaController makes a daemon's P2P tier find peers through the
-// controller: no p2p_peers anywhere in the test.
-const p2pViaController = "enable_p2p: true\n"
+// controller: no p2p_peers anywhere in the test. Its remote calls get 2 s,
+// not the default 100 ms: a controller lookup or a peer's SIZES that
+// misses its deadline is a miss, silent at the info level, and on a
+// loaded machine a scheduling delay alone can exceed 100 ms, which made a
+// read this test expects to hit miss. The misses it expects (a peer
+// killed: connections refused or reset) come at once whatever the
+// timeout. At the debug level the daemon logs why a read missed, which
+// mustP2P shows on a miss.
+const p2pViaController = "enable_p2p: true\nremote_timeout: 2s\nlog_level: debug\n"
 
 // clusterIndexKey is test chunk i's index key, as the daemons derive it
 // (the default namespace mixed into the scope).

@@ -295,7 +295,11 @@ func (t *Tier) Get(ctx context.Context, key chunk.Key, dst []byte) (int, error) 
 func (t *Tier) holders(keys []chunk.Key) ([][]Peer, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*t.o.Timeout)
 	defer cancel()
-	return t.res.Holders(ctx, keys)
+	holders, err := t.res.Holders(ctx, keys)
+	if err != nil {
+		t.o.Logger.Debug("p2p tier: finding holders failed: served as a miss", "chunks", len(keys), "err", err)
+	}
+	return holders, err
 }
 
 // usable returns the address of the first holder in ps worth asking: not

@@ -240,10 +240,14 @@ func (g *Guarded) PrefixContains(keys []chunk.Key) int {
 		return 0
 	}
 	c.keys = append(c.keys[:0], keys...)
-	if g.run(nil, c, g.o.Timeout) != nil {
+	if err := g.run(nil, c, g.o.Timeout); err != nil {
+		g.o.Logger.Debug("remote tier lookup failed: served as a miss", "tier", g.inner.Name(), "err", err)
 		return 0
 	}
 	n := c.n
+	if presenceOutcome(c.err) == outcomeFailure {
+		g.o.Logger.Debug("remote tier lookup failed: served as a miss", "tier", g.inner.Name(), "err", c.err)
+	}
 	g.finish(c, presenceOutcome(c.err))
 	return n
 }
@@ -256,10 +260,14 @@ func (g *Guarded) Size(key chunk.Key) (int, bool) {
 		return 0, false
 	}
 	c.key = key
-	if g.run(nil, c, g.o.Timeout) != nil {
+	if err := g.run(nil, c, g.o.Timeout); err != nil {
+		g.o.Logger.Debug("remote tier size query failed: served as a miss", "tier", g.inner.Name(), "err", err)
 		return 0, false
 	}
 	n, ok := c.n, c.ok
+	if presenceOutcome(c.err) == outcomeFailure {
+		g.o.Logger.Debug("remote tier size query failed: served as a miss", "tier", g.inner.Name(), "err", c.err)
+	}
 	g.finish(c, presenceOutcome(c.err))
 	return n, ok
 }
