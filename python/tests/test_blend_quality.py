@@ -44,7 +44,7 @@ def test_quality_on_trained_model(trained, kvtier_bin, tmp_path):
     # Reuse without recompute loses the marks other documents put on the
     # asked value: the first token's distribution moves and answers change;
     # recomputing 15% of the reused tokens removes at least half of the KL
-    # (the goal; on these eight queries 0.41x at the time of writing,
+    # (the goal; on these eight queries 0.27x at the time of writing,
     # docs/blend.md has the full workload). A model whose documents did not
     # read each other (KL ~0 at 0%) or whose deviation is spread over all
     # tokens (the earlier value-lookup model: 0.70x at 15%) fails here.

@@ -202,7 +202,7 @@ class TrainConfig:
     # Curriculum: (steps, batch, doc_min, doc_max) per stage. The task is
     # learnt on short documents, then the same lookup is trained over longer
     # ones so attention keeps finding the one value token among more filler.
-    stages: Tuple[Tuple[int, int, int, int], ...] = ((600, 16, 4, 14), (150, 4, 20, 60), (30, 1, 100, 300))
+    stages: Tuple[Tuple[int, int, int, int], ...] = ((1500, 16, 4, 14), (150, 4, 20, 60), (30, 1, 100, 300))
     lr: float = 4e-3
     warmup: int = 20
     # Early targets are read out after this many layers: after the first, so
