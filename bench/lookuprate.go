@@ -13,10 +13,9 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"kvtier/client"
 	"kvtier/engine"
+	"kvtier/internal/proccpu"
 	"kvtier/server"
 	"kvtier/wire"
 )
@@ -197,7 +196,10 @@ func (k *rateKind) measure(ctx context.Context) (float64, error) {
 	lats := make([][]float64, len(cs))
 	errs := make([]error, len(cs))
 	var wg sync.WaitGroup
-	cpu0 := processCPU()
+	// Clients, daemon and echo server all run in this process, so its CPU
+	// time over the slice is what the slice's requests cost, whoever else
+	// uses the machine.
+	cpu0 := proccpu.Used()
 	start := time.Now()
 	until := start.Add(rateSlice)
 	for i, c := range cs {
@@ -226,7 +228,7 @@ func (k *rateKind) measure(ctx context.Context) (float64, error) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	cpu := processCPU() - cpu0
+	cpu := proccpu.Used() - cpu0
 	if err := errors.Join(errs...); err != nil {
 		return 0, err
 	}
@@ -241,17 +243,6 @@ func (k *rateKind) measure(ctx context.Context) (float64, error) {
 		k.lat = append(k.lat, l...)
 	}
 	return rate, nil
-}
-
-// processCPU returns the CPU time this process has used, user and
-// system. Clients, daemon and echo server all run in it, so over a slice
-// it is what the slice's requests cost, whoever else uses the machine.
-func processCPU() time.Duration {
-	var ru unix.Rusage
-	if unix.Getrusage(unix.RUSAGE_SELF, &ru) != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // echoServer answers every frame on a Unix socket with a frame whose body

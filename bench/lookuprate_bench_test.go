@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"kvtier/engine"
+	"kvtier/internal/proccpu"
 	"kvtier/server"
 )
 
@@ -63,7 +64,7 @@ func BenchmarkLookupRate(b *testing.B) {
 			}
 			b.ReportAllocs()
 			b.ResetTimer()
-			cpu0 := processCPU()
+			cpu0 := proccpu.Used()
 			var wg sync.WaitGroup
 			for i, c := range cs {
 				n := b.N / len(cs)
@@ -83,7 +84,7 @@ func BenchmarkLookupRate(b *testing.B) {
 			}
 			wg.Wait()
 			// CPU time moves far less than wall time on a loaded machine.
-			b.ReportMetric(float64((processCPU()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+			b.ReportMetric(float64((proccpu.Used()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
 		})
 	}
 }

@@ -17,10 +17,9 @@ import (
 	"slices"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"kvtier/chunk"
 	"kvtier/engine"
+	"kvtier/internal/proccpu"
 	"kvtier/tier"
 )
 
@@ -192,7 +191,7 @@ func (b *bench) save(ctx context.Context, layered bool, per time.Duration) (roun
 		sizes[i] = uint32(b.size)
 	}
 	geo := engine.Layers{Layers: b.o.Layers, Parts: 2}
-	cpu0, start := cpuTime(), time.Now()
+	cpu0, start := proccpu.Used(), time.Now()
 	slots, id, err := b.eng.PrepareStore(keys, sizes, time.Minute, nil)
 	if err != nil || len(slots) != len(keys) {
 		return round{}, fmt.Errorf("layersave: prepare store: %d of %d slots: %v", len(slots), len(keys), err)
@@ -230,7 +229,7 @@ func (b *bench) save(ctx context.Context, layered bool, per time.Duration) (roun
 		}
 	}
 	end := time.Now()
-	rd := round{afterCommit: end.Sub(commit), total: end.Sub(start), cpu: cpuTime() - cpu0}
+	rd := round{afterCommit: end.Sub(commit), total: end.Sub(start), cpu: proccpu.Used() - cpu0}
 	if err := b.eng.Flush(ctx); err != nil {
 		return rd, err
 	}
@@ -238,15 +237,6 @@ func (b *bench) save(ctx context.Context, layered bool, per time.Duration) (roun
 		b.eng.Manager().Remove(k)
 	}
 	return rd, nil
-}
-
-// cpuTime returns the process's user and system CPU time so far.
-func cpuTime() time.Duration {
-	var ru unix.Rusage
-	if unix.Getrusage(unix.RUSAGE_SELF, &ru) != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func stat(rs []round, f func(round) time.Duration) Stat {

@@ -13,11 +13,11 @@ import (
 	"io"
 	"os"
 	"slices"
-	"syscall"
 	"time"
 
 	"kvtier/chunk"
 	"kvtier/engine"
+	"kvtier/internal/proccpu"
 	"kvtier/kvformat"
 )
 
@@ -354,17 +354,17 @@ func (f *fixture) check(slots []engine.Slot) error {
 func (f *fixture) tierRow(ctx context.Context, name string, rounds int) (TierRow, time.Duration, error) {
 	var whole, reply, l0, all, wcpu, lcpu []time.Duration
 	for r := range rounds {
-		c0 := cpuTime()
+		c0 := proccpu.Used()
 		w, err := f.whole(ctx, r == 0)
 		if err != nil {
 			return TierRow{}, 0, err
 		}
-		c1 := cpuTime()
+		c1 := proccpu.Used()
 		rp, a, b, _, err := f.stream(ctx, r == 0, nil)
 		if err != nil {
 			return TierRow{}, 0, err
 		}
-		c2 := cpuTime()
+		c2 := proccpu.Used()
 		whole, reply, l0, all = append(whole, w), append(reply, rp), append(l0, a), append(all, b)
 		wcpu, lcpu = append(wcpu, c1-c0), append(lcpu, c2-c1)
 	}
@@ -531,15 +531,6 @@ func (f *fixture) copyLayer(slots []engine.Slot, dst [][]byte, layer int) error 
 		}
 	}
 	return nil
-}
-
-// cpuTime returns the CPU time this process has used, user and system.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func median(d []time.Duration) time.Duration {

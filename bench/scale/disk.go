@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"kvtier/chunk"
+	"kvtier/internal/proccpu"
 	"kvtier/tier/disk"
 )
 
@@ -176,9 +177,9 @@ func timedOpen(dir string, heap *float64) (opened, error) {
 		runtime.GC()
 		runtime.ReadMemStats(&before)
 	}
-	cpu0 := cpuTime()
+	cpu0 := proccpu.Used()
 	d, err := disk.Open(dir, diskOptions())
-	cpu := cpuTime() - cpu0
+	cpu := proccpu.Used() - cpu0
 	if err != nil {
 		return opened{}, err
 	}
@@ -195,15 +196,6 @@ func timedOpen(dir string, heap *float64) (opened, error) {
 		return o, errors.New("disk: a stored record is missing after the restart")
 	}
 	return o, nil
-}
-
-// cpuTime is the process's user and system time so far.
-func cpuTime() time.Duration {
-	var ru unix.Rusage
-	if unix.Getrusage(unix.RUSAGE_SELF, &ru) != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // dropCache asks the kernel to forget the cached pages of dir's files, so
