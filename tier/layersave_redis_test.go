@@ -13,8 +13,8 @@ import (
 	"kvtier/chunk"
 	"kvtier/internal/redistest"
 	"kvtier/tier"
-	"kvtier/tier/remote"
 	"kvtier/tier/redis"
+	"kvtier/tier/remote"
 )
 
 // redisSaveFixture is saveFixture with a Redis tier (a real redis-server,
