@@ -157,10 +157,10 @@ type bench struct {
 	eng   *engine.Engine
 	disk  tier.Tier    // the tier saved into: disk or Redis
 	redis *redisServer // with the Redis target
-	o    Options
-	size int
-	src  [][]byte
-	seq  uint64
+	o     Options
+	size  int
+	src   [][]byte
+	seq   uint64
 }
 
 // runCase alternates the two modes for o.Rounds rounds, whole first in
