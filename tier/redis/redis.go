@@ -22,6 +22,8 @@
 //	pool=N           connections per server (default go-redis': 10 per CPU)
 //	ttl=24h          expire objects this long after they are first stored
 //	cache=N          entries of the in-process presence cache (default 65536, 0 = off)
+//	layer_saves=false per-layer saves leave this tier whole chunks after the
+//	                 commit instead of staged pieces (default true; stage.go)
 //	ca=file.pem      TLS: trust only this CA instead of the system roots
 //	cert=, key=      TLS: client certificate and key (for tls-auth-clients yes)
 //
@@ -81,6 +83,7 @@ type Tier struct {
 	timeout   time.Duration // bound on calls that take no context
 	bandwidth int64         // with timeout, bounds transfers (remote.CallDeadline)
 	known     *presence
+	noStage   bool // layer_saves=false
 	log       *slog.Logger
 	closed    atomic.Bool
 	stats     counters
@@ -141,6 +144,7 @@ func Dial(ctx context.Context, u *url.URL, o remote.Options) (*Tier, error) {
 		timeout:   o.Timeout,
 		bandwidth: o.Bandwidth,
 		known:     newPresence(cfg.cacheSlots),
+		noStage:   cfg.noStage,
 		log:       o.Logger,
 	}
 	if err := t.Ping(ctx); err != nil {

@@ -46,7 +46,13 @@ const StageTTL = 60 * time.Second
 // stageMarker is the length of the marker at the start of a staging key.
 const stageMarker = 16
 
-var _ remote.Stager = (*Tier)(nil)
+var (
+	_ remote.Stager       = (*Tier)(nil)
+	_ remote.StageChooser = (*Tier)(nil)
+)
+
+// Stages implements remote.StageChooser: false with layer_saves=false.
+func (t *Tier) Stages() bool { return !t.noStage }
 
 // publishScript: KEYS[1] staging key, KEYS[2] object key; ARGV[1] marker,
 // ARGV[2] length, ARGV[3] header, ARGV[4] ttl in ms (0: none). It returns

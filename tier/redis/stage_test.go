@@ -237,8 +237,8 @@ func TestStagedWriteAbortAndLoss(t *testing.T) {
 }
 
 // TestStagedWriteTTLAndCodecs: with ttl= the published object expires as
-// Put's would; a tier sealing with another codec than raw writes no
-// ranges.
+// Put's would; a tier sealing with another codec than raw, or told
+// layer_saves=false, writes no ranges; layer_saves takes booleans only.
 func TestStagedWriteTTLAndCodecs(t *testing.T) {
 	srv := sharedServer(t)
 	rt, _, e := stageStack(t, srv.url("ttl=1h"), remote.GuardOptions{})
@@ -266,6 +266,16 @@ func TestStagedWriteTTLAndCodecs(t *testing.T) {
 	}
 	if w, err := z.OpenWrite(ctx, testKey(94, 2), len(src)); w != nil || err != nil {
 		t.Fatalf("zstd OpenWrite: %v, %v", w, err)
+	}
+	_, _, off := stageStack(t, srv.url("layer_saves=false"), remote.GuardOptions{})
+	if off.WritesRanges() {
+		t.Fatal("a tier with layer_saves=false writes ranges")
+	}
+	if _, _, on := stageStack(t, srv.url("layer_saves=true"), remote.GuardOptions{}); !on.WritesRanges() {
+		t.Fatal("a tier with layer_saves=true writes no ranges")
+	}
+	if _, err := remote.Open(ctx, srv.url("layer_saves=maybe"), remote.Options{}); err == nil {
+		t.Fatal("layer_saves=maybe accepted")
 	}
 }
 

@@ -35,9 +35,13 @@ var (
 const maxStagedWrite = 4 << 20
 
 // WritesRanges implements tier.RangeWriteChooser: raw chunks over a store
-// that stages and reads ranges, while its breaker lets calls through.
+// that stages (and has not been told not to) and reads ranges, while its
+// breaker lets calls through.
 func (e *Encoded) WritesRanges() bool {
 	if e.stager == nil || e.codec.ID() != codec.IDRaw || !e.canRange() {
+		return false
+	}
+	if c, ok := storeOf(e.inner).(StageChooser); ok && !c.Stages() {
 		return false
 	}
 	if g, ok := e.inner.(*Guarded); ok && g.Open() {

@@ -24,6 +24,12 @@ type Stager interface {
 	Stage(ctx context.Context, key chunk.Key, size int) (Staged, error)
 }
 
+// StageChooser is implemented by a Stager that can be told not to stage
+// (Redis' layer_saves=false): per-layer saves then leave it whole chunks.
+type StageChooser interface {
+	Stages() bool
+}
+
 // Staged is one staged object. It is used by one goroutine at a time.
 type Staged interface {
 	// WriteAt writes data at off in the staged object.
