@@ -36,7 +36,9 @@
 // content-addressed, so a key that exists already holds the same bytes and
 // is left alone. With a ttl, an object expires that long after it was first
 // stored; storing it again does not extend it. A SET is atomic in Redis, so two writers of one key can
-// never make a reader see a mix of both. Get reads the reply straight from
+// never make a reader see a mix of both. Per-layer saves build an object
+// in a staging key and RENAME it into place at the commit (stage.go), with
+// the same bytes, NX rule and ttl as Put. Get reads the reply straight from
 // the socket into the caller's buffer (go-redis GetToBuffer): the value is
 // never copied through an intermediate allocation.
 //
