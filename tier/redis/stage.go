@@ -100,7 +100,11 @@ func (t *Tier) Stage(ctx context.Context, key chunk.Key, size int) (remote.Stage
 	if _, err := rand.Read(s.marker[8:]); err != nil {
 		return nil, fmt.Errorf("redis: stage %v: %w", key, err)
 	}
-	s.stage = stageName(s.name, binary.LittleEndian.Uint64(s.marker[8:]))
+	var sameSlot bool
+	s.stage, sameSlot = stageName(s.name, binary.LittleEndian.Uint64(s.marker[8:]))
+	if !sameSlot && t.topology == Cluster {
+		return nil, fmt.Errorf("redis: stage %v: prefix %q has a \"}\" but no hash tag: no staging key shares its slot", key, t.prefix)
+	}
 	ctx, cancel := remote.BoundCall(ctx, t.timeout, t.bandwidth, 0)
 	defer cancel()
 	_, err := t.client.TxPipelined(ctx, func(p goredis.Pipeliner) error {
@@ -114,17 +118,20 @@ func (t *Tier) Stage(ctx context.Context, key chunk.Key, size int) (remote.Stage
 	return s, nil
 }
 
-// stageName is the staging key of the object key name (see above).
-func stageName(name string, nonce uint64) string {
+// stageName is the staging key of the object key name (see above). It
+// reports false when no staging key can share name's cluster slot: a
+// name with a "}" but no hash tag (only a prefix could hold one) is
+// hashed whole, and wrapped in braces it would be cut at that "}".
+func stageName(name string, nonce uint64) (string, bool) {
 	var n [8]byte
 	binary.BigEndian.PutUint64(n[:], nonce)
 	suffix := ":stage:" + hex.EncodeToString(n[:])
 	if open := strings.IndexByte(name, '{'); open >= 0 {
 		if end := strings.IndexByte(name[open+1:], '}'); end > 0 {
-			return name + suffix // keep the key's own hash tag
+			return name + suffix, true // keep the key's own hash tag
 		}
 	}
-	return "{" + name + "}" + suffix
+	return "{" + name + "}" + suffix, !strings.Contains(name, "}")
 }
 
 // WriteAt implements remote.Staged.

@@ -328,3 +328,54 @@ func TestStagedWriteRedisKilled(t *testing.T) {
 		}
 	}
 }
+
+// TestStagedWriteCluster publishes staged objects in a three-node Redis
+// Cluster: the staging key shares its object key's slot (RENAME and the
+// script would fail with CROSSSLOT otherwise), with the default prefix and
+// with one carrying its own hash tag, and the objects read back.
+func TestStagedWriteCluster(t *testing.T) {
+	c := clusterNodes(t)
+	ctx := context.Background()
+	src := payload(stageChunk, 35)
+	for _, query := range []string{"", "prefix=" + "{kv}/"} {
+		_, _, e := stageStack(t, c.url(query), remote.GuardOptions{})
+		for i := range 6 { // keys on every node
+			k := testKey(uniqueScope(), i)
+			w, err := e.OpenWrite(ctx, k, len(src))
+			if err != nil || w == nil {
+				t.Fatalf("%q: OpenWrite: %v, %v", query, w, err)
+			}
+			for l := range stageLayers {
+				if err := writeLayer(t, w, src, l); err != nil {
+					t.Fatalf("%q: %v", query, err)
+				}
+			}
+			if err := w.Commit(ctx, src, chunk.Key{}, false); err != nil {
+				t.Fatalf("%q: commit: %v", query, err)
+			}
+			got := make([]byte, len(src))
+			if n, err := e.Get(ctx, k, got); err != nil || n != len(src) || !bytes.Equal(got, src) {
+				t.Fatalf("%q: read back: %d, %v", query, n, err)
+			}
+		}
+	}
+}
+
+// TestStageName keeps a key's own hash tag and adds one otherwise, and
+// says when no staging key can share the key's slot.
+func TestStageName(t *testing.T) {
+	for name, want := range map[string]struct {
+		stage    string
+		sameSlot bool
+	}{
+		"kvtier/00ab":   {"{kvtier/00ab}:stage:0000000000000007", true},
+		"{kv}/00ab":     {"{kv}/00ab:stage:0000000000000007", true},
+		"x{y}z{w}/00ab": {"x{y}z{w}/00ab:stage:0000000000000007", true},
+		"a{}b/00ab":     {"{a{}b/00ab}:stage:0000000000000007", false},
+		"a}b/00ab":      {"{a}b/00ab}:stage:0000000000000007", false},
+	} {
+		if got, ok := stageName(name, 7); got != want.stage || ok != want.sameSlot {
+			t.Errorf("stageName(%q) = %q, %v; want %q, %v", name, got, ok, want.stage, want.sameSlot)
+		}
+	}
+}
