@@ -157,13 +157,19 @@ func (m *Receive) Append(b []byte) []byte {
 
 func (m *Receive) Decode(body []byte) error {
 	d := decoder{b: body}
+	m.decode(&d)
+	return d.end("receive")
+}
+
+// decode reads the fields of m, for Receive and ReceiveLayers.
+func (m *Receive) decode(d *decoder) {
 	m.Transfer = d.u64("receive transfer")
 	m.HoldMS = d.u32("receive hold")
-	m.Keys.decode(&d)
+	m.Keys.decode(d)
 	if d.err == nil && m.Keys.Kind != KindRaw {
 		d.fail("receive: keys of kind %d, want raw keys", m.Keys.Kind)
 	}
-	m.Sizes = decodeU32s(&d, m.Sizes, "receive sizes")
+	m.Sizes = decodeU32s(d, m.Sizes, "receive sizes")
 	for _, sz := range m.Sizes {
 		if sz > MaxChunkBody-ChecksumSize && d.err == nil {
 			d.fail("receive: a chunk of %d bytes, limit %d", sz, MaxChunkBody-ChecksumSize)
@@ -172,7 +178,6 @@ func (m *Receive) Decode(body []byte) error {
 	if d.err == nil && len(m.Sizes) > len(m.Keys.Raw) {
 		d.fail("receive: %d sizes for %d keys", len(m.Sizes), len(m.Keys.Raw))
 	}
-	return d.end("receive")
 }
 
 // Wait blocks until at least MinChunks of the chunks the keys name
