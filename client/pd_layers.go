@@ -67,3 +67,28 @@ func (c *Client) ReceiveLayers(ctx context.Context, m *wire.ReceiveLayers, chunk
 	}
 	return int(binary.LittleEndian.Uint32(body)), nil
 }
+
+// PushStore is Push of chunks of store lease lease, which this connection
+// holds and is still filling: the daemon sends each layer of them as
+// StoreLayer says it is final (the lease's chunks already cached go as
+// they are), and the rest at the commit. A daemon older than this answers
+// BAD_REQUEST (an unknown flag); push after the commit then.
+func (c *Client) PushStore(ctx context.Context, id uint64, dest string, k wire.Keys, timeoutMS uint32, last bool, lease uint64) (int, error) {
+	if lease == 0 {
+		return 0, fmt.Errorf("kvtier client: PushStore without a store lease")
+	}
+	b, err := c.begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer c.end()
+	m := wire.Push{Transfer: id, TimeoutMS: timeoutMS, Last: last, Dest: dest, Keys: k, StoreLease: lease}
+	_, body, err := c.roundTrip(m.Append(b), wire.OpPush, 0)
+	if err != nil {
+		return 0, err
+	}
+	if len(body) != 4 {
+		return 0, c.breakConn(fmt.Errorf("PUSH reply of %d bytes", len(body)))
+	}
+	return int(binary.LittleEndian.Uint32(body)), nil
+}

@@ -25,6 +25,7 @@ type pdScratch struct {
 	refs         engine.Refs
 	consumedData bool
 	pushRefs     engine.Refs   // a PUSH's chunks, before they join the transfer
+	pushFed      []engine.Fed  // where they come from (pd_feed.go)
 	wake         chan struct{} // this session's wake-ups, capacity 1 (see signal)
 	hasher       *xxh3.Hasher  // checks received chunks as they arrive
 	// recvID is the transfer of this connection's latest RECEIVE, and
@@ -246,11 +247,14 @@ func (s *session) handlePush(h wire.Header, body []byte) *requestError {
 	if err := m.Decode(body); err != nil {
 		return fail(wire.StatusBadRequest, "%v", err)
 	}
+	if m.StoreLease != 0 && !s.owns(engine.LeaseID(m.StoreLease)) {
+		return fail(wire.StatusNotFound, "push: store lease %d is not this connection's", m.StoreLease)
+	}
 	r, rerr := s.resolve(&m.Keys)
 	if rerr != nil {
 		return rerr
 	}
-	queued, rerr := s.svc.pd.push(m, r.keys[r.first:], &s.pd.pushRefs)
+	queued, rerr := s.svc.pd.push(m, r.keys[r.first:], &s.pd.pushRefs, &s.pd.pushFed)
 	if rerr != nil {
 		return rerr
 	}
