@@ -92,3 +92,25 @@ func (c *Client) PushStore(ctx context.Context, id uint64, dest string, k wire.K
 	}
 	return int(binary.LittleEndian.Uint32(body)), nil
 }
+
+// WaitInProgress is Wait that also counts chunks still arriving by
+// RECEIVE_LAYERS, which PrepareRetrieveLayers can take before they are
+// complete (LayerWait then follows their layers as they arrive). A daemon
+// older than this refuses the frame's flag (IsUnknownOp).
+func (c *Client) WaitInProgress(ctx context.Context, k wire.Keys, least, timeoutMS uint32) (wire.WaitReply, error) {
+	b, err := c.begin(ctx)
+	if err != nil {
+		return wire.WaitReply{}, err
+	}
+	defer c.end()
+	m := wire.Wait{TimeoutMS: timeoutMS, MinChunks: least, Keys: k}
+	_, body, err := c.roundTrip(m.Append(b), wire.OpWait, wire.FlagInProgress)
+	if err != nil {
+		return wire.WaitReply{}, err
+	}
+	var r wire.WaitReply
+	if err := r.Decode(body); err != nil {
+		return r, c.breakConn(err)
+	}
+	return r, nil
+}

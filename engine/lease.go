@@ -71,7 +71,9 @@ type lease struct {
 	save     *tier.LayerSave // a store's per-layer writes (layersave.go)
 	noSave   bool            // a store whose layers cannot be saved one by one
 	feed     *LayerFeed      // a store pushed while it is filled (layerfeed.go)
-	pos      int32           // index in byDeadline; notActive while free or being built
+	pending  []PendingChunk  // a layerwise retrieve's last chunks, still arriving (pending.go)
+	pgeo     tier.LayerGeometry
+	pos      int32 // index in byDeadline; notActive while free or being built
 	nextFree int32
 }
 
@@ -325,6 +327,8 @@ func (t *leaseTable) freeLocked(i int32) {
 		l.feed.end(0)
 	}
 	l.id, l.keys, l.ids, l.stream, l.save, l.noSave, l.feed = 0, l.keys[:0], l.ids[:0], nil, nil, false, nil
+	clear(l.pending)
+	l.pending = l.pending[:0]
 	l.pos = notActive
 	l.nextFree = t.free
 	t.free = i

@@ -27,14 +27,16 @@ type recvChunk struct {
 	dst     []byte        // the reserved bytes
 	left    int64         // bytes still to arrive
 	size    int64
-	started bool // budget taken and the chunk reserved (or found in RAM)
-	open    bool // reserved and not yet committed or given back
+	started bool      // budget taken and the chunk reserved (or found in RAM)
+	open    bool      // reserved and not yet committed or given back
+	inf     *inflight // its progress, published to layerwise readers while open
 }
 
 // layerScratch is what a session reuses for RECEIVE_LAYERS.
 type layerScratch struct {
 	msg    wire.ReceiveLayers
 	chunks []recvChunk
+	one    [1]chunk.Key // pd.consumed's argument for one key
 }
 
 // handleReceiveLayers serves RECEIVE_LAYERS. Every exit gives back what
@@ -102,7 +104,7 @@ func (sc *layerScratch) reset(n int) {
 	sc.chunks = sc.chunks[:n]
 	for j := range sc.chunks {
 		c := &sc.chunks[j]
-		c.dst, c.left, c.size, c.started, c.open = nil, 0, 0, false, false
+		c.dst, c.left, c.size, c.started, c.open, c.inf = nil, 0, 0, false, false, nil
 	}
 }
 
@@ -136,6 +138,7 @@ func (s *session) receiveRange(dh wire.Header, r wire.ByteRange, ttl time.Durati
 	if got != want {
 		return fail(wire.StatusBadRequest, "checksum mismatch: the range's bytes were damaged on the way")
 	}
+	c.inf.arrive(r)
 	c.left -= int64(r.To - r.From)
 	if c.left > 0 {
 		return nil
@@ -174,6 +177,9 @@ func (s *session) startChunk(c *recvChunk, m *wire.ReceiveLayers, j int, ttl tim
 		return statusOf(err)
 	}
 	c.dst, c.open = dst, true
+	c.inf = newInflight(int(c.size))
+	c.w.Publish(key, c.inf)
+	p.arrived.broadcast() // a WAIT for chunks in progress counts it now
 	return nil
 }
 
@@ -185,7 +191,9 @@ func (s *session) completeChunk(c *recvChunk, key chunk.Key, ttl time.Duration) 
 	c.open = false
 	held, n, err := c.w.CommitHeld(s.pd.held[:0])
 	s.pd.held = held
+	s.svc.eng.Unpublish(key) // visible now, or never
 	if err != nil || n == 0 {
+		c.inf.end(false)
 		p.budget.release(c.size)
 		c.started = false // not stored: the reply's count stops before it
 		if err != nil {
@@ -194,6 +202,12 @@ func (s *session) completeChunk(c *recvChunk, key chunk.Key, ttl time.Duration) 
 		return fail(wire.StatusNoSpace, "the chunk was dropped before it could be held")
 	}
 	p.keep(key, held[0], c.size, ttl)
+	// Readers that took it in progress hold their own reference: their
+	// reads end its hold, as a read of the held chunk would.
+	for range c.inf.end(true) {
+		s.pdl.one[0] = key
+		p.consumed(s.pdl.one[:])
+	}
 	p.arrived.broadcast()
 	return nil
 }
@@ -206,6 +220,8 @@ func (s *session) abortOpen() {
 		if !c.open {
 			continue
 		}
+		s.svc.eng.Unpublish(s.pdl.msg.Keys.Raw[j])
+		c.inf.end(false)
 		c.w.Abort()
 		s.svc.pd.budget.release(c.size)
 		c.open, c.started, c.dst = false, false, nil

@@ -102,8 +102,12 @@ const (
 	// two daemons that are each other's peers cannot ask each other in a
 	// loop), and RETRIEVE's metadata reply carries a checksum per chunk
 	// (PeerDataHeader) so that the reader can prove the bytes it got.
-	FlagPeer   Flags = 1 << 2
-	flagsKnown       = FlagReply | FlagMore | FlagPeer
+	FlagPeer Flags = 1 << 2
+	// FlagInProgress on a WAIT request counts, besides the chunks in RAM,
+	// those still arriving by RECEIVE_LAYERS, which a layerwise reader can
+	// take before they are complete (docs/disaggregation.md).
+	FlagInProgress Flags = 1 << 3
+	flagsKnown           = FlagReply | FlagMore | FlagPeer | FlagInProgress
 )
 
 // Status is a reply's outcome. A reply with a status other than OK has a
