@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, FrozenSet, Optional, Tuple
 
 from . import protocol as p
-from .client import KVTierError, NotFound, StatusError
+from .client import BadRequest, KVTierError, NotFound, StatusError
 from .link import Link
 from .peer import Peer, parse_addr
 
@@ -545,7 +545,7 @@ class DaemonTransport(PeerTransport):
         try:
             self._push_daemon(job, start, False, store_lease=lease, client=client)
             return True
-        except StatusError as e:
+        except BadRequest as e:  # an older daemon: an unknown PUSH flag
             log.info("kvtier: the daemon cannot push a save in progress (%s); chunks go after the commit", e)
             with self._lock:
                 self._no_store_push = True
