@@ -23,7 +23,7 @@ var ErrStoreAborted = errors.New("the store was given up before its chunk was co
 // concurrent use.
 type LayerFeed struct {
 	mu        sync.Mutex
-	changed   chan struct{} // closed and replaced at every change
+	changed   chan struct{} // made by a waiter, closed at the next change
 	geo       tier.LayerGeometry
 	ready     int // leading layers noticed
 	noticed   []uint64
@@ -31,7 +31,7 @@ type LayerFeed struct {
 	committed int  // chunks committed, when ended
 }
 
-func newLayerFeed() *LayerFeed { return &LayerFeed{changed: make(chan struct{})} }
+func newLayerFeed() *LayerFeed { return &LayerFeed{} }
 
 // notice records layer as final, under geometry geo (the first valid one
 // sticks).
@@ -68,8 +68,18 @@ func (f *LayerFeed) end(committed int) {
 }
 
 func (f *LayerFeed) wakeLocked() {
-	close(f.changed)
-	f.changed = make(chan struct{})
+	if f.changed != nil {
+		close(f.changed)
+		f.changed = nil
+	}
+}
+
+// waitChanLocked returns the channel the next change closes.
+func (f *LayerFeed) waitChanLocked() chan struct{} {
+	if f.changed == nil {
+		f.changed = make(chan struct{})
+	}
+	return f.changed
 }
 
 // Geometry waits until the feed knows how its chunks split into layers
@@ -78,7 +88,7 @@ func (f *LayerFeed) wakeLocked() {
 func (f *LayerFeed) Geometry(ctx context.Context) (tier.LayerGeometry, error) {
 	for {
 		f.mu.Lock()
-		geo, ended, ch := f.geo, f.ended, f.changed
+		geo, ended, ch := f.geo, f.ended, f.waitChanLocked()
 		f.mu.Unlock()
 		if geo.Valid() || ended {
 			return geo, nil
@@ -97,7 +107,7 @@ func (f *LayerFeed) Geometry(ctx context.Context) (tier.LayerGeometry, error) {
 func (f *LayerFeed) WaitLayer(ctx context.Context, j, upto int) error {
 	for {
 		f.mu.Lock()
-		ready, ended, committed, ch := f.ready, f.ended, f.committed, f.changed
+		ready, ended, committed, ch := f.ready, f.ended, f.committed, f.waitChanLocked()
 		f.mu.Unlock()
 		switch {
 		case ended && j < committed:

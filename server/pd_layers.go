@@ -30,6 +30,7 @@ type recvChunk struct {
 	started bool      // budget taken and the chunk reserved (or found in RAM)
 	open    bool      // reserved and not yet committed or given back
 	inf     *inflight // its progress, published to layerwise readers while open
+	spare   *inflight // an earlier chunk's, which no reader took: reused
 }
 
 // layerScratch is what a session reuses for RECEIVE_LAYERS.
@@ -177,7 +178,11 @@ func (s *session) startChunk(c *recvChunk, m *wire.ReceiveLayers, j int, ttl tim
 		return statusOf(err)
 	}
 	c.dst, c.open = dst, true
-	c.inf = newInflight(int(c.size))
+	c.inf, c.spare = c.spare, nil
+	if c.inf == nil {
+		c.inf = new(inflight)
+	}
+	c.inf.reset(int(c.size))
 	c.w.Publish(key, c.inf)
 	p.arrived.broadcast() // a WAIT for chunks in progress counts it now
 	return nil
@@ -193,7 +198,7 @@ func (s *session) completeChunk(c *recvChunk, key chunk.Key, ttl time.Duration) 
 	s.pd.held = held
 	s.svc.eng.Unpublish(key) // visible now, or never
 	if err != nil || n == 0 {
-		c.inf.end(false)
+		c.recycle(c.inf.end(false))
 		p.budget.release(c.size)
 		c.started = false // not stored: the reply's count stops before it
 		if err != nil {
@@ -204,7 +209,9 @@ func (s *session) completeChunk(c *recvChunk, key chunk.Key, ttl time.Duration) 
 	p.keep(key, held[0], c.size, ttl)
 	// Readers that took it in progress hold their own reference: their
 	// reads end its hold, as a read of the held chunk would.
-	for range c.inf.end(true) {
+	taken := c.inf.end(true)
+	c.recycle(taken)
+	for range taken {
 		s.pdl.one[0] = key
 		p.consumed(s.pdl.one[:])
 	}
@@ -221,9 +228,18 @@ func (s *session) abortOpen() {
 			continue
 		}
 		s.svc.eng.Unpublish(s.pdl.msg.Keys.Raw[j])
-		c.inf.end(false)
+		c.recycle(c.inf.end(false))
 		c.w.Abort()
 		s.svc.pd.budget.release(c.size)
 		c.open, c.started, c.dst = false, false, nil
 	}
+}
+
+// recycle keeps the chunk's progress for the next chunk in this slot when
+// no reader took it (taken): unpublished, nobody else can see it.
+func (c *recvChunk) recycle(taken int) {
+	if taken == 0 {
+		c.spare = c.inf
+	}
+	c.inf = nil
 }

@@ -21,15 +21,18 @@ type inflight struct {
 	size int
 
 	mu       sync.Mutex
-	changed  chan struct{} // closed and replaced at every change
+	changed  chan struct{} // made by a waiter, closed at the next change: no waiter, no allocation
 	arrived  []wire.ByteRange
 	complete bool
 	failed   bool
 	taken    int // readers that took it before it was complete
 }
 
-func newInflight(size int) *inflight {
-	return &inflight{size: size, changed: make(chan struct{})}
+// reset readies f (new, or one no reader ever took) for a chunk of size
+// bytes, keeping its ranges' backing array.
+func (f *inflight) reset(size int) {
+	f.size, f.changed, f.arrived = size, nil, f.arrived[:0]
+	f.complete, f.failed, f.taken = false, false, 0
 }
 
 // arrive records a verified range.
@@ -51,8 +54,10 @@ func (f *inflight) end(ok bool) int {
 }
 
 func (f *inflight) wakeLocked() {
-	close(f.changed)
-	f.changed = make(chan struct{})
+	if f.changed != nil {
+		close(f.changed)
+		f.changed = nil
+	}
 }
 
 func (f *inflight) Taken() {
@@ -65,7 +70,11 @@ func (f *inflight) Taken() {
 func (f *inflight) WaitLayer(ctx context.Context, geo tier.LayerGeometry, layer int) error {
 	for {
 		f.mu.Lock()
-		done, failed, ch := f.complete || f.hasLocked(geo, layer), f.failed, f.changed
+		done, failed := f.complete || f.hasLocked(geo, layer), f.failed
+		if f.changed == nil {
+			f.changed = make(chan struct{})
+		}
+		ch := f.changed
 		f.mu.Unlock()
 		switch {
 		case failed:
