@@ -61,3 +61,48 @@ func TestProcessesLayerPushProducerKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestProcessesLayerPushReadInOrder: between two real daemons, the
+// consumer's layerwise reader gets layer i of the chunks only once the
+// producer has saved it, byte-exact, and every chunk before the producer
+// commits.
+func TestProcessesLayerPushReadInOrder(t *testing.T) {
+	prod := startProc(t, t.TempDir(), pdProcConf)
+	cons := startProc(t, t.TempDir(), pdProcConf)
+	pc, cc := prod.dialLocal(t), cons.dialLocal(t)
+	ctx := context.Background()
+	s := prepareFeed(t, pc, 4, 71)
+	if _, err := pc.PushStore(ctx, 401, cons.TCP, client.Raw(s.keys), 20000, true, s.lease); err != nil {
+		t.Fatal(err)
+	}
+	s.layer(t, 0, true)
+	r := takeInProgress(t, cc, s, 4)
+	for i := range feedLayers {
+		ch := r.layerAsync(i)
+		if i > 0 {
+			select {
+			case got := <-ch:
+				t.Fatalf("layer %d ready (%+v) before the producer saved it", i, got)
+			case <-time.After(50 * time.Millisecond):
+			}
+			s.layer(t, i, true)
+		}
+		if got := <-ch; got.Usable != 4 {
+			t.Fatalf("layer %d: %+v", i, got)
+		}
+		r.checkLayer(s, i)
+	}
+	if l, err := cc.Lookup(ctx, client.Raw(s.keys), 0); err != nil || l.Chunks != 4 {
+		t.Fatalf("before the producer's commit: %d chunks on the consumer, %v", l.Chunks, err)
+	}
+	if _, err := pc.CommitStore(ctx, s.lease, 4); err != nil {
+		t.Fatal(err)
+	}
+	if st := waitPushed(t, pc, 401); st.Pushed != 4 {
+		t.Fatalf("status %+v", st)
+	}
+	if err := cc.Release(ctx, r.lease); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the holds ended by the read", func() bool { return cons.metric(t, "kvtier_pd_held_bytes") == 0 })
+}
