@@ -28,6 +28,10 @@ func (e *Engine) StoreLayer(id LeaseID, layer int, given Layers) bool {
 		return false
 	}
 	l := t.slots[i]
+	if l.feed != nil {
+		geo, _ := e.saveGeometry(l.keys, given)
+		l.feed.notice(layer, geo)
+	}
 	if l.save == nil && !l.noSave {
 		if geo, ok := e.saveGeometry(l.keys, given); ok {
 			l.save = e.mgr.BeginLayerSave(l.keys, l.ids, geo)
