@@ -158,13 +158,11 @@ class Client:
         if self._reqbuf is not None:
             self._reqbuf.close()
             self._reqbuf = None
-        if self._arena is not None:
-            try:
-                self._arena.close()
-            except BufferError:
-                # Tensors still view the mapping; it is unmapped when the last one goes.
-                pass
-            self._arena = None
+        # The arena is not unmapped here: tensors from slot_tensor may still view it (a save's
+        # slots, gathered layer by layer while the daemon died) and torch.frombuffer holds no
+        # buffer export that would stop mmap.close(), so closing it would leave them pointing
+        # at unmapped memory. Each view keeps the mmap object alive; the last one unmaps it.
+        self._arena = None
 
     def __enter__(self) -> "Client":
         return self
