@@ -53,7 +53,7 @@ from . import vllm_kv as kvl
 from . import vllm_pd as pd
 from ._vllm_compat import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorStats
 from .auth import resolve_token
-from .client import Client, KVTierError, default_socket_path
+from .client import BadRequest, Client, KVTierError, default_socket_path
 from .link import Link
 import os
 
@@ -374,6 +374,8 @@ class KVTierConnector(KVConnectorBase_V1):
         self._async_loaded: Set[str] = set()  # loaded in the background; vLLM resumes them with the tokens counted
         self._remotes: Dict[str, pd.RemotePrefill] = {}  # decode requests matched to a producer's chunks
         self._layered_remotes: Set[str] = set()  # of those, loaded in the step, layer by layer (pd_layerwise)
+        self._deferred: Dict[str, float] = {}  # pd_layerwise: first asked, while their pushes have not started
+        self._no_in_progress = False  # the daemon refused WAIT's IN_PROGRESS flag
         self._new_sends: List[SendMeta] = []  # finished prefills to hand to the workers next step
         self._sending: Set[str] = set()  # finished prefills whose blocks vLLM keeps for us
         # worker side
@@ -504,7 +506,7 @@ class KVTierConnector(KVConnectorBase_V1):
         return n, bool(n and not in_ram and self._loads_async())
 
     def _match_remote(self, request: Any, remote: pd.RemotePrefill, num_computed_tokens: int,
-                      prompt_len: int) -> Tuple[int, bool]:
+                      prompt_len: int) -> Tuple[Optional[int], bool]:
         """A decode request: the producer's whole chunks beyond what vLLM holds, loaded
         asynchronously — or, with ``pd_layerwise`` and a push coming, in the step itself,
         layer by layer (:meth:`_pd_layered`)."""
@@ -515,13 +517,46 @@ class KVTierConnector(KVConnectorBase_V1):
         self._layered_remotes.discard(request.request_id)
         if n == 0:
             return 0, False
+        layered = False
+        if self._pd_layered(remote):
+            started = self._push_started(request, num_computed_tokens, usable)
+            if started is None:
+                return None, False  # not yet: vLLM leaves the request waiting and asks again next step
+            layered = started
         self._remotes[request.request_id] = remote
         self._lookups[request.request_id] = _Lookup(usable, 0, num_computed_tokens, False)
         self.stats.hit_tokens += n
-        if self._pd_layered(remote):
+        if layered:
             self._layered_remotes.add(request.request_id)
-            return n, False
-        return n, True
+        return n, not layered
+
+    def _push_started(self, request: Any, num_computed_tokens: int, usable: int) -> Optional[bool]:
+        """Whether every pushed chunk of a decode request is in this daemon or arriving
+        (``WAIT`` with ``IN_PROGRESS`` that answers at once). None while it is not and the
+        request has waited less than ``pd_timeout``: the step is not held for a push that has
+        not started. False after that, or when the daemon cannot tell: the request is then
+        loaded asynchronously, which waits for the push and asks the producer's daemon."""
+        rid = request.request_id
+        first = self._deferred.setdefault(rid, time.monotonic())
+        tokens = self._key_tokens(request)
+        skip = 0 if isinstance(tokens, HashKeys) else chunk_floor(num_computed_tokens, self._chunk)
+        want = (usable - skip) // self._chunk
+        if self._no_in_progress:
+            got = -1
+        else:
+            try:
+                c = self._client()
+                keys = self._keys(c, self.link, namespace_of(self.settings.namespace, request), tokens, usable, skip)
+                got = c.wait(keys, 0, in_progress=True).chunks
+            except _ABSORBED as e:
+                if isinstance(e, (BadRequest, ConnectionError)):
+                    self._no_in_progress = True  # a daemon older than the flag: asynchronous loads
+                self.link.fail(e)
+                got = -1
+        if 0 <= got < want and time.monotonic() - first < self.settings.pd_timeout:
+            return None
+        self._deferred.pop(rid, None)
+        return got >= want
 
     def _pd_layered(self, remote: pd.RemotePrefill) -> bool:
         """Whether a decode request's pushed prompt is read in the step, layer by layer, as
@@ -729,6 +764,7 @@ class KVTierConnector(KVConnectorBase_V1):
         self._release_lookup(req_id)
         self._layered_remotes.discard(req_id)
         self._remotes.pop(req_id, None)
+        self._deferred.pop(req_id, None)
         self._tracked.pop(req_id, None)
         self._async_loaded.discard(req_id)
         self._requests.pop(req_id, None)

@@ -10,6 +10,7 @@ against one engine doing everything.
 """
 
 import threading
+import time
 
 import pytest
 
@@ -211,9 +212,38 @@ def test_pd_layerwise_off_or_without_layerwise_keeps_the_asynchronous_load(daemo
         kv_equal(cons, rid, prod, "P", TOKENS)
 
 
-def test_a_daemon_without_in_progress_gets_a_wait_for_whole_chunks(daemons, monkeypatch):
+def test_a_push_that_never_starts_leaves_the_step_alone_then_loads_asynchronously(daemons):
+    """No producer ever pushes: the scheduler side answers None (ask again) while the pushes have
+    not started, so no step waits on them; after pd_timeout the request takes the asynchronous
+    path, which finds nothing and recomputes. Its logits equal one engine's."""
+    pdaemon, ddaemon = daemons
+    p = prompt(345, TOKENS + 7)
+    prod = producer(pdaemon, "pd-never", layerwise=True)
+    cons = consumer(ddaemon, "pd-never", layerwise=True, pd_layerwise=True, pd_timeout=0.5)
+    asked = []
+    real = cons.scheduler_connector.get_num_new_matched_tokens
+
+    def get_num_new_matched_tokens(request, num_computed_tokens):
+        got = real(request, num_computed_tokens)
+        asked.append(got)
+        return got
+
+    cons.scheduler_connector.get_num_new_matched_tokens = get_num_new_matched_tokens
+    d = cons.add_request(p, "D", max_tokens=2, kv_transfer_params=decode_params_for(prod, pdaemon))
+    cons.run()
+    assert d.status.name == "FINISHED"
+    assert asked[0] == (None, False) and asked[-2:-1] and (TOKENS, True) in asked, asked
+    assert cons.async_loaded["D"] == TOKENS
+    steps = [s for s in cons.steps if s.req_id == "D"]
+    assert steps[0].num_computed_before == 0, "the decode used KV that never came"
+    for got, ref in zip(d.logits, single_instance(p, 2)):
+        assert_close(got, ref)
+
+
+def test_a_daemon_without_in_progress_gets_whole_chunks(daemons, monkeypatch):
     """A consumer daemon older than WAIT's IN_PROGRESS flag refuses the header and closes the
-    connection: the transport then waits for whole chunks, once, and remembers it."""
+    connection: the scheduler side then loads pushed prompts asynchronously (whole chunks), and
+    the worker's transport, asked directly, waits for whole chunks — each remembers it."""
     pdaemon, ddaemon = daemons
     p = prompt(344, TOKENS + 7)
     prod = producer(pdaemon, "pd-noflag", layerwise=True)
@@ -232,6 +262,13 @@ def test_a_daemon_without_in_progress_gets_a_wait_for_whole_chunks(daemons, monk
     monkeypatch.setattr(Client, "wait", wait)
     d = cons.add_request(p, "D", max_tokens=1, kv_transfer_params=prod.output_params["P"])
     cons.run()
-    assert d.status.name == "FINISHED" and flagged == [1]
-    assert cons.worker_connector._pd()._no_in_progress
+    assert d.status.name == "FINISHED" and flagged == [1] and cons.async_loaded["D"] == TOKENS
+    assert cons.scheduler_connector._no_in_progress
     kv_equal(cons, "D", prod, "P", TOKENS)
+
+    import array
+    from kvtier.vllm_keys import TokenKeys
+    w = cons.worker_connector
+    job = pd.Job("t1", "", TokenKeys(array.array("I", p)), TOKENS, pdaemon.tcp_addr)
+    assert w._pd().started(job, w._layered_link(), time.monotonic() + 5) == TOKENS
+    assert flagged == [1, 1] and w._pd()._no_in_progress
