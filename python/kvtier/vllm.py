@@ -1197,17 +1197,20 @@ class KVTierConnector(KVConnectorBase_V1):
         """A pushed prompt read in the step (``pd_layerwise``): waits only until its chunks'
         pushes have started — their first ranges are in this daemon — so that
         PREPARE_RETRIEVE_LAYERS takes them while later layers are still arriving and
-        wait_for_layer_load follows each layer. What has not started by ``pd_timeout`` (or
-        whose push the producer's daemon reports failed) is read from this daemon's tiers by
-        the prepare, or becomes load errors: the recompute of vLLM's load-error path."""
+        wait_for_layer_load follows each layer. The scheduler side scheduled the request
+        once it saw exactly that, so this returns at once unless a push failed in between;
+        the step then waits at most ``timeout`` (less if the producer's daemon reports the
+        failure), and what is missing is read from this daemon's tiers by the prepare, or
+        becomes load errors: the recompute of vLLM's load-error path."""
         r = req.remote
         job = pd.Job(r.transfer_id, req.namespace, req.keys, req.load_end, r.source)
         transport = self._pd()
+        deadline = time.monotonic() + min(self.settings.pd_timeout, self.settings.timeout)
         try:
             if isinstance(transport, pd.DaemonTransport):
-                got = transport.started(job, link, time.monotonic() + self.settings.pd_timeout, req.load_start)
+                got = transport.started(job, link, deadline, req.load_start)
             else:
-                got = transport.fetch(job, link, time.monotonic() + self.settings.pd_timeout, True, req.load_start)
+                got = transport.fetch(job, link, deadline, True, req.load_start)
         except _ABSORBED as e:
             link.fail(e)
             return
