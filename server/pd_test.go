@@ -170,6 +170,11 @@ func TestWaitReturnsAsChunksArrive(t *testing.T) {
 	if err != nil || w.Chunks != 4 {
 		t.Fatalf("wait for missing chunks: %+v %v", w, err)
 	}
+	// A wait of 0 answers at once with the run that is there, not with nothing.
+	w, err = cons.remote(t).Wait(ctx, client.Raw(append(keys[:4:4], pdKeys(2, 3)...)), 0, 0)
+	if err != nil || w.Chunks != 4 {
+		t.Fatalf("wait of 0 ms: %+v %v", w, err)
+	}
 }
 
 // TestPushBackpressure: a consumer whose budget holds 4 chunks takes a

@@ -158,13 +158,11 @@ class Client:
         if self._reqbuf is not None:
             self._reqbuf.close()
             self._reqbuf = None
-        if self._arena is not None:
-            try:
-                self._arena.close()
-            except BufferError:
-                # Tensors still view the mapping; it is unmapped when the last one goes.
-                pass
-            self._arena = None
+        # The arena is not unmapped here: tensors from slot_tensor may still view it (a save's
+        # slots, gathered layer by layer while the daemon died) and torch.frombuffer holds no
+        # buffer export that would stop mmap.close(), so closing it would leave them pointing
+        # at unmapped memory. Each view keeps the mmap object alive; the last one unmaps it.
+        self._arena = None
 
     def __enter__(self) -> "Client":
         return self
@@ -258,7 +256,7 @@ class Client:
             got += k
         return bytes(buf)
 
-    def _call(self, op: int, body: bytes = b"", timeout: Optional[float] = None) -> bytes:
+    def _call(self, op: int, body: bytes = b"", timeout: Optional[float] = None, flags: int = 0) -> bytes:
         """Sends one request and returns the body of its OK reply; timeout,
         when given, replaces the client's for this request alone."""
         with self._lock:
@@ -269,7 +267,7 @@ class Client:
             try:
                 if timeout is not None:
                     self._sock.settimeout(timeout)
-                self._sock.sendall(p.frame(op, rid, body))
+                self._sock.sendall(p.frame(op, rid, body, flags))
                 header = p.unpack_header(self._recv_exact(p.HEADER_SIZE))
                 if header.length > p.MAX_META_BODY:
                     raise p.ProtocolError(f"reply body of {header.length} bytes")
@@ -455,13 +453,17 @@ class Client:
         daemon does not know."""
         return p.unpack_push_status(self._call(p.OP_PUSH_STATUS, p.pack_push_status(transfer)))
 
-    def wait(self, keys: Keys, timeout_ms: int, least: int = 0) -> p.WaitReply:
+    def wait(self, keys: Keys, timeout_ms: int, least: int = 0, in_progress: bool = False) -> p.WaitReply:
         """Waits until at least ``least`` of the chunks ``keys`` names (after
         the skip; 0 means all) are in the daemon's RAM as a leading run, or
         ``timeout_ms`` passes; returns how many leading ones are there. A
-        consumer calls it before loading pushed chunks."""
+        consumer calls it before loading pushed chunks. With ``in_progress``
+        a chunk still arriving by ``RECEIVE_LAYERS`` counts as there (a
+        layerwise reader can take it); a daemon older than that flag refuses
+        the header and closes the connection (ConnectionLost or BadRequest)."""
         body = self._call(p.OP_WAIT, p.pack_wait(keys, timeout_ms, least),
-                          timeout=timeout_ms / 1000.0 + self.timeout)
+                          timeout=timeout_ms / 1000.0 + self.timeout,
+                          flags=p.FLAG_IN_PROGRESS if in_progress else 0)
         return p.unpack_wait_reply(body)
 
     # ----- conveniences -----------------------------------------------------

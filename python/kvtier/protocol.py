@@ -27,6 +27,7 @@ MAX_STRING = 1 << 10
 
 FLAG_REPLY = 1
 FLAG_MORE = 2
+FLAG_IN_PROGRESS = 8  # WAIT: count chunks still arriving by RECEIVE_LAYERS too
 
 # Operations (values are part of the protocol).
 OP_HELLO = 1
@@ -107,11 +108,11 @@ def unpack_header(b: bytes) -> Header:
     return Header(length, op, flags, rid, status)
 
 
-def frame(op: int, request_id: int, body: bytes) -> bytes:
+def frame(op: int, request_id: int, body: bytes, flags: int = 0) -> bytes:
     """A whole request frame: header then body."""
     if len(body) > MAX_META_BODY:
         raise ValueError(f"{len(body)}-byte body is over the protocol's {MAX_META_BODY}-byte limit")
-    return pack_header(len(body), op, request_id) + body
+    return pack_header(len(body), op, request_id, flags) + body
 
 
 def pack_str(s: str) -> bytes:

@@ -53,7 +53,7 @@ from . import vllm_kv as kvl
 from . import vllm_pd as pd
 from ._vllm_compat import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorStats
 from .auth import resolve_token
-from .client import Client, KVTierError, default_socket_path
+from .client import BadRequest, Client, KVTierError, default_socket_path
 from .link import Link
 import os
 
@@ -128,6 +128,12 @@ class Settings:
     # keeps a finished prefill's blocks for its transfer and how long a
     # consumer waits for pushed chunks before pulling or giving up.
     pd_timeout: float = 30.0
+    # Decode side in layerwise mode: load a pushed prompt inside the decode's first step, layer
+    # by layer while the producer's per-layer push is still arriving (WAIT IN_PROGRESS, then
+    # PREPARE_RETRIEVE_LAYERS), instead of asynchronously once every chunk is here. Off by
+    # default: the step that loads it waits on the push, and so does every request batched with
+    # it (docs/disaggregation.md, "Reading a push in progress").
+    pd_layerwise: bool = False
     tcp_addr: str = ""   # this node's daemon TCP address, handed to consumers (kvtier_source)
     tcp_token: str = ""  # the token other daemons' TCP ports want
     push_to: str = ""    # the consumer daemon when a request names none (LMCache: pd_peer_host:pd_peer_init_port)
@@ -367,6 +373,9 @@ class KVTierConnector(KVConnectorBase_V1):
         self._tracked: Dict[str, _Tracked] = {}
         self._async_loaded: Set[str] = set()  # loaded in the background; vLLM resumes them with the tokens counted
         self._remotes: Dict[str, pd.RemotePrefill] = {}  # decode requests matched to a producer's chunks
+        self._layered_remotes: Set[str] = set()  # of those, loaded in the step, layer by layer (pd_layerwise)
+        self._deferred: Dict[str, float] = {}  # pd_layerwise: first asked, while their pushes have not started
+        self._no_in_progress = False  # the daemon refused WAIT's IN_PROGRESS flag
         self._new_sends: List[SendMeta] = []  # finished prefills to hand to the workers next step
         self._sending: Set[str] = set()  # finished prefills whose blocks vLLM keeps for us
         # worker side
@@ -497,18 +506,64 @@ class KVTierConnector(KVConnectorBase_V1):
         return n, bool(n and not in_ram and self._loads_async())
 
     def _match_remote(self, request: Any, remote: pd.RemotePrefill, num_computed_tokens: int,
-                      prompt_len: int) -> Tuple[int, bool]:
-        """A decode request: the producer's whole chunks beyond what vLLM holds, always loaded asynchronously."""
+                      prompt_len: int) -> Tuple[Optional[int], bool]:
+        """A decode request: the producer's whole chunks beyond what vLLM holds, loaded
+        asynchronously — or, with ``pd_layerwise`` and a push coming, in the step itself,
+        layer by layer (:meth:`_pd_layered`)."""
         total = int(getattr(request, "num_tokens", 0) or prompt_len)
         usable = min(chunk_floor(remote.tokens, self._chunk), chunk_floor(total - 1, self._chunk))
         n = max(0, usable - num_computed_tokens)
         self.stats.queries += 1
+        self._layered_remotes.discard(request.request_id)
         if n == 0:
             return 0, False
+        layered = False
+        if self._pd_layered(remote):
+            started = self._push_started(request, num_computed_tokens, usable)
+            if started is None:
+                return None, False  # not yet: vLLM leaves the request waiting and asks again next step
+            layered = started
         self._remotes[request.request_id] = remote
         self._lookups[request.request_id] = _Lookup(usable, 0, num_computed_tokens, False)
         self.stats.hit_tokens += n
-        return n, True
+        if layered:
+            self._layered_remotes.add(request.request_id)
+        return n, not layered
+
+    def _push_started(self, request: Any, num_computed_tokens: int, usable: int) -> Optional[bool]:
+        """Whether every pushed chunk of a decode request is in this daemon or arriving
+        (``WAIT`` with ``IN_PROGRESS`` that answers at once). None while it is not and the
+        request has waited less than ``pd_timeout``: the step is not held for a push that has
+        not started. False after that, or when the daemon cannot tell: the request is then
+        loaded asynchronously, which waits for the push and asks the producer's daemon."""
+        rid = request.request_id
+        first = self._deferred.setdefault(rid, time.monotonic())
+        tokens = self._key_tokens(request)
+        skip = 0 if isinstance(tokens, HashKeys) else chunk_floor(num_computed_tokens, self._chunk)
+        want = (usable - skip) // self._chunk
+        if self._no_in_progress:
+            got = -1
+        else:
+            try:
+                c = self._client()
+                keys = self._keys(c, self.link, namespace_of(self.settings.namespace, request), tokens, usable, skip)
+                got = c.wait(keys, 0, in_progress=True).chunks
+            except _ABSORBED as e:
+                if isinstance(e, (BadRequest, ConnectionError)):
+                    self._no_in_progress = True  # a daemon older than the flag: asynchronous loads
+                self.link.fail(e)
+                got = -1
+        if 0 <= got < want and time.monotonic() - first < self.settings.pd_timeout:
+            return None
+        self._deferred.pop(rid, None)
+        return got >= want
+
+    def _pd_layered(self, remote: pd.RemotePrefill) -> bool:
+        """Whether a decode request's pushed prompt is read in the step, layer by layer, as
+        its push arrives: ``pd_layerwise`` in layerwise mode, per-layer KV (not cross-layer
+        blocks), and a push announced (without one there is nothing to overlap with)."""
+        s = self.settings
+        return s.pd_layerwise and s.layerwise and not self.prefer_cross_layer_blocks and remote.pushed
 
     def _key_tokens(self, request: Any) -> Any:
         """The request's chunk keys (TokenKeys or HashKeys), computed once per request; None if it has none."""
@@ -546,10 +601,12 @@ class KVTierConnector(KVConnectorBase_V1):
             params["do_remote_prefill"] = False
         if num_external_tokens <= 0:
             self._remotes.pop(rid, None)
+            self._layered_remotes.discard(rid)
             self._release_lookup(rid, keep_hit=True)
             return
         look = self._lookups.get(rid) or _Lookup(0, 0, 0, True)
-        is_async = rid in self._remotes or (not look.in_ram and self._loads_async())
+        layered_remote = rid in self._layered_remotes
+        is_async = (rid in self._remotes and not layered_remote) or (not look.in_ram and self._loads_async())
         self._loads[rid] = (look.local, look.local + num_external_tokens, is_async)
         if is_async:
             self._plan_async(request, blocks, look)
@@ -640,7 +697,12 @@ class KVTierConnector(KVConnectorBase_V1):
         load_start, load_end, is_async = self._loads.get(req_id, (0, 0, False))
         if is_async:
             load_start = load_end = 0  # shipped already
-        req = ReqMeta(req_id, state.namespace, state.tokens, list(state.block_ids), load_start, load_end)
+        remote = None
+        if req_id in self._layered_remotes:  # a pushed prompt read in this step, layer by layer
+            self._layered_remotes.discard(req_id)
+            remote = self._remotes.pop(req_id, None) if load_end > load_start else None
+        req = ReqMeta(req_id, state.namespace, state.tokens, list(state.block_ids), load_start, load_end,
+                      remote=remote)
         self._add_save(req, state)
         if req.save_end > req.save_start:
             push = pd.PushRequest.of(getattr(state.request, "kv_transfer_params", None), req_id,
@@ -700,6 +762,9 @@ class KVTierConnector(KVConnectorBase_V1):
 
     def _forget(self, req_id: str) -> None:
         self._release_lookup(req_id)
+        self._layered_remotes.discard(req_id)
+        self._remotes.pop(req_id, None)
+        self._deferred.pop(req_id, None)
         self._tracked.pop(req_id, None)
         self._async_loaded.discard(req_id)
         self._requests.pop(req_id, None)
@@ -812,6 +877,10 @@ class KVTierConnector(KVConnectorBase_V1):
         # forward pass saves through the main one.
         link = self._layered_link() if layered else self.link
         prepare = (lambda r: self._prepare_load(r, link, True)) if layered else (lambda r: self._prepare_load(r, link))
+        if layered:
+            for r in reqs:
+                if not r.load_async and r.remote is not None:
+                    self._await_push_start(r, link)
         loads = [l for l in (prepare(r) for r in reqs if not r.load_async) if l]
         if not loads:
             return
@@ -1123,6 +1192,31 @@ class KVTierConnector(KVConnectorBase_V1):
                             "daemon's tiers or recomputed (kv_load_failure_policy decides)",
                             r.transfer_id, req.req_id, loaded[0], req.load_end)
             self._load_async_part(dataclasses.replace(req, load_start=loaded[0], remote=None), link)
+
+    def _await_push_start(self, req: ReqMeta, link: Link) -> None:
+        """A pushed prompt read in the step (``pd_layerwise``): waits only until its chunks'
+        pushes have started — their first ranges are in this daemon — so that
+        PREPARE_RETRIEVE_LAYERS takes them while later layers are still arriving and
+        wait_for_layer_load follows each layer. The scheduler side scheduled the request
+        once it saw exactly that, so this returns at once unless a push failed in between;
+        the step then waits at most ``timeout`` (less if the producer's daemon reports the
+        failure), and what is missing is read from this daemon's tiers by the prepare, or
+        becomes load errors: the recompute of vLLM's load-error path."""
+        r = req.remote
+        job = pd.Job(r.transfer_id, req.namespace, req.keys, req.load_end, r.source)
+        transport = self._pd()
+        deadline = time.monotonic() + min(self.settings.pd_timeout, self.settings.timeout)
+        try:
+            if isinstance(transport, pd.DaemonTransport):
+                got = transport.started(job, link, deadline, req.load_start)
+            else:
+                got = transport.fetch(job, link, deadline, True, req.load_start)
+        except _ABSORBED as e:
+            link.fail(e)
+            return
+        if got < req.load_end:
+            log.warning("kvtier: transfer %s of %s: %d of %d tokens on their way; the rest is read from this "
+                        "daemon's tiers or recomputed", r.transfer_id, req.req_id, got, req.load_end)
 
     # ----- layer hooks
 

@@ -505,6 +505,7 @@ class DaemonTransport(PeerTransport):
         self._fallback: set = set()  # transfers pushed by PeerTransport (old daemon)
         self._old = False
         self._no_store_push = False  # the daemon refused a PUSH of a save in progress
+        self._no_in_progress = False  # the daemon refused WAIT's IN_PROGRESS flag
         self.connector_pushes = 0  # transfers pushed that way, for tests and logs
 
     def push(self, job: Job, start: int = 0, last: bool = True) -> None:
@@ -616,8 +617,37 @@ class DaemonTransport(PeerTransport):
             self._old = True
             return super().fetch(job, link, deadline, wait_push, start, on_ready)
 
+    def started(self, job: Job, link: Link, deadline: float, start: int = 0) -> int:
+        """Waits only until the pushed chunks from ``start`` are here or on their way (WAIT with
+        ``IN_PROGRESS``: a chunk whose first ranges have arrived by ``RECEIVE_LAYERS`` counts),
+        so a layerwise reader can take them while their later layers are still arriving
+        (docs/disaggregation.md). Ends early as ``fetch`` does: the deadline, or the producer's
+        daemon saying the push failed. Returns the leading tokens counted. A daemon older than
+        the flag (it refuses the header and closes the connection) gets a wait for whole chunks."""
+        if self._old:
+            return super().fetch(job, link, deadline, True, start)
+        c = link.get()
+        chunk = c.chunk_tokens
+        want = job.tokens // chunk * chunk
+        if want <= start:
+            return start
+        model, fmt, world, rank = link.scope_args
+        local = c.scope(model, fmt, world_size=world, rank=rank, namespace=job.namespace)
+        in_progress = not self._no_in_progress
+        try:
+            return self._wait(c, job, local, want, start // chunk * chunk, rank, deadline, None, in_progress)
+        except (BadRequest, ConnectionError) as e:
+            if not in_progress:
+                raise
+            log.info("kvtier: the daemon does not count chunks in progress (%s); waiting for whole chunks", e)
+            with self._lock:
+                self._no_in_progress = True
+            if isinstance(e, ConnectionError):
+                link.fail(e)
+            return self.fetch(job, link, deadline, True, start)
+
     def _wait(self, c: Any, job: Job, local: int, want: int, done: int, rank: int, deadline: float,
-              on_ready: Optional[Callable[[int], None]]) -> int:
+              on_ready: Optional[Callable[[int], None]], in_progress: bool = False) -> int:
         """WAITs in short slices for the next chunk (``least`` 1) until all are here, the
         deadline, or the producer's daemon says the push failed (asked every ``ask_s``)."""
         number = rank_transfer(job.transfer_id, rank)
@@ -627,7 +657,8 @@ class DaemonTransport(PeerTransport):
         while done < want:
             left = deadline - time.monotonic()
             keys = job.keys.build(c, local, want, done)
-            got = c.wait(keys, int(max(0.0, min(left, self.slice_s)) * 1000), least=1).chunks
+            got = c.wait(keys, int(max(0.0, min(left, self.slice_s)) * 1000), least=1,
+                         in_progress=in_progress).chunks
             if got:
                 done += got * chunk
                 if on_ready is not None:
