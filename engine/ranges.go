@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"io"
 	"sync"
 
 	"kvtier/arena"
@@ -98,11 +100,18 @@ func (r *RangeReads) Range(ctx context.Context, j, from, to int) ([]byte, error)
 			}
 			o.win = w
 		}
-		buf, ok := r.take(o.win.WindowLen(from, to))
-		if !ok {
-			return r.promote(ctx, j, from, to)
+		for try := 0; ; try++ {
+			buf, ok := r.take(o.win.WindowLen(from, to))
+			if !ok {
+				return r.promote(ctx, j, from, to)
+			}
+			data, err := o.win.ReadWindow(ctx, from, to, buf)
+			// A version 1 record turns out, once its header is read,
+			// to need a window of its whole size: once more with that.
+			if try > 0 || !errors.Is(err, io.ErrShortBuffer) {
+				return data, err
+			}
 		}
-		return o.win.ReadWindow(ctx, from, to, buf)
 	}
 	if o.rr == nil {
 		buf, ok := r.take(l.Size())
