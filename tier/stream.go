@@ -307,6 +307,10 @@ func (s *Stream) fillPipelined(ctx context.Context, c int, r PipelinedRead, size
 	var spans [MaxSpans]Span
 	k := 0
 	for layer := 0; layer < s.geo.Layers || k > 0; {
+		if err := s.stopped(ctx); err != nil {
+			s.progress(ctx, c, 0, err)
+			return
+		}
 		if layer < s.geo.Layers && k < PipelineDepth {
 			ok, near := s.window(c, layer, k > 0)
 			if !ok {
@@ -344,6 +348,15 @@ func (s *Stream) fillPipelined(ctx context.Context, c int, r PipelinedRead, size
 			return
 		}
 	}
+}
+
+// stopped returns why the reads must end now, if they must: the manager
+// is closing (Close waits for the stream) or ctx ended.
+func (s *Stream) stopped(ctx context.Context) error {
+	if s.m.stopping.Load() {
+		return ErrClosed
+	}
+	return ctx.Err()
 }
 
 // window reports whether chunk c is still usable and whether layer is
