@@ -157,14 +157,14 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 
 // fixture is an engine holding the prefix in a lower tier.
 type fixture struct {
-	eng    *engine.Engine
-	keys   []chunk.Key
-	data   [][]byte
-	layers int
-	dir    string // the disk tier's, removed by close
-	before func() // run by evict: where the peer rows put the prefix on the peer
+	eng      *engine.Engine
+	keys     []chunk.Key
+	data     [][]byte
+	layers   int
+	dir      string         // the disk tier's, removed by close
+	before   func()         // run by evict: where the peer rows put the prefix on the peer
 	requests func() float64 // requests the peer has served so far (P2P rows); nil elsewhere
-	given  engine.Layers
+	given    engine.Layers
 }
 
 // newFixture holds the prefix in a fresh disk tier under o.Dir (a tier
