@@ -73,9 +73,8 @@ func (r *RangeReads) Len() int { return r.n }
 func (r *RangeReads) Size(j int) int {
 	if c := r.chunk[j]; c < 0 {
 		return r.lowers[-1-c].Size()
-	} else {
-		return r.reads.Size(int(c))
 	}
+	return r.reads.Size(int(r.chunk[j]))
 }
 
 // Range returns bytes [from, to) of chunk j, valid until Release: in
