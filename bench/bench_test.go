@@ -69,7 +69,9 @@ func checkLookupRates(t *testing.T, d *DaemonReport) {
 	for name, v := range map[string]float64{"empty round trips": d.EmptyRoundTrips, "same-bytes round trips": d.SameBytesRoundTrips,
 		"pings": d.PingsPerSec, "lookups": d.LookupsPerSec, "batched lookups": d.BatchLookupsPerSec,
 		"lookups, request buffer": d.SharedLookupsPerSec, "batched lookups, request buffer": d.SharedBatchLookupsPerSec,
-		"lookup ratio": d.LookupRatio, "batch ratio": d.BatchRatio, "p50": d.LookupP50Micros} {
+		"lookups, engine hashes": d.HashLookupsPerSec, "batched lookups, engine hashes": d.HashBatchLookupsPerSec,
+		"lookups, client hashes": d.ClientHashLookupsPerSec,
+		"lookup ratio":           d.LookupRatio, "batch ratio": d.BatchRatio, "p50": d.LookupP50Micros} {
 		if !(v > 0) {
 			t.Errorf("%s = %v, want a positive measurement", name, v)
 		}
@@ -89,7 +91,7 @@ func TestLookupsOnly(t *testing.T) {
 	}
 	var out bytes.Buffer
 	r.Print(&out)
-	for _, row := range []string{"empty round trips (baseline)", "LOOKUP ", "LOOKUP_BATCH of 16", "request buffer"} {
+	for _, row := range []string{"empty round trips (baseline)", "LOOKUP ", "LOOKUP_BATCH of 16", "request buffer", "LOOKUP, engine hashes (kind 1)", "LOOKUP_BATCH of 16, engine hashes", "hashed by the client"} {
 		if !strings.Contains(out.String(), row) {
 			t.Errorf("no %q row in:\n%s", row, out.String())
 		}

@@ -55,6 +55,14 @@ type DaemonReport struct {
 	SharedLookupRatio        float64 `json:"shared_lookup_ratio"`
 	SharedBatchLookupsPerSec float64 `json:"shared_batch_lookups_per_sec"`
 	SharedBatchRatio         float64 `json:"shared_batch_ratio"`
+	// The same with engine-computed chunk hashes (wire.KindHashes), and
+	// LOOKUPs whose client computes them on every call.
+	HashLookupsPerSec       float64 `json:"hash_lookups_per_sec"`
+	HashLookupRatio         float64 `json:"hash_lookup_ratio"`
+	HashBatchLookupsPerSec  float64 `json:"hash_batch_lookups_per_sec"`
+	HashBatchRatio          float64 `json:"hash_batch_ratio"`
+	ClientHashLookupsPerSec float64 `json:"client_hash_lookups_per_sec"`
+	ClientHashLookupRatio   float64 `json:"client_hash_lookup_ratio"`
 
 	TCPStreamGBps    float64 `json:"tcp_stream_gbps"`
 	TCPStoreGBps     float64 `json:"tcp_store_gbps"`
@@ -379,6 +387,9 @@ func printLookupRates(w io.Writer, d *DaemonReport) {
 	row(fmt.Sprintf("LOOKUP_BATCH of %d (lookups)", d.BatchSize), "batch", d.BatchLookupsPerSec, d.BatchRatio, "")
 	row("LOOKUP, request buffer", "lookup, request buffer", d.SharedLookupsPerSec, d.SharedLookupRatio, "tokens copied into shared memory, not sent")
 	row(fmt.Sprintf("LOOKUP_BATCH of %d, request buffer", d.BatchSize), "batch, request buffer", d.SharedBatchLookupsPerSec, d.SharedBatchRatio, "")
+	row("LOOKUP, engine hashes (kind 1)", "lookup, engine hashes", d.HashLookupsPerSec, d.HashLookupRatio, "16-byte chunk hashes computed once, sent")
+	row(fmt.Sprintf("LOOKUP_BATCH of %d, engine hashes", d.BatchSize), "batch, engine hashes", d.HashBatchLookupsPerSec, d.HashBatchRatio, "")
+	row("LOOKUP, hashed by the client", "lookup, client hashes", d.ClientHashLookupsPerSec, d.ClientHashLookupRatio, "kind 1, the client hashing the prompt on every call")
 	if d.External {
 		fmt.Fprintf(w, "(CPU µs: this process's CPU time per operation, clients and echo server: the daemon at --socket is not counted, so CPU rt says little)\n")
 		return

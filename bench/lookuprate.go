@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"kvtier/chunk"
 	"kvtier/client"
 	"kvtier/engine"
 	"kvtier/internal/proccpu"
@@ -93,6 +94,11 @@ func benchLookups(ctx context.Context, d *DaemonReport, sock string) error {
 		{name: "batch, request buffer", dial: func(ctx context.Context) (rateClient, error) {
 			return dialLookup(ctx, sock, ps, rateBatch, rateBuffer)
 		}},
+		{name: "lookup, engine hashes", dial: func(ctx context.Context) (rateClient, error) { return dialHashLookup(ctx, sock, ps, 1, false) }},
+		{name: "batch, engine hashes", dial: func(ctx context.Context) (rateClient, error) {
+			return dialHashLookup(ctx, sock, ps, rateBatch, false)
+		}},
+		{name: "lookup, client hashes", dial: func(ctx context.Context) (rateClient, error) { return dialHashLookup(ctx, sock, ps, 1, true) }},
 	}
 	empty := kinds[0]
 	for round := range rateRounds {
@@ -120,6 +126,9 @@ func benchLookups(ctx context.Context, d *DaemonReport, sock string) error {
 	d.BatchLookupsPerSec, d.BatchRatio = rate(4)
 	d.SharedLookupsPerSec, d.SharedLookupRatio = rate(5)
 	d.SharedBatchLookupsPerSec, d.SharedBatchRatio = rate(6)
+	d.HashLookupsPerSec, d.HashLookupRatio = rate(7)
+	d.HashBatchLookupsPerSec, d.HashBatchRatio = rate(8)
+	d.ClientHashLookupsPerSec, d.ClientHashLookupRatio = rate(9)
 	lat := kinds[3].lat
 	slices.Sort(lat)
 	d.LookupP50Micros = lat[len(lat)/2]
@@ -138,7 +147,8 @@ func lookupFrameLens(tokens []uint32) (req, reply int) {
 // benchPrompt is a looked-up prompt and the hit its lookup must report.
 type benchPrompt struct {
 	tokens         []uint32
-	chunks, cached int // cached of its chunks are stored
+	hashes         []chunk.Hash // its chunks' hashes (storeHashKeys)
+	chunks, cached int          // cached of its chunks are stored
 }
 
 // storePrompts stores rateBatch prompts of ratePrompt tokens, all but the
@@ -172,7 +182,7 @@ func storePrompts(ctx context.Context, sock string) ([]benchPrompt, error) {
 		}
 		ps[i] = p
 	}
-	return ps, nil
+	return ps, storeHashKeys(ctx, c, h, ps, small)
 }
 
 // measure runs one slice: rateClients clients, each on a connection of

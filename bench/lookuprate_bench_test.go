@@ -14,8 +14,9 @@ import (
 // so that a profile shows that kind's costs only (kvtier bench
 // --lookups-only --cpuprofile profiles all of them together): the empty
 // round trip, the echo of a LOOKUP's bytes ("same"), PING through the
-// daemon, LOOKUP with the tokens in the frame and with the request buffer,
-// each from rateClients clients on their own connections; one op is one
+// daemon, LOOKUP with the tokens in the frame, with the request buffer,
+// by engine hashes ("hashes") and by hashes the client computes on every
+// call ("clienthash"), each from rateClients clients on their own connections; one op is one
 // request, and cpu-ns/op is the CPU time of the whole process (clients,
 // daemon, echo server) per request. For example:
 //
@@ -53,6 +54,8 @@ func BenchmarkLookupRate(b *testing.B) {
 		{"ping", func() (rateClient, error) { return dialPing(ctx, sock) }},
 		{"lookup", func() (rateClient, error) { return dialLookup(ctx, sock, ps, 1, 0) }},
 		{"buffer", func() (rateClient, error) { return dialLookup(ctx, sock, ps, 1, rateBuffer) }},
+		{"hashes", func() (rateClient, error) { return dialHashLookup(ctx, sock, ps, 1, false) }},
+		{"clienthash", func() (rateClient, error) { return dialHashLookup(ctx, sock, ps, 1, true) }},
 	} {
 		b.Run(k.name, func(b *testing.B) {
 			cs := make([]rateClient, rateClients)

@@ -115,7 +115,7 @@ func (c *Client) Receive(ctx context.Context, id uint64, holdMS uint32, keys []c
 		if j == len(chunks)-1 {
 			flags = 0
 		}
-		if err := c.writeSummed(flags, ch, sums, j); err != nil {
+		if err := c.writeSummed(wire.OpReceive, flags, ch, sums, j); err != nil {
 			return 0, c.breakConn(err)
 		}
 	}
@@ -129,12 +129,12 @@ func (c *Client) Receive(ctx context.Context, id uint64, holdMS uint32, keys []c
 	return int(binary.LittleEndian.Uint32(body)), nil
 }
 
-// writeSummed writes one RECEIVE data frame: the header, the bytes, then
+// writeSummed writes one RECEIVE (or RECEIVE_LAYERS) data frame: the header, the bytes, then
 // the checksum trailer. Unless the checksum is given, the bytes go out in
 // steps of hashStep, each hashed just before it is written, so the kernel
 // copies it from the CPU's cache instead of reading memory a second time.
-func (c *Client) writeSummed(flags wire.Flags, data []byte, sums []uint64, j int) error {
-	wire.Header{Len: uint32(len(data) + wire.ChecksumSize), Op: wire.OpReceive, Flags: flags, ID: c.id}.Put(c.hdr[:])
+func (c *Client) writeSummed(op wire.Op, flags wire.Flags, data []byte, sums []uint64, j int) error {
+	wire.Header{Len: uint32(len(data) + wire.ChecksumSize), Op: op, Flags: flags, ID: c.id}.Put(c.hdr[:])
 	step := len(data)
 	if sums == nil {
 		step = min(step, hashStep)

@@ -56,28 +56,18 @@ func SealPieced(dst []byte, spec kvformat.Spec, chunk []byte) ([]byte, error) {
 	if len(chunk) > MaxRawLen {
 		return dst, fmt.Errorf("%w: chunk of %d bytes exceeds MaxRawLen %d", ErrUnsupported, len(chunk), MaxRawLen)
 	}
-	start := len(dst)
-	dst = append(dst, make([]byte, PiecedHeaderSize)...)
-	h, table := dst[start:start+HeaderSize], dst[start+HeaderSize:start+PiecedHeaderSize]
-	copy(h, magic)
-	h[4], h[5] = piecedVersion, byte(IDRaw)
-	if spec != (kvformat.Spec{}) {
-		if _, err := spec.AppendBinary(h[specOffset:specOffset]); err != nil {
-			return dst[:start], fmt.Errorf("codec: seal: %w", err)
-		}
-	}
 	shift := PieceShift(len(chunk))
 	p := 1 << shift
+	var sums [MaxPieces]uint64
 	m := (len(chunk) + p - 1) / p
-	binary.LittleEndian.PutUint32(table[0:], uint32(shift))
-	binary.LittleEndian.PutUint32(table[4:], uint32(m))
 	for i := range m {
-		binary.LittleEndian.PutUint64(table[8+8*i:], xxh3.Hash(chunk[i*p:min((i+1)*p, len(chunk))]))
+		sums[i] = xxh3.Hash(chunk[i*p : min((i+1)*p, len(chunk))])
 	}
-	binary.LittleEndian.PutUint32(h[rawLenOffset:], uint32(len(chunk)))
-	binary.LittleEndian.PutUint32(h[payloadLenOff:], uint32(PieceTableSize+len(chunk)))
-	binary.LittleEndian.PutUint64(h[payloadSumOff:], xxh3.Hash(table))
-	binary.LittleEndian.PutUint64(h[headerSumOffset:], xxh3.Hash(h[:headerSumOffset]))
+	start := len(dst)
+	dst, err := AppendPiecedHeader(dst, spec, len(chunk), sums[:m])
+	if err != nil {
+		return dst[:start], err
+	}
 	return append(dst, chunk...), nil
 }
 

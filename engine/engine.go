@@ -60,6 +60,8 @@ type Engine struct {
 
 	keyPool sync.Pool // *[]chunk.Key
 
+	pend pendingTable // chunks pushed layer by layer, still arriving (pending.go)
+
 	specs *scopeSpecs // chunk formats by scope, for remote codecs; nil without Open
 
 	leases *leaseTable // every lease clients hold, and their reaper

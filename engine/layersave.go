@@ -7,8 +7,9 @@ import (
 
 // Per-layer saves (docs/layerwise.md): a client filling a store lease's
 // slots layer by layer says when each layer is final (STORE_LAYER), and
-// the engine has the disk tier write that layer of every chunk at once,
-// so that COMMIT_STORE leaves only the headers to write.
+// the engine has the lower tiers that write ranges (the disk tier, a raw
+// Redis tier) write that layer of every chunk at once, so that
+// COMMIT_STORE leaves only the headers to write.
 
 // StoreLayer says that layer of every chunk of store lease id is final in
 // its slot. The first notice starts the lease's per-layer save, with the
@@ -27,6 +28,10 @@ func (e *Engine) StoreLayer(id LeaseID, layer int, given Layers) bool {
 		return false
 	}
 	l := t.slots[i]
+	if l.feed != nil {
+		geo, _ := e.saveGeometry(l.keys, given)
+		l.feed.notice(layer, geo)
+	}
 	if l.save == nil && !l.noSave {
 		if geo, ok := e.saveGeometry(l.keys, given); ok {
 			l.save = e.mgr.BeginLayerSave(l.keys, l.ids, geo)

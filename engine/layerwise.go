@@ -44,6 +44,9 @@ func (e *Engine) PrepareRetrieveLayers(ctx context.Context, keys []chunk.Key, gi
 		return g
 	}
 	n, s, err := e.mgr.AcquireStream(ctx, keys, l.ids, geo, time.Now().Add(ttl))
+	if s == nil && err == nil && n < len(keys) {
+		n += e.pendingInto(l, keys[n:], n, geo)
+	}
 	l.ids, l.stream = l.ids[:n], s
 	if err != nil && n == 0 {
 		e.leases.discard(i)
@@ -73,6 +76,12 @@ func (e *Engine) LayerWait(ctx context.Context, id LeaseID, layer int) (usable, 
 		return 0, 0, ErrUnknownLease
 	}
 	if s == nil {
+		if srcs, geo := e.leases.pendingOf(id); len(srcs) > 0 {
+			ctx, cancel := context.WithDeadline(ctx, deadline)
+			defer cancel()
+			usable, ready = waitPending(ctx, chunks, srcs, geo, layer)
+			return usable, ready, nil
+		}
 		return chunks, AllLayers, nil
 	}
 	ctx, cancel := context.WithDeadline(ctx, deadline)
@@ -135,4 +144,36 @@ func (t *leaseTable) stream(id LeaseID) (*tier.Stream, int, time.Time, bool) {
 	}
 	l := t.slots[i]
 	return l.stream, len(l.ids), t.epoch.Add(time.Duration(l.deadline)), true
+}
+
+// pendingInto adds to lease l the leading keys (from index at) whose
+// chunks are pending, when the chunks have a layer geometry, and returns
+// how many it added.
+func (e *Engine) pendingInto(l *lease, keys []chunk.Key, at int, geo func() tier.LayerGeometry) int {
+	e.pend.mu.Lock()
+	some := len(e.pend.m) > 0
+	e.pend.mu.Unlock()
+	if !some {
+		return 0
+	}
+	g := geo()
+	if !g.Valid() {
+		return 0
+	}
+	n, srcs := e.takePending(keys, l.ids[at:at+len(keys)], l.pending[:0])
+	l.pending, l.pgeo = srcs, g
+	return n
+}
+
+// pendingOf returns a copy of retrieve lease id's pending chunks and
+// their geometry.
+func (t *leaseTable) pendingOf(id LeaseID) ([]PendingChunk, tier.LayerGeometry) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	i, ok := t.lookup(id)
+	if !ok || len(t.slots[i].pending) == 0 {
+		return nil, tier.LayerGeometry{}
+	}
+	l := t.slots[i]
+	return append([]PendingChunk(nil), l.pending...), l.pgeo
 }

@@ -70,7 +70,10 @@ type lease struct {
 	stream   *tier.Stream    // a layerwise retrieve's background fill (layerwise.go)
 	save     *tier.LayerSave // a store's per-layer writes (layersave.go)
 	noSave   bool            // a store whose layers cannot be saved one by one
-	pos      int32           // index in byDeadline; notActive while free or being built
+	feed     *LayerFeed      // a store pushed while it is filled (layerfeed.go)
+	pending  []PendingChunk  // a layerwise retrieve's last chunks, still arriving (pending.go)
+	pgeo     tier.LayerGeometry
+	pos      int32 // index in byDeadline; notActive while free or being built
 	nextFree int32
 }
 
@@ -320,7 +323,12 @@ func (t *leaseTable) freeLocked(i int32) {
 	if l.save != nil { // ended without a commit: its extents go back
 		l.save.Abort()
 	}
-	l.id, l.keys, l.ids, l.stream, l.save, l.noSave = 0, l.keys[:0], l.ids[:0], nil, nil, false
+	if l.feed != nil { // ended without a commit: its pushes fail
+		l.feed.end(0)
+	}
+	l.id, l.keys, l.ids, l.stream, l.save, l.noSave, l.feed = 0, l.keys[:0], l.ids[:0], nil, nil, false, nil
+	clear(l.pending)
+	l.pending = l.pending[:0]
 	l.pos = notActive
 	l.nextFree = t.free
 	t.free = i

@@ -106,6 +106,10 @@ func (e *Engine) CommitStore(id LeaseID, count int) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	if l.feed != nil { // its pushes may send every layer of the first n
+		l.feed.end(n)
+		l.feed = nil
+	}
 	return n, nil
 }
 

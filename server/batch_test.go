@@ -232,8 +232,8 @@ func handshakeTCP(t *testing.T, d *daemon) (net.Conn, *wire.Reader) {
 	return conn, rd
 }
 
-// TestLookupAllocs: once a connection is warm, a LOOKUP and a
-// LOOKUP_BATCH allocate nothing — in the client or in the daemon, whose
+// TestLookupAllocs: once a connection is warm, a LOOKUP (by tokens or by
+// engine hashes) and a LOOKUP_BATCH allocate nothing — in the client or in the daemon, whose
 // allocations AllocsPerRun counts too since both run in this process.
 func TestLookupAllocs(t *testing.T) {
 	d := startService(t, 16<<20, server.ServiceOptions{})
@@ -243,21 +243,38 @@ func TestLookupAllocs(t *testing.T) {
 	if got := storeLocal(t, setup, mustScope(t, setup), tokens[:4*pChunkTokens], 8); got != 4 {
 		t.Fatalf("stored %d", got)
 	}
+	ck, err := chunk.NewChunker(pScope, pChunkTokens, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hashes []chunk.Hash
+	for _, k := range ck.Keys(nil, tokens) {
+		hashes = append(hashes, k.Hash)
+	}
 	for _, c := range []*client.Client{d.local(t), d.remote(t)} {
 		keys := client.Tokens(mustScope(t, c), tokens, 0)
-		batch := []wire.Lookup{{Keys: keys}, {Keys: keys}, {Keys: client.Tokens(keys.Scope, tokens[:pChunkTokens], 0)}}
+		byHash := client.Hashes(keys.Scope, hashes)
+		batch := []wire.Lookup{{Keys: keys}, {Keys: keys}, {Keys: client.Tokens(keys.Scope, tokens[:pChunkTokens], 0)}, {Keys: byHash}}
 		lookup := func() {
 			if hit, err := c.Lookup(ctx, keys, 0); err != nil || hit.Chunks != 4 {
 				t.Fatal(hit, err)
 			}
 		}
+		lookupHashes := func() {
+			if hit, err := c.Lookup(ctx, byHash, 0); err != nil || hit.Chunks != 4 || hit.Tokens != 0 {
+				t.Fatal(hit, err)
+			}
+		}
 		lookupBatch := func() {
-			if res, err := c.LookupBatch(ctx, batch); err != nil || res[0].Reply.Chunks != 4 || res[2].Reply.Chunks != 1 {
+			if res, err := c.LookupBatch(ctx, batch); err != nil || res[0].Reply.Chunks != 4 || res[2].Reply.Chunks != 1 || res[3].Reply.Chunks != 4 {
 				t.Fatal(res, err)
 			}
 		}
 		if a := testing.AllocsPerRun(200, lookup); a != 0 {
 			t.Errorf("%.2f allocations per LOOKUP", a)
+		}
+		if a := testing.AllocsPerRun(200, lookupHashes); a != 0 {
+			t.Errorf("%.2f allocations per LOOKUP by engine hashes", a)
 		}
 		if a := testing.AllocsPerRun(200, lookupBatch); a != 0 {
 			t.Errorf("%.2f allocations per LOOKUP_BATCH", a)

@@ -64,6 +64,7 @@ type pd struct {
 	active    int
 	activeTo  map[string]int              // active transfers by destination
 	conns     map[string][]*client.Client // idle connections by destination
+	noLayers  map[string]time.Time        // destinations found without RECEIVE_LAYERS, and when (pd_feed.go)
 	ended     []endedTransfer             // oldest first
 	done      atomic.Uint64               // transfers that ended, by outcome
 	failed    atomic.Uint64
@@ -98,7 +99,7 @@ func newPD(eng *engine.Engine, budgetBytes int64, token string, allow *netallow.
 	ctx, cancel := context.WithCancel(context.Background())
 	return &pd{eng: eng, log: log, token: token, allow: allow, budget: budget{limit: budgetBytes},
 		holds: make(map[chunk.Key]hold), transfers: make(map[uint64]*transfer), activeTo: make(map[string]int),
-		conns: make(map[string][]*client.Client), ctx: ctx, cancel: cancel}
+		conns: make(map[string][]*client.Client), noLayers: make(map[string]time.Time), ctx: ctx, cancel: cancel}
 }
 
 // keep holds key's chunk, referenced by h, for ttl, charging size bytes

@@ -40,6 +40,7 @@ type transfer struct {
 	mu     sync.Mutex
 	keys   []chunk.Key // queued and not yet sent; refs holds them in the same order
 	refs   engine.Refs
+	fed    []engine.Fed // beside keys: a chunk of a store lease still being filled, else zero
 	last   bool
 	state  wire.TransferState
 	queued uint32
@@ -51,7 +52,7 @@ type transfer struct {
 // returns how many chunks it has queued in all. The chunks are referenced
 // into scratch first, outside the transfer's lock (it may read them from
 // disk), then moved onto the transfer's queue under it.
-func (p *pd) push(m *wire.Push, keys []chunk.Key, scratch *engine.Refs) (int, *requestError) {
+func (p *pd) push(m *wire.Push, keys []chunk.Key, scratch *engine.Refs, fed *[]engine.Fed) (int, *requestError) {
 	if m.Dest == "" {
 		return 0, fail(wire.StatusBadRequest, "push: no destination address")
 	}
@@ -70,7 +71,19 @@ func (p *pd) push(m *wire.Push, keys []chunk.Key, scratch *engine.Refs) (int, *r
 	if rerr != nil {
 		return 0, rerr
 	}
-	n, _ := scratch.AcquireLocal(t.ctx, p.eng, keys)
+	*fed = (*fed)[:0]
+	var n int
+	if m.StoreLease != 0 {
+		var err error
+		if *fed, n, err = p.eng.FeedChunks(engine.LeaseID(m.StoreLease), keys, scratch, *fed); err != nil {
+			return 0, fail(wire.StatusNotFound, "push: store lease %d: %v", m.StoreLease, err)
+		}
+	} else {
+		n, _ = scratch.AcquireLocal(t.ctx, p.eng, keys)
+		for range n {
+			*fed = append(*fed, engine.Fed{})
+		}
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if rerr := t.takesLocked(); rerr != nil { // it ended, or timed out, meanwhile
@@ -84,6 +97,7 @@ func (p *pd) push(m *wire.Push, keys []chunk.Key, scratch *engine.Refs) (int, *r
 	}
 	t.refs.Splice(scratch)
 	t.keys = append(t.keys, keys...)
+	t.fed = append(t.fed, *fed...)
 	t.queued += uint32(n)
 	t.last = m.Last
 	select {
@@ -176,13 +190,15 @@ type pusher struct {
 	pooled bool
 	keys   []chunk.Key
 	bufs   [][]byte
+	fed    []engine.Fed
+	layers wire.ReceiveLayers // a fed batch's request
 }
 
 // run sends t's queued chunks as they come until t is done or fails, then
 // marks it ended.
 func (p *pd) run(t *transfer) {
 	defer p.wg.Done()
-	ps := pusher{keys: make([]chunk.Key, 0, pushBatchChunks), bufs: make([][]byte, 0, pushBatchChunks)}
+	ps := pusher{keys: make([]chunk.Key, 0, pushBatchChunks), bufs: make([][]byte, 0, pushBatchChunks), fed: make([]engine.Fed, 0, pushBatchChunks)}
 	err := p.send(t, &ps)
 	if ps.c != nil {
 		if err == nil {
@@ -201,7 +217,7 @@ func (p *pd) run(t *transfer) {
 		t.failLocked(fmt.Sprintf("pushing to %s: %v", t.dest, err))
 	}
 	t.refs.Release()
-	t.keys = t.keys[:0]
+	t.keys, t.fed = t.keys[:0], t.fed[:0]
 	failed, msg := t.state == wire.TransferFailed, t.msg
 	t.mu.Unlock()
 	t.cancel()
@@ -239,7 +255,12 @@ func (p *pd) send(t *transfer, ps *pusher) error {
 				return t.ctx.Err()
 			}
 		}
-		stored, err := p.receive(t, ps, n)
+		var stored int
+		if ps.fed[0].Feed != nil {
+			stored, err = p.receiveFed(t, ps, n)
+		} else {
+			stored, err = p.receive(t, ps, n)
+		}
 		if err != nil {
 			return err
 		}
@@ -249,6 +270,7 @@ func (p *pd) send(t *transfer, ps *pusher) error {
 		t.mu.Lock()
 		t.refs.DropFront(n)
 		t.keys = t.keys[:copy(t.keys, t.keys[n:])]
+		t.fed = t.fed[:copy(t.fed, t.fed[n:])]
 		t.pushed += uint32(n)
 		t.mu.Unlock()
 	}
@@ -359,16 +381,17 @@ func (p *pd) nextBatch(t *transfer, ps *pusher) (int, bool, error) {
 	if t.state != wire.TransferPending {
 		return 0, false, fmt.Errorf("transfer %s", t.state)
 	}
-	ps.keys, ps.bufs = ps.keys[:0], ps.bufs[:0]
+	ps.keys, ps.bufs, ps.fed = ps.keys[:0], ps.bufs[:0], ps.fed[:0]
 	bytes := 0
 	for j := 0; j < len(t.keys) && j < pushBatchChunks; j++ {
 		b := t.refs.Bytes(j)
-		if j > 0 && bytes+len(b) > pushBatchBytes {
-			break
+		if j > 0 && (bytes+len(b) > pushBatchBytes || t.fed[j].Feed != t.fed[0].Feed) {
+			break // a batch is of one store lease in progress, or of none
 		}
 		bytes += len(b)
 		ps.keys = append(ps.keys, t.keys[j])
 		ps.bufs = append(ps.bufs, b)
+		ps.fed = append(ps.fed, t.fed[j])
 	}
 	return len(ps.keys), t.last && len(t.keys) == 0, nil
 }

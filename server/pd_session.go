@@ -25,6 +25,7 @@ type pdScratch struct {
 	refs         engine.Refs
 	consumedData bool
 	pushRefs     engine.Refs   // a PUSH's chunks, before they join the transfer
+	pushFed      []engine.Fed  // where they come from (pd_feed.go)
 	wake         chan struct{} // this session's wake-ups, capacity 1 (see signal)
 	hasher       *xxh3.Hasher  // checks received chunks as they arrive
 	// recvID is the transfer of this connection's latest RECEIVE, and
@@ -202,19 +203,20 @@ func (s *session) handleWait(h wire.Header, body []byte) *requestError {
 	if m.MinChunks > 0 {
 		want = min(want, int(m.MinChunks))
 	}
-	n := s.waitFor(keys, want, time.Duration(m.TimeoutMS)*time.Millisecond)
+	n := s.waitFor(keys, want, time.Duration(m.TimeoutMS)*time.Millisecond, h.Flags&wire.FlagInProgress != 0)
 	reply := wire.WaitReply{Chunks: uint32(n), Tokens: r.tokensAfter(n)}
 	s.out = reply.Append(wire.Begin(s.out))
 	return s.reply(h, 0)
 }
 
-// waitFor returns the length of the leading run of keys in RAM once it
-// reaches want, or when timeout (capped) has passed. Pushed chunks wake it
+// waitFor returns the length of the leading run of keys in RAM (or, with
+// inProgress, arriving by RECEIVE_LAYERS) once it reaches want, or when
+// timeout (capped) has passed. Pushed chunks wake it
 // as they land; chunks stored otherwise are seen when it ends.
-func (s *session) waitFor(keys []chunk.Key, want int, timeout time.Duration) int {
+func (s *session) waitFor(keys []chunk.Key, want int, timeout time.Duration, inProgress bool) int {
 	n := 0
 	count := func() int {
-		for n < len(keys) && s.svc.eng.InRAM(keys[n]) {
+		for n < len(keys) && (s.svc.eng.InRAM(keys[n]) || (inProgress && s.svc.eng.IsPending(keys[n]))) {
 			n++
 		}
 		return n
@@ -246,11 +248,14 @@ func (s *session) handlePush(h wire.Header, body []byte) *requestError {
 	if err := m.Decode(body); err != nil {
 		return fail(wire.StatusBadRequest, "%v", err)
 	}
+	if m.StoreLease != 0 && !s.owns(engine.LeaseID(m.StoreLease)) {
+		return fail(wire.StatusNotFound, "push: store lease %d is not this connection's", m.StoreLease)
+	}
 	r, rerr := s.resolve(&m.Keys)
 	if rerr != nil {
 		return rerr
 	}
-	queued, rerr := s.svc.pd.push(m, r.keys[r.first:], &s.pd.pushRefs)
+	queued, rerr := s.svc.pd.push(m, r.keys[r.first:], &s.pd.pushRefs, &s.pd.pushFed)
 	if rerr != nil {
 		return rerr
 	}

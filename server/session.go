@@ -84,6 +84,7 @@ type session struct {
 	digests  [][32]byte // vLLM block hashes, for the event publisher
 	blocks   []uint64
 	pd       pdScratch
+	pdl      layerScratch // RECEIVE_LAYERS, see pd_layers.go
 }
 
 type scopeEntry struct {
@@ -324,6 +325,8 @@ func (s *session) handle(h wire.Header) *requestError {
 		return s.handleStore(h)
 	case wire.OpReceive:
 		return s.handleReceive(h)
+	case wire.OpReceiveLayers:
+		return s.handleReceiveLayers(h)
 	}
 	if h.Flags&wire.FlagMore != 0 {
 		return fatal(wire.StatusBadRequest, "%s does not take data frames", h.Op)

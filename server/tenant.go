@@ -84,7 +84,7 @@ func (s *session) tenantOp(op wire.Op) *requestError {
 	switch op {
 	case wire.OpStats:
 		return fail(wire.StatusUnauthorized, "STATS reports the whole daemon: a tenant's token may not read it")
-	case wire.OpReceive:
+	case wire.OpReceive, wire.OpReceiveLayers:
 		return fatal(wire.StatusUnauthorized, "RECEIVE is for daemons: a tenant's token may not push chunks here")
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/bits"
 	"sync"
+	"sync/atomic"
 
 	"kvtier/arena"
 	"kvtier/chunk"
@@ -12,50 +13,60 @@ import (
 // Per-layer saves (docs/layerwise.md). A client filling reserved RAM
 // objects layer by layer (the vLLM connector's save_kv_layer) says when
 // each layer is final; a LayerSave then writes that layer of every chunk
-// to the first lower tier that can write ranges (RangeWriter: the disk
-// tier) while the next layer is still being computed. At the commit the
-// chunks become RAM chunks as usual and are queued for the other lower
-// tiers; the LayerSave finishes its tier's records (the pieces no layer
-// completed, the header, the sync) on its own goroutine. A save that ends
-// without a commit — the lease released, expired or cut short by the
-// connection — gives back every extent it reserved.
+// to each lower tier that can write ranges (RangeWriter: the disk tier,
+// and a Redis tier of raw chunks) while the next layer is still being
+// computed, each tier on its own goroutine, so a slow one holds up no
+// other. At the commit the chunks become RAM chunks as usual and are
+// queued for the other lower tiers; the LayerSave finishes its tiers'
+// objects (the pieces no layer completed, the header, the sync or the
+// publish) on its own goroutines. A save that ends without a commit — the
+// lease released, expired or cut short by the connection — gives back
+// every extent it reserved and drops every staged object.
 //
 // A save never waits for room on its tier: its own open records would be
 // what it waits for. A chunk the tier has no room for when its first
 // layer arrives gets no range write and is written whole at the commit
-// (RangeWriter.OpenWrite). Its memory is a few words per 64 layers,
-// whatever the client claims the chunks hold.
+// (RangeWriter.OpenWrite). Its memory is a few words per 64 layers and
+// tier, whatever the client claims the chunks hold.
 
-// LayerSave writes the chunks of one store lease to a lower tier layer by
+// LayerSave writes the chunks of one store lease to lower tiers layer by
 // layer. Its methods are safe for concurrent use and never block on I/O.
 type LayerSave struct {
-	m    *Manager
-	lt   *lowerTier
-	rw   RangeWriter
-	geo  LayerGeometry
-	keys []chunk.Key
-	ids  []arena.ID // the save's own reference on each reservation; 0 for none
-	wake chan struct{}
-	end  chan struct{}
-	// opening ends with an abort: OpenWrite's waits for evictions'
-	// punches give up then.
+	m       *Manager
+	geo     LayerGeometry
+	keys    []chunk.Key
+	targets []*saveTarget
+	end     chan struct{}
+	// opening ends with an abort, or when the last target is done:
+	// OpenWrite's waits (for evictions' punches) give up then.
 	opening context.Context
 	stop    context.CancelFunc
+	running atomic.Int32 // targets whose goroutine has not ended
 
 	mu        sync.Mutex
 	seen      []uint64 // bitmap of layers noticed
-	queued    []uint64 // bitmap of layers noticed and not yet taken by run
 	ended     bool     // committed or aborted
 	aborted   bool
-	committed []bool // chunks the commit made visible, which the save owes its tier
-	gen       uint32 // the tier's Sync generation the committed chunks count in
+	committed []bool // chunks the commit made visible, which the save owes its tiers
+}
+
+// saveTarget is one lower tier a save writes by ranges, with its own
+// goroutine, queue of layers and references on the chunks.
+type saveTarget struct {
+	s      *LayerSave
+	lt     *lowerTier
+	rw     RangeWriter
+	ids    []arena.ID // the target's own reference on each reservation; 0 for none
+	wake   chan struct{}
+	queued []uint64 // bitmap of layers noticed and not yet taken; guarded by s.mu
+	gen    uint32   // the tier's Sync generation the committed chunks count in
 }
 
 // BeginLayerSave starts a per-layer save of the reserved objects ids[i]
 // (0: no reservation, the chunk is stored already) that will be committed
 // under keys[i], consecutive chunks of one prompt from its first, through
-// CommitRunSaved. It returns nil when no lower tier writes ranges, geo is
-// not a layer geometry or the manager is closed: the commit then queues
+// CommitRunSaved. It returns nil when no lower tier writes ranges now, geo
+// is not a layer geometry or the manager is closed: the commit then queues
 // whole chunks as CommitRun does. The save holds its own references, so
 // the objects outlive the lease until their records are written. Every
 // save must end, by CommitRunSaved or Abort: Close waits for the saves'
@@ -64,35 +75,60 @@ func (m *Manager) BeginLayerSave(keys []chunk.Key, ids []arena.ID, geo LayerGeom
 	if !geo.Valid() {
 		return nil
 	}
-	var lt *lowerTier
-	var rw RangeWriter
-	for _, t := range m.lower {
-		if w, ok := t.Tier.(RangeWriter); ok && !t.readOnly {
-			lt, rw = t, w
-			break
+	words := (geo.Layers + 63) / 64
+	s := &LayerSave{m: m, geo: geo, keys: append([]chunk.Key(nil), keys...), end: make(chan struct{}),
+		seen: make([]uint64, words), committed: make([]bool, len(keys))}
+	for _, lt := range m.lower {
+		if rw := rangeWriterOf(lt); rw != nil {
+			s.targets = append(s.targets, &saveTarget{s: s, lt: lt, rw: rw, ids: make([]arena.ID, len(ids)),
+				wake: make(chan struct{}, 1), queued: make([]uint64, words)})
 		}
 	}
-	if lt == nil {
+	if len(s.targets) == 0 {
 		return nil
 	}
-	words := (geo.Layers + 63) / 64
-	s := &LayerSave{m: m, lt: lt, rw: rw, geo: geo, keys: append([]chunk.Key(nil), keys...),
-		ids: make([]arena.ID, len(ids)), wake: make(chan struct{}, 1), end: make(chan struct{}),
-		seen: make([]uint64, words), queued: make([]uint64, words), committed: make([]bool, len(keys))}
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	if m.closed {
 		return nil
 	}
 	s.opening, s.stop = context.WithCancel(context.Background())
-	for i, id := range ids {
-		if id != 0 && m.arena.Ref(id) {
-			s.ids[i] = id
+	for _, t := range s.targets {
+		for i, id := range ids {
+			if id != 0 && m.arena.Ref(id) {
+				t.ids[i] = id
+			}
 		}
 	}
-	m.wg.Add(1)
-	go s.run()
+	s.running.Store(int32(len(s.targets)))
+	m.wg.Add(len(s.targets))
+	for _, t := range s.targets {
+		go t.run()
+	}
 	return s
+}
+
+// rangeWriterOf returns lt as a RangeWriter when a save is to write to it
+// by ranges now.
+func rangeWriterOf(lt *lowerTier) RangeWriter {
+	w, ok := lt.Tier.(RangeWriter)
+	if !ok || lt.readOnly {
+		return nil
+	}
+	if c, ok := lt.Tier.(RangeWriteChooser); ok && !c.WritesRanges() {
+		return nil
+	}
+	return w
+}
+
+// target returns the save's target on lt, or nil.
+func (s *LayerSave) target(lt *lowerTier) *saveTarget {
+	for _, t := range s.targets {
+		if t.lt == lt {
+			return t
+		}
+	}
+	return nil
 }
 
 // Layers returns the save's geometry.
@@ -112,28 +148,31 @@ func (s *LayerSave) Layer(layer int) {
 		return
 	}
 	s.seen[w] |= b
-	s.queued[w] |= b
-	select {
-	case s.wake <- struct{}{}:
-	default: // run is woken already and takes every queued layer
+	for _, t := range s.targets {
+		t.queued[w] |= b
+		select {
+		case t.wake <- struct{}{}:
+		default: // run is woken already and takes every queued layer
+		}
 	}
 }
 
-// take takes the lowest run of adjacent queued layers off the queue.
-func (s *LayerSave) take() (first, last int, ok bool) {
+// take takes the lowest run of adjacent queued layers off t's queue.
+func (t *saveTarget) take() (first, last int, ok bool) {
+	s := t.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for w, q := range s.queued {
+	for w, q := range t.queued {
 		if q == 0 {
 			continue
 		}
 		first = w*64 + bits.TrailingZeros64(q)
 		last = first
-		for last+1 < s.geo.Layers && s.queued[(last+1)/64]&(1<<((last+1)%64)) != 0 {
+		for last+1 < s.geo.Layers && t.queued[(last+1)/64]&(1<<((last+1)%64)) != 0 {
 			last++
 		}
 		for l := first; l <= last; l++ {
-			s.queued[l/64] &^= 1 << (l % 64)
+			t.queued[l/64] &^= 1 << (l % 64)
 		}
 		return first, last, true
 	}
@@ -155,7 +194,7 @@ func (s *LayerSave) Abort() {
 
 // CommitRunSaved is CommitRun for a store whose chunks s is writing: the
 // chunks become RAM chunks and are queued for every lower tier but s's,
-// and s finishes their records in its tier in the background (counted as
+// and s finishes their objects in its tiers in the background (counted as
 // pending writes, so Flush and Sync wait for them). s ends here: chunks
 // past len(keys) are given up. A nil s is CommitRun.
 func (m *Manager) CommitRunSaved(keys []chunk.Key, ids []arena.ID, s *LayerSave) error {
@@ -177,7 +216,9 @@ func (m *Manager) CommitRunSaved(keys []chunk.Key, ids []arena.ID, s *LayerSave)
 	}
 	budget := writeBudget{wait: m.opts.WriteWait}
 	defer budget.stop()
-	s.gen = s.lt.gen.Load() & 1
+	for _, t := range s.targets {
+		t.gen = t.lt.gen.Load() & 1
+	}
 	for i, k := range keys {
 		if ids[i] == 0 || m.ram.Contains(k) {
 			continue
@@ -185,10 +226,10 @@ func (m *Manager) CommitRunSaved(keys []chunk.Key, ids []arena.ID, s *LayerSave)
 		up := parentOf(keys, i, link{})
 		m.ram.CommitAfter(k, up.parent, up.ok, ids[i])
 		for _, lt := range m.lower {
-			if lt == s.lt && i < len(s.committed) && s.ids[i] != 0 {
+			if t := s.target(lt); t != nil && i < len(s.committed) && t.ids[i] != 0 {
 				s.committed[i] = true
 				lt.pending.Add(1)
-				lt.inflight[s.gen].Add(1)
+				lt.inflight[t.gen].Add(1)
 				continue
 			}
 			if !lt.readOnly && !m.enqueue(lt, k, up, ids[i], &budget) {
@@ -217,18 +258,23 @@ func (s *LayerSave) claim() bool {
 // Layers noticed before a commit are written by ranges even when the
 // commit came first, so that every notice taken counts; after an abort
 // nothing more is written.
-func (s *LayerSave) run() {
+func (t *saveTarget) run() {
+	s := t.s
 	defer s.m.wg.Done()
-	defer s.stop()
+	defer func() {
+		if s.running.Add(-1) == 0 {
+			s.stop()
+		}
+	}()
 	ctx := context.Background() // writes are bounded I/O: they run to their end
 	var ws []RangeWrite         // opened with the first layer
 	for {
 		select {
-		case <-s.wake:
-			ws = s.drain(ctx, ws)
+		case <-t.wake:
+			ws = t.drain(ctx, ws)
 		case <-s.end:
-			ws = s.drain(ctx, ws)
-			s.finish(ctx, ws)
+			ws = t.drain(ctx, ws)
+			t.finish(ctx, ws)
 			return
 		}
 	}
@@ -236,16 +282,16 @@ func (s *LayerSave) run() {
 
 // drain writes the queued layers, opening the range writes first if they
 // are not open yet, until none is queued or the save is aborted.
-func (s *LayerSave) drain(ctx context.Context, ws []RangeWrite) []RangeWrite {
-	for !s.isAborted() {
-		first, last, ok := s.take()
+func (t *saveTarget) drain(ctx context.Context, ws []RangeWrite) []RangeWrite {
+	for !t.s.isAborted() {
+		first, last, ok := t.take()
 		if !ok {
 			break
 		}
 		if ws == nil {
-			ws = s.open(s.opening)
+			ws = t.open(t.s.opening)
 		}
-		s.write(ctx, ws, first, last)
+		t.write(ctx, ws, first, last)
 	}
 	return ws
 }
@@ -258,9 +304,10 @@ func (s *LayerSave) isAborted() bool {
 
 // open starts a range write of every chunk the tier lacks and whose size
 // fits the geometry; the others get none (nil).
-func (s *LayerSave) open(ctx context.Context) []RangeWrite {
+func (t *saveTarget) open(ctx context.Context) []RangeWrite {
+	s := t.s
 	ws := make([]RangeWrite, len(s.keys))
-	for c, id := range s.ids {
+	for c, id := range t.ids {
 		if id == 0 {
 			continue
 		}
@@ -270,7 +317,7 @@ func (s *LayerSave) open(ctx context.Context) []RangeWrite {
 		}
 		// A chunk that gets no writer, for whatever reason, is written
 		// whole at the commit, which reports a failure then.
-		ws[c], _ = s.rw.OpenWrite(ctx, s.keys[c], n)
+		ws[c], _ = t.rw.OpenWrite(ctx, s.keys[c], n)
 	}
 	return ws
 }
@@ -279,7 +326,8 @@ func (s *LayerSave) open(ctx context.Context) []RangeWrite {
 // range per part, the chunks in parallel so that the tier has a write
 // queued while it sums another. A chunk whose write fails loses its
 // writer; the commit writes it whole.
-func (s *LayerSave) write(ctx context.Context, ws []RangeWrite, first, last int) {
+func (t *saveTarget) write(ctx context.Context, ws []RangeWrite, first, last int) {
+	s := t.s
 	var wg sync.WaitGroup
 	for c, w := range ws {
 		if w == nil {
@@ -288,17 +336,17 @@ func (s *LayerSave) write(ctx context.Context, ws []RangeWrite, first, last int)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			src := s.m.arena.Bytes(s.ids[c])
+			src := s.m.arena.Bytes(t.ids[c])
 			for part := range s.geo.Parts {
 				from, _, _ := s.geo.Range(len(src), first, part)
 				_, to, _ := s.geo.Range(len(src), last, part)
 				if err := w.WriteRange(ctx, src, from, to); err != nil {
-					s.m.writeFailed(s.lt, s.keys[c], err)
+					s.m.writeFailed(t.lt, s.keys[c], err)
 					w.Abort()
 					ws[c] = nil // this goroutine's own element
 					return
 				}
-				s.lt.layerBytes.Add(uint64(to - from))
+				t.lt.layerBytes.Add(uint64(to - from))
 			}
 		}()
 	}
@@ -311,10 +359,11 @@ func (s *LayerSave) write(ctx context.Context, ws []RangeWrite, first, last int)
 // in parallel, so their syncs are shared as concurrent Puts' are. Chunks
 // written whole go last: the range writes are then records or given back,
 // so the room a whole write needs can come from them.
-func (s *LayerSave) finish(ctx context.Context, ws []RangeWrite) {
+func (t *saveTarget) finish(ctx context.Context, ws []RangeWrite) {
+	s := t.s
 	var wg sync.WaitGroup
 	var whole []int
-	for c, id := range s.ids {
+	for c, id := range t.ids {
 		if id == 0 {
 			continue
 		}
@@ -336,7 +385,7 @@ func (s *LayerSave) finish(ctx context.Context, ws []RangeWrite) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.finishChunk(ctx, c, w)
+			t.finishChunk(ctx, c, w)
 		}()
 	}
 	wg.Wait()
@@ -344,15 +393,16 @@ func (s *LayerSave) finish(ctx context.Context, ws []RangeWrite) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.finishChunk(ctx, c, nil)
+			t.finishChunk(ctx, c, nil)
 		}()
 	}
 	wg.Wait()
 }
 
-// finishChunk commits committed chunk c's record in the save's tier.
-func (s *LayerSave) finishChunk(ctx context.Context, c int, w RangeWrite) {
-	m, lt, id := s.m, s.lt, s.ids[c]
+// finishChunk commits committed chunk c's object in t's tier.
+func (t *saveTarget) finishChunk(ctx context.Context, c int, w RangeWrite) {
+	s := t.s
+	m, lt, id := s.m, t.lt, t.ids[c]
 	k, src := s.keys[c], m.arena.Bytes(id)
 	up := parentOf(s.keys, c, link{})
 	var err error
@@ -364,17 +414,17 @@ func (s *LayerSave) finishChunk(ctx context.Context, c int, w RangeWrite) {
 	if (w == nil || err != nil) && !Contains(lt.Tier, k) {
 		err = put(lt.Tier, writeJob{key: k, id: id, up: up}, src)
 	}
-	s.settle(k, err)
+	t.settle(k, err)
 	m.arena.Unref(id)
-	lt.inflight[s.gen].Add(-1)
+	lt.inflight[t.gen].Add(-1)
 	lt.pending.Add(-1)
 }
 
 // settle does a queued write's bookkeeping for chunk k, as the writers
 // do: a failure is redone by Sync, and a chunk removed from RAM while it
 // was written is removed from the tier again.
-func (s *LayerSave) settle(k chunk.Key, err error) {
-	m, lt := s.m, s.lt
+func (t *saveTarget) settle(k chunk.Key, err error) {
+	m, lt := t.s.m, t.lt
 	if err != nil {
 		lt.missed.add(k)
 		m.writeFailed(lt, k, err) // not for ErrRangeOpen: missed, not refused

@@ -241,8 +241,15 @@ func (m *Manager) LookupLocal(keys []chunk.Key) (n int, byTier [MaxTiers]int, la
 // lookup is Lookup over RAM and the first upTo lower tiers.
 func (m *Manager) lookup(keys []chunk.Key, upTo int) (n int, byTier [MaxTiers]int, last int) {
 	last = -1
+	// A run served by RAM ends at a chunk RAM lacks, so the next run
+	// starts below RAM: asking RAM again would only take its lock to
+	// miss the same key (a partial hit with no lower tier did that).
+	skipRAM := false
 	for n < len(keys) {
-		c, t := m.ram.PrefixContains(keys[n:]), 0
+		c, t := 0, 0
+		if !skipRAM {
+			c = m.ram.PrefixContains(keys[n:])
+		}
 		for i := 0; c == 0 && i < upTo; i++ {
 			c, t = PrefixContains(m.lower[i].Tier, keys[n:]), i+1
 			for j := 1; j < c; j++ { // end the run where RAM takes over
@@ -257,6 +264,7 @@ func (m *Manager) lookup(keys []chunk.Key, upTo int) (n int, byTier [MaxTiers]in
 		byTier[t] += c
 		n += c
 		last = t
+		skipRAM = t == 0
 	}
 	return n, byTier, last
 }

@@ -51,3 +51,13 @@ type RangeWrite interface {
 	// visible. Abort after Commit does nothing.
 	Abort()
 }
+
+// RangeWriteChooser is implemented by a RangeWriter that can write ranges
+// only at some times (a remote store behind a circuit breaker) or with
+// some settings (an envelope codec that cannot be cut into pieces): a
+// per-layer save writes to it by ranges only when WritesRanges says so
+// as the save begins, and otherwise leaves it to the write-behind queue
+// after the commit, as without per-layer saves.
+type RangeWriteChooser interface {
+	WritesRanges() bool
+}

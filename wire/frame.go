@@ -65,7 +65,8 @@ const (
 	// OpPrepareRetrieveLayers Op = 23, OpLayerWait Op = 24, see layers.go
 	// OpRetrieveRanges Op = 25, see ranges.go
 	// OpStoreLayer Op = 26, see store_layer.go
-	opLimit Op = 27
+	// OpReceiveLayers Op = 27, see pd_layers.go
+	opLimit Op = 28
 
 	// MaxOp is the highest operation of this version.
 	MaxOp = opLimit - 1
@@ -74,7 +75,7 @@ const (
 var opNames = [...]string{"", "HELLO", "PING", "SCOPE", "LOOKUP", "PREPARE_STORE",
 	"COMMIT_STORE", "PREPARE_RETRIEVE", "RELEASE", "RENEW", "PREFETCH", "CLEAR",
 	"STATS", "STORE", "RETRIEVE", "SIZES", "FLUSH", "PUSH", "PUSH_STATUS", "RECEIVE", "WAIT", "LOOKUP_BATCH", "REQUEST_BUFFER",
-	"PREPARE_RETRIEVE_LAYERS", "LAYER_WAIT", "RETRIEVE_RANGES", "STORE_LAYER"}
+	"PREPARE_RETRIEVE_LAYERS", "LAYER_WAIT", "RETRIEVE_RANGES", "STORE_LAYER", "RECEIVE_LAYERS"}
 
 func (o Op) String() string {
 	if o > 0 && o < opLimit {
@@ -101,8 +102,12 @@ const (
 	// two daemons that are each other's peers cannot ask each other in a
 	// loop), and RETRIEVE's metadata reply carries a checksum per chunk
 	// (PeerDataHeader) so that the reader can prove the bytes it got.
-	FlagPeer   Flags = 1 << 2
-	flagsKnown       = FlagReply | FlagMore | FlagPeer
+	FlagPeer Flags = 1 << 2
+	// FlagInProgress on a WAIT request counts, besides the chunks in RAM,
+	// those still arriving by RECEIVE_LAYERS, which a layerwise reader can
+	// take before they are complete (docs/disaggregation.md).
+	FlagInProgress Flags = 1 << 3
+	flagsKnown           = FlagReply | FlagMore | FlagPeer | FlagInProgress
 )
 
 // Status is a reply's outcome. A reply with a status other than OK has a

@@ -11,18 +11,24 @@ package wire
 // says no more follow. The reply's body is the u32 number of chunks the
 // transfer has queued in all.
 //
+// With StoreLease set (flag bit 1), the chunks are those of that store
+// lease of the same connection, pushed while the client still fills them:
+// each layer goes out once STORE_LAYER says it is final (pd_feed.go).
+//
 //	 0 8 transfer id, not 0
 //	 8 4 timeout in milliseconds for the whole transfer (0: the daemon's default)
-//	12 1 flags: bit 0 = last
+//	12 1 flags: bit 0 = last, bit 1 = from a store lease
 //	13 3 reserved, zero
 //	16 . destination host:port (string)
 //	 . . keys
+//	 . 8 store lease id, not 0 (only with flag bit 1)
 type Push struct {
-	Transfer  uint64
-	TimeoutMS uint32
-	Last      bool
-	Dest      string
-	Keys      Keys
+	Transfer   uint64
+	TimeoutMS  uint32
+	Last       bool
+	Dest       string
+	Keys       Keys
+	StoreLease uint64
 }
 
 func (m *Push) Append(b []byte) []byte {
@@ -32,9 +38,16 @@ func (m *Push) Append(b []byte) []byte {
 	if m.Last {
 		flags = 1
 	}
+	if m.StoreLease != 0 {
+		flags |= 2
+	}
 	b = append(b, flags, 0, 0, 0)
 	b = appendStr(b, m.Dest)
-	return m.Keys.Append(b)
+	b = m.Keys.Append(b)
+	if m.StoreLease != 0 {
+		b = appendU64(b, m.StoreLease)
+	}
+	return b
 }
 
 func (m *Push) Decode(body []byte) error {
@@ -42,13 +55,19 @@ func (m *Push) Decode(body []byte) error {
 	m.Transfer = d.u64("push transfer")
 	m.TimeoutMS = d.u32("push timeout")
 	flags := d.u8("push flags")
-	if flags&^1 != 0 {
+	if flags&^3 != 0 {
 		d.fail("push: unknown flags %#x", flags)
 	}
 	m.Last = flags&1 != 0
 	d.zero(3, "push reserved")
 	m.Dest = d.str("push destination")
 	m.Keys.decode(&d)
+	m.StoreLease = 0
+	if flags&2 != 0 {
+		if m.StoreLease = d.u64("push store lease"); m.StoreLease == 0 && d.err == nil {
+			d.fail("push: store lease 0")
+		}
+	}
 	if d.err == nil && m.Transfer == 0 {
 		d.fail("push: transfer id 0")
 	}
@@ -157,13 +176,19 @@ func (m *Receive) Append(b []byte) []byte {
 
 func (m *Receive) Decode(body []byte) error {
 	d := decoder{b: body}
+	m.decode(&d)
+	return d.end("receive")
+}
+
+// decode reads the fields of m, for Receive and ReceiveLayers.
+func (m *Receive) decode(d *decoder) {
 	m.Transfer = d.u64("receive transfer")
 	m.HoldMS = d.u32("receive hold")
-	m.Keys.decode(&d)
+	m.Keys.decode(d)
 	if d.err == nil && m.Keys.Kind != KindRaw {
 		d.fail("receive: keys of kind %d, want raw keys", m.Keys.Kind)
 	}
-	m.Sizes = decodeU32s(&d, m.Sizes, "receive sizes")
+	m.Sizes = decodeU32s(d, m.Sizes, "receive sizes")
 	for _, sz := range m.Sizes {
 		if sz > MaxChunkBody-ChecksumSize && d.err == nil {
 			d.fail("receive: a chunk of %d bytes, limit %d", sz, MaxChunkBody-ChecksumSize)
@@ -172,7 +197,6 @@ func (m *Receive) Decode(body []byte) error {
 	if d.err == nil && len(m.Sizes) > len(m.Keys.Raw) {
 		d.fail("receive: %d sizes for %d keys", len(m.Sizes), len(m.Keys.Raw))
 	}
-	return d.end("receive")
 }
 
 // Wait blocks until at least MinChunks of the chunks the keys name

@@ -23,6 +23,7 @@ func pdMessages() []func() message {
 func FuzzDecodePD(f *testing.F) {
 	raw := Keys{Kind: KindRaw, Raw: []chunk.Key{{Scope: 3, Hash: chunk.Hash{1}}, {Scope: 3}}}
 	f.Add((&Push{Transfer: 7, TimeoutMS: 100, Last: true, Dest: "127.0.0.1:1", Keys: raw}).Append(nil))
+	f.Add((&Push{Transfer: 7, Dest: "127.0.0.1:1", Keys: raw, StoreLease: 9}).Append(nil))
 	f.Add((&PushStatusReply{State: TransferFailed, Queued: 2, Pushed: 1, Message: "x"}).Append(nil))
 	f.Add((&Receive{Transfer: 7, HoldMS: 5, Keys: raw, Sizes: []uint32{1, 2}}).Append(nil))
 	f.Add((&Wait{TimeoutMS: 9, MinChunks: 2, Keys: Keys{Scope: 1, Kind: KindTokens, Tokens: []uint32{1}}}).Append(nil))

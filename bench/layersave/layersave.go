@@ -32,6 +32,10 @@ type Options struct {
 	ChunkTokens int
 	Chunks      int // chunks saved together (one store lease)
 	Rounds      int // rounds per figure; medians are reported
+	// Redis saves into a Redis tier instead of the disk tier: a
+	// redis-server started on loopback (redis.go). Durable then means
+	// stored in Redis (its object published or SET).
+	Redis bool
 }
 
 // Defaults are the shapes of bench layerwise: 32 layers of 8 heads of 128
@@ -47,6 +51,7 @@ type Mode struct {
 	Total       Stat    // first layer to every chunk durable
 	MBps        float64 // bytes saved / Total, median round
 	CPU         Stat    // user+system CPU time of the process for the round
+	StoreCPU    Stat    // the redis-server's CPU time for the round (Redis target)
 }
 
 // Stat is a median with its range over the rounds.
@@ -64,6 +69,7 @@ type Case struct {
 	AfterCommit Ratio // layered / whole
 	Total       Ratio
 	CPU         Ratio
+	StoreCPU    Ratio
 }
 
 // Result is a whole run.
@@ -72,11 +78,15 @@ type Result struct {
 	Chunks     int
 	Rounds     int
 	DirectIO   bool
+	Target     string // "disk" or "redis"
+	// RangeSaved counts the chunks the target tier committed from range
+	// writes (all the per-layer saves', unless some fell back to whole).
+	RangeSaved uint64
 	Cases      []Case
 }
 
 // round is what one save measured.
-type round struct{ afterCommit, total, cpu time.Duration }
+type round struct{ afterCommit, total, cpu, storeCPU time.Duration }
 
 // Run measures both modes with no compute between layers (back-to-back
 // saves: throughput) and with a compute time per layer equal to a
@@ -94,13 +104,23 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 	}
 	defer os.RemoveAll(dir)
 	total := int64(size) * int64(o.Chunks)
-	eng, err := engine.Open(engine.Options{ChunkSize: o.ChunkTokens, RAMBytes: 2*total + 64<<20, Policy: "LRU",
-		DiskDir: dir, DiskBytes: 4*total + 64<<20})
+	eo := engine.Options{ChunkSize: o.ChunkTokens, RAMBytes: 2*total + 64<<20, Policy: "LRU",
+		DiskDir: dir, DiskBytes: 4*total + 64<<20}
+	var srv *redisServer
+	r.Target = "disk"
+	if o.Redis {
+		if srv, err = startRedis(dir); err != nil {
+			return r, err
+		}
+		defer srv.stop()
+		eo.DiskDir, eo.DiskBytes, eo.RemoteURLs, r.Target = "", 0, []string{srv.url()}, "redis"
+	}
+	eng, err := engine.Open(eo)
 	if err != nil {
 		return r, err
 	}
 	defer eng.Close()
-	b := &bench{eng: eng, disk: eng.Manager().Tiers()[1], o: o, size: size, src: make([][]byte, o.Chunks)}
+	b := &bench{eng: eng, disk: eng.Manager().Tiers()[1], redis: srv, o: o, size: size, src: make([][]byte, o.Chunks)}
 	if d, ok := b.disk.(interface{ DirectIO() bool }); ok {
 		r.DirectIO = d.DirectIO()
 	}
@@ -108,7 +128,7 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 		b.src[i] = make([]byte, size)
 		rand.Read(b.src[i])
 	}
-	fmt.Fprintf(log, "layersave: %d chunks of %d MiB, %d layers, in %s (direct I/O %v)\n", o.Chunks, size>>20, o.Layers, dir, r.DirectIO)
+	fmt.Fprintf(log, "layersave: %d chunks of %d MiB, %d layers, into %s in %s (direct I/O %v)\n", o.Chunks, size>>20, o.Layers, r.Target, dir, r.DirectIO)
 	// A warm-up save of each mode. The whole-chunk one sizes the balanced
 	// case: its write time (commit to durable) spread over the layers.
 	warm, err := b.save(ctx, false, 0)
@@ -128,16 +148,19 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 		}
 		r.Cases = append(r.Cases, row)
 	}
+	_, qs := eng.Manager().Stats()
+	r.RangeSaved = qs[0].LayerSaved
 	return r, nil
 }
 
 type bench struct {
-	eng  *engine.Engine
-	disk tier.Tier
-	o    Options
-	size int
-	src  [][]byte
-	seq  uint64
+	eng   *engine.Engine
+	disk  tier.Tier    // the tier saved into: disk or Redis
+	redis *redisServer // with the Redis target
+	o     Options
+	size  int
+	src   [][]byte
+	seq   uint64
 }
 
 // runCase alternates the two modes for o.Rounds rounds, whole first in
@@ -166,12 +189,14 @@ func (b *bench) runCase(ctx context.Context, name string, per time.Duration, log
 	c.AfterCommit = ratio(layered, whole, func(r round) time.Duration { return r.afterCommit })
 	c.Total = ratio(layered, whole, func(r round) time.Duration { return r.total })
 	c.CPU = ratio(layered, whole, func(r round) time.Duration { return r.cpu })
+	c.StoreCPU = ratio(layered, whole, func(r round) time.Duration { return r.storeCPU })
 	return c, nil
 }
 
 func (b *bench) mode(name string, rs []round, bytes float64) Mode {
 	m := Mode{Name: name, AfterCommit: stat(rs, func(r round) time.Duration { return r.afterCommit }),
-		Total: stat(rs, func(r round) time.Duration { return r.total }), CPU: stat(rs, func(r round) time.Duration { return r.cpu })}
+		Total: stat(rs, func(r round) time.Duration { return r.total }), CPU: stat(rs, func(r round) time.Duration { return r.cpu }),
+		StoreCPU: stat(rs, func(r round) time.Duration { return r.storeCPU })}
 	m.MBps = bytes / m.Total.Median.Seconds() / 1e6
 	return m
 }
@@ -191,7 +216,7 @@ func (b *bench) save(ctx context.Context, layered bool, per time.Duration) (roun
 		sizes[i] = uint32(b.size)
 	}
 	geo := engine.Layers{Layers: b.o.Layers, Parts: 2}
-	cpu0, start := proccpu.Used(), time.Now()
+	cpu0, store0, start := proccpu.Used(), b.storeCPU(), time.Now()
 	slots, id, err := b.eng.PrepareStore(keys, sizes, time.Minute, nil)
 	if err != nil || len(slots) != len(keys) {
 		return round{}, fmt.Errorf("layersave: prepare store: %d of %d slots: %v", len(slots), len(keys), err)
@@ -220,16 +245,20 @@ func (b *bench) save(ctx context.Context, layered bool, per time.Duration) (roun
 	if n, err := b.eng.CommitStore(id, len(keys)); err != nil || n != len(keys) {
 		return round{}, fmt.Errorf("layersave: commit: %d of %d: %v", n, len(keys), err)
 	}
+	deadline := commit.Add(time.Minute) // a tier that never gets the chunks fails the run
 	for _, k := range keys {
 		for !tier.Contains(b.disk, k) {
 			if err := ctx.Err(); err != nil {
 				return round{}, err
 			}
+			if time.Now().After(deadline) {
+				return round{}, fmt.Errorf("layersave: chunk not in the %s tier a minute after the commit", b.disk.Name())
+			}
 			time.Sleep(100 * time.Microsecond)
 		}
 	}
 	end := time.Now()
-	rd := round{afterCommit: end.Sub(commit), total: end.Sub(start), cpu: proccpu.Used() - cpu0}
+	rd := round{afterCommit: end.Sub(commit), total: end.Sub(start), cpu: proccpu.Used() - cpu0, storeCPU: b.storeCPU() - store0}
 	if err := b.eng.Flush(ctx); err != nil {
 		return rd, err
 	}
@@ -237,6 +266,14 @@ func (b *bench) save(ctx context.Context, layered bool, per time.Duration) (roun
 		b.eng.Manager().Remove(k)
 	}
 	return rd, nil
+}
+
+// storeCPU is the redis-server's CPU time so far, 0 without one.
+func (b *bench) storeCPU() time.Duration {
+	if b.redis == nil {
+		return 0
+	}
+	return b.redis.cpu()
 }
 
 func stat(rs []round, f func(round) time.Duration) Stat {
@@ -259,19 +296,42 @@ func ratio(num, den []round, f func(round) time.Duration) Ratio {
 
 // Print writes the result as tables.
 func (r Result) Print(w io.Writer) {
-	fmt.Fprintf(w, "%d chunks of %d MiB per save, %d rounds, direct I/O %v; medians (min–max)\n\n", r.Chunks, r.ChunkBytes>>20, r.Rounds, r.DirectIO)
-	fmt.Fprintln(w, "| case | per layer | mode | commit → durable | first layer → durable | MB/s | CPU |")
-	fmt.Fprintln(w, "|---|---:|---|---:|---:|---:|---:|")
+	redis := r.Target == "redis"
+	fmt.Fprintf(w, "%d chunks of %d MiB per save into %s, %d rounds, direct I/O %v; medians (min–max)\n\n", r.Chunks, r.ChunkBytes>>20, r.Target, r.Rounds, r.DirectIO)
+	fmt.Fprint(w, "| case | per layer | mode | commit → durable | first layer → durable | MB/s | CPU |")
+	if redis {
+		fmt.Fprint(w, " Redis CPU |")
+	}
+	fmt.Fprint(w, "\n|---|---:|---|---:|---:|---:|---:|")
+	if redis {
+		fmt.Fprint(w, "---:|")
+	}
+	fmt.Fprintln(w)
 	for _, c := range r.Cases {
 		for _, m := range []Mode{c.Whole, c.Layered} {
-			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %.0f | %s |\n", c.Name, ms(c.PerLayer), m.Name, m.AfterCommit, m.Total, m.MBps, m.CPU)
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %.0f | %s |", c.Name, ms(c.PerLayer), m.Name, m.AfterCommit, m.Total, m.MBps, m.CPU)
+			if redis {
+				fmt.Fprintf(w, " %s |", m.StoreCPU)
+			}
+			fmt.Fprintln(w)
 		}
 	}
 	fmt.Fprintln(w, "\nper-round ratios, per layer / whole: median (min–max)")
-	fmt.Fprintln(w, "\n| case | commit → durable | first layer → durable | CPU |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|")
+	fmt.Fprint(w, "\n| case | commit → durable | first layer → durable | CPU |")
+	if redis {
+		fmt.Fprint(w, " Redis CPU |")
+	}
+	fmt.Fprint(w, "\n|---|---:|---:|---:|")
+	if redis {
+		fmt.Fprint(w, "---:|")
+	}
+	fmt.Fprintln(w)
 	for _, c := range r.Cases {
-		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", c.Name, c.AfterCommit, c.Total, c.CPU)
+		fmt.Fprintf(w, "| %s | %s | %s | %s |", c.Name, c.AfterCommit, c.Total, c.CPU)
+		if redis {
+			fmt.Fprintf(w, " %s |", c.StoreCPU)
+		}
+		fmt.Fprintln(w)
 	}
 }
 

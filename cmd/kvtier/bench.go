@@ -66,7 +66,7 @@ backend's own client library on the same server. Machines are noisy: read the ra
 	fl.BoolVar(&f.LookupsOnly, "lookups-only", false, "measure only the LOOKUP and LOOKUP_BATCH rates and their round-trip baselines")
 	fl.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	fl.BoolVar(&asJSON, "json", false, "print JSON")
-	cmd.AddCommand(benchScaleCmd(), benchLayerwiseCmd(), benchLayersaveCmd())
+	cmd.AddCommand(benchScaleCmd(), benchLayerwiseCmd(), benchLayersaveCmd(), benchPDLayerCmd())
 	return cmd
 }
 

@@ -18,7 +18,10 @@ round between writing each layer to disk as its STORE_LAYER notice arrives and w
 whole chunks after the commit. It reports the time from the commit until every chunk is
 durable on disk, from the first layer until then, the write throughput and the CPU
 time, once with no compute between layers and once with a compute time per layer equal
-to a whole-chunk warm-up save's write time (commit to durable) over the layers.`,
+to a whole-chunk warm-up save's write time (commit to durable) over the layers.
+With --redis the chunks go to a Redis tier instead of the disk tier, on a redis-server
+the benchmark starts on loopback (redis-server must be on PATH): durable is then
+stored in Redis, and the server's CPU time is reported too.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			r, err := layersave.Run(cmd.Context(), o, cmd.ErrOrStderr())
@@ -40,6 +43,7 @@ to a whole-chunk warm-up save's write time (commit to durable) over the layers.`
 	fl.IntVar(&o.ChunkTokens, "chunk-tokens", o.ChunkTokens, "tokens per chunk")
 	fl.IntVar(&o.Chunks, "chunks", o.Chunks, "chunks per save")
 	fl.IntVar(&o.Rounds, "rounds", o.Rounds, "rounds per figure (the median is reported)")
+	fl.BoolVar(&o.Redis, "redis", false, "save into a Redis tier on a redis-server started on loopback, not the disk tier")
 	fl.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }

@@ -434,15 +434,20 @@ class Client:
 
     # ----- prefill/decode transfer (docs/disaggregation.md) ------------------------------
 
-    def push(self, transfer: int, dest: str, keys: Keys, timeout_ms: int = 0, last: bool = False) -> int:
+    def push(self, transfer: int, dest: str, keys: Keys, timeout_ms: int = 0, last: bool = False,
+             store_lease: int = 0) -> int:
         """Asks the daemon to push the chunks ``keys`` names (after the skip),
         which it must hold, to the daemon whose TCP protocol is at ``dest``
         (host:port), as transfer ``transfer``. Calls with the same id add
         chunks in order; ``last`` says none follow. ``timeout_ms`` bounds the
         whole transfer (0: the daemon's default, one minute). Returns how many
         chunks the transfer has queued in all. A chunk the daemon lacks raises
-        NotFound and fails the transfer."""
-        return p.unpack_u32(self._call(p.OP_PUSH, p.pack_push(transfer, dest, keys, timeout_ms, last)), "push reply")
+        NotFound and fails the transfer. With ``store_lease`` (a ``prepare_store``
+        lease of this connection, still being filled) the daemon sends each layer
+        of those chunks as ``store_layer`` says it is final; a daemon older than
+        that answers BadRequest (an unknown flag)."""
+        body = p.pack_push(transfer, dest, keys, timeout_ms, last, store_lease)
+        return p.unpack_u32(self._call(p.OP_PUSH, body), "push reply")
 
     def push_status(self, transfer: int) -> p.PushStatus:
         """Where a transfer stands: pending, done (every chunk is in the

@@ -220,10 +220,13 @@ def pack_flush(timeout_ms: int) -> bytes:
     return struct.pack("<I", timeout_ms)
 
 
-def pack_push(transfer: int, dest: str, keys: Keys, timeout_ms: int = 0, last: bool = False) -> bytes:
+def pack_push(transfer: int, dest: str, keys: Keys, timeout_ms: int = 0, last: bool = False,
+              store_lease: int = 0) -> bytes:
     if transfer <= 0:
         raise ValueError("transfer id must be above 0")
-    return struct.pack("<QIB3x", transfer, timeout_ms, 1 if last else 0) + pack_str(dest) + keys.pack()
+    flags = (1 if last else 0) | (2 if store_lease else 0)
+    body = struct.pack("<QIB3x", transfer, timeout_ms, flags) + pack_str(dest) + keys.pack()
+    return body + struct.pack("<Q", store_lease) if store_lease else body
 
 
 def pack_push_status(transfer: int) -> bytes:

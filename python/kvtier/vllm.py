@@ -1208,7 +1208,22 @@ class KVTierConnector(KVConnectorBase_V1):
             return None
         if not slots.lease:
             return None
+        if req.push is not None and self.settings.layerwise and self.settings.layer_saves:
+            self._push_early(req, slots.lease, c)
         return _Save(req, slots.lease, parts, len(slots.slots), size * len(parts))
+
+    def _push_early(self, req: ReqMeta, lease: int, c: Any) -> None:
+        """Pushes a save's chunks as it starts: the daemon sends each layer as its STORE_LAYER
+        notice comes, so the transfer overlaps the forward pass (docs/disaggregation.md). Only
+        when the push is up to this save's first chunk; otherwise, or when the daemon cannot,
+        the chunks are pushed after the commit."""
+        start = self._pushed.get(req.req_id, 0)
+        if start != req.save_start:
+            return
+        job = pd.Job(req.push.transfer_id, req.namespace, req.keys, req.save_end, req.push.push_to)
+        transport = self._pd()
+        if isinstance(transport, pd.DaemonTransport) and transport.push_store(job, start, lease, c):
+            self._pushed[req.req_id] = req.save_end
 
     def _chunk_bytes(self) -> int:
         if self._cross is not None:

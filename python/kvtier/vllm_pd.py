@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, FrozenSet, Optional, Tuple
 
 from . import protocol as p
-from .client import KVTierError, NotFound, StatusError
+from .client import BadRequest, KVTierError, NotFound, StatusError
 from .link import Link
 from .peer import Peer, parse_addr
 
@@ -504,6 +504,7 @@ class DaemonTransport(PeerTransport):
         self.push_timeout_ms = int(min(max(push_timeout, 0.001), 600.0) * 1000)
         self._fallback: set = set()  # transfers pushed by PeerTransport (old daemon)
         self._old = False
+        self._no_store_push = False  # the daemon refused a PUSH of a save in progress
         self.connector_pushes = 0  # transfers pushed that way, for tests and logs
 
     def push(self, job: Job, start: int = 0, last: bool = True) -> None:
@@ -531,8 +532,29 @@ class DaemonTransport(PeerTransport):
             self.connector_pushes += 1
         super().push(job)
 
-    def _push_daemon(self, job: Job, start: int, last: bool) -> None:
-        c = self.link.get()
+    def push_store(self, job: Job, start: int, lease: int, client: Any) -> bool:
+        """Pushes the chunks of a save still in progress (store lease ``lease``, chunks from
+        ``start`` to ``job.tokens``): the daemon sends each layer as ``store_layer`` reports it
+        (docs/disaggregation.md). ``client`` is the connection that holds the lease: the daemon
+        pushes only a connection's own store leases. False when that is not possible here — a daemon older than
+        the store-lease PUSH, an old transport, a failed transfer — and the chunks are then
+        pushed after the commit, as without it."""
+        with self._lock:
+            if self._old or self._no_store_push or self._states.get(job.transfer_id) == FAILED:
+                return False
+        try:
+            self._push_daemon(job, start, False, store_lease=lease, client=client)
+            return True
+        except BadRequest as e:  # an older daemon: an unknown PUSH flag
+            log.info("kvtier: the daemon cannot push a save in progress (%s); chunks go after the commit", e)
+            with self._lock:
+                self._no_store_push = True
+        except _ABSORBED as e:
+            log.warning("kvtier: push %s of a save in progress: %s", job.transfer_id, e)
+        return False
+
+    def _push_daemon(self, job: Job, start: int, last: bool, store_lease: int = 0, client: Any = None) -> None:
+        c = client if client is not None else self.link.get()
         chunk = c.chunk_tokens
         end, skip = job.tokens // chunk * chunk, start // chunk * chunk
         with self._lock:
@@ -545,7 +567,7 @@ class DaemonTransport(PeerTransport):
         model, fmt, world, rank = self.link.scope_args
         scope = c.scope(model, fmt, world_size=world, rank=rank, namespace=job.namespace)
         c.push(rank_transfer(job.transfer_id, rank), job.peer, job.keys.build(c, scope, end, min(skip, end)),
-               timeout_ms=self.push_timeout_ms, last=last)
+               timeout_ms=self.push_timeout_ms, last=last, store_lease=store_lease)
 
     def state(self, transfer_id: str) -> str:
         with self._lock:

@@ -710,3 +710,54 @@ def test_consumer_keeps_waiting_through_a_producer_hiccup(daemons, monkeypatch):
 def Link_for(d, model):
     from kvtier.link import Link
     return Link(d.socket_path, (model, "float32/KV_2LTD", 1, 0), timeout=5.0)
+
+
+# ------------------------------------------------------- per-layer pushes
+
+
+@pytest.mark.parametrize("layer_saves", [True, False], ids=["per-layer", "whole"])
+def test_layerwise_producer_pushes_each_layer_before_the_commit(daemons, monkeypatch, layer_saves):
+    """In layerwise mode the producer pushes a save as it starts (PUSH of its store lease) and its
+    daemon sends each layer as STORE_LAYER reports it: every chunk is on the consumer's daemon before
+    the producer commits. The decode then loads KV equal to what the prefill computed. With
+    layer_saves off the push goes after the commit, as before."""
+    from kvtier.client import Client
+    pdaemon, ddaemon = daemons
+    p = prompt(330, 5 * CHUNK + 7)
+    prod = producer(pdaemon, "pd-layers", layerwise=True, layer_saves=layer_saves)
+    cons = consumer(ddaemon, "pd-layers", layerwise=True)
+    real_commit, real_push = Client.commit_store, Client.push
+    seen = {"before_commit": None, "store_pushes": 0}
+
+    def push(self, *a, **k):
+        if k.get("store_lease"):
+            seen["store_pushes"] += 1
+        return real_push(self, *a, **k)
+
+    def commit_store(self, lease, count):
+        if seen["before_commit"] is None:
+            with Client(ddaemon.socket_path) as c:
+                model, fmt, world, rank = prod.worker_connector.link.scope_args
+                s = c.scope(model, fmt, world_size=world, rank=rank)
+                # Without per-layer pushes nothing is sent before this commit: the wait runs out.
+                seen["before_commit"] = c.wait(c.tokens(s, p[:5 * CHUNK]), 3000 if layer_saves else 200).chunks
+        return real_commit(self, lease, count)
+
+    monkeypatch.setattr(Client, "commit_store", commit_store)
+    monkeypatch.setattr(Client, "push", push)
+    r = prod.add_request(p, "P", max_tokens=1, kv_transfer_params=prefill_params(ddaemon.tcp_addr))
+    prod.run()
+    monkeypatch.undo()
+    assert r.status == Status.FINISHED
+    assert prod.worker_connector.send_outcomes["P"] == "pushed"
+    if layer_saves:
+        assert seen["store_pushes"] == 1 and seen["before_commit"] == 5, seen
+    else:
+        assert seen["store_pushes"] == 0 and seen["before_commit"] == 0, seen
+    params = prod.output_params["P"]
+    d = cons.add_request(p, "D", max_tokens=2, kv_transfer_params=params)
+    cons.run()
+    assert d.status == Status.FINISHED and cons.async_loaded["D"] == 80
+    kv_equal(cons, "D", prod, "P", 80)
+    for got, ref in zip(d.logits, single_instance(p, 2)):
+        assert_close(got, ref)

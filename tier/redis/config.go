@@ -45,6 +45,7 @@ type config struct {
 	pool       int           // connections per server; 0 takes go-redis' default
 	ttl        time.Duration // 0 keeps objects until Redis evicts them
 	cacheSlots int           // entries of the presence cache; 0 disables it
+	noStage    bool          // layer_saves=false: per-layer saves write whole chunks
 }
 
 // scheme forms accepted, by scheme name.
@@ -175,6 +176,10 @@ func (c *config) parseQuery(u *url.URL, useTLS bool) error {
 			if err == nil && c.ttl < time.Millisecond {
 				err = fmt.Errorf("below 1ms")
 			}
+		case "layer_saves":
+			var on bool
+			on, err = strconv.ParseBool(v)
+			c.noStage = !on
 		case "ca":
 			caFile = v
 		case "cert":

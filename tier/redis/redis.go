@@ -22,6 +22,8 @@
 //	pool=N           connections per server (default go-redis': 10 per CPU)
 //	ttl=24h          expire objects this long after they are first stored
 //	cache=N          entries of the in-process presence cache (default 65536, 0 = off)
+//	layer_saves=false per-layer saves leave this tier whole chunks after the
+//	                 commit instead of staged pieces (default true; stage.go)
 //	ca=file.pem      TLS: trust only this CA instead of the system roots
 //	cert=, key=      TLS: client certificate and key (for tls-auth-clients yes)
 //
@@ -34,7 +36,9 @@
 // content-addressed, so a key that exists already holds the same bytes and
 // is left alone. With a ttl, an object expires that long after it was first
 // stored; storing it again does not extend it. A SET is atomic in Redis, so two writers of one key can
-// never make a reader see a mix of both. Get reads the reply straight from
+// never make a reader see a mix of both. Per-layer saves build an object
+// in a staging key and RENAME it into place at the commit (stage.go), with
+// the same bytes, NX rule and ttl as Put. Get reads the reply straight from
 // the socket into the caller's buffer (go-redis GetToBuffer): the value is
 // never copied through an intermediate allocation.
 //
@@ -81,6 +85,7 @@ type Tier struct {
 	timeout   time.Duration // bound on calls that take no context
 	bandwidth int64         // with timeout, bounds transfers (remote.CallDeadline)
 	known     *presence
+	noStage   bool // layer_saves=false
 	log       *slog.Logger
 	closed    atomic.Bool
 	stats     counters
@@ -141,6 +146,7 @@ func Dial(ctx context.Context, u *url.URL, o remote.Options) (*Tier, error) {
 		timeout:   o.Timeout,
 		bandwidth: o.Bandwidth,
 		known:     newPresence(cfg.cacheSlots),
+		noStage:   cfg.noStage,
 		log:       o.Logger,
 	}
 	if err := t.Ping(ctx); err != nil {

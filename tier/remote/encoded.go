@@ -45,6 +45,7 @@ type Encoded struct {
 	fallback codec.Codec // for chunks of unknown format when codec is lossy
 	specOf   SpecFunc
 	ranged   RangeGetter // the inner store, when it reads ranges (encoded_range.go)
+	stager   Stager      // the inner store, when it stages objects (encoded_write.go)
 
 	bufs sync.Pool // *[]byte sealed-object buffers
 
@@ -83,7 +84,7 @@ func Encode(inner tier.Tier, name string, c codec.Codec, specOf SpecFunc) *Encod
 	if specOf == nil {
 		specOf = func(uint64) kvformat.Spec { return kvformat.Spec{} }
 	}
-	return &Encoded{inner: inner, name: name, codec: c, fallback: raw, specOf: specOf, ranged: rangeGetterOf(inner)}
+	return &Encoded{inner: inner, name: name, codec: c, fallback: raw, specOf: specOf, ranged: rangeGetterOf(inner), stager: stagerOf(inner)}
 }
 
 // Inner returns the wrapped tier.

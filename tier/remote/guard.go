@@ -357,9 +357,14 @@ const (
 	opRemove
 	opPing
 	opGetRange // guard_range.go
+	opStage    // stage.go
+	opStageWrite
+	opStagePublish
+	opStageDiscard
 )
 
-var opNames = [...]string{"prefix-contains", "size", "get", "put", "remove", "ping", "get-range"}
+var opNames = [...]string{"prefix-contains", "size", "get", "put", "remove", "ping", "get-range",
+	"stage", "stage-write", "stage-publish", "stage-discard"}
 
 func (o op) String() string { return opNames[o] }
 
@@ -385,7 +390,8 @@ type call struct {
 	key    chunk.Key
 	keys   []chunk.Key
 	buf    []byte
-	off    int // GetRange: where in the object buf starts
+	off    int    // GetRange, a staged write: where in the object buf starts
+	stage  Staged // a staged object's calls (stage.go)
 
 	n   int
 	ok  bool
@@ -569,6 +575,8 @@ func (g *Guarded) execPlain(c *call) {
 		c.err = g.ping.Ping(c.ctx)
 	case opGetRange:
 		g.execGetRange(c)
+	case opStage, opStageWrite, opStagePublish, opStageDiscard:
+		g.execStage(c)
 	}
 }
 
@@ -591,7 +599,7 @@ func (g *Guarded) recycle(c *call) {
 	if c.cancel != nil {
 		c.cancel()
 	}
-	c.ctx, c.cancel, c.err = nil, nil, nil
+	c.ctx, c.cancel, c.err, c.stage = nil, nil, nil, nil
 	c.n, c.ok, c.trial = 0, false, false
 	g.calls.Put(c)
 }

@@ -1,0 +1,191 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"kvtier/client"
+	"kvtier/server"
+	"kvtier/wire"
+)
+
+// layerReader is a decode's layerwise load of chunks still being pushed.
+type layerReader struct {
+	t     *testing.T
+	c     *client.Client
+	lease uint64
+	slots [][]byte
+}
+
+// takeInProgress waits until n chunks are on the consumer, complete or
+// arriving, and takes them with PREPARE_RETRIEVE_LAYERS.
+func takeInProgress(t *testing.T, c *client.Client, s *storeLease, n int) *layerReader {
+	t.Helper()
+	ctx := context.Background()
+	w, err := c.WaitInProgress(ctx, client.Raw(s.keys), uint32(n), 10000)
+	if err != nil || int(w.Chunks) != n {
+		t.Fatalf("wait for chunks in progress: %+v, %v", w, err)
+	}
+	slots, err := c.PrepareRetrieveLayers(ctx, client.Raw(s.keys), feedLayers, 2, 20000)
+	if err != nil || len(slots.Slots) != n || slots.Lease == 0 {
+		t.Fatalf("prepare retrieve layers: %+v, %v", slots, err)
+	}
+	r := &layerReader{t: t, c: c, lease: slots.Lease}
+	for _, sl := range slots.Slots {
+		b, err := c.Slot(sl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.slots = append(r.slots, b)
+	}
+	return r
+}
+
+// layerAsync starts LAYER_WAIT for layer on a goroutine.
+func (r *layerReader) layerAsync(layer int) <-chan wire.LayerReady {
+	ch := make(chan wire.LayerReady, 1)
+	go func() {
+		got, err := r.c.LayerWait(context.Background(), r.lease, layer)
+		if err != nil {
+			r.t.Errorf("layer wait %d: %v", layer, err)
+		}
+		ch <- got
+	}()
+	return ch
+}
+
+// checkLayer compares K_i and V_i of every slot with what the producer
+// saved.
+func (r *layerReader) checkLayer(s *storeLease, i int) {
+	r.t.Helper()
+	for j, slot := range r.slots {
+		want := chunkData(j, s.salt, feedSize)
+		for part := range 2 {
+			from := (part*feedLayers + i) * feedSpan
+			if !bytes.Equal(slot[from:from+feedSpan], want[from:from+feedSpan]) {
+				r.t.Fatalf("chunk %d layer %d part %d: the bytes read differ from those saved", j, i, part)
+			}
+		}
+	}
+}
+
+// TestLayerwiseReadOfAPushInProgress: on the consumer, a layerwise load
+// takes chunks whose push is still arriving; LAYER_WAIT returns layer i
+// once the producer has saved it and its ranges arrived, not before, and
+// its bytes are those saved. The chunks end as ordinary RAM chunks, and
+// the reader's read ends their hold.
+func TestLayerwiseReadOfAPushInProgress(t *testing.T) {
+	prod := startService(t, 64<<20, server.ServiceOptions{})
+	cons := startService(t, 64<<20, server.ServiceOptions{})
+	pc, cc := prod.local(t), cons.local(t)
+	ctx := context.Background()
+	s := prepareFeed(t, pc, 3, 60)
+	if _, err := pc.PushStore(ctx, 31, cons.tcp, client.Raw(s.keys), 20000, true, s.lease); err != nil {
+		t.Fatal(err)
+	}
+	s.layer(t, 0, true)
+	r := takeInProgress(t, cc, s, 3)
+	for i := range feedLayers {
+		ch := r.layerAsync(i)
+		if i > 0 {
+			select {
+			case got := <-ch:
+				t.Fatalf("layer %d ready (%+v) before the producer saved it", i, got)
+			case <-time.After(30 * time.Millisecond):
+			}
+			s.layer(t, i, true)
+		}
+		got := <-ch
+		if got.Usable != 3 || got.Ready < uint32(i+1) {
+			t.Fatalf("layer %d: %+v", i, got)
+		}
+		r.checkLayer(s, i)
+	}
+	if l, err := cc.Lookup(ctx, client.Raw(s.keys), 0); err != nil || l.Chunks != 3 {
+		t.Fatalf("after every layer: %d chunks in RAM, %v", l.Chunks, err)
+	}
+	if _, err := pc.CommitStore(ctx, s.lease, 3); err != nil {
+		t.Fatal(err)
+	}
+	if st := waitPushed(t, pc, 31); st.State != wire.TransferDone {
+		t.Fatalf("status %+v", st)
+	}
+	if err := cc.Release(ctx, r.lease); err != nil {
+		t.Fatal(err)
+	}
+	waitFreed(t, cons, cc, 0) // the read ended the holds
+}
+
+// TestLayerwiseReadOfAFailedPush: a push that stops mid-chunk (the store
+// given up on the producer) makes the reader's chunks unusable from the
+// layer that never came; nothing stays reserved or charged.
+func TestLayerwiseReadOfAFailedPush(t *testing.T) {
+	prod := startService(t, 64<<20, server.ServiceOptions{})
+	cons := startService(t, 64<<20, server.ServiceOptions{})
+	pc, cc := prod.local(t), cons.local(t)
+	ctx := context.Background()
+	s := prepareFeed(t, pc, 3, 61)
+	if _, err := pc.PushStore(ctx, 32, cons.tcp, client.Raw(s.keys), 20000, true, s.lease); err != nil {
+		t.Fatal(err)
+	}
+	s.layer(t, 0, true)
+	r := takeInProgress(t, cc, s, 3)
+	if got := <-r.layerAsync(0); got.Usable != 3 {
+		t.Fatalf("layer 0: %+v", got)
+	}
+	r.checkLayer(s, 0)
+	ch := r.layerAsync(1)
+	if err := pc.Release(ctx, s.lease); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-ch; got.Usable != 0 {
+		t.Fatalf("layer 1 of a push given up: %+v, want no usable chunk", got)
+	}
+	if err := cc.Release(ctx, r.lease); err != nil {
+		t.Fatal(err)
+	}
+	waitFreed(t, cons, cc, 0)
+	if l, err := cc.Lookup(ctx, client.Raw(s.keys), 0); err != nil || l.Chunks != 0 {
+		t.Fatalf("%d chunks of a failed push in RAM, %v", l.Chunks, err)
+	}
+}
+
+// TestLayerwiseReadOfADamagedRange: a range that fails its checksum fails
+// the chunks still arriving for their reader, which gets no bytes of the
+// damaged layer counted as ready.
+func TestLayerwiseReadOfADamagedRange(t *testing.T) {
+	cons := startService(t, 64<<20, server.ServiceOptions{})
+	c, cc := cons.remote(t), cons.local(t)
+	m, chunks := layered(t, 3, 62, feedSize)
+	sums := make([]uint64, len(m.Ranges))
+	for i, r := range m.Ranges {
+		sums[i] = wire.Checksum(chunks[r.Key][r.From:r.To])
+	}
+	sums[8] ^= 1 // layer 1 of chunk 1
+	var r *layerReader
+	var wait <-chan wire.LayerReady
+	s := &storeLease{keys: m.Keys.Raw, salt: 62}
+	_, err := c.ReceiveLayers(context.Background(), m, chunks, func(i int) error {
+		if i == 6 { // layer 0 sent in full
+			r = takeInProgress(t, cc, s, 3)
+			if got := <-r.layerAsync(0); got.Usable != 3 {
+				t.Errorf("layer 0: %+v", got)
+			}
+			r.checkLayer(s, 0)
+			wait = r.layerAsync(1)
+		}
+		return nil
+	}, sums)
+	if !client.IsStatus(err, wire.StatusBadRequest) {
+		t.Fatalf("damaged range: %v", err)
+	}
+	if got := <-wait; got.Usable != 0 {
+		t.Fatalf("layer 1 after a damaged range: %+v, want no usable chunk", got)
+	}
+	if err := cc.Release(context.Background(), r.lease); err != nil {
+		t.Fatal(err)
+	}
+	waitFreed(t, cons, cc, 0)
+}

@@ -1,0 +1,201 @@
+package tier_test
+
+import (
+	"bytes"
+	"context"
+	"syscall"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"kvtier/arena"
+	"kvtier/chunk"
+	"kvtier/internal/redistest"
+	"kvtier/tier"
+	"kvtier/tier/redis"
+	"kvtier/tier/remote"
+)
+
+// redisSaveFixture is saveFixture with a Redis tier (a real redis-server,
+// stacked as the engine stacks it) below the disk tier.
+func redisSaveFixture(t *testing.T, n int, timeout time.Duration) (*tier.Manager, *loggedWrites, *remote.Encoded, *redistest.Server, []chunk.Key, []arena.ID, [][]byte) {
+	t.Helper()
+	srv := redistest.Start(t)
+	rt, err := remote.Open(context.Background(), srv.URL(), remote.Options{Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := remote.Guard(rt, remote.GuardOptions{Timeout: timeout, Threshold: 1, ProbeInterval: 50 * time.Millisecond})
+	e := remote.Encode(g, "redis", nil, nil)
+	d := &loggedWrites{Tier: newDisk(t, t.TempDir(), 64<<20), ranges: map[chunk.Key][][2]int{}}
+	m, err := tier.NewManager(newRAM(t, 64*geoChunk), []tier.Tier{d, e}, tier.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	var keys []chunk.Key
+	var ids []arena.ID
+	var chunks [][]byte
+	for i := range n {
+		id, _, err := m.Reserve(geoChunk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys, ids, chunks = append(keys, key(i)), append(ids, id), append(chunks, payload(i, geoChunk))
+	}
+	return m, d, e, srv, keys, ids, chunks
+}
+
+func rawRedis(t *testing.T, srv *redistest.Server) *goredis.Client {
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, DisableIdentity: true})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// stagingKeys counts the staging keys in the server.
+func stagingKeys(t *testing.T, c *goredis.Client) int {
+	t.Helper()
+	keys, err := c.Keys(context.Background(), "{*}:stage:*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(keys)
+}
+
+// layerBytes is how many layer bytes the save gave the lower tier i.
+func layerBytes(m *tier.Manager, i int) uint64 {
+	_, qs := m.Stats()
+	return qs[i].LayerBytes
+}
+
+// TestLayerSaveToDiskAndRedis: a save writes every layer to the disk tier
+// and to Redis before the commit, neither showing an object until then;
+// after it both hold the filled bytes, both count the chunks as saved by
+// layers, and no staging key or pinned byte is left. An aborted save
+// leaves nothing in either.
+func TestLayerSaveToDiskAndRedis(t *testing.T) {
+	m, d, e, srv, keys, ids, chunks := redisSaveFixture(t, 3, 10*time.Second)
+	raw := rawRedis(t, srv)
+	s := m.BeginLayerSave(keys, ids, testGeo)
+	t.Cleanup(s.Abort)
+	for layer := range testGeo.Layers {
+		fillLayer(m, ids, chunks, layer)
+		s.Layer(layer)
+		want := uint64((layer + 1) * geoChunk / testGeo.Layers * len(keys))
+		waitUntil(t, "layer given to both tiers", func() bool { return layerBytes(m, 0) == want && layerBytes(m, 1) == want })
+		if d.Contains(keys[0]) || e.Contains(keys[0]) {
+			t.Fatalf("layer %d: an object is visible before the commit", layer)
+		}
+	}
+	if n := stagingKeys(t, raw); n != len(keys) {
+		t.Fatalf("%d staging keys for %d chunks", n, len(keys))
+	}
+	if err := m.CommitRunSaved(keys, ids, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for c, k := range keys {
+		for _, lt := range []tier.Tier{d, e} {
+			got := make([]byte, geoChunk)
+			if n, err := lt.Get(context.Background(), k, got); err != nil || n != geoChunk || !bytes.Equal(got, chunks[c]) {
+				t.Fatalf("chunk %d in %s: %d bytes, %v", c, lt.Name(), n, err)
+			}
+		}
+	}
+	_, qs := m.Stats()
+	if qs[0].LayerSaved != 3 || qs[1].LayerSaved != 3 || qs[1].Failed != 0 {
+		t.Fatalf("queues after the save: %+v", qs)
+	}
+	if n := stagingKeys(t, raw); n != 0 {
+		t.Fatalf("%d staging keys left", n)
+	}
+	if st := m.RAM().Arena().Stats(); st.Pinned != 0 {
+		t.Fatalf("%d bytes still pinned after the save", st.Pinned)
+	}
+
+	// An aborted save.
+	var ids2 []arena.ID
+	keys2 := []chunk.Key{key(10), key(11)}
+	for range keys2 {
+		id, _, err := m.Reserve(geoChunk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids2 = append(ids2, id)
+	}
+	s2 := m.BeginLayerSave(keys2, ids2, testGeo)
+	for layer := range 3 {
+		fillLayer(m, ids2, chunks[:2], layer)
+		s2.Layer(layer)
+	}
+	want := layerBytes(m, 1) + uint64(3*geoChunk/testGeo.Layers*len(keys2))
+	waitUntil(t, "three layers in Redis", func() bool { return layerBytes(m, 1) == want })
+	s2.Abort()
+	for _, id := range ids2 {
+		m.RAM().Arena().Unref(id)
+	}
+	waitUntil(t, "staging keys dropped", func() bool { return stagingKeys(t, raw) == 0 })
+	for _, k := range keys2 {
+		if e.Contains(k) || d.Contains(k) {
+			t.Fatalf("%v stored after an abort", k)
+		}
+	}
+}
+
+// TestLayerSaveRedisHangs: Redis stops answering (SIGSTOP) mid-save. The
+// disk tier's range writes go on meanwhile; Redis's fail at the breaker's
+// deadline and the commit's whole write fails too, counted missing, never
+// half an object; once Redis answers again, Sync writes the chunks whole
+// with the bytes in RAM.
+func TestLayerSaveRedisHangs(t *testing.T) {
+	m, d, e, srv, keys, ids, chunks := redisSaveFixture(t, 2, 300*time.Millisecond)
+	s := m.BeginLayerSave(keys, ids, testGeo)
+	t.Cleanup(s.Abort)
+	fillLayer(m, ids, chunks, 0)
+	s.Layer(0)
+	one := uint64(geoChunk / testGeo.Layers * len(keys))
+	waitUntil(t, "layer 0 in both tiers", func() bool { return layerBytes(m, 0) == one && layerBytes(m, 1) == one })
+	if err := srv.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	defer func() {
+		if stopped {
+			srv.Signal(syscall.SIGCONT)
+		}
+	}()
+	for layer := 1; layer < testGeo.Layers; layer++ {
+		fillLayer(m, ids, chunks, layer)
+		s.Layer(layer)
+		want := uint64(layer+1) * one
+		waitUntil(t, "disk keeps up while Redis hangs", func() bool { return layerBytes(m, 0) == want })
+	}
+	if err := m.CommitRunSaved(keys, ids, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	srv.Signal(syscall.SIGCONT)
+	stopped = false
+	if _, qs := m.Stats(); qs[0].LayerSaved != 2 || qs[1].LayerSaved != 0 {
+		t.Fatalf("queues: %+v", qs)
+	}
+	waitUntil(t, "Redis back", func() bool {
+		rep, err := m.Sync(context.Background())
+		return err == nil && rep[1].Missing == 0
+	})
+	for c, k := range keys {
+		for _, lt := range []tier.Tier{d, e} {
+			got := make([]byte, geoChunk)
+			if n, err := lt.Get(context.Background(), k, got); err != nil || n != geoChunk || !bytes.Equal(got, chunks[c]) {
+				t.Fatalf("chunk %d in %s: %d bytes, %v", c, lt.Name(), n, err)
+			}
+		}
+	}
+}
+
+var _ = redis.StageTTL // the Redis scheme is registered by this import
