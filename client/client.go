@@ -385,11 +385,17 @@ func (c *Client) roundTrip(b []byte, op wire.Op, flags wire.Flags) (wire.Header,
 }
 
 func (c *Client) readReply(op wire.Op) (wire.Header, []byte, error) {
+	return c.readReplyTo(op, c.id)
+}
+
+// readReplyTo reads the reply to request id, which a pipelined caller
+// sent before later ones (pipeline.go).
+func (c *Client) readReplyTo(op wire.Op, id uint32) (wire.Header, []byte, error) {
 	h, body, err := c.rd.Next()
 	if err != nil {
 		return h, nil, c.breakConn(err)
 	}
-	if err := replyError(h, op, c.id, body); err != nil {
+	if err := replyError(h, op, id, body); err != nil {
 		var se *StatusError
 		if !errors.As(err, &se) {
 			return h, nil, c.breakConn(err)
@@ -813,6 +819,12 @@ func (c *Client) retrieveRanges(ctx context.Context, k wire.Keys, ranges []wire.
 	if err != nil {
 		return nil, 0, err
 	}
+	return c.rangeData(h, body, c.id, ranges, dst, perRange)
+}
+
+// rangeData reads the data frames of request id's RETRIEVE_RANGES reply,
+// whose metadata frame (h, body) has been read.
+func (c *Client) rangeData(h wire.Header, body []byte, id uint32, ranges []wire.ByteRange, dst [][]byte, perRange bool) (sizes []uint32, read int, err error) {
 	rh := &c.rangeHeader
 	if err := rh.Decode(body); err != nil {
 		return nil, 0, c.breakConn(err)
@@ -830,7 +842,7 @@ func (c *Client) retrieveRanges(ctx context.Context, k wire.Keys, ranges []wire.
 			return nil, i, c.breakConn(err)
 		}
 		last := i == n-1
-		if dataHdr.Op != wire.OpRetrieveRanges || dataHdr.ID != c.id || (dataHdr.Flags&wire.FlagMore == 0) != last || dataHdr.Len != br.To-br.From {
+		if dataHdr.Op != wire.OpRetrieveRanges || dataHdr.ID != id || (dataHdr.Flags&wire.FlagMore == 0) != last || dataHdr.Len != br.To-br.From {
 			return nil, i, c.breakConn(fmt.Errorf("%w: data frame %d out of order", wire.ErrFrame, i))
 		}
 		part, ok := rangeBuf(dst, i, br, perRange)

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"kvtier/arena"
 	"kvtier/chunk"
@@ -67,7 +68,8 @@ type Engine struct {
 	book   *scopeBook  // scopes clients registered, by id
 	quotas *quotas     // tenants' quotas (quota.go); nil for none
 
-	scratch scratchPool // buffers of lower-tier ranges (ranges.go)
+	scratch      scratchPool  // buffers of lower-tier ranges (ranges.go)
+	rangeHolders atomic.Int64 // RangeReads holding scratch buffers
 }
 
 // New returns an engine over mgr that cuts prompts into chunks of

@@ -2,28 +2,37 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"io"
 	"sync"
 
+	"kvtier/arena"
 	"kvtier/chunk"
 	"kvtier/tier"
 )
 
 // RangeReads holds the chunks one RETRIEVE_RANGES serves: RAM chunks by
-// reference, as Reads does, and the first chunk of the prefix held only
-// by a lower tier that reads ranges (the disk tier), whose asked ranges
-// are read from that tier into a scratch buffer and verified there,
-// instead of promoting the whole chunk into RAM before its first range
-// is sent. Chunks after that one are acquired as Acquire does. A
+// reference, as Reads does, and every chunk of the prefix held only by a
+// lower tier that reads ranges (the disk tier), whose asked ranges are
+// read from that tier into scratch buffers and verified there, instead of
+// promoting the whole chunk into RAM before its first range is sent. A
 // connection reuses one; it is not safe for concurrent use.
 type RangeReads struct {
-	e     *Engine
-	reads Reads
-	at    int // index of the chunk read from the lower tier, -1 when none (set by AcquireRanges)
-	lower tier.LowerRange
-	rr    tier.RangeRead // open while a range of it has been read
-	buf   []byte         // the scratch buffer at's ranges land in
-	n     int
-	take  func(size int) bool // takes buf from the engine's scratch pool
+	e      *Engine
+	reads  Reads
+	n      int
+	lowers []tier.LowerRange // the lower-tier chunks, in hit order
+	open   []lowerRead       // lowers[i]'s reads, opened at its first range
+	chunk  []int32           // per chunk of the hit: its index in reads.ids, or -1 - its index in lowers
+	held   [][]byte          // scratch buffers taken, given back at Release
+}
+
+// lowerRead is a lower-tier chunk's reads: windows (each range into a
+// buffer of its own), or range reads into one buffer of the chunk's size.
+type lowerRead struct {
+	win tier.WindowRead
+	rr  tier.RangeRead
+	buf []byte // rr's buffer
 }
 
 // AcquireRanges holds the leading keys cached anywhere (RAM and the
@@ -35,24 +44,25 @@ func (e *Engine) AcquireRanges(ctx context.Context, keys []chunk.Key, local bool
 	rd := &r.reads
 	rd.e = e
 	rd.ids = growIDs(rd.ids, len(keys))
-	if r.take == nil { // made once per RangeReads: a closure per request would allocate
-		r.take = func(size int) bool {
-			r.buf, _ = r.e.scratch.get(size)
-			return r.buf != nil
+	n, lowers, err := e.mgr.AcquireRanged(ctx, keys, rd.ids, local, r.lowers[:0])
+	r.n, r.lowers = n, lowers
+	r.chunk = r.chunk[:0]
+	refs, li := 0, 0
+	for j := range n {
+		if li < len(lowers) && lowers[li].At == j {
+			r.chunk = append(r.chunk, int32(-1-li))
+			li++
+			continue
 		}
+		rd.ids[refs] = rd.ids[j]
+		r.chunk = append(r.chunk, int32(refs))
+		refs++
 	}
-	n, at, lower, err := e.mgr.AcquireRanged(ctx, keys, rd.ids, local, r.take)
-	if at >= 0 && at < n {
-		copy(rd.ids[at:], rd.ids[at+1:n]) // ids[at] was left unset
-		rd.ids = rd.ids[:n-1]
-	} else {
-		rd.ids = rd.ids[:n]
+	rd.ids = rd.ids[:refs]
+	if cap(r.open) < len(lowers) {
+		r.open = make([]lowerRead, len(lowers))
 	}
-	r.n, r.at, r.lower = n, at, lower
-	if at < 0 && r.buf != nil { // taken, then not used
-		e.scratch.put(r.buf)
-		r.buf = nil
-	}
+	r.open = r.open[:len(lowers)]
 	return n, err
 }
 
@@ -61,119 +71,227 @@ func (r *RangeReads) Len() int { return r.n }
 
 // Size returns chunk j's length.
 func (r *RangeReads) Size(j int) int {
-	if j == r.at {
-		return r.lower.Size()
+	if c := r.chunk[j]; c < 0 {
+		return r.lowers[-1-c].Size()
 	}
-	return r.reads.Size(r.ref(j))
-}
-
-// ref returns the index in r.reads of chunk j, which is not r.at.
-func (r *RangeReads) ref(j int) int {
-	if r.at >= 0 && j > r.at {
-		return j - 1
-	}
-	return j
+	return r.reads.Size(int(r.chunk[j]))
 }
 
 // Range returns bytes [from, to) of chunk j, valid until Release: in
-// place for a RAM chunk, read and verified first for the lower-tier one.
-// A failed read (a damaged piece, which the tier then drops; the tier's
-// own error) is returned: the caller serves the prefix before j only.
+// place for a RAM chunk, read and verified first for a lower-tier one. A
+// lower-tier chunk whose range finds no scratch memory free is promoted
+// whole into RAM instead, as Acquire does (never waiting for memory),
+// and served from there. A failed read (a damaged piece, which the tier
+// then drops; the tier's own error) is returned: the caller serves the
+// prefix before j only.
 func (r *RangeReads) Range(ctx context.Context, j, from, to int) ([]byte, error) {
-	if j != r.at {
-		return r.reads.Bytes(r.ref(j))[from:to], nil
+	c := r.chunk[j]
+	if c >= 0 {
+		return r.reads.Bytes(int(c))[from:to], nil
 	}
-	if r.rr == nil {
-		rr, err := r.lower.Open(ctx, r.buf)
+	li := int(-1 - c)
+	l, o := r.lowers[li], &r.open[li]
+	if l.Windows() {
+		if o.win == nil {
+			w, err := l.OpenWindows(ctx)
+			if err != nil {
+				return nil, err
+			}
+			o.win = w
+		}
+		for try := 0; ; try++ {
+			buf, ok := r.take(o.win.WindowLen(from, to))
+			if !ok {
+				return r.promote(ctx, j, from, to)
+			}
+			data, err := o.win.ReadWindow(ctx, from, to, buf)
+			// A version 1 record turns out, once its header is read,
+			// to need a window of its whole size: once more with that.
+			if try > 0 || !errors.Is(err, io.ErrShortBuffer) {
+				return data, err
+			}
+		}
+	}
+	if o.rr == nil {
+		buf, ok := r.take(l.Size())
+		if !ok {
+			return r.promote(ctx, j, from, to)
+		}
+		rr, err := l.Open(ctx, buf)
 		if err != nil {
 			return nil, err
 		}
-		r.rr = rr
+		o.rr, o.buf = rr, buf
 	}
-	if err := r.rr.ReadRange(ctx, from, to); err != nil {
+	if err := o.rr.ReadRange(ctx, from, to); err != nil {
 		return nil, err
 	}
-	return r.buf[from:to], nil
+	return o.buf[from:to], nil
 }
 
-// Release drops the references, ends the lower tier's read and gives the
-// scratch buffer back.
-func (r *RangeReads) Release() {
-	r.reads.Release()
-	if r.rr != nil {
-		r.rr.Close()
-		r.rr = nil
+// take gets a scratch buffer of n bytes for the request, or false.
+func (r *RangeReads) take(n int) ([]byte, bool) {
+	if n == 0 { // an empty range
+		return nil, true
 	}
-	if r.buf != nil {
-		r.e.scratch.put(r.buf)
-		r.buf = nil
-	}
-	r.at, r.n, r.lower = -1, 0, tier.LowerRange{}
-}
-
-// Scratch reports whether r holds a scratch buffer: a chunk of it is read
-// from a lower tier by ranges. The server gives such a reply less time to
-// be written (server/ranges.go), since the buffer is one of a few.
-func (r *RangeReads) Scratch() bool { return r.buf != nil }
-
-// RangeBuffersInUse returns how many scratch buffers requests hold now
-// (at most scratchBuffers).
-func (e *Engine) RangeBuffersInUse() int { return e.scratch.inUse() }
-
-// scratchBuffers bounds the chunks served by ranges from a lower tier at
-// once, and so the scratch memory they take (one chunk's size each). A
-// connection holds at most one: its requests run one at a time, and a
-// request holds its buffer only while it reads and sends its ranges. A
-// request finding them all in use does not wait for one: it promotes the
-// chunk whole into RAM instead, as before ranges were read from lower
-// tiers. Waiting would make it wait for the slowest readers of the
-// daemon — a buffer is held while its ranges are written, to a reader
-// that may have stopped reading — while the readers of ranges, P2P tiers
-// and kvtier:// tiers, give up after a remote timeout of about 100 ms.
-const scratchBuffers = 4
-
-// scratchPool keeps the buffers lower-tier ranges are read into. A range
-// read needs a buffer of the whole chunk's size (tier.RangeReader reads
-// at the chunk's offsets), but touches only the pieces of its ranges.
-type scratchPool struct {
-	once  sync.Once
-	slots chan struct{} // one token per buffer in use
-	mu    sync.Mutex
-	free  [][]byte
-}
-
-func (p *scratchPool) init() { p.slots = make(chan struct{}, scratchBuffers) }
-
-func (p *scratchPool) inUse() int {
-	p.once.Do(p.init)
-	return len(p.slots)
-}
-
-// get returns a buffer of size bytes, or false when scratchBuffers are in
-// use. It allocates only when no free buffer is large enough.
-func (p *scratchPool) get(size int) ([]byte, bool) {
-	p.once.Do(p.init)
-	select {
-	case p.slots <- struct{}{}:
-	default:
+	b, ok := r.e.scratch.get(n)
+	if !ok {
 		return nil, false
 	}
-	var b []byte
+	if len(r.held) == 0 {
+		r.e.rangeHolders.Add(1)
+	}
+	r.held = append(r.held, b)
+	return b, true
+}
+
+// promote reads lower-tier chunk j whole into RAM and serves it from
+// there from now on.
+func (r *RangeReads) promote(ctx context.Context, j, from, to int) ([]byte, error) {
+	li := int(-1 - r.chunk[j])
+	r.open[li].close()
+	var id arena.ID
+	if err := r.e.mgr.Promote(ctx, r.lowers[li], &id); err != nil {
+		return nil, err
+	}
+	r.reads.ids = append(r.reads.ids, id)
+	r.chunk[j] = int32(len(r.reads.ids) - 1)
+	return r.reads.Bytes(int(r.chunk[j]))[from:to], nil
+}
+
+func (o *lowerRead) close() {
+	if o.win != nil {
+		o.win.Close()
+	}
+	if o.rr != nil {
+		o.rr.Close()
+	}
+	*o = lowerRead{}
+}
+
+// Release drops the references, ends the lower tiers' reads and gives the
+// scratch buffers back.
+func (r *RangeReads) Release() {
+	r.reads.Release()
+	for i := range r.open {
+		r.open[i].close()
+	}
+	if len(r.held) > 0 {
+		for i, b := range r.held {
+			r.e.scratch.put(b)
+			r.held[i] = nil
+		}
+		r.held = r.held[:0]
+		r.e.rangeHolders.Add(-1)
+	}
+	clear(r.lowers)
+	r.lowers, r.n = r.lowers[:0], 0
+}
+
+// Scratch reports whether r holds scratch memory: a chunk of it is read
+// from a lower tier by ranges. The server gives such a reply less time to
+// be written (server/ranges.go), since the memory is bounded.
+func (r *RangeReads) Scratch() bool { return len(r.held) > 0 }
+
+// RangeBuffersInUse returns how many requests hold scratch memory now.
+func (e *Engine) RangeBuffersInUse() int { return int(e.rangeHolders.Load()) }
+
+// RangeScratchInUse returns the bytes of scratch memory requests hold now
+// (at most RangeScratchBytes).
+func (e *Engine) RangeScratchInUse() int { return e.scratch.inUse() }
+
+// RangeScratchBytes bounds the scratch memory of the ranges read from
+// lower tiers at once, in buffers rounded up to powers of two (at least
+// 64 KiB). A request finding too little free does not wait: the chunk is
+// promoted whole into RAM instead, as before ranges were read from lower
+// tiers. Waiting would make it wait for the slowest readers of the
+// daemon — memory is held while its ranges are written, to a reader that
+// may have stopped reading — while the readers of ranges, P2P tiers and
+// kvtier:// tiers, give up after a remote timeout of about 100 ms. With
+// window reads (the disk tier) a range takes about its own size, so a
+// layer of a 32 MiB chunk takes 1 to 2 MiB; a tier without them takes a
+// buffer of the chunk's size per chunk.
+const RangeScratchBytes = 128 << 20
+
+// minScratchShift makes the smallest scratch buffer, 64 KiB.
+const minScratchShift = 16
+
+// scratchClasses are the buffer sizes, 64 KiB << class, up to 256 MiB.
+const scratchClasses = 28 - minScratchShift + 1
+
+// scratchPool keeps the buffers lower-tier ranges are read into, by
+// power-of-two size class, so that a daemon serving ranges allocates
+// none once warm. Buffers in use and kept free add up to at most
+// RangeScratchBytes.
+type scratchPool struct {
+	mu        sync.Mutex
+	used      int // bytes of the buffers taken
+	freeBytes int // bytes of the buffers kept in free
+	free      [scratchClasses][][]byte
+}
+
+// scratchClass returns the size class of an n-byte buffer and its length.
+func scratchClass(n int) (int, int) {
+	c := 0
+	for (1<<minScratchShift)<<c < n {
+		c++
+	}
+	return c, (1 << minScratchShift) << c
+}
+
+func (p *scratchPool) inUse() int {
 	p.mu.Lock()
-	if k := len(p.free); k > 0 {
-		b, p.free = p.free[k-1], p.free[:k-1]
+	defer p.mu.Unlock()
+	return p.used
+}
+
+// get returns a buffer of n bytes, or false when that would take the
+// pool past RangeScratchBytes.
+func (p *scratchPool) get(n int) ([]byte, bool) {
+	if n <= 0 || n > RangeScratchBytes {
+		return nil, false
+	}
+	c, size := scratchClass(n)
+	p.mu.Lock()
+	if p.used+size > RangeScratchBytes {
+		p.mu.Unlock()
+		return nil, false
+	}
+	p.used += size
+	var b []byte
+	if k := len(p.free[c]); k > 0 {
+		b, p.free[c] = p.free[c][k-1], p.free[c][:k-1]
+		p.freeBytes -= size
+	} else {
+		p.shrink(RangeScratchBytes - p.used) // room for a new one
 	}
 	p.mu.Unlock()
-	if cap(b) < size {
+	if b == nil {
 		b = make([]byte, size)
 	}
-	return b[:size], true
+	return b[:n], true
+}
+
+// shrink drops free buffers, the largest first, until at most keep bytes
+// are kept. Called with p.mu held.
+func (p *scratchPool) shrink(keep int) {
+	for c := scratchClasses - 1; c >= 0 && p.freeBytes > keep; c-- {
+		for len(p.free[c]) > 0 && p.freeBytes > keep {
+			k := len(p.free[c]) - 1
+			p.free[c][k] = nil
+			p.free[c] = p.free[c][:k]
+			p.freeBytes -= (1 << minScratchShift) << c
+		}
+	}
 }
 
 // put gives back a buffer from get.
 func (p *scratchPool) put(b []byte) {
+	c, size := scratchClass(cap(b))
 	p.mu.Lock()
-	p.free = append(p.free, b)
+	p.used -= size
+	p.free[c] = append(p.free[c], b[:size])
+	p.freeBytes += size
+	p.shrink(RangeScratchBytes - p.used)
 	p.mu.Unlock()
-	<-p.slots
 }

@@ -8,10 +8,10 @@ import (
 	"kvtier/engine"
 )
 
-// TestRangeReadsFromDisk: a prefix of RAM, disk, disk, RAM chunks. The
-// first disk chunk's ranges are read from the disk tier and it stays out
-// of RAM; the second is promoted whole, as Acquire does; every range
-// holds the stored bytes. Released, the same RangeReads serves again.
+// TestRangeReadsFromDisk: a prefix of RAM, disk, disk, RAM chunks. Both
+// disk chunks' ranges are read from the disk tier and they stay out of
+// RAM; every range holds the stored bytes. Released, the same RangeReads
+// serves again, and no scratch memory stays taken.
 func TestRangeReadsFromDisk(t *testing.T) {
 	e, keys, chunks := layeredFixture(t, "", 4)
 	ctx := context.Background()
@@ -33,68 +33,69 @@ func TestRangeReadsFromDisk(t *testing.T) {
 			if size != len(chunks[j]) {
 				t.Fatalf("chunk %d: size %d, want %d", j, size, len(chunks[j]))
 			}
-			for _, rg := range [][2]int{{0, 100}, {size / 2, size/2 + 5000}, {size - 7, size}} {
+			for _, rg := range [][2]int{{0, 100}, {size / 2, size/2 + 5000}, {size - 7, size}, {9, 9}} {
 				got, err := r.Range(ctx, j, rg[0], rg[1])
 				if err != nil || !bytes.Equal(got, chunks[j][rg[0]:rg[1]]) {
 					t.Fatalf("round %d chunk %d range %v: %v", round, j, rg, err)
 				}
 			}
 		}
+		if !r.Scratch() || e.RangeBuffersInUse() != 1 {
+			t.Fatalf("round %d: scratch %v, %d requests holding some", round, r.Scratch(), e.RangeBuffersInUse())
+		}
 		r.Release()
-		if e.InRAM(keys[1]) {
-			t.Fatalf("round %d: chunk 1, read by ranges, was promoted", round)
+		for _, j := range []int{1, 2} {
+			if e.InRAM(keys[j]) {
+				t.Fatalf("round %d: chunk %d, read by ranges, was promoted", round, j)
+			}
 		}
-		if !e.InRAM(keys[2]) {
-			t.Fatalf("round %d: chunk 2 was not promoted", round)
+		if e.RangeBuffersInUse() != 0 || e.RangeScratchInUse() != 0 {
+			t.Fatalf("round %d: scratch still in use after the release", round)
 		}
-		e.Manager().RAM().Remove(keys[2])
 	}
 }
 
-// TestRangeReadsAllBuffersBusy: with every scratch buffer held, a fifth
-// reader does not wait for one: it promotes the chunk whole instead, with
-// the right bytes, while the four stay held. Released, they are free.
-func TestRangeReadsAllBuffersBusy(t *testing.T) {
-	e, keys, chunks := layeredFixture(t, "", 5)
+// TestRangeReadsScratchExhausted: with all the scratch memory held by one
+// request's ranges, another request does not wait for some: it promotes
+// its chunk whole instead, with the right bytes, while the first keeps
+// what it holds (and its chunk stays out of RAM). Released, it is free.
+func TestRangeReadsScratchExhausted(t *testing.T) {
+	e, keys, chunks := layeredFixture(t, "", 2)
 	ctx := context.Background()
-	held := make([]engine.RangeReads, 4)
-	for i := range held {
-		if n, err := e.AcquireRanges(ctx, keys[i:i+1], true, &held[i]); n != 1 || err != nil {
-			t.Fatal(n, err)
-		}
-		defer held[i].Release()
+	var held engine.RangeReads
+	if n, err := e.AcquireRanges(ctx, keys[:1], true, &held); n != 1 || err != nil {
+		t.Fatal(n, err)
 	}
-	if got := e.RangeBuffersInUse(); got != 4 {
-		t.Fatalf("%d scratch buffers in use, want 4", got)
+	defer held.Release()
+	size := len(chunks[0])
+	for e.RangeScratchInUse() < engine.RangeScratchBytes {
+		before := e.RangeScratchInUse()
+		got, err := held.Range(ctx, 0, 0, size)
+		if err != nil || !bytes.Equal(got, chunks[0]) {
+			t.Fatalf("with %d bytes held: %v", before, err)
+		}
+		if e.RangeScratchInUse() == before {
+			t.Fatalf("a range read from disk took no scratch memory (%d bytes held)", before)
+		}
 	}
 	var r engine.RangeReads
-	if n, err := e.AcquireRanges(ctx, keys[4:5], true, &r); n != 1 || err != nil || r.Scratch() {
-		t.Fatal(n, err, r.Scratch())
+	if n, err := e.AcquireRanges(ctx, keys[1:2], true, &r); n != 1 || err != nil {
+		t.Fatal(n, err)
 	}
-	got, err := r.Range(ctx, 0, 0, len(chunks[4]))
-	if err != nil || !bytes.Equal(got, chunks[4]) {
-		t.Fatalf("the fifth chunk: %v", err)
+	got, err := r.Range(ctx, 0, 0, len(chunks[1]))
+	if err != nil || !bytes.Equal(got, chunks[1]) || r.Scratch() {
+		t.Fatalf("the second request: %v, scratch %v", err, r.Scratch())
 	}
 	r.Release()
-	if !e.InRAM(keys[4]) {
-		t.Fatal("the fifth chunk, with no buffer free, was not promoted")
+	if !e.InRAM(keys[1]) {
+		t.Fatal("the second chunk, with no scratch memory free, was not promoted")
 	}
-	for i := range held {
-		if e.InRAM(keys[i]) {
-			t.Fatalf("chunk %d, read by ranges, was promoted", i)
-		}
-		if !held[i].Scratch() {
-			t.Fatalf("reader %d holds no scratch buffer", i)
-		}
+	if e.InRAM(keys[0]) || !held.Scratch() || e.RangeScratchInUse() != engine.RangeScratchBytes {
+		t.Fatalf("the first request lost its scratch memory or its chunk was promoted")
 	}
-	if got := e.RangeBuffersInUse(); got != 4 {
-		t.Fatalf("%d scratch buffers in use, want the 4 still held", got)
-	}
-	for i := range held {
-		held[i].Release()
-	}
-	if got := e.RangeBuffersInUse(); got != 0 {
-		t.Fatalf("%d scratch buffers in use after every release", got)
+	held.Release()
+	if got := e.RangeScratchInUse(); got != 0 {
+		t.Fatalf("%d bytes of scratch in use after every release", got)
 	}
 }
 

@@ -10,10 +10,10 @@ import (
 
 // handleRetrieveRanges serves RETRIEVE_RANGES: the DataHeader of the
 // leading cached chunks, a checksum per range served, then each range's
-// bytes. RAM chunks are sent from the arena by reference; the first chunk
-// held only on a lower tier that reads ranges (the disk) is not promoted:
-// its ranges are read from that tier, piece checksums verified, into a
-// scratch buffer (engine.RangeReads). With the PEER flag only RAM and
+// bytes. RAM chunks are sent from the arena by reference; chunks held
+// only on a lower tier that reads ranges (the disk) are not promoted:
+// their ranges are read from that tier, piece checksums verified, into
+// scratch buffers (engine.RangeReads). With the PEER flag only RAM and
 // node-local tiers answer, as for RETRIEVE. The chunks are held only
 // while their ranges are being written.
 func (s *session) handleRetrieveRanges(h wire.Header, body []byte) *requestError {
@@ -88,12 +88,12 @@ func (s *session) handleRetrieveRanges(h wire.Header, body []byte) *requestError
 const rangeWriteRate = 64 << 20 // bytes per second
 
 // capWrites gives the reply of the served ranges one write deadline,
-// which no frame of it pushes back: the engine has only a few scratch
-// buffers (engine.RangeReads), and a reader that stops reading would
-// otherwise hold one for WriteTimeout per frame, up to 65,536 frames,
+// which no frame of it pushes back: the engine's scratch memory is
+// bounded (engine.RangeScratchBytes), and a reader that stops reading
+// would otherwise hold some for WriteTimeout per frame, up to 65,536 frames,
 // sending the requests of every other reader of a disk chunk to whole
 // promotions meanwhile. Past the deadline the write fails, the
-// connection closes and the buffer is released.
+// connection closes and the memory is released.
 func (s *session) capWrites(served []wire.ByteRange) {
 	var total int64
 	for _, br := range served {
@@ -132,7 +132,7 @@ func checkRanges(served []wire.ByteRange, rd *engine.RangeReads, n int) *request
 }
 
 // readRanges gathers the bytes of the served ranges into s.rdata. A range
-// of the lower-tier chunk that cannot be read (a damaged piece, which the
+// of a lower-tier chunk that cannot be read (a damaged piece, which the
 // tier drops; the tier failing) ends the prefix before that chunk, as a
 // miss would: it returns the shorter chunk count and ranges.
 func (s *session) readRanges(ctx context.Context, rd *engine.RangeReads, n int, served []wire.ByteRange) (int, []wire.ByteRange) {

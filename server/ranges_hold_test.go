@@ -103,30 +103,32 @@ func stall(t *testing.T, addr string, k chunk.Key) (net.Conn, *wire.Reader) {
 	return conn, rd
 }
 
-// waitInUse waits until the engine's scratch buffers in use are want, a
+// waitInUse waits until the requests holding scratch memory are want, a
 // state the test's own requests lead to; the bound is only against a
 // hang.
 func waitInUse(t *testing.T, eng *engine.Engine, want int) {
 	t.Helper()
 	for start := time.Now(); eng.RangeBuffersInUse() != want; time.Sleep(5 * time.Millisecond) {
 		if time.Since(start) > 60*time.Second {
-			t.Fatalf("%d scratch buffers in use, want %d", eng.RangeBuffersInUse(), want)
+			t.Fatalf("%d requests hold scratch memory, want %d", eng.RangeBuffersInUse(), want)
 		}
 	}
 }
 
-// TestRangesStalledReadersDoNotBlockOthers: four connections that ask for
-// a disk chunk's ranges and stop reading hold every scratch buffer. A
-// fifth reader does not wait for one: its RETRIEVE_RANGES is served, with
-// the stored bytes, from the chunk promoted whole into RAM, while the
-// four buffers stay held. Closing the stalled connections frees them.
+// TestRangesStalledReadersDoNotBlockOthers: connections that ask for all
+// of a disk chunk by ranges and stop reading hold all the scratch memory
+// (eight of them, 16 MiB each). Another reader does not wait for some:
+// its RETRIEVE_RANGES is served, with the stored bytes, from the chunk
+// promoted whole into RAM, while the stalled ones keep theirs. Closing
+// the stalled connections frees it.
 func TestRangesStalledReadersDoNotBlockOthers(t *testing.T) {
 	eng, _, addr, k, data := diskOnlyDaemon(t, server.ServiceOptions{RangeWriteTimeout: time.Hour})
-	conns := make([]net.Conn, 4)
+	stalled := engine.RangeScratchBytes / holdChunk
+	conns := make([]net.Conn, stalled)
 	for i := range conns {
 		conns[i], _ = stall(t, addr, k)
 	}
-	waitInUse(t, eng, 4)
+	waitInUse(t, eng, stalled)
 	if eng.InRAM(k) {
 		t.Fatal("a stalled reader's chunk was promoted")
 	}
@@ -139,7 +141,7 @@ func TestRangesStalledReadersDoNotBlockOthers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, n, err := c.RetrieveRangesTo(ctx, client.Raw([]chunk.Key{k}), ranges, bufs); n != len(ranges) || err != nil {
-		t.Fatalf("the fifth reader: %d ranges, %v", n, err)
+		t.Fatalf("the reader after the stalled ones: %d ranges, %v", n, err)
 	}
 	for i, br := range ranges {
 		if !bytes.Equal(bufs[i], data[br.From:br.To]) {
@@ -147,10 +149,10 @@ func TestRangesStalledReadersDoNotBlockOthers(t *testing.T) {
 		}
 	}
 	if !eng.InRAM(k) {
-		t.Fatal("the fifth reader was not served from a promotion")
+		t.Fatal("the reader after the stalled ones was not served from a promotion")
 	}
-	if got := eng.RangeBuffersInUse(); got != 4 {
-		t.Fatalf("%d scratch buffers in use, want the 4 the stalled readers hold", got)
+	if got := eng.RangeBuffersInUse(); got != stalled || eng.RangeScratchInUse() != engine.RangeScratchBytes {
+		t.Fatalf("%d requests hold %d bytes of scratch, want the %d stalled ones all of it", got, eng.RangeScratchInUse(), stalled)
 	}
 	for _, conn := range conns {
 		conn.Close()

@@ -252,6 +252,10 @@ func (s *Stream) fill(ctx context.Context, c int) {
 		return
 	}
 	defer r.Close()
+	if pr, ok := r.(PipelinedRead); ok && s.geo.Parts <= MaxSpans {
+		s.fillPipelined(ctx, c, pr, len(buf))
+		return
+	}
 	for layer := 0; layer < s.geo.Layers; {
 		if !s.await(ctx, c, layer) {
 			return
@@ -284,6 +288,104 @@ func (s *Stream) reach(layer int) int {
 		return layer
 	}
 	return min(max(layer, s.ready+streamAhead), s.geo.Layers-1)
+}
+
+// pipelineAhead is how much further than streamAhead a chunk read by a
+// PipelinedRead may ask while a request of it is in flight: one more
+// request's worth of layers, so that the slowest chunk, whose window
+// ends streamAhead past the layers ready everywhere, can ask for its
+// next layers before its current ones have arrived.
+const pipelineAhead = streamAhead + 1
+
+// fillPipelined reads chunk c through r with up to PipelineDepth requests
+// in flight, each every part of up to streamAhead + 1 adjacent layers in
+// one round trip. The window is the one fill keeps, widened by
+// pipelineAhead for a request sent while another is in flight; layer 0
+// of every chunk still comes first.
+func (s *Stream) fillPipelined(ctx context.Context, c int, r PipelinedRead, size int) {
+	var inflight [PipelineDepth]int // last layer of each request in flight, oldest first
+	var spans [MaxSpans]Span
+	k := 0
+	for layer := 0; layer < s.geo.Layers || k > 0; {
+		if err := s.stopped(ctx); err != nil {
+			s.progress(ctx, c, 0, err)
+			return
+		}
+		if layer < s.geo.Layers && k < PipelineDepth {
+			ok, near := s.window(c, layer, k > 0)
+			if !ok {
+				return
+			}
+			if !near && k == 0 {
+				if !s.await(ctx, c, layer) {
+					return
+				}
+				near = true
+			}
+			if near {
+				last := s.sendReach(layer)
+				for part := range s.geo.Parts {
+					from, _, _ := s.geo.Range(size, layer, part)
+					_, to, _ := s.geo.Range(size, last, part)
+					spans[part] = Span{from, to}
+				}
+				if err := r.Send(ctx, spans[:s.geo.Parts]); err != nil {
+					s.progress(ctx, c, 0, err)
+					return
+				}
+				inflight[k], k, layer = last, k+1, last+1
+				continue
+			}
+		}
+		if err := r.Recv(ctx); err != nil {
+			s.progress(ctx, c, 0, err)
+			return
+		}
+		done := inflight[0]
+		copy(inflight[:], inflight[1:k])
+		k--
+		if !s.progress(ctx, c, done+1, nil) {
+			return
+		}
+	}
+}
+
+// stopped returns why the reads must end now, if they must: the manager
+// is closing (Close waits for the stream) or ctx ended.
+func (s *Stream) stopped(ctx context.Context) error {
+	if s.m.stopping.Load() {
+		return ErrClosed
+	}
+	return ctx.Err()
+}
+
+// window reports whether chunk c is still usable and whether layer is
+// within its window now: streamAhead past the layers ready everywhere,
+// plus pipelineAhead when a request is in flight (busy), and layer 0
+// alone until layer 0 is ready everywhere. It never waits.
+func (s *Stream) window(c, layer int, busy bool) (usable, near bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ahead := streamAhead
+	if busy {
+		ahead += pipelineAhead
+	}
+	if s.ready == 0 {
+		ahead = 0
+	}
+	return c < s.usable, s.ready+ahead >= layer
+}
+
+// sendReach returns the last layer of a request starting at layer: as
+// far as the window lets (window's busy reach), at most streamAhead + 1
+// layers, and layer alone before layer 0 is ready everywhere.
+func (s *Stream) sendReach(layer int) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ready == 0 {
+		return layer
+	}
+	return min(max(layer, s.ready+streamAhead+pipelineAhead), layer+streamAhead, s.geo.Layers-1)
 }
 
 // await blocks chunk c's reader until layer is within streamAhead of the

@@ -55,6 +55,9 @@ type TierRow struct {
 	// daemon of the P2P rows too) per load, medians: whole, and every
 	// layer by layers.
 	WholeCPU, LayersCPU time.Duration
+	// Requests the peer daemon served per load (every operation: round
+	// trips), medians, whole and by layers; P2P rows only.
+	WholeRequests, LayersRequests float64
 }
 
 // TTFTRow is the modelled time to first token with the prefix on a lower
@@ -154,13 +157,14 @@ func Run(ctx context.Context, o Options, log io.Writer) (Result, error) {
 
 // fixture is an engine holding the prefix in a lower tier.
 type fixture struct {
-	eng    *engine.Engine
-	keys   []chunk.Key
-	data   [][]byte
-	layers int
-	dir    string // the disk tier's, removed by close
-	before func() // run by evict: where the peer rows put the prefix on the peer
-	given  engine.Layers
+	eng      *engine.Engine
+	keys     []chunk.Key
+	data     [][]byte
+	layers   int
+	dir      string         // the disk tier's, removed by close
+	before   func()         // run by evict: where the peer rows put the prefix on the peer
+	requests func() float64 // requests the peer has served so far (P2P rows); nil elsewhere
+	given    engine.Layers
 }
 
 // newFixture holds the prefix in a fresh disk tier under o.Dir (a tier
@@ -353,23 +357,29 @@ func (f *fixture) check(slots []engine.Slot) error {
 // per-layer compute time that makes compute equal to the whole load.
 func (f *fixture) tierRow(ctx context.Context, name string, rounds int) (TierRow, time.Duration, error) {
 	var whole, reply, l0, all, wcpu, lcpu []time.Duration
+	var wreq, lreq []float64
+	served := f.requests
+	if served == nil {
+		served = func() float64 { return 0 }
+	}
 	for r := range rounds {
-		c0 := proccpu.Used()
+		c0, q0 := proccpu.Used(), served()
 		w, err := f.whole(ctx, r == 0)
 		if err != nil {
 			return TierRow{}, 0, err
 		}
-		c1 := proccpu.Used()
+		c1, q1 := proccpu.Used(), served()
 		rp, a, b, _, err := f.stream(ctx, r == 0, nil)
 		if err != nil {
 			return TierRow{}, 0, err
 		}
-		c2 := proccpu.Used()
+		c2, q2 := proccpu.Used(), served()
 		whole, reply, l0, all = append(whole, w), append(reply, rp), append(l0, a), append(all, b)
 		wcpu, lcpu = append(wcpu, c1-c0), append(lcpu, c2-c1)
+		wreq, lreq = append(wreq, q1-q0), append(lreq, q2-q1)
 	}
 	row := TierRow{Tier: name, Whole: median(whole), Reply: median(reply), Layer0: median(l0), All: median(all),
-		WholeCPU: median(wcpu), LayersCPU: median(lcpu)}
+		WholeCPU: median(wcpu), LayersCPU: median(lcpu), WholeRequests: median(wreq), LayersRequests: median(lreq)}
 	row.Ratio = float64(row.Layer0) / float64(row.All)
 	return row, row.Whole / time.Duration(f.layers), nil
 }
@@ -533,7 +543,7 @@ func (f *fixture) copyLayer(slots []engine.Slot, dst [][]byte, layer int) error 
 	return nil
 }
 
-func median(d []time.Duration) time.Duration {
+func median[T time.Duration | float64](d []T) T {
 	s := slices.Clone(d)
 	slices.Sort(s)
 	return s[len(s)/2]
@@ -546,6 +556,11 @@ func (r Result) Print(w io.Writer) {
 	for _, t := range r.Tiers {
 		fmt.Fprintf(w, "%-9s %10s %10s %10s %10s %8s %10s %10s\n", t.Tier, ms(t.Whole), ms(t.Reply), ms(t.Layer0), ms(t.All),
 			fmt.Sprintf("1/%.0f", 1/t.Ratio), ms(t.WholeCPU), ms(t.LayersCPU))
+	}
+	for _, t := range r.Tiers {
+		if t.WholeRequests > 0 {
+			fmt.Fprintf(w, "%-9s requests to the peer per load: whole %.0f, by layers %.0f\n", t.Tier, t.WholeRequests, t.LayersRequests)
+		}
 	}
 	fmt.Fprintf(w, "\n%-9s %-16s %10s %10s %10s %8s\n", "tier", "case", "per layer", "whole", "layerwise", "speedup")
 	for _, t := range r.TTFT {

@@ -44,4 +44,9 @@ func TestRunSmallPeer(t *testing.T) {
 			t.Fatalf("row %+v", row)
 		}
 	}
+	for _, row := range r.Tiers[1:] { // the peer served the loads: it counted them
+		if row.WholeRequests < 3 || row.LayersRequests < 3 {
+			t.Fatalf("peer row %s: %v requests whole, %v by layers", row.Tier, row.WholeRequests, row.LayersRequests)
+		}
+	}
 }

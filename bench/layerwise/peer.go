@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"kvtier/engine"
 	"kvtier/kvformat"
 	"kvtier/server"
@@ -26,6 +28,7 @@ type peer struct {
 	done  chan error
 	addr  string
 	token string
+	reg   *prometheus.Registry // svc's request counters
 }
 
 // startPeer opens an engine with a disk tier under o.Dir, stores the
@@ -43,7 +46,15 @@ func startPeer(o Options, spec kvformat.Spec, size int) (*peer, error) {
 		f.close()
 		return nil, err
 	}
-	p := &peer{fixture: f, svc: svc, done: make(chan error, 1), addr: ln.Addr().String(), token: hex.EncodeToString(token)}
+	p := &peer{fixture: f, svc: svc, done: make(chan error, 1), addr: ln.Addr().String(), token: hex.EncodeToString(token),
+		reg: prometheus.NewRegistry()}
+	for _, c := range svc.Collectors() {
+		if err := p.reg.Register(c); err != nil {
+			ln.Close()
+			f.close()
+			return nil, err
+		}
+	}
 	go func() { p.done <- svc.Serve(ln) }()
 	return p, nil
 }
@@ -60,13 +71,33 @@ func (p *peer) reader(o Options, size int, onDisk bool) (*fixture, error) {
 	}
 	// The geometry as the connector sends it: this engine never saw the
 	// scope's format tag, which the peer's stores registered.
-	f := &fixture{eng: eng, keys: p.keys, data: p.data, layers: p.layers, given: engine.Layers{Layers: p.layers, Parts: 2}}
+	f := &fixture{eng: eng, keys: p.keys, data: p.data, layers: p.layers, given: engine.Layers{Layers: p.layers, Parts: 2},
+		requests: p.requests}
 	if onDisk {
 		f.before = p.evict
 	} else {
 		f.before = p.warm
 	}
 	return f, nil
+}
+
+// requests returns how many requests p has served, every operation: the
+// round trips the reader paid.
+func (p *peer) requests() float64 {
+	fams, err := p.reg.Gather()
+	if err != nil {
+		return 0
+	}
+	var n float64
+	for _, f := range fams {
+		if f.GetName() != "kvtier_requests_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			n += m.GetCounter().GetValue()
+		}
+	}
+	return n
 }
 
 // warm brings the prefix back into p's RAM, where a layerwise load from

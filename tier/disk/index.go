@@ -47,6 +47,7 @@ type index struct {
 	pinned  func(chunk.Key) bool     // order's busy callback, allocated once
 	now     int64                    // the clock victim is asked about, for pinned
 	met     []chunk.Key              // pinned keys the last victim search passed
+	hdrs    headerCache              // verified headers of records read by ranges (hdrcache.go)
 
 	quota     *tier.Quota          // per-owner accounting (quota.go); nil for none
 	quotaBusy func(chunk.Key) bool // pinnedNow, allocated once
@@ -110,6 +111,7 @@ func (x *index) drop(i int32) {
 	}
 	x.keys.del(s.key, i)
 	x.quota.Release(s.key)
+	x.hdrs.forget(i)
 	*s = slot{}
 	x.free = append(x.free, i)
 }

@@ -25,6 +25,7 @@ var _ tier.RangeReader = (*Tier)(nil)
 type rangeRead struct {
 	t     *Tier
 	key   chunk.Key
+	slot  int32 // the record's index slot, for the header cache
 	loc   slot
 	seg   *segment
 	dst   []byte
@@ -37,9 +38,19 @@ type rangeRead struct {
 }
 
 // OpenRange implements tier.RangeReader. It reads nothing yet: the header
-// block comes with the first range that starts at the payload's start (a
-// chunk's layer 0), or on its own before the first range that does not.
+// block comes from the header cache, with the first range that starts at
+// the payload's start (a chunk's layer 0), or on its own before the first
+// range that does not.
 func (t *Tier) OpenRange(ctx context.Context, key chunk.Key, dst []byte) (tier.RangeRead, error) {
+	if dst == nil {
+		dst = []byte{} // nil is OpenWindows' mark
+	}
+	return t.openRange(ctx, key, dst)
+}
+
+// openRange opens key's record for range reads into dst, or for window
+// reads (no destination of the record's size) when dst is nil.
+func (t *Tier) openRange(ctx context.Context, key chunk.Key, dst []byte) (*rangeRead, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -56,7 +67,7 @@ func (t *Tier) OpenRange(ctx context.Context, key chunk.Key, dst []byte) (tier.R
 		return nil, tier.ErrNotFound
 	}
 	loc := t.idx.slots[i]
-	if int64(len(dst)) != loc.size {
+	if dst != nil && int64(len(dst)) != loc.size {
 		t.mu.Unlock()
 		return nil, fmt.Errorf("disk: range read %v: buffer of %d bytes for %d: %w", key, len(dst), loc.size, io.ErrShortBuffer)
 	}
@@ -64,15 +75,18 @@ func (t *Tier) OpenRange(ctx context.Context, key chunk.Key, dst []byte) (tier.R
 	seg.refs++
 	t.idx.touch(i)
 	t.calls.Add(1)
+	r := &rangeRead{t: t, key: key, slot: i, loc: loc, seg: seg, dst: dst}
+	r.hdrOK = t.idx.hdrs.get(i, loc, &r.hdr)
 	t.mu.Unlock()
-	return &rangeRead{t: t, key: key, loc: loc, seg: seg, dst: dst}, nil
+	return r, nil
 }
 
-// transfer reads payload bytes [lo, hi) into dst, with the header block
-// along when lo is 0, and checks the header the first time it comes.
-func (r *rangeRead) transfer(ctx context.Context, lo, hi int64) error {
+// transfer reads payload bytes [lo, hi) into buf (hi - lo bytes), with
+// the header block along when lo is 0, and checks the header the first
+// time it comes, keeping it in the tier's header cache once checked.
+func (r *rangeRead) transfer(ctx context.Context, lo, hi int64, buf []byte) error {
 	o := r.t.getOp()
-	o.kind, o.seg, o.off, o.from, o.buf = opRead, r.seg, r.loc.off, lo, r.dst[lo:hi]
+	o.kind, o.seg, o.off, o.from, o.buf = opRead, r.seg, r.loc.off, lo, buf[:hi-lo]
 	err := r.t.sched.do(ctx, o)
 	if err == nil {
 		err = o.err
@@ -84,6 +98,9 @@ func (r *rangeRead) transfer(ctx context.Context, lo, hi int64) error {
 			bad = errMisplaced
 		}
 		r.hdrOK = bad == nil
+		if r.hdrOK {
+			r.cacheHeader()
+		}
 	}
 	r.t.putOp(o)
 	if err != nil && ctx.Err() != nil {
@@ -97,6 +114,9 @@ func (r *rangeRead) transfer(ctx context.Context, lo, hi int64) error {
 func (r *rangeRead) ReadRange(ctx context.Context, from, to int) error {
 	if r.err != nil {
 		return r.err
+	}
+	if r.dst == nil {
+		return fmt.Errorf("disk: range read %v: opened for window reads", r.key)
 	}
 	if from < 0 || to > len(r.dst) || from > to {
 		return fmt.Errorf("disk: range [%d, %d) of a %d-byte record", from, to, len(r.dst))
@@ -118,7 +138,7 @@ func (r *rangeRead) ReadRange(ctx context.Context, from, to int) error {
 	p := geo.pieceLen()
 	lo, hi := int64(first)*p, min(int64(end)*p, r.loc.size)
 	if !r.hdrOK && lo > 0 { // the header on its own first, then its geometry
-		if err := r.transfer(ctx, 0, 0); err != nil {
+		if err := r.transfer(ctx, 0, 0, nil); err != nil {
 			return err
 		}
 		if first, end = r.cover(&r.hdr, from, to); first == end {
@@ -127,13 +147,13 @@ func (r *rangeRead) ReadRange(ctx context.Context, from, to int) error {
 		p = r.hdr.pieceLen()
 		lo, hi = int64(first)*p, min(int64(end)*p, r.loc.size)
 	}
-	if err := r.transfer(ctx, lo, hi); err != nil {
+	if err := r.transfer(ctx, lo, hi, r.dst[lo:hi]); err != nil {
 		return err
 	}
 	if p != r.hdr.pieceLen() { // version 1: one piece, the whole payload
 		first, end = r.cover(&r.hdr, from, to)
 		p, lo, hi = r.hdr.pieceLen(), 0, r.loc.size
-		if err := r.transfer(ctx, lo, hi); err != nil {
+		if err := r.transfer(ctx, lo, hi, r.dst[lo:hi]); err != nil {
 			return err
 		}
 	}

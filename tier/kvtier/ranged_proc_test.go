@@ -162,7 +162,11 @@ func TestRangeReadsFromRemoteDaemon(t *testing.T) {
 	}
 	rr.Close()
 
-	// After a restart the chunk is on the daemon's disk only.
+	// After a restart the chunk is on the daemon's disk only: written
+	// there first (FLUSH), since the kill gives the write queue no time.
+	if _, err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
 	d.Kill()
 	d = remoteProc(t, dir)
 	hit, err := rawClient(t, d).Lookup(ctx, client.Raw([]chunk.Key{k}), 0)

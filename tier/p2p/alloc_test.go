@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"kvtier/engine"
+	"kvtier/tier"
 	_ "kvtier/tier/kvtier" // the kvtier:// scheme, the yardstick
 	"kvtier/tier/p2p"
 	"kvtier/tier/remote"
@@ -47,5 +48,48 @@ func TestReadAllocsLikeTheKvtierTier(t *testing.T) {
 	t.Logf("allocations per read: p2p %v, kvtier %v", p2pAllocs, kvtierAllocs)
 	if p2pAllocs > kvtierAllocs+2 {
 		t.Errorf("a P2P read allocates %v times, the kvtier tier's %v", p2pAllocs, kvtierAllocs)
+	}
+}
+
+// TestPipelinedRangeAllocs holds a pipelined request of a layer's two
+// ranges (Send, then Recv) to the allocations of the two one-range
+// requests it replaces (ReadRange twice): per request costs only,
+// nothing per range or byte.
+func TestPipelinedRangeAllocs(t *testing.T) {
+	d1 := startDaemon(t, "127.0.0.1:0", engine.Options{})
+	const size = 100_000
+	store(t, d1, 1, size)
+	ctx := context.Background()
+	dst := make([]byte, size)
+	pt := p2p.NewStatic([]string{d1.addr}, p2p.Options{Token: token, Timeout: time.Second})
+	defer pt.Close()
+	rr, err := pt.OpenRange(ctx, key(0), dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rr.Close()
+	pr, ok := rr.(tier.PipelinedRead)
+	if !ok {
+		t.Fatal("a P2P range read does not pipeline")
+	}
+	spans := []tier.Span{{From: 0, To: 1000}, {From: size / 2, To: size/2 + 1000}}
+	pipelined := testing.AllocsPerRun(100, func() {
+		if err := pr.Send(ctx, spans); err != nil {
+			t.Fatal(err)
+		}
+		if err := pr.Recv(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+	single := testing.AllocsPerRun(100, func() {
+		for _, sp := range spans {
+			if err := rr.ReadRange(ctx, sp.From, sp.To); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	t.Logf("allocations per layer: pipelined %v, one range per request %v", pipelined, single)
+	if pipelined > single {
+		t.Errorf("a pipelined request allocates %v times, two one-range requests %v", pipelined, single)
 	}
 }

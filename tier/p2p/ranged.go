@@ -21,8 +21,9 @@ import (
 // circuit breaker is asked at OpenRange and told each range's outcome.
 
 var (
-	_ tier.RangeReader  = (*Tier)(nil)
-	_ tier.RangeChooser = (*Tier)(nil)
+	_ tier.RangeReader   = (*Tier)(nil)
+	_ tier.RangeChooser  = (*Tier)(nil)
+	_ tier.PipelinedRead = (*peerRange)(nil)
 )
 
 // ReadsRanges implements tier.RangeChooser: a peer answers ranges from
@@ -133,6 +134,17 @@ type peerRange struct {
 	bad   bool // the connection failed or is out of step: closed, not pooled
 	trial bool // holds the breaker's half-open trial until the first Report
 	read  int  // bytes read, counted at Close
+	// Requests sent and not yet received (Send, Recv), oldest at head.
+	sent        [tier.PipelineDepth]sentRanges
+	head, count int
+}
+
+// sentRanges is one request in flight.
+type sentRanges struct {
+	id    uint32
+	rng   [tier.MaxSpans]wire.ByteRange
+	n     int
+	bytes int
 }
 
 // open takes a connection and a lease on the chunk. On failure it has
@@ -219,10 +231,16 @@ func (r *peerRange) Close() {
 }
 
 // done releases the lease (a release that fails leaves it to lapse) and
-// returns the connection to the pool, or closes it when it is broken.
+// returns the connection to the pool, or closes it when it is broken or
+// replies are still due on it (the peer releases the lease of a closed
+// connection itself).
 func (r *peerRange) done() {
 	if r.c == nil {
 		return
+	}
+	if r.count > 0 {
+		r.bad = true
+		r.count = 0
 	}
 	if r.lease != 0 && !r.bad {
 		ctx, cancel := r.s.ctx()
@@ -234,4 +252,73 @@ func (r *peerRange) done() {
 	r.s.give(r.c, r.bad)
 	r.c, r.lease = nil, 0
 	r.s.ranged.Add(-1)
+}
+
+// Send implements tier.PipelinedRead: one RETRIEVE_RANGES of the spans,
+// written without waiting for the replies to earlier ones.
+func (r *peerRange) Send(ctx context.Context, spans []tier.Span) error {
+	if r.c == nil {
+		return fmt.Errorf("p2p peer %s: %v: %w", r.s.addr, r.key, tier.ErrClosed)
+	}
+	if r.count == len(r.sent) || len(spans) > tier.MaxSpans {
+		return fmt.Errorf("p2p peer %s: %d requests in flight, %d spans", r.s.addr, r.count, len(spans))
+	}
+	q := &r.sent[(r.head+r.count)%len(r.sent)]
+	q.n, q.bytes = len(spans), 0
+	for i, sp := range spans {
+		q.rng[i] = wire.ByteRange{Key: 0, From: uint32(sp.From), To: uint32(sp.To)}
+		q.bytes += sp.To - sp.From
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.s.o.Timeout)
+	defer cancel()
+	id, err := r.c.SendRetrieveRanges(ctx, client.Raw(r.keys[:]), q.rng[:q.n])
+	if err != nil {
+		return r.failed(ctx, fmt.Errorf("p2p peer %s: %w", r.s.addr, err))
+	}
+	q.id = id
+	r.count++
+	return nil
+}
+
+// Recv implements tier.PipelinedRead: the reply to the oldest Send, each
+// range checked against the checksum the peer sends for it.
+func (r *peerRange) Recv(ctx context.Context) error {
+	if r.c == nil || r.count == 0 {
+		return fmt.Errorf("p2p peer %s: %v: no request in flight: %w", r.s.addr, r.key, tier.ErrClosed)
+	}
+	q := &r.sent[r.head]
+	r.head, r.count = (r.head+1)%len(r.sent), r.count-1
+	ctx, cancel := remote.BoundCall(ctx, r.s.o.Timeout, r.s.o.Bandwidth, q.bytes)
+	defer cancel()
+	sizes, n, err := r.c.RecvRetrieveRanges(ctx, q.id, q.rng[:q.n], r.dst[:])
+	if err == nil && n > 0 && sizes[0] != uint32(len(r.dst[0])) {
+		n = 0 // not the size this chunk's layers were laid out for
+	}
+	switch {
+	case errors.Is(err, client.ErrChecksum):
+		r.t.corrupt.Add(1)
+		err = fmt.Errorf("p2p peer %s: %w: %w", r.s.addr, tier.ErrCorrupt, err)
+	case err != nil:
+		err = fmt.Errorf("p2p peer %s: %w", r.s.addr, err)
+	case n < q.n:
+		err = fmt.Errorf("p2p peer %s: %v: %w", r.s.addr, r.key, tier.ErrNotFound)
+	}
+	if err != nil {
+		return r.failed(ctx, err)
+	}
+	r.report(ctx, nil)
+	r.read += q.bytes
+	return nil
+}
+
+// failed reports a failed Send or Recv to the breaker, counts the miss
+// and ends the reads.
+func (r *peerRange) failed(ctx context.Context, err error) error {
+	r.report(ctx, err)
+	if errors.Is(err, client.ErrClosed) || errors.Is(err, client.ErrChecksum) {
+		r.bad = true
+	}
+	r.t.misses.Add(1)
+	r.done()
+	return err
 }

@@ -30,7 +30,32 @@ func (g gatedPeers) OpenRange(ctx context.Context, k chunk.Key, dst []byte) (tie
 	if err != nil {
 		return nil, err
 	}
+	if pr, ok := r.(tier.PipelinedRead); ok {
+		return &gatedPipe{PipelinedRead: pr, gate: g.gate}, nil
+	}
 	return gatedRange{r, g.gate}, nil
+}
+
+// gatedPipe holds back the replies to requests for layers after the
+// first: those requests are sent, and in flight when the gate opens.
+type gatedPipe struct {
+	tier.PipelinedRead
+	gate   chan struct{}
+	layers []int // first layer of each request in flight
+}
+
+func (g *gatedPipe) Send(ctx context.Context, spans []tier.Span) error {
+	g.layers = append(g.layers, spans[0].From%(streamChunk/2)/(streamChunk/16))
+	return g.PipelinedRead.Send(ctx, spans)
+}
+
+func (g *gatedPipe) Recv(ctx context.Context) error {
+	layer := g.layers[0]
+	g.layers = g.layers[1:]
+	if layer > 0 {
+		<-g.gate
+	}
+	return g.PipelinedRead.Recv(ctx)
 }
 
 type gatedRange struct {
@@ -47,7 +72,8 @@ func (g gatedRange) ReadRange(ctx context.Context, from, to int) error {
 
 // TestStreamFromPeerKilledMidStream streams four chunks layer by layer
 // from a real daemon: layer 0 of each arrives from the peer, checked;
-// the peer is then killed before the later layers, and every chunk
+// the peer is then killed before the later layers are taken (their
+// requests are in flight, pipelined), and every chunk
 // becomes unusable (a recompute), none is made visible in RAM, and
 // nothing stays pinned.
 func TestStreamFromPeerKilledMidStream(t *testing.T) {
