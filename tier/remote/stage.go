@@ -50,6 +50,22 @@ type Staged interface {
 // no longer holds all of it.
 var ErrStageLost = errors.New("remote: staged object lost before its publish")
 
+// ErrRefused is wrapped by the error of a staging call that the store
+// answered with a refusal (Redis: an error reply such as an unknown or
+// renamed command, NOPERM or CROSSSLOT), or that the tier refused itself
+// without asking the store. The store is up: the breaker counts it as an
+// answer, and the chunk is written whole.
+var ErrRefused = errors.New("remote: staging refused")
+
+// stageOutcome is how the breaker counts a staging call's result: a lost
+// staged object and a refusal are answers, not failures of the store.
+func stageOutcome(ctx context.Context, err error) outcome {
+	if errors.Is(err, ErrStageLost) || errors.Is(err, ErrRefused) {
+		return outcomeSuccess // the store answered
+	}
+	return classify(ctx, err)
+}
+
 // stagerOf returns t as a Stager when it can really stage: a Guarded
 // store only when the store it wraps can.
 func stagerOf(t tier.Tier) Stager {
@@ -78,7 +94,7 @@ func (g *Guarded) Stage(ctx context.Context, key chunk.Key, size int) (Staged, e
 	}
 	s, err := c.stage, c.err
 	c.stage = nil
-	g.finish(c, classify(ctx, err))
+	g.finish(c, stageOutcome(ctx, err))
 	if err != nil {
 		return nil, err
 	}
@@ -120,11 +136,7 @@ func (s *guardedStage) call(ctx context.Context, o op, off int, data []byte) err
 	}
 	err = c.err
 	c.stage = nil
-	out := classify(ctx, err)
-	if errors.Is(err, ErrStageLost) {
-		out = outcomeSuccess // the store answered
-	}
-	g.finish(c, out)
+	g.finish(c, stageOutcome(ctx, err))
 	return err
 }
 
