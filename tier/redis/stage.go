@@ -27,7 +27,13 @@ import (
 // has one), the suffix alone is appended, which keeps that tag. Stage
 // creates it at its full length (one allocation in Redis, not one per
 // write) with a 16-byte marker at offset 0, where the object's header
-// goes last, and a TTL of StageTTL. Every write is a MULTI of its
+// goes last, and a TTL of StageTTL. Redis zero-fills the key then, which
+// takes time in proportion to its size (tens of milliseconds for 32
+// MiB), so Stage's deadline grows with the size as a Put's does.
+// Creating the key with the marker alone and letting the writes grow it
+// only moves that zero-fill into the first write past the middle (the
+// second part's first layer), and costs Redis about as much CPU
+// (BenchmarkStageCreate). Every write is a MULTI of its
 // SETRANGE and a PEXPIRE that renews the TTL, so a staging key always
 // expires StageTTL after its last write: a daemon killed mid-save leaks
 // nothing for longer. A write that finds the key gone (expired, evicted,
@@ -149,7 +155,7 @@ func (t *Tier) Stage(ctx context.Context, key chunk.Key, size int) (remote.Stage
 	if !sameSlot && t.topology == Cluster {
 		return nil, fmt.Errorf("redis: stage %v: prefix %q has a \"}\" but no hash tag: no staging key shares its slot: %w", key, t.prefix, remote.ErrRefused)
 	}
-	ctx, cancel := remote.BoundCall(ctx, t.timeout, t.bandwidth, 0)
+	ctx, cancel := remote.BoundCall(ctx, t.timeout, t.bandwidth, size)
 	defer cancel()
 	_, err := t.client.TxPipelined(ctx, func(p goredis.Pipeliner) error {
 		p.Set(ctx, s.stage, s.marker[:], StageTTL)
@@ -157,7 +163,16 @@ func (t *Tier) Stage(ctx context.Context, key chunk.Key, size int) (remote.Stage
 		return nil
 	})
 	if err != nil {
-		return nil, t.stageErr(fmt.Sprintf("stage (%d bytes)", size), key, err)
+		err = t.stageErr(fmt.Sprintf("stage (%d bytes)", size), key, err)
+		if !errors.Is(err, remote.ErrRefused) {
+			// Cut off at the deadline, the MULTI may still run: drop the
+			// key it makes rather than leave it for StageTTL (best
+			// effort, on the connection pool's next connection).
+			dctx, dcancel := context.WithTimeout(context.Background(), t.timeout)
+			_ = t.client.Del(dctx, s.stage).Err()
+			dcancel()
+		}
+		return nil, err
 	}
 	return s, nil
 }

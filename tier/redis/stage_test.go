@@ -542,3 +542,34 @@ func TestStagedWriteClusterPrefixWithoutTag(t *testing.T) {
 		t.Fatalf("breaker after refused stages: %+v", h)
 	}
 }
+
+// TestStageLargeChunkDeadline: Redis zero-fills a staging key as Stage
+// creates it, which takes time in proportion to its size, so Stage's
+// deadline grows with the size as a Put's does. With a round-trip
+// deadline of 1 ms, far below what zero-filling 64 MiB takes, and 64 MiB
+// worth 4 s at the breaker's bandwidth, a 64 MiB chunk stages, its
+// staging key at its full length, and the breaker counts no timeout. (Dropping the
+// key, a DEL of 64 MiB, is left to the raw client: it is not what is
+// tested.)
+func TestStageLargeChunkDeadline(t *testing.T) {
+	srv := sharedServer(t)
+	rt, g, _ := stageStack(t, srv.url(""), remote.GuardOptions{Timeout: time.Millisecond, Bandwidth: 16 << 20, ProbeInterval: time.Hour})
+	raw := srv.rawClient()
+	ctx := context.Background()
+	const size = 64 << 20
+	k := testKey(uniqueScope(), 1)
+	if _, err := g.Stage(ctx, k, size); err != nil {
+		t.Fatalf("Stage of %d bytes: %v", size, err)
+	}
+	keys := stagingKeys(t, raw, rt, k)
+	if len(keys) != 1 {
+		t.Fatalf("staging keys %v", keys)
+	}
+	if n, err := raw.StrLen(ctx, keys[0]).Result(); err != nil || n != size {
+		t.Fatalf("staging key of %d bytes (%v), want %d", n, err, size)
+	}
+	raw.Del(ctx, keys[0])
+	if h := g.Health(); h.Timeouts != 0 || h.Failures != 0 {
+		t.Fatalf("breaker after a large stage: %+v", h)
+	}
+}

@@ -79,17 +79,18 @@ func stagerOf(t tier.Tier) Stager {
 	return s
 }
 
-// Stage implements Stager through the breaker. Writes to the object it
-// returns go through the breaker too, each with a private copy of its
-// bytes (as Put), since a call abandoned at its deadline may still read
-// them.
+// Stage implements Stager through the breaker. Its deadline grows with
+// size, as a Put's does: a store may allocate the whole object at once
+// (Redis zero-fills the staging key). Writes to the object it returns go
+// through the breaker too, each with a private copy of its bytes (as
+// Put), since a call abandoned at its deadline may still read them.
 func (g *Guarded) Stage(ctx context.Context, key chunk.Key, size int) (Staged, error) {
 	c, err := g.begin(opStage)
 	if err != nil {
 		return nil, err
 	}
 	c.key, c.n = key, size
-	if err := g.run(ctx, c, g.o.Timeout); err != nil {
+	if err := g.run(ctx, c, g.deadline(size)); err != nil {
 		return nil, err
 	}
 	s, err := c.stage, c.err
