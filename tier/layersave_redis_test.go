@@ -3,6 +3,9 @@ package tier_test
 import (
 	"bytes"
 	"context"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -199,3 +202,89 @@ func TestLayerSaveRedisHangs(t *testing.T) {
 }
 
 var _ = redis.StageTTL // the Redis scheme is registered by this import
+
+// abortOnOpen is a Redis tier whose first OpenWrite aborts the save that
+// called it (as a lease expiring or a connection closing would, while
+// the save is opening its chunks), then opens as usual.
+type abortOnOpen struct {
+	*remote.Encoded
+	save  atomic.Pointer[tier.LayerSave]
+	calls atomic.Int32
+}
+
+func (a *abortOnOpen) OpenWrite(ctx context.Context, k chunk.Key, size int) (tier.RangeWrite, error) {
+	if a.calls.Add(1) == 1 {
+		a.save.Load().Abort()
+	}
+	return a.Encoded.OpenWrite(ctx, k, size)
+}
+
+// TestLayerSaveAbortWhileOpening: a save of sixteen chunks aborted as it
+// opens its first staging key opens no more than the opens already under
+// way (at most eight at a time), so Redis sees at most eight staging
+// keys created (SET), and the save drops every one of them: Redis holds
+// no key afterwards.
+func TestLayerSaveAbortWhileOpening(t *testing.T) {
+	srv := redistest.Start(t)
+	rt, err := remote.Open(context.Background(), srv.URL(), remote.Options{Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := remote.Guard(rt, remote.GuardOptions{Timeout: 10 * time.Second})
+	a := &abortOnOpen{Encoded: remote.Encode(g, "redis", nil, nil)}
+	m, err := tier.NewManager(newRAM(t, 64*geoChunk), []tier.Tier{a}, tier.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	raw := rawRedis(t, srv)
+	var keys []chunk.Key
+	var ids []arena.ID
+	var chunks [][]byte
+	for i := range 16 {
+		id, _, err := m.Reserve(geoChunk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys, ids, chunks = append(keys, key(i)), append(ids, id), append(chunks, payload(i, geoChunk))
+	}
+	sets := setCalls(t, raw)
+	s := m.BeginLayerSave(keys, ids, testGeo)
+	if s == nil {
+		t.Fatal("no save: Redis takes no range writes")
+	}
+	a.save.Store(s)
+	fillLayer(m, ids, chunks, 0)
+	s.Layer(0)
+	waitUntil(t, "the first OpenWrite", func() bool { return a.calls.Load() > 0 })
+	m.Close() // waits for the save's goroutine: the opens, then the aborts
+	if n := a.calls.Load(); n > 8 {
+		t.Fatalf("%d OpenWrites after an abort during the first of 16", n)
+	}
+	if n := setCalls(t, raw) - sets; n > 8 {
+		t.Fatalf("%d staging keys created for an aborted save of 16 chunks", n)
+	}
+	waitUntil(t, "staging keys dropped", func() bool { return stagingKeys(t, raw) == 0 })
+	if n, err := raw.DBSize(context.Background()).Result(); err != nil || n != 0 {
+		t.Fatalf("%d keys in Redis after an aborted save (%v)", n, err)
+	}
+}
+
+// setCalls is how many SETs the server has run (INFO commandstats).
+func setCalls(t *testing.T, c *goredis.Client) int {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_set:calls="); ok {
+			n, err := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	return 0
+}
