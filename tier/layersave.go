@@ -429,7 +429,7 @@ func (t *saveTarget) finishChunk(ctx context.Context, c int, w RangeWrite) {
 	up := parentOf(s.keys, c, link{})
 	var err error
 	if w != nil {
-		if err = w.Commit(ctx, src, up.parent, up.ok); err == nil {
+		if err = w.Commit(ctx, src, up.parent, up.ok); err == nil && !foundStored(w) {
 			lt.layerSaved.Add(1)
 		}
 	}
@@ -440,6 +440,14 @@ func (t *saveTarget) finishChunk(ctx context.Context, c int, w RangeWrite) {
 	m.arena.Unref(id)
 	lt.inflight[t.gen].Add(-1)
 	lt.pending.Add(-1)
+}
+
+// foundStored reports whether w's commit found its object stored
+// already (a content-addressed store another writer filled first), so
+// that nothing of w's ranges was committed: layer_saved does not count it.
+func foundStored(w RangeWrite) bool {
+	r, ok := w.(interface{ FoundStored() bool })
+	return ok && r.FoundStored()
 }
 
 // settle does a queued write's bookkeeping for chunk k, as the writers

@@ -288,3 +288,41 @@ func setCalls(t *testing.T, c *goredis.Client) int {
 	}
 	return 0
 }
+
+// TestLayerSaveRedisStoredFirst: a chunk another writer stored in Redis
+// while a save was writing it by layers is not counted as saved by
+// layers there (the publish found the object and dropped the staged
+// copy); the other chunk is, and both read back the filled bytes.
+func TestLayerSaveRedisStoredFirst(t *testing.T) {
+	m, _, e, srv, keys, ids, chunks := redisSaveFixture(t, 2, 10*time.Second)
+	raw := rawRedis(t, srv)
+	s := m.BeginLayerSave(keys, ids, testGeo)
+	t.Cleanup(s.Abort)
+	for layer := range testGeo.Layers {
+		fillLayer(m, ids, chunks, layer)
+		s.Layer(layer)
+	}
+	want := uint64(geoChunk * len(keys))
+	waitUntil(t, "every layer given to Redis", func() bool { return layerBytes(m, 1) == want })
+	if err := e.Put(context.Background(), keys[0], chunks[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.CommitRunSaved(keys, ids, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for c, k := range keys {
+		got := make([]byte, geoChunk)
+		if n, err := e.Get(context.Background(), k, got); err != nil || n != geoChunk || !bytes.Equal(got, chunks[c]) {
+			t.Fatalf("chunk %d in Redis: %d bytes, %v", c, n, err)
+		}
+	}
+	if _, qs := m.Stats(); qs[0].LayerSaved != 2 || qs[1].LayerSaved != 1 || qs[1].Failed != 0 {
+		t.Fatalf("queues after the save: %+v", qs)
+	}
+	if n := stagingKeys(t, raw); n != 0 {
+		t.Fatalf("%d staging keys left", n)
+	}
+}

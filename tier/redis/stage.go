@@ -135,7 +135,13 @@ type staged struct {
 	stage  string // the staging key
 	marker [stageMarker]byte
 	size   int
+	found  bool // Publish found the object's key stored already
 }
+
+var _ remote.FoundStoredReporter = (*staged)(nil)
+
+// FoundStored implements remote.FoundStoredReporter.
+func (s *staged) FoundStored() bool { return s.found }
 
 // Stage implements remote.Stager.
 func (t *Tier) Stage(ctx context.Context, key chunk.Key, size int) (remote.Staged, error) {
@@ -242,6 +248,8 @@ func (s *staged) Publish(ctx context.Context, head []byte) error {
 	case got == 1:
 		s.t.stats.puts.Add(1)
 		s.t.stats.bytesWritten.Add(uint64(len(head)))
+	default:
+		s.found = true
 	}
 	s.t.known.add(s.key, s.size)
 	return nil

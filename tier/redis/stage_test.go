@@ -116,6 +116,9 @@ func TestStagedWriteIsInvisibleUntilCommit(t *testing.T) {
 	if err := w.Commit(ctx, src, chunk.Key{}, false); err != nil {
 		t.Fatal(err)
 	}
+	if r, ok := w.(remote.FoundStoredReporter); !ok || r.FoundStored() {
+		t.Fatal("a commit that published says it found the object stored")
+	}
 	want, err := codec.SealPieced(nil, kvformat.Spec{}, src)
 	if err != nil {
 		t.Fatal(err)
@@ -226,6 +229,9 @@ func TestStagedWriteAbortAndLoss(t *testing.T) {
 	}
 	if err := w.Commit(ctx, src, chunk.Key{}, false); err != nil {
 		t.Fatal(err)
+	}
+	if r, ok := w.(remote.FoundStoredReporter); !ok || !r.FoundStored() {
+		t.Fatal("a commit that found the object stored does not say so")
 	}
 	if s := stagingKeys(t, raw, rt, k); len(s) != 0 {
 		t.Fatalf("staging key left beside a stored object: %v", s)

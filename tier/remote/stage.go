@@ -46,6 +46,13 @@ type Staged interface {
 	Discard(ctx context.Context) error
 }
 
+// FoundStoredReporter is implemented by a Staged that can tell, after a
+// Publish that returned nil, whether the key held an object already (so
+// the staged one was dropped and nothing of it was published).
+type FoundStoredReporter interface {
+	FoundStored() bool
+}
+
 // ErrStageLost is why a staged object could not be published: the store
 // no longer holds all of it.
 var ErrStageLost = errors.New("remote: staged object lost before its publish")
@@ -121,6 +128,14 @@ func (s *guardedStage) Publish(ctx context.Context, head []byte) error {
 
 func (s *guardedStage) Discard(ctx context.Context) error {
 	return s.call(ctx, opStageDiscard, 0, nil)
+}
+
+// FoundStored implements FoundStoredReporter when the store's staged
+// object does (false otherwise). It is read after Publish returned nil,
+// so the worker that ran the publish is done with the object.
+func (s *guardedStage) FoundStored() bool {
+	r, ok := s.inner.(FoundStoredReporter)
+	return ok && r.FoundStored()
 }
 
 // call runs one operation on the staged object through the breaker.
