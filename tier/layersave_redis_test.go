@@ -326,3 +326,72 @@ func TestLayerSaveRedisStoredFirst(t *testing.T) {
 		t.Fatalf("%d staging keys left", n)
 	}
 }
+
+// TestLayerSaveRedisRefusesPublish: a healthy Redis that refuses the
+// publish script (EVAL renamed away). A save of eight chunks stages them,
+// its commit's eight publishes are refused in parallel, and the breaker
+// (threshold 5) counts none of it: it stays closed, nothing fails fast,
+// the chunks are written whole and read back byte-exact, and no staging
+// key is left. The next save writes Redis whole chunks (it is no range
+// writer any more) and they read back too.
+func TestLayerSaveRedisRefusesPublish(t *testing.T) {
+	srv := redistest.StartWith(t, "--rename-command", "EVAL", "")
+	rt, err := remote.Open(context.Background(), srv.URL(), remote.Options{Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := remote.Guard(rt, remote.GuardOptions{Timeout: 10 * time.Second, Threshold: 5, ProbeInterval: time.Hour})
+	e := remote.Encode(g, "redis", nil, nil)
+	m, err := tier.NewManager(newRAM(t, 64*geoChunk), []tier.Tier{e}, tier.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	raw := rawRedis(t, srv)
+	save := func(first int, ranges bool) {
+		t.Helper()
+		var keys []chunk.Key
+		var ids []arena.ID
+		var chunks [][]byte
+		for i := first; i < first+8; i++ {
+			id, _, err := m.Reserve(geoChunk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			keys, ids, chunks = append(keys, key(i)), append(ids, id), append(chunks, payload(i, geoChunk))
+		}
+		s := m.BeginLayerSave(keys, ids, testGeo)
+		if (s != nil) != ranges {
+			t.Fatalf("chunks %d..: a save by ranges %v, want %v", first, s != nil, ranges)
+		}
+		for layer := range testGeo.Layers {
+			fillLayer(m, ids, chunks, layer)
+			if s != nil {
+				s.Layer(layer)
+			}
+		}
+		if err := m.CommitRunSaved(keys, ids, s); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Flush(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		for c, k := range keys {
+			got := make([]byte, geoChunk)
+			if n, err := e.Get(context.Background(), k, got); err != nil || n != geoChunk || !bytes.Equal(got, chunks[c]) {
+				t.Fatalf("chunk %d in Redis: %d bytes, %v", first+c, n, err)
+			}
+		}
+	}
+	save(0, true)
+	save(20, false)
+	if h := g.Health(); h.State != remote.StateClosed || h.Failures != 0 || h.FastFails != 0 || h.Opens != 0 {
+		t.Fatalf("breaker: %+v", h)
+	}
+	if _, qs := m.Stats(); qs[0].Failed != 0 || qs[0].LayerSaved != 0 {
+		t.Fatalf("queue: %+v", qs[0])
+	}
+	if n := stagingKeys(t, raw); n != 0 {
+		t.Fatalf("%d staging keys left", n)
+	}
+}
