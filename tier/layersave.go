@@ -302,11 +302,21 @@ func (s *LayerSave) isAborted() bool {
 	return s.aborted
 }
 
+// openers bounds the range writes a target opens at once: each is a
+// round trip or two (Redis: a STRLEN and the staging key's MULTI), which
+// one after another would hold the first layer back for long, while
+// unbounded they would ask a shared store for every chunk at once.
+const openers = 8
+
 // open starts a range write of every chunk the tier lacks and whose size
-// fits the geometry; the others get none (nil).
+// fits the geometry, up to openers at a time; the others get none (nil).
+// Once ctx is done (the save aborted) it opens no more, and returns when
+// the opens under way have: the save's finish aborts what they opened.
 func (t *saveTarget) open(ctx context.Context) []RangeWrite {
 	s := t.s
 	ws := make([]RangeWrite, len(s.keys))
+	sem := make(chan struct{}, openers)
+	var wg sync.WaitGroup
 	for c, id := range t.ids {
 		if id == 0 {
 			continue
@@ -315,10 +325,22 @@ func (t *saveTarget) open(ctx context.Context) []RangeWrite {
 		if _, _, fits := s.geo.Range(n, 0, 0); !fits {
 			continue
 		}
-		// A chunk that gets no writer, for whatever reason, is written
-		// whole at the commit, which reports a failure then.
-		ws[c], _ = t.rw.OpenWrite(ctx, s.keys[c], n)
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			// A chunk that gets no writer, for whatever reason, is
+			// written whole at the commit, which reports a failure then.
+			ws[c], _ = t.rw.OpenWrite(ctx, s.keys[c], n) // this goroutine's own element
+		}()
 	}
+	wg.Wait()
 	return ws
 }
 
@@ -407,7 +429,7 @@ func (t *saveTarget) finishChunk(ctx context.Context, c int, w RangeWrite) {
 	up := parentOf(s.keys, c, link{})
 	var err error
 	if w != nil {
-		if err = w.Commit(ctx, src, up.parent, up.ok); err == nil {
+		if err = w.Commit(ctx, src, up.parent, up.ok); err == nil && !foundStored(w) {
 			lt.layerSaved.Add(1)
 		}
 	}
@@ -418,6 +440,14 @@ func (t *saveTarget) finishChunk(ctx context.Context, c int, w RangeWrite) {
 	m.arena.Unref(id)
 	lt.inflight[t.gen].Add(-1)
 	lt.pending.Add(-1)
+}
+
+// foundStored reports whether w's commit found its object stored
+// already (a content-addressed store another writer filled first), so
+// that nothing of w's ranges was committed: layer_saved does not count it.
+func foundStored(w RangeWrite) bool {
+	r, ok := w.(interface{ FoundStored() bool })
+	return ok && r.FoundStored()
 }
 
 // settle does a queued write's bookkeeping for chunk k, as the writers

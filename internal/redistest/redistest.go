@@ -50,6 +50,13 @@ func StartOn(t testing.TB, port int) *Server {
 	return start(t, port, "--save", "", "--appendonly", "no", "--dir", t.TempDir())
 }
 
+// StartWith runs redis-server on a free port, without persistence, with
+// more command-line options (e.g. "--rename-command", "EVAL", "").
+func StartWith(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	return start(t, freePort(t), append([]string{"--save", "", "--appendonly", "no", "--dir", t.TempDir()}, extra...)...)
+}
+
 // StartDurable runs redis-server on port (0 for a free one) with its
 // append-only file in dir, fsync'ed before every reply (appendfsync
 // always): a write it acknowledged survives a SIGKILL, and a server

@@ -85,7 +85,8 @@ type Tier struct {
 	timeout   time.Duration // bound on calls that take no context
 	bandwidth int64         // with timeout, bounds transfers (remote.CallDeadline)
 	known     *presence
-	noStage   bool // layer_saves=false
+	noStage   bool        // layer_saves=false, or no staging key can share a slot
+	stageOff  atomic.Bool // Redis refused a staging command (stageErr)
 	log       *slog.Logger
 	closed    atomic.Bool
 	stats     counters
@@ -148,6 +149,13 @@ func Dial(ctx context.Context, u *url.URL, o remote.Options) (*Tier, error) {
 		known:     newPresence(cfg.cacheSlots),
 		noStage:   cfg.noStage,
 		log:       o.Logger,
+	}
+	if _, sameSlot := stageName(cfg.prefix, 0); !sameSlot && cfg.topology == Cluster && !t.noStage {
+		// The prefix has a "}" but no hash tag: no staging key could
+		// share an object key's slot, so RENAME could never publish.
+		t.noStage = true
+		o.Logger.Info("redis tier: the prefix has a \"}\" but no hash tag: per-layer saves write whole chunks into this cluster",
+			"prefix", cfg.prefix)
 	}
 	if err := t.Ping(ctx); err != nil {
 		t.client.Close()

@@ -27,7 +27,13 @@ import (
 // has one), the suffix alone is appended, which keeps that tag. Stage
 // creates it at its full length (one allocation in Redis, not one per
 // write) with a 16-byte marker at offset 0, where the object's header
-// goes last, and a TTL of StageTTL. Every write is a MULTI of its
+// goes last, and a TTL of StageTTL. Redis zero-fills the key then, which
+// takes time in proportion to its size (tens of milliseconds for 32
+// MiB), so Stage's deadline grows with the size as a Put's does.
+// Creating the key with the marker alone and letting the writes grow it
+// only moves that zero-fill into the first write past the middle (the
+// second part's first layer), and costs Redis about as much CPU
+// (BenchmarkStageCreate). Every write is a MULTI of its
 // SETRANGE and a PEXPIRE that renews the TTL, so a staging key always
 // expires StageTTL after its last write: a daemon killed mid-save leaks
 // nothing for longer. A write that finds the key gone (expired, evicted,
@@ -51,8 +57,52 @@ var (
 	_ remote.StageChooser = (*Tier)(nil)
 )
 
-// Stages implements remote.StageChooser: false with layer_saves=false.
-func (t *Tier) Stages() bool { return !t.noStage }
+// Stages implements remote.StageChooser: false with layer_saves=false, in
+// a cluster whose prefix lets no staging key share its object key's slot
+// (decided at Dial), and once Redis has refused a staging command for
+// good (stageErr).
+func (t *Tier) Stages() bool { return !t.noStage && !t.stageOff.Load() }
+
+// stageRefused reports whether err is a reply that says Redis will never
+// take the staging commands from this client: a command unknown, renamed
+// away (rename-command) or forbidden (ACL, or not allowed from a script),
+// or keys in different slots.
+func stageRefused(msg string) bool {
+	lower := strings.ToLower(msg)
+	return strings.HasPrefix(msg, "NOPERM") || strings.HasPrefix(msg, "CROSSSLOT") ||
+		strings.Contains(lower, "unknown command") || strings.Contains(lower, "unknown redis command") ||
+		strings.Contains(lower, "not allowed from script")
+}
+
+// unavailableReplies begin the error replies of a server that cannot
+// serve now (loading its data, busy in a script, without a master or a
+// cluster quorum, a replica that takes no writes): failures of the store,
+// as a timeout is.
+var unavailableReplies = []string{"LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "NOREPLICAS"}
+
+// stageErr wraps a staging call's error. An error reply from Redis is an
+// answer, not a failure of the server (remote.ErrRefused: the breaker
+// does not count it, the chunk is written whole), unless it says the
+// server cannot serve now. A reply that says Redis will never take the
+// staging commands also turns staging off for the tier, logged once, so
+// later saves write whole chunks without asking again.
+func (t *Tier) stageErr(what string, key chunk.Key, err error) error {
+	var reply goredis.Error
+	if !errors.As(err, &reply) || errors.Is(err, goredis.Nil) {
+		return fmt.Errorf("redis: %s %v: %w", what, key, closedOr(err))
+	}
+	msg := reply.Error()
+	for _, p := range unavailableReplies {
+		if strings.HasPrefix(msg, p) {
+			return fmt.Errorf("redis: %s %v: %w", what, key, err)
+		}
+	}
+	if stageRefused(msg) && !t.stageOff.Swap(true) {
+		t.log.Warn("redis tier: staging refused, per-layer saves write whole chunks from now on",
+			"op", what, "reply", msg)
+	}
+	return fmt.Errorf("redis: %s %v: %w: %w", what, key, remote.ErrRefused, err)
+}
 
 // publishScript: KEYS[1] staging key, KEYS[2] object key; ARGV[1] marker,
 // ARGV[2] length, ARGV[3] header, ARGV[4] ttl in ms (0: none). It returns
@@ -85,7 +135,13 @@ type staged struct {
 	stage  string // the staging key
 	marker [stageMarker]byte
 	size   int
+	found  bool // Publish found the object's key stored already
 }
+
+var _ remote.FoundStoredReporter = (*staged)(nil)
+
+// FoundStored implements remote.FoundStoredReporter.
+func (s *staged) FoundStored() bool { return s.found }
 
 // Stage implements remote.Stager.
 func (t *Tier) Stage(ctx context.Context, key chunk.Key, size int) (remote.Staged, error) {
@@ -103,9 +159,9 @@ func (t *Tier) Stage(ctx context.Context, key chunk.Key, size int) (remote.Stage
 	var sameSlot bool
 	s.stage, sameSlot = stageName(s.name, binary.LittleEndian.Uint64(s.marker[8:]))
 	if !sameSlot && t.topology == Cluster {
-		return nil, fmt.Errorf("redis: stage %v: prefix %q has a \"}\" but no hash tag: no staging key shares its slot", key, t.prefix)
+		return nil, fmt.Errorf("redis: stage %v: prefix %q has a \"}\" but no hash tag: no staging key shares its slot: %w", key, t.prefix, remote.ErrRefused)
 	}
-	ctx, cancel := remote.BoundCall(ctx, t.timeout, t.bandwidth, 0)
+	ctx, cancel := remote.BoundCall(ctx, t.timeout, t.bandwidth, size)
 	defer cancel()
 	_, err := t.client.TxPipelined(ctx, func(p goredis.Pipeliner) error {
 		p.Set(ctx, s.stage, s.marker[:], StageTTL)
@@ -113,7 +169,16 @@ func (t *Tier) Stage(ctx context.Context, key chunk.Key, size int) (remote.Stage
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("redis: stage %v (%d bytes): %w", key, size, closedOr(err))
+		err = t.stageErr(fmt.Sprintf("stage (%d bytes)", size), key, err)
+		if !errors.Is(err, remote.ErrRefused) {
+			// Cut off at the deadline, the MULTI may still run: drop the
+			// key it makes rather than leave it for StageTTL (best
+			// effort, on the connection pool's next connection).
+			dctx, dcancel := context.WithTimeout(context.Background(), t.timeout)
+			_ = t.client.Del(dctx, s.stage).Err()
+			dcancel()
+		}
+		return nil, err
 	}
 	return s, nil
 }
@@ -153,7 +218,7 @@ func (s *staged) WriteAt(ctx context.Context, off int, data []byte) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("redis: staged write %v (%d bytes at %d): %w", s.key, len(data), off, closedOr(err))
+		return s.t.stageErr(fmt.Sprintf("staged write (%d bytes at %d)", len(data), off), s.key, err)
 	}
 	if got, _ := n.Int64(); got != int64(s.size) {
 		// The key was gone and this write made a new, shorter one.
@@ -177,12 +242,14 @@ func (s *staged) Publish(ctx context.Context, head []byte) error {
 		s.marker[:], s.size, head, s.t.ttl.Milliseconds()).Int()
 	switch {
 	case err != nil:
-		return fmt.Errorf("redis: publish %v: %w", s.key, closedOr(err))
+		return s.t.stageErr("publish", s.key, err)
 	case got < 0:
 		return fmt.Errorf("redis: publish %v: %w", s.key, remote.ErrStageLost)
 	case got == 1:
 		s.t.stats.puts.Add(1)
 		s.t.stats.bytesWritten.Add(uint64(len(head)))
+	default:
+		s.found = true
 	}
 	s.t.known.add(s.key, s.size)
 	return nil
@@ -196,7 +263,7 @@ func (s *staged) Discard(ctx context.Context) error {
 	ctx, cancel := remote.BoundCall(ctx, s.t.timeout, s.t.bandwidth, 0)
 	defer cancel()
 	if err := s.t.client.Del(ctx, s.stage).Err(); err != nil && !errors.Is(err, goredis.Nil) {
-		return fmt.Errorf("redis: discard %v: %w", s.key, closedOr(err))
+		return s.t.stageErr("discard", s.key, err)
 	}
 	return nil
 }

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -112,6 +115,9 @@ func TestStagedWriteIsInvisibleUntilCommit(t *testing.T) {
 	}
 	if err := w.Commit(ctx, src, chunk.Key{}, false); err != nil {
 		t.Fatal(err)
+	}
+	if r, ok := w.(remote.FoundStoredReporter); !ok || r.FoundStored() {
+		t.Fatal("a commit that published says it found the object stored")
 	}
 	want, err := codec.SealPieced(nil, kvformat.Spec{}, src)
 	if err != nil {
@@ -223,6 +229,9 @@ func TestStagedWriteAbortAndLoss(t *testing.T) {
 	}
 	if err := w.Commit(ctx, src, chunk.Key{}, false); err != nil {
 		t.Fatal(err)
+	}
+	if r, ok := w.(remote.FoundStoredReporter); !ok || !r.FoundStored() {
+		t.Fatal("a commit that found the object stored does not say so")
 	}
 	if s := stagingKeys(t, raw, rt, k); len(s) != 0 {
 		t.Fatalf("staging key left beside a stored object: %v", s)
@@ -377,5 +386,196 @@ func TestStageName(t *testing.T) {
 		if got, ok := stageName(name, 7); got != want.stage || ok != want.sameSlot {
 			t.Errorf("stageName(%q) = %q, %v; want %q, %v", name, got, ok, want.stage, want.sameSlot)
 		}
+	}
+}
+
+// saveWhole does what a per-layer save does with each of chunks: a range
+// write of every layer and a commit, all the chunks in parallel, and a
+// whole Put of each chunk whose range write had no writer or failed, as
+// the save's commit does. It returns the range writes' errors.
+func saveWhole(t *testing.T, e *remote.Encoded, keys []chunk.Key, chunks [][]byte) []error {
+	t.Helper()
+	ctx := context.Background()
+	errs := make([]error, len(keys))
+	done := make(chan struct{})
+	for i, k := range keys {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			w, err := e.OpenWrite(ctx, k, len(chunks[i]))
+			if err == nil && w != nil {
+				for l := range stageLayers {
+					if err = writeLayer(t, w, chunks[i], l); err != nil {
+						w.Abort()
+						break
+					}
+				}
+				if err == nil {
+					err = w.Commit(ctx, chunks[i], chunk.Key{}, false)
+				}
+				if err == nil {
+					return
+				}
+			}
+			errs[i] = err
+			if perr := e.Put(ctx, k, chunks[i]); perr != nil {
+				errs[i] = fmt.Errorf("whole put after %v: %w", err, perr)
+			}
+		}()
+	}
+	for range keys {
+		<-done
+	}
+	return errs
+}
+
+// checkStoredWhole checks that each chunk reads back byte-exact and that
+// the breaker never counted a failure.
+func checkStoredWhole(t *testing.T, what string, g *remote.Guarded, e *remote.Encoded, keys []chunk.Key, chunks [][]byte) {
+	t.Helper()
+	for i, k := range keys {
+		got := make([]byte, len(chunks[i]))
+		if n, err := e.Get(context.Background(), k, got); err != nil || n != len(got) || !bytes.Equal(got, chunks[i]) {
+			t.Fatalf("%s: chunk %d read back: %d, %v", what, i, n, err)
+		}
+	}
+	if h := g.Health(); h.State != remote.StateClosed || h.Failures != 0 || h.FastFails != 0 || h.Opens != 0 {
+		t.Fatalf("%s: breaker %+v", what, h)
+	}
+}
+
+// TestStagedWriteRefusedByRedis: a Redis that refuses the publish script
+// (EVAL renamed away, as rename-command does; EVALSHA then answers
+// NOSCRIPT) is healthy. Eight chunks saved in parallel get the refusal
+// at their commit, which the breaker counts as an answer, not a failure
+// (with a threshold of 5 it would open otherwise): it stays closed, the
+// chunks are stored whole and read back byte-exact, no staging key is
+// left, and staging is off for the tier from then on, so the next save
+// opens no staging key at all.
+func TestStagedWriteRefusedByRedis(t *testing.T) {
+	srv := startServer(t, "--rename-command", "EVAL", "")
+	srv.waitReady()
+	rt, g, e := stageStack(t, srv.url(""), remote.GuardOptions{Threshold: 5, ProbeInterval: time.Hour})
+	raw := srv.rawClient()
+	scope := uniqueScope()
+	var keys []chunk.Key
+	var chunks [][]byte
+	for i := range 8 {
+		keys, chunks = append(keys, testKey(scope, i)), append(chunks, payload(stageChunk, uint64(40+i)))
+	}
+	if !e.WritesRanges() {
+		t.Fatal("a raw Redis tier does not write ranges")
+	}
+	for i, err := range saveWhole(t, e, keys, chunks) {
+		if !errors.Is(err, remote.ErrRefused) {
+			t.Fatalf("chunk %d: range write ended with %v, want a refusal", i, err)
+		}
+	}
+	checkStoredWhole(t, "EVAL renamed", g, e, keys, chunks)
+	for _, k := range keys {
+		if s := stagingKeys(t, raw, rt, k); len(s) != 0 {
+			t.Fatalf("staging keys left: %v", s)
+		}
+	}
+	if rt.Stages() || e.WritesRanges() {
+		t.Fatal("staging still on after Redis refused the publish")
+	}
+	sets := commandCalls(t, raw, "set")
+	keys2 := []chunk.Key{testKey(scope, 8), testKey(scope, 9)}
+	for i, err := range saveWhole(t, e, keys2, chunks[:2]) {
+		if err != nil {
+			t.Fatalf("chunk %d of the next save: %v", i, err)
+		}
+	}
+	if n := commandCalls(t, raw, "set"); n != sets+2 { // the two whole Puts, no staging key
+		t.Fatalf("the next save sent %d SETs, want the 2 whole Puts", n-sets)
+	}
+	checkStoredWhole(t, "next save", g, e, keys2, chunks[:2])
+}
+
+// commandCalls is how many times the server has run cmd (INFO
+// commandstats).
+func commandCalls(t *testing.T, c *goredis.Client, cmd string) int {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls=")
+		if !ok {
+			continue
+		}
+		n, err := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	return 0
+}
+
+// TestStagedWriteClusterPrefixWithoutTag: in a cluster, a prefix with a
+// "}" but no hash tag lets no staging key share its object key's slot.
+// The tier knows it from the start (Stages false): eight chunks saved in
+// parallel open no staging key, the breaker stays closed (a refusal per
+// OpenWrite would open it at the fifth), and the chunks are stored whole
+// and read back byte-exact.
+func TestStagedWriteClusterPrefixWithoutTag(t *testing.T) {
+	c := clusterNodes(t)
+	rt, g, e := stageStack(t, c.url("prefix=kv}/"), remote.GuardOptions{Threshold: 5, ProbeInterval: time.Hour})
+	if rt.Stages() || e.WritesRanges() {
+		t.Fatal("a cluster tier whose prefix has a \"}\" but no tag stages")
+	}
+	scope := uniqueScope()
+	var keys []chunk.Key
+	var chunks [][]byte
+	for i := range 8 {
+		keys, chunks = append(keys, testKey(scope, i)), append(chunks, payload(stageChunk, uint64(50+i)))
+	}
+	for i, err := range saveWhole(t, e, keys, chunks) {
+		if err != nil {
+			t.Fatalf("chunk %d: %v", i, err)
+		}
+	}
+	checkStoredWhole(t, "prefix kv}/", g, e, keys, chunks)
+	// Asked directly, Stage refuses without counting against the breaker.
+	for range 8 {
+		if _, err := g.Stage(context.Background(), keys[0], 1000); !errors.Is(err, remote.ErrRefused) {
+			t.Fatalf("Stage with a slotless prefix: %v", err)
+		}
+	}
+	if h := g.Health(); h.State != remote.StateClosed || h.Failures != 0 {
+		t.Fatalf("breaker after refused stages: %+v", h)
+	}
+}
+
+// TestStageLargeChunkDeadline: Redis zero-fills a staging key as Stage
+// creates it, which takes time in proportion to its size, so Stage's
+// deadline grows with the size as a Put's does. With a round-trip
+// deadline of 1 ms, far below what zero-filling 64 MiB takes, and 64 MiB
+// worth 4 s at the breaker's bandwidth, a 64 MiB chunk stages, its
+// staging key at its full length, and the breaker counts no timeout. (Dropping the
+// key, a DEL of 64 MiB, is left to the raw client: it is not what is
+// tested.)
+func TestStageLargeChunkDeadline(t *testing.T) {
+	srv := sharedServer(t)
+	rt, g, _ := stageStack(t, srv.url(""), remote.GuardOptions{Timeout: time.Millisecond, Bandwidth: 16 << 20, ProbeInterval: time.Hour})
+	raw := srv.rawClient()
+	ctx := context.Background()
+	const size = 64 << 20
+	k := testKey(uniqueScope(), 1)
+	if _, err := g.Stage(ctx, k, size); err != nil {
+		t.Fatalf("Stage of %d bytes: %v", size, err)
+	}
+	keys := stagingKeys(t, raw, rt, k)
+	if len(keys) != 1 {
+		t.Fatalf("staging keys %v", keys)
+	}
+	if n, err := raw.StrLen(ctx, keys[0]).Result(); err != nil || n != size {
+		t.Fatalf("staging key of %d bytes (%v), want %d", n, err, size)
+	}
+	raw.Del(ctx, keys[0])
+	if h := g.Health(); h.Timeouts != 0 || h.Failures != 0 {
+		t.Fatalf("breaker after a large stage: %+v", h)
 	}
 }

@@ -87,7 +87,13 @@ type stagedWrite struct {
 	sums    [codec.MaxPieces]uint64
 	err     error // a failure: the write can only be aborted
 	done    bool  // committed or aborted
+	found   bool  // the commit found the object stored already
 }
+
+// FoundStored reports, after a Commit that returned nil, whether the
+// store held the object already, so that the commit dropped the staged
+// bytes and published nothing.
+func (w *stagedWrite) FoundStored() bool { return w.found }
 
 func (w *stagedWrite) pieces() int { return (w.size + w.piece - 1) / w.piece }
 
@@ -189,6 +195,9 @@ func (w *stagedWrite) Commit(ctx context.Context, src []byte, _ chunk.Key, _ boo
 	if err != nil {
 		w.Abort()
 		return fmt.Errorf("%s: range write %v: %w", w.e.name, w.key, err)
+	}
+	if r, ok := w.st.(FoundStoredReporter); ok {
+		w.found = r.FoundStored()
 	}
 	w.done = true
 	return nil

@@ -46,9 +46,32 @@ type Staged interface {
 	Discard(ctx context.Context) error
 }
 
+// FoundStoredReporter is implemented by a Staged that can tell, after a
+// Publish that returned nil, whether the key held an object already (so
+// the staged one was dropped and nothing of it was published).
+type FoundStoredReporter interface {
+	FoundStored() bool
+}
+
 // ErrStageLost is why a staged object could not be published: the store
 // no longer holds all of it.
 var ErrStageLost = errors.New("remote: staged object lost before its publish")
+
+// ErrRefused is wrapped by the error of a staging call that the store
+// answered with a refusal (Redis: an error reply such as an unknown or
+// renamed command, NOPERM or CROSSSLOT), or that the tier refused itself
+// without asking the store. The store is up: the breaker counts it as an
+// answer, and the chunk is written whole.
+var ErrRefused = errors.New("remote: staging refused")
+
+// stageOutcome is how the breaker counts a staging call's result: a lost
+// staged object and a refusal are answers, not failures of the store.
+func stageOutcome(ctx context.Context, err error) outcome {
+	if errors.Is(err, ErrStageLost) || errors.Is(err, ErrRefused) {
+		return outcomeSuccess // the store answered
+	}
+	return classify(ctx, err)
+}
 
 // stagerOf returns t as a Stager when it can really stage: a Guarded
 // store only when the store it wraps can.
@@ -63,22 +86,23 @@ func stagerOf(t tier.Tier) Stager {
 	return s
 }
 
-// Stage implements Stager through the breaker. Writes to the object it
-// returns go through the breaker too, each with a private copy of its
-// bytes (as Put), since a call abandoned at its deadline may still read
-// them.
+// Stage implements Stager through the breaker. Its deadline grows with
+// size, as a Put's does: a store may allocate the whole object at once
+// (Redis zero-fills the staging key). Writes to the object it returns go
+// through the breaker too, each with a private copy of its bytes (as
+// Put), since a call abandoned at its deadline may still read them.
 func (g *Guarded) Stage(ctx context.Context, key chunk.Key, size int) (Staged, error) {
 	c, err := g.begin(opStage)
 	if err != nil {
 		return nil, err
 	}
 	c.key, c.n = key, size
-	if err := g.run(ctx, c, g.o.Timeout); err != nil {
+	if err := g.run(ctx, c, g.deadline(size)); err != nil {
 		return nil, err
 	}
 	s, err := c.stage, c.err
 	c.stage = nil
-	g.finish(c, classify(ctx, err))
+	g.finish(c, stageOutcome(ctx, err))
 	if err != nil {
 		return nil, err
 	}
@@ -106,6 +130,14 @@ func (s *guardedStage) Discard(ctx context.Context) error {
 	return s.call(ctx, opStageDiscard, 0, nil)
 }
 
+// FoundStored implements FoundStoredReporter when the store's staged
+// object does (false otherwise). It is read after Publish returned nil,
+// so the worker that ran the publish is done with the object.
+func (s *guardedStage) FoundStored() bool {
+	r, ok := s.inner.(FoundStoredReporter)
+	return ok && r.FoundStored()
+}
+
 // call runs one operation on the staged object through the breaker.
 func (s *guardedStage) call(ctx context.Context, o op, off int, data []byte) error {
 	g := s.g
@@ -120,11 +152,7 @@ func (s *guardedStage) call(ctx context.Context, o op, off int, data []byte) err
 	}
 	err = c.err
 	c.stage = nil
-	out := classify(ctx, err)
-	if errors.Is(err, ErrStageLost) {
-		out = outcomeSuccess // the store answered
-	}
-	g.finish(c, out)
+	g.finish(c, stageOutcome(ctx, err))
 	return err
 }
 
