@@ -245,9 +245,12 @@ func (s *session) startChunk(c *recvChunk, m *wire.ReceiveLayers, j int, ttl tim
 func (s *session) completeChunk(c *recvChunk, key chunk.Key, ttl time.Duration) *requestError {
 	p := s.svc.pd
 	c.open = false
+	// Withdrawn first: the commit frees the reservation when the key was
+	// stored meanwhile, and no reader may take it then. No reader takes
+	// it after this either, so c.inf's count of those that did is final.
+	s.svc.eng.Unpublish(key)
 	held, n, err := c.w.CommitHeld(s.pd.held[:0])
 	s.pd.held = held
-	s.svc.eng.Unpublish(key) // visible now, or never
 	if err != nil || n == 0 {
 		c.recycle(c.inf.end(false))
 		p.budget.release(c.size)

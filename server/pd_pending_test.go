@@ -195,3 +195,37 @@ func TestLayerwiseReadOfADamagedRange(t *testing.T) {
 	}
 	waitFreed(t, cons, cc, 0)
 }
+
+// TestLayerwisePendingStoredMeanwhile: a chunk still arriving by ranges
+// whose key another client stores meanwhile completes onto the stored
+// copy: the push counts it, a reader that took it in progress gets every
+// layer byte-exact, a reader after gets the stored copy, and nothing
+// stays reserved or charged once both have read.
+func TestLayerwisePendingStoredMeanwhile(t *testing.T) {
+	cons := startService(t, 64<<20, server.ServiceOptions{})
+	c, cc := cons.remote(t), cons.local(t)
+	m, chunks := layered(t, 1, 63, feedSize)
+	s := &storeLease{keys: m.Keys.Raw, salt: 63}
+	var r *layerReader
+	n, err := c.ReceiveLayers(context.Background(), m, chunks, func(i int) error {
+		if i == 2 { // layer 0 in
+			r = takeInProgress(t, cc, s, 1)
+			storeRaw(t, cons.remote(t), m.Keys.Raw, 63, feedSize)
+		}
+		return nil
+	}, nil)
+	if err != nil || n != 1 {
+		t.Fatalf("receive layers over a key stored meanwhile: %d, %v", n, err)
+	}
+	for i := range feedLayers {
+		if got := <-r.layerAsync(i); got.Usable != 1 {
+			t.Fatalf("layer %d: %+v", i, got)
+		}
+		r.checkLayer(s, i)
+	}
+	if err := cc.Release(context.Background(), r.lease); err != nil {
+		t.Fatal(err)
+	}
+	checkRaw(t, cc, m.Keys.Raw, 63, feedSize)
+	waitFreed(t, cons, cc, 0)
+}
