@@ -18,8 +18,49 @@ import (
 // RECEIVE, as before.
 
 // layerProbeTTL is how long a destination found without RECEIVE_LAYERS is
-// sent whole chunks before it is asked again (it may have been upgraded).
-const layerProbeTTL = time.Minute
+// sent whole chunks before it is asked again (it may have been upgraded);
+// at most maxNoLayers such destinations are remembered.
+const (
+	layerProbeTTL = time.Minute
+	maxNoLayers   = 1024
+)
+
+// sweepNoLayersLocked forgets the destinations found without
+// RECEIVE_LAYERS whose answer is past layerProbeTTL (they are asked
+// again), under p.pushMu.
+func (p *pd) sweepNoLayersLocked(now time.Time) {
+	for dest, at := range p.noLayers {
+		if now.Sub(at) >= layerProbeTTL {
+			delete(p.noLayers, dest)
+		}
+	}
+}
+
+// noteNoLayers remembers dest as without RECEIVE_LAYERS; with the table
+// full, the answers past their time go first, and then any one (it is
+// only asked again).
+func (p *pd) noteNoLayers(dest string, now time.Time) {
+	p.pushMu.Lock()
+	defer p.pushMu.Unlock()
+	if _, ok := p.noLayers[dest]; !ok && len(p.noLayers) >= maxNoLayers {
+		p.sweepNoLayersLocked(now)
+		for d := range p.noLayers {
+			if len(p.noLayers) < maxNoLayers {
+				break
+			}
+			delete(p.noLayers, d)
+		}
+	}
+	p.noLayers[dest] = now
+}
+
+// noLayersLen returns how many destinations are remembered without
+// RECEIVE_LAYERS.
+func (p *pd) noLayersLen() int {
+	p.pushMu.Lock()
+	defer p.pushMu.Unlock()
+	return len(p.noLayers)
+}
 
 // receiveFed sends the leading chunks of the batch in ps, chunks of one
 // store lease in progress, and returns how many it sent and how many the
@@ -113,9 +154,7 @@ func (p *pd) takesLayers(t *transfer, ps *pusher) (bool, int64, error) {
 		case err == nil && !interrupted:
 			return true, budget, nil
 		case client.IsUnknownOp(err):
-			p.pushMu.Lock()
-			p.noLayers[t.dest] = time.Now()
-			p.pushMu.Unlock()
+			p.noteNoLayers(t.dest, time.Now())
 			ps.c.Close() // an older daemon may have closed it; dial anew for RECEIVE
 			ps.c, ps.pooled = nil, false
 			return false, 0, nil

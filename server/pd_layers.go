@@ -48,9 +48,13 @@ type layerScratch struct {
 	pool   int64        // budget the request took and no chunk has yet
 }
 
-// maxLayerScratch bounds the chunk table a session keeps between
-// requests; a larger one is dropped after its request.
-const maxLayerScratch = 1024
+// maxLayerScratch and maxRangeScratch bound the tables a session keeps
+// between requests (a batch of 64 chunks of 64 layers × 2 parts fits);
+// larger ones are dropped after their request.
+const (
+	maxLayerScratch = 1024
+	maxRangeScratch = 64 * 64 * 2
+)
 
 // handleReceiveLayers serves RECEIVE_LAYERS. Every exit gives back what
 // is reserved and not complete; the chunks completed stay held.
@@ -151,7 +155,7 @@ func (s *session) endLayers() {
 	if cap(s.pdl.chunks) > maxLayerScratch {
 		s.pdl.chunks = nil
 	}
-	if cap(s.pdl.msg.Ranges) > wire.MaxRanges/16 || cap(s.pdl.msg.Sizes) > maxLayerScratch {
+	if cap(s.pdl.msg.Ranges) > maxRangeScratch || cap(s.pdl.msg.Sizes) > maxLayerScratch || cap(s.pdl.msg.Keys.Raw) > maxLayerScratch {
 		s.pdl.msg = wire.ReceiveLayers{}
 	}
 }
