@@ -145,16 +145,22 @@ func TestReceiveLayersRefusesBadTables(t *testing.T) {
 		{"gap", func(m *wire.ReceiveLayers) { m.Ranges[3].To-- }},                        // a byte of chunk 1 never sent
 		{"overlap", func(m *wire.ReceiveLayers) { m.Ranges[3].From = m.Ranges[2].From }}, // bytes of chunk 1 sent twice
 	} {
-		m, chunks := layered(t, 2, 30, 4096)
+		m, _ := layered(t, 2, 30, 4096)
 		tc.bad(m)
-		c := cons.remote(t)
-		_, err := c.ReceiveLayers(ctx, m, chunks, nil, nil)
-		if !client.IsStatus(err, wire.StatusBadRequest) {
-			t.Fatalf("%s: a bad table answered %v, want BAD_REQUEST", tc.name, err)
+		// The metadata frame alone, raw: the daemon answers before any
+		// data frame, which a client would still be writing.
+		conn, rd := rawSession(t, cons.tcp)
+		if _, err := conn.Write(frame(wire.OpReceiveLayers, wire.FlagMore, 9, m.Append(nil))); err != nil {
+			t.Fatal(err)
 		}
-		if err := c.Ping(ctx); err == nil {
+		h, body, err := rd.Next()
+		if err != nil || h.Status != wire.StatusBadRequest {
+			t.Fatalf("%s: a bad table answered %+v %q %v, want BAD_REQUEST", tc.name, h, body, err)
+		}
+		if _, err := rd.Header(); err == nil {
 			t.Fatalf("%s: the connection stayed open after a table whose frames cannot be skipped", tc.name)
 		}
+		conn.Close()
 		if cons.svc.HeldBytes() != 0 || arenaPinned(t, cc) != 0 {
 			t.Fatalf("%s: %d bytes charged, %d pinned after a refused table", tc.name, cons.svc.HeldBytes(), arenaPinned(t, cc))
 		}
@@ -164,25 +170,34 @@ func TestReceiveLayersRefusesBadTables(t *testing.T) {
 	}
 }
 
+// rawSession opens a TCP connection to addr and completes HELLO with the
+// test token by hand, so the test can send frames no client would.
+func rawSession(t *testing.T, addr string) (net.Conn, *wire.Reader) {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	hello := wire.Hello{Version: wire.Version, Token: testToken, Name: "raw"}
+	rd := wire.NewReader(conn)
+	if _, err := conn.Write(frame(wire.OpHello, 0, 0, hello.Append(nil))); err != nil {
+		t.Fatal(err)
+	}
+	if h, _, err := rd.Next(); err != nil || h.Status != wire.StatusOK {
+		t.Fatalf("HELLO: %+v %v", h, err)
+	}
+	return conn, rd
+}
+
 // TestInProgressFlagIsWaits: the IN_PROGRESS header flag on any op but
 // WAIT is refused with BAD_REQUEST and the connection closed (the
 // request's body is not read), rather than ignored.
 func TestInProgressFlagIsWaits(t *testing.T) {
 	cons := startService(t, 64<<20, server.ServiceOptions{})
 	for _, op := range []wire.Op{wire.OpPing, wire.OpLookup} {
-		conn, err := net.DialTimeout("tcp", cons.tcp, 10*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conn.SetDeadline(time.Now().Add(10 * time.Second))
-		hello := wire.Hello{Version: wire.Version, Token: testToken, Name: "raw"}
-		rd := wire.NewReader(conn)
-		if _, err := conn.Write(frame(wire.OpHello, 0, 0, hello.Append(nil))); err != nil {
-			t.Fatal(err)
-		}
-		if h, _, err := rd.Next(); err != nil || h.Status != wire.StatusOK {
-			t.Fatalf("HELLO: %+v %v", h, err)
-		}
+		conn, rd := rawSession(t, cons.tcp)
 		if _, err := conn.Write(frame(op, wire.FlagInProgress, 9, nil)); err != nil {
 			t.Fatal(err)
 		}
