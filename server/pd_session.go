@@ -227,7 +227,7 @@ func (s *session) waitFor(keys []chunk.Key, want int, timeout time.Duration, inP
 		}
 		return n
 	}
-	if count() >= want || timeout <= 0 {
+	if count() >= want || timeout <= 0 { // a wait of 0 answers at once, with what is there
 		return n
 	}
 	p, wake := s.svc.pd, s.wakeChan()
