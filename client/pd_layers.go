@@ -18,8 +18,15 @@ import (
 // returns how many leading chunks the daemon stored. A daemon older than
 // RECEIVE_LAYERS answers in a way IsUnknownOp recognizes.
 func (c *Client) ReceiveLayers(ctx context.Context, m *wire.ReceiveLayers, chunks [][]byte, ready func(i int) error, sums []uint64) (int, error) {
+	n, _, err := c.receiveLayers(ctx, m, chunks, ready, sums)
+	return n, err
+}
+
+// receiveLayers is ReceiveLayers that also returns the budget a reply to
+// a request of no chunks names.
+func (c *Client) receiveLayers(ctx context.Context, m *wire.ReceiveLayers, chunks [][]byte, ready func(i int) error, sums []uint64) (int, int64, error) {
 	if (sums != nil && len(m.Ranges) != len(sums)) || len(chunks) > len(m.Keys.Raw) {
-		return 0, fmt.Errorf("kvtier client: %d ranges, %d checksums, %d chunks, %d keys", len(m.Ranges), len(sums), len(chunks), len(m.Keys.Raw))
+		return 0, 0, fmt.Errorf("kvtier client: %d ranges, %d checksums, %d chunks, %d keys", len(m.Ranges), len(sums), len(chunks), len(m.Keys.Raw))
 	}
 	m.Sizes = m.Sizes[:0]
 	for _, ch := range chunks {
@@ -27,12 +34,12 @@ func (c *Client) ReceiveLayers(ctx context.Context, m *wire.ReceiveLayers, chunk
 	}
 	for _, r := range m.Ranges {
 		if int(r.Key) >= len(chunks) || r.From >= r.To || int(r.To) > len(chunks[r.Key]) {
-			return 0, fmt.Errorf("kvtier client: range %+v outside the chunks", r)
+			return 0, 0, fmt.Errorf("kvtier client: range %+v outside the chunks", r)
 		}
 	}
 	b, err := c.begin(ctx)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer c.end()
 	flags := wire.Flags(0)
@@ -41,13 +48,13 @@ func (c *Client) ReceiveLayers(ctx context.Context, m *wire.ReceiveLayers, chunk
 	}
 	c.out = wire.Finish(m.Append(b), wire.OpReceiveLayers, flags, c.id, wire.StatusOK)
 	if _, err := c.conn.Write(c.out); err != nil {
-		return 0, c.breakConn(err)
+		return 0, 0, c.breakConn(err)
 	}
 	for i, r := range m.Ranges {
 		if ready != nil {
 			if err := ready(i); err != nil {
 				c.breakConn(err)
-				return 0, err
+				return 0, 0, err
 			}
 		}
 		flags := wire.FlagMore
@@ -55,17 +62,33 @@ func (c *Client) ReceiveLayers(ctx context.Context, m *wire.ReceiveLayers, chunk
 			flags = 0
 		}
 		if err := c.writeSummed(wire.OpReceiveLayers, flags, chunks[r.Key][r.From:r.To], sums, i); err != nil {
-			return 0, c.breakConn(err)
+			return 0, 0, c.breakConn(err)
 		}
 	}
 	_, body, err := c.readReply(wire.OpReceiveLayers)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	if len(body) != 4 {
-		return 0, c.breakConn(fmt.Errorf("RECEIVE_LAYERS reply of %d bytes", len(body)))
+	// A request of no chunks is answered with the daemon's budget too.
+	if len(body) != 4 && (len(m.Sizes) > 0 || len(body) != 12) {
+		return 0, 0, c.breakConn(fmt.Errorf("RECEIVE_LAYERS reply of %d bytes", len(body)))
 	}
-	return int(binary.LittleEndian.Uint32(body)), nil
+	var budget int64
+	if len(body) == 12 {
+		budget = int64(binary.LittleEndian.Uint64(body[4:]))
+	}
+	return int(binary.LittleEndian.Uint32(body)), budget, nil
+}
+
+// ReceiveLayersBudget sends a RECEIVE_LAYERS of no chunks, which stores
+// nothing, and returns the daemon's receive budget (pd_receive_bytes): a
+// RECEIVE_LAYERS whose chunks are larger in all is refused at once. A
+// daemon older than RECEIVE_LAYERS answers in a way IsUnknownOp
+// recognizes; one that names no budget answers 0.
+func (c *Client) ReceiveLayersBudget(ctx context.Context, transfer uint64) (int64, error) {
+	probe := wire.ReceiveLayers{Receive: wire.Receive{Transfer: transfer, Keys: wire.Keys{Kind: wire.KindRaw}}}
+	_, budget, err := c.receiveLayers(ctx, &probe, nil, nil, nil)
+	return budget, err
 }
 
 // PushStore is Push of chunks of store lease lease, which this connection

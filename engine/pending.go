@@ -38,7 +38,8 @@ type pendingTable struct {
 
 // Publish offers the chunk w reserved last, under key, to layerwise
 // readers, with src telling them how far it got. Unpublish it before the
-// reservation is committed or given back.
+// reservation is committed or given back: a commit may free it (the key
+// was stored meanwhile), and a reader must not find it then.
 func (w *Writes) Publish(key chunk.Key, src PendingChunk) {
 	if len(w.ids) == 0 {
 		return
@@ -69,7 +70,9 @@ func (e *Engine) IsPending(key chunk.Key) bool {
 }
 
 // takePending references the leading keys whose chunks are pending into
-// ids, appends their sources to srcs and returns how many it took.
+// ids, appends their sources to srcs and returns how many it took. A
+// reservation it can no longer reference (freed: it was committed or
+// given back before it was unpublished) ends the run there.
 func (e *Engine) takePending(keys []chunk.Key, ids []arena.ID, srcs []PendingChunk) (int, []PendingChunk) {
 	e.pend.mu.Lock()
 	defer e.pend.mu.Unlock()
@@ -80,7 +83,9 @@ func (e *Engine) takePending(keys []chunk.Key, ids []arena.ID, srcs []PendingChu
 		if !ok {
 			break
 		}
-		a.Ref(p.id)
+		if !a.Ref(p.id) {
+			break
+		}
 		p.src.Taken()
 		ids[n], srcs = p.id, append(srcs, p.src)
 		n++

@@ -172,6 +172,7 @@ func (p *pd) sweep(now time.Time) {
 		n++
 	}
 	p.ended = p.ended[:copy(p.ended, p.ended[n:])]
+	p.sweepNoLayersLocked(now)
 	p.pushMu.Unlock()
 }
 

@@ -1,8 +1,11 @@
 package server
 
 import (
+	"fmt"
 	"testing"
 	"time"
+
+	"kvtier/wire"
 )
 
 // TestBudgetDeadlineFollowsTheTransfer: every RECEIVE batch of a transfer
@@ -22,5 +25,45 @@ func TestBudgetDeadlineFollowsTheTransfer(t *testing.T) {
 	t1 := t0.Add(70 * time.Second)
 	if got := sc.budgetDeadline(6, ttl, t1); !got.Equal(t1.Add(ttl)) {
 		t.Fatalf("the next transfer on the connection: %v", got)
+	}
+}
+
+// TestNoLayersIsBounded: destinations found without RECEIVE_LAYERS are
+// forgotten once their answer is past its time, and never more than
+// maxNoLayers are kept.
+func TestNoLayersIsBounded(t *testing.T) {
+	p := newPD(nil, 1<<20, "", nil, nil)
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for i := range 3 * maxNoLayers {
+		p.noteNoLayers(fmt.Sprintf("10.0.%d.%d:7000", i/256, i%256), t0)
+	}
+	if n := p.noLayersLen(); n != maxNoLayers {
+		t.Fatalf("%d destinations remembered, bound %d", n, maxNoLayers)
+	}
+	p.sweep(t0.Add(layerProbeTTL / 2))
+	if n := p.noLayersLen(); n != maxNoLayers {
+		t.Fatalf("%d destinations remembered before their time is up", n)
+	}
+	p.sweep(t0.Add(layerProbeTTL))
+	if n := p.noLayersLen(); n != 0 {
+		t.Fatalf("%d destinations remembered past their time", n)
+	}
+}
+
+// TestLayerScratchShrinks: a session's RECEIVE_LAYERS scratch does not
+// keep the tables of an oversized request; a usual one is kept.
+func TestLayerScratchShrinks(t *testing.T) {
+	var s session
+	s.pdl.reset(64)
+	s.pdl.msg.Ranges = make([]wire.ByteRange, 0, 64*2*32)
+	s.endLayers()
+	if cap(s.pdl.chunks) < 64 || cap(s.pdl.msg.Ranges) == 0 {
+		t.Fatalf("a usual request's scratch was dropped: %d chunks, %d ranges", cap(s.pdl.chunks), cap(s.pdl.msg.Ranges))
+	}
+	s.pdl.reset(300000) // what an 8 MiB body of keys and sizes can name
+	s.pdl.msg.Ranges = make([]wire.ByteRange, 0, wire.MaxRanges)
+	s.endLayers()
+	if cap(s.pdl.chunks) > maxLayerScratch || cap(s.pdl.msg.Ranges) > maxRangeScratch {
+		t.Fatalf("kept %d chunks and %d ranges of scratch", cap(s.pdl.chunks), cap(s.pdl.msg.Ranges))
 	}
 }

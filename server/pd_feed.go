@@ -18,15 +18,69 @@ import (
 // RECEIVE, as before.
 
 // layerProbeTTL is how long a destination found without RECEIVE_LAYERS is
-// sent whole chunks before it is asked again (it may have been upgraded).
-const layerProbeTTL = time.Minute
+// sent whole chunks before it is asked again (it may have been upgraded);
+// at most maxNoLayers such destinations are remembered.
+const (
+	layerProbeTTL = time.Minute
+	maxNoLayers   = 1024
+)
 
-// receiveFed sends the batch in ps, chunks of one store lease in progress.
-func (p *pd) receiveFed(t *transfer, ps *pusher, n int) (int, error) {
+// sweepNoLayersLocked forgets the destinations found without
+// RECEIVE_LAYERS whose answer is past layerProbeTTL (they are asked
+// again), under p.pushMu.
+func (p *pd) sweepNoLayersLocked(now time.Time) {
+	for dest, at := range p.noLayers {
+		if now.Sub(at) >= layerProbeTTL {
+			delete(p.noLayers, dest)
+		}
+	}
+}
+
+// noteNoLayers remembers dest as without RECEIVE_LAYERS; with the table
+// full, the answers past their time go first, and then any one (it is
+// only asked again).
+func (p *pd) noteNoLayers(dest string, now time.Time) {
+	p.pushMu.Lock()
+	defer p.pushMu.Unlock()
+	if _, ok := p.noLayers[dest]; !ok && len(p.noLayers) >= maxNoLayers {
+		p.sweepNoLayersLocked(now)
+		for d := range p.noLayers {
+			if len(p.noLayers) < maxNoLayers {
+				break
+			}
+			delete(p.noLayers, d)
+		}
+	}
+	p.noLayers[dest] = now
+}
+
+// noLayersLen returns how many destinations are remembered without
+// RECEIVE_LAYERS.
+func (p *pd) noLayersLen() int {
+	p.pushMu.Lock()
+	defer p.pushMu.Unlock()
+	return len(p.noLayers)
+}
+
+// receiveFed sends the leading chunks of the batch in ps, chunks of one
+// store lease in progress, and returns how many it sent and how many the
+// consumer stored. A batch by layers is cut to the consumer's receive
+// budget, which it takes all at once; whole chunks stream one by one.
+func (p *pd) receiveFed(t *transfer, ps *pusher, n int) (int, int, error) {
 	feed := ps.fed[0].Feed
 	geo, err := feed.Geometry(t.ctx)
 	if err != nil {
-		return 0, err
+		return n, 0, err
+	}
+	layered := geo.Valid()
+	if layered {
+		var budget int64
+		if layered, budget, err = p.takesLayers(t, ps); err != nil {
+			return n, 0, err
+		}
+		if layered && budget > 0 {
+			n = fitBudget(ps.bufs[:n], budget)
+		}
 	}
 	m := &ps.layers
 	m.Receive = wire.Receive{Transfer: t.id, HoldMS: uint32(t.timeout / time.Millisecond),
@@ -34,20 +88,16 @@ func (p *pd) receiveFed(t *transfer, ps *pusher, n int) (int, error) {
 	for _, b := range ps.bufs[:n] {
 		m.Sizes = append(m.Sizes, uint32(len(b)))
 	}
-	layered := geo.Valid() && m.RangesFor(geo.Layers, geo.Parts, 1) && len(m.Ranges) <= wire.MaxRanges
-	if layered {
-		if layered, err = p.takesLayers(t, ps); err != nil {
-			return 0, err
-		}
-	}
+	layered = layered && m.RangesFor(geo.Layers, geo.Parts, 1) && len(m.Ranges) <= wire.MaxRanges
 	if !layered {
 		// Whole chunks, once the lease committed them.
 		for _, f := range ps.fed[:n] {
 			if err := feed.WaitLayer(t.ctx, f.Index, tier.MaxLayers+1); err != nil {
-				return 0, err
+				return n, 0, err
 			}
 		}
-		return p.receive(t, ps, n)
+		stored, err := p.receive(t, ps, n)
+		return n, stored, err
 	}
 	perLayer := n * geo.Parts
 	ready := func(i int) error {
@@ -62,43 +112,52 @@ func (p *pd) receiveFed(t *transfer, ps *pusher, n int) (int, error) {
 			err = t.ctx.Err()
 		}
 	}
-	return stored, err
+	return n, stored, err
+}
+
+// fitBudget returns how many leading chunks of bufs fit in budget bytes
+// together, at least one (a chunk larger than the budget is refused as
+// RECEIVE would refuse it).
+func fitBudget(bufs [][]byte, budget int64) int {
+	var sum int64
+	for j, b := range bufs {
+		if sum += int64(len(b)); sum > budget && j > 0 {
+			return j
+		}
+	}
+	return len(bufs)
 }
 
 // takesLayers makes sure ps has a connection to t's destination and
 // reports whether the destination takes RECEIVE_LAYERS, asking it (a
-// request of no chunks) when it is not known. A pooled connection found
-// closed is dialled again once.
-func (p *pd) takesLayers(t *transfer, ps *pusher) (bool, error) {
+// request of no chunks) when it is not known, with the receive budget its
+// answer names (0: none named). A pooled connection found closed is
+// dialled again once.
+func (p *pd) takesLayers(t *transfer, ps *pusher) (bool, int64, error) {
 	p.pushMu.Lock()
 	at, found := p.noLayers[t.dest]
 	p.pushMu.Unlock()
 	if found && time.Since(at) < layerProbeTTL {
-		return false, nil
+		return false, 0, nil
 	}
 	for attempt := 0; ; attempt++ {
 		if ps.c == nil {
 			var err error
 			if ps.c, ps.pooled, err = p.conn(t); err != nil {
-				return false, err
+				return false, 0, err
 			}
 		}
-		var probe wire.ReceiveLayers
-		probe.Keys.Kind = wire.KindRaw
-		probe.Transfer = t.id
 		stop := context.AfterFunc(t.ctx, ps.c.Interrupt)
-		_, err := ps.c.ReceiveLayers(t.ctx, &probe, nil, nil, nil)
+		budget, err := ps.c.ReceiveLayersBudget(t.ctx, t.id)
 		interrupted := !stop()
 		switch {
 		case err == nil && !interrupted:
-			return true, nil
+			return true, budget, nil
 		case client.IsUnknownOp(err):
-			p.pushMu.Lock()
-			p.noLayers[t.dest] = time.Now()
-			p.pushMu.Unlock()
+			p.noteNoLayers(t.dest, time.Now())
 			ps.c.Close() // an older daemon may have closed it; dial anew for RECEIVE
 			ps.c, ps.pooled = nil, false
-			return false, nil
+			return false, 0, nil
 		}
 		pooled := ps.pooled
 		ps.c.Close()
@@ -107,7 +166,7 @@ func (p *pd) takesLayers(t *transfer, ps *pusher) (bool, error) {
 			err = t.ctx.Err()
 		}
 		if !pooled || attempt > 0 || !errors.Is(err, client.ErrClosed) || t.ctx.Err() != nil {
-			return false, err
+			return false, 0, err
 		}
 		p.dropConns(t.dest)
 	}

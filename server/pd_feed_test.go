@@ -307,3 +307,36 @@ func TestPushStoreToOlderConsumer(t *testing.T) {
 		}
 	}
 }
+
+// TestPushOfStoreCommittedShortAfterItsLayers: a store committed short
+// after every layer of its chunks went out leaves the chunk it left out on
+// the consumer, with the bytes the notices declared final, and the
+// transfer done; the producer never shows that chunk.
+func TestPushOfStoreCommittedShortAfterItsLayers(t *testing.T) {
+	prod := startService(t, 64<<20, server.ServiceOptions{})
+	cons := startService(t, 64<<20, server.ServiceOptions{})
+	pc, cc := prod.local(t), cons.local(t)
+	ctx := context.Background()
+	s := prepareFeed(t, pc, 2, 44)
+	if _, err := pc.PushStore(ctx, 24, cons.tcp, client.Raw(s.keys), 20000, true, s.lease); err != nil {
+		t.Fatal(err)
+	}
+	for i := range feedLayers {
+		s.layer(t, i, true)
+	}
+	waitFor(t, "the chunks on the consumer", func() bool {
+		l, err := cc.Lookup(ctx, client.Raw(s.keys), 0)
+		return err == nil && l.Chunks == 2
+	})
+	if st := waitPushed(t, pc, 24); st.State != wire.TransferDone || st.Pushed != 2 {
+		t.Fatalf("status %+v", st)
+	}
+	if n, err := pc.CommitStore(ctx, s.lease, 1); err != nil || n != 1 {
+		t.Fatalf("commit of 1: %d, %v", n, err)
+	}
+	if l, err := pc.Lookup(ctx, client.Raw(s.keys), 0); err != nil || l.Chunks != 1 {
+		t.Fatalf("the producer shows %d chunks, %v", l.Chunks, err)
+	}
+	checkRaw(t, cc, s.keys, s.salt, feedSize)
+	waitFreed(t, prod, pc, 0)
+}

@@ -15,7 +15,14 @@ import (
 
 // RECEIVE_LAYERS (docs/disaggregation.md, docs/protocol.md): a pushed
 // chunk arrives as byte ranges, each checked against its own checksum as
-// it lands in the chunk's reserved, still invisible RAM object. A chunk
+// it lands in the chunk's reserved, still invisible RAM object. The
+// request takes the budget of all its chunks at once, before its first
+// range: its ranges come in layer order, so every chunk of it starts long
+// before any completes, and a request that held part of the budget while
+// waiting for more could wait for itself, or for another one doing the
+// same, until its deadline. A batch larger than the whole budget is
+// refused at once (NO_SPACE); a producer sizes its batches to the budget
+// that the reply to a request of no chunks names. A chunk
 // becomes visible and held, as with RECEIVE, once its last range is in; a
 // range that fails its checksum, a stream that ends, or a producer that
 // stops sending fails every chunk not yet complete: their reservations and
@@ -38,7 +45,16 @@ type layerScratch struct {
 	msg    wire.ReceiveLayers
 	chunks []recvChunk
 	one    [1]chunk.Key // pd.consumed's argument for one key
+	pool   int64        // budget the request took and no chunk has yet
 }
+
+// maxLayerScratch and maxRangeScratch bound the tables a session keeps
+// between requests (a batch of 64 chunks of 64 layers × 2 parts fits);
+// larger ones are dropped after their request.
+const (
+	maxLayerScratch = 1024
+	maxRangeScratch = 64 * 64 * 2
+)
 
 // handleReceiveLayers serves RECEIVE_LAYERS. Every exit gives back what
 // is reserved and not complete; the chunks completed stay held.
@@ -55,10 +71,14 @@ func (s *session) handleReceiveLayers(h wire.Header) *requestError {
 		return fatal(wire.StatusBadRequest, "RECEIVE_LAYERS of %d ranges with the more-frames flag %v", len(m.Ranges), h.Flags&wire.FlagMore != 0)
 	}
 	s.pdl.reset(len(m.Sizes))
-	defer s.abortOpen()
+	defer s.endLayers()
 	ttl := pdTimeout(m.HoldMS)
+	if len(m.Sizes) == 0 { // a probe: the answer names the budget, to size batches by
+		s.out = binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint32(wire.Begin(s.out), 0), uint64(s.svc.pd.budget.limit))
+		return s.reply(h, 0)
+	}
 	deadline := s.pd.budgetDeadline(m.Transfer, ttl, time.Now())
-	var failed *requestError
+	failed := s.takeBatchBudget(m, deadline)
 	for i, r := range m.Ranges {
 		dh, err := s.dataHeader(h, i == len(m.Ranges)-1)
 		if err != nil {
@@ -68,7 +88,7 @@ func (s *session) handleReceiveLayers(h wire.Header) *requestError {
 			return fatal(wire.StatusBadRequest, "data frame %d of %d bytes, announced %d and a checksum", i, dh.Len, r.To-r.From)
 		}
 		if failed == nil {
-			failed = s.receiveRange(dh, r, ttl, deadline)
+			failed = s.receiveRange(dh, r, ttl)
 			if failed != nil && failed.fatal {
 				return failed
 			}
@@ -97,6 +117,49 @@ func (s *session) handleReceiveLayers(h wire.Header) *requestError {
 	return s.reply(h, 0)
 }
 
+// takeBatchBudget takes the budget of every chunk of the request at once,
+// waiting until deadline, into s.pdl.pool.
+func (s *session) takeBatchBudget(m *wire.ReceiveLayers, deadline time.Time) *requestError {
+	p := s.svc.pd
+	var total int64
+	for _, n := range m.Sizes {
+		total += int64(n)
+	}
+	if total > p.budget.limit {
+		if len(m.Sizes) == 1 {
+			return fail(wire.StatusTooLarge, "a chunk of %d bytes is larger than pd_receive_bytes (%d)", total, p.budget.limit)
+		}
+		return fail(wire.StatusNoSpace, "%s: a batch of %d chunks, %d bytes, is larger than pd_receive_bytes (%d); send fewer at once", errBudget, len(m.Sizes), total, p.budget.limit)
+	}
+	if err := p.budget.acquire(p.ctx, total, deadline, s.wakeChan()); err != nil {
+		switch {
+		case errors.Is(err, errBudget):
+			return fail(wire.StatusNoSpace, "%v", err)
+		case errors.Is(err, context.Canceled):
+			return fail(wire.StatusShuttingDown, "the daemon is shutting down")
+		}
+		return fail(wire.StatusTooLarge, "%v", err)
+	}
+	s.pdl.pool = total
+	return nil
+}
+
+// endLayers ends a request: it gives back what is reserved and not
+// complete, and the budget no chunk took, and drops an oversized table.
+func (s *session) endLayers() {
+	s.abortOpen()
+	if s.pdl.pool > 0 {
+		s.svc.pd.budget.release(s.pdl.pool)
+		s.pdl.pool = 0
+	}
+	if cap(s.pdl.chunks) > maxLayerScratch {
+		s.pdl.chunks = nil
+	}
+	if cap(s.pdl.msg.Ranges) > maxRangeScratch || cap(s.pdl.msg.Sizes) > maxLayerScratch || cap(s.pdl.msg.Keys.Raw) > maxLayerScratch {
+		s.pdl.msg = wire.ReceiveLayers{}
+	}
+}
+
 // reset readies the scratch for a request of n chunks.
 func (sc *layerScratch) reset(n int) {
 	if cap(sc.chunks) < n {
@@ -112,12 +175,12 @@ func (sc *layerScratch) reset(n int) {
 // receiveRange reads one range's data frame into its chunk, starting the
 // chunk on its first range and making it visible on its last;
 // s.pd.consumedData says whether it read the frame's body.
-func (s *session) receiveRange(dh wire.Header, r wire.ByteRange, ttl time.Duration, deadline time.Time) *requestError {
+func (s *session) receiveRange(dh wire.Header, r wire.ByteRange, ttl time.Duration) *requestError {
 	m := &s.pdl.msg
 	c := &s.pdl.chunks[r.Key]
 	s.pd.consumedData = false
 	if !c.started {
-		if rerr := s.startChunk(c, m, int(r.Key), ttl, deadline); rerr != nil {
+		if rerr := s.startChunk(c, m, int(r.Key), ttl); rerr != nil {
 			return rerr
 		}
 	}
@@ -147,20 +210,12 @@ func (s *session) receiveRange(dh wire.Header, r wire.ByteRange, ttl time.Durati
 	return s.completeChunk(c, m.Keys.Raw[r.Key], ttl)
 }
 
-// startChunk takes the budget for chunk j and reserves it, or holds the
-// copy already in RAM.
-func (s *session) startChunk(c *recvChunk, m *wire.ReceiveLayers, j int, ttl time.Duration, deadline time.Time) *requestError {
+// startChunk moves chunk j's budget from the request's to the chunk and
+// reserves it, or holds the copy already in RAM.
+func (s *session) startChunk(c *recvChunk, m *wire.ReceiveLayers, j int, ttl time.Duration) *requestError {
 	p := s.svc.pd
 	c.size = int64(m.Sizes[j])
-	if err := p.budget.acquire(p.ctx, c.size, deadline, s.wakeChan()); err != nil {
-		switch {
-		case errors.Is(err, errBudget):
-			return fail(wire.StatusNoSpace, "%v", err)
-		case errors.Is(err, context.Canceled):
-			return fail(wire.StatusShuttingDown, "the daemon is shutting down")
-		}
-		return fail(wire.StatusTooLarge, "%v", err)
-	}
+	s.pdl.pool -= c.size
 	c.started, c.left = true, c.size
 	key, eng := m.Keys.Raw[j], s.svc.eng
 	if s.pd.refs.AcquireRAMKey(eng, key) {
@@ -194,9 +249,12 @@ func (s *session) startChunk(c *recvChunk, m *wire.ReceiveLayers, j int, ttl tim
 func (s *session) completeChunk(c *recvChunk, key chunk.Key, ttl time.Duration) *requestError {
 	p := s.svc.pd
 	c.open = false
+	// Withdrawn first: the commit frees the reservation when the key was
+	// stored meanwhile, and no reader may take it then. No reader takes
+	// it after this either, so c.inf's count of those that did is final.
+	s.svc.eng.Unpublish(key)
 	held, n, err := c.w.CommitHeld(s.pd.held[:0])
 	s.pd.held = held
-	s.svc.eng.Unpublish(key) // visible now, or never
 	if err != nil || n == 0 {
 		c.recycle(c.inf.end(false))
 		p.budget.release(c.size)

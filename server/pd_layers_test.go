@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -135,12 +136,83 @@ func TestReceiveLayersProducerDies(t *testing.T) {
 // closes (its data frames cannot be skipped safely).
 func TestReceiveLayersRefusesBadTables(t *testing.T) {
 	cons := startService(t, 64<<20, server.ServiceOptions{})
-	m, chunks := layered(t, 2, 30, 4096)
-	m.Ranges[3].To-- // a byte of chunk 1 never sent
-	c := cons.remote(t)
-	_, err := c.ReceiveLayers(context.Background(), m, chunks, nil, nil)
-	if err == nil {
-		t.Fatal("a table with a gap was accepted")
+	cc := cons.local(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		bad  func(m *wire.ReceiveLayers)
+	}{
+		{"gap", func(m *wire.ReceiveLayers) { m.Ranges[3].To-- }},                        // a byte of chunk 1 never sent
+		{"overlap", func(m *wire.ReceiveLayers) { m.Ranges[3].From = m.Ranges[2].From }}, // bytes of chunk 1 sent twice
+	} {
+		m, _ := layered(t, 2, 30, 4096)
+		tc.bad(m)
+		// The metadata frame alone, raw: the daemon answers before any
+		// data frame, which a client would still be writing.
+		conn, rd := rawSession(t, cons.tcp)
+		if _, err := conn.Write(frame(wire.OpReceiveLayers, wire.FlagMore, 9, m.Append(nil))); err != nil {
+			t.Fatal(err)
+		}
+		h, body, err := rd.Next()
+		if err != nil || h.Status != wire.StatusBadRequest {
+			t.Fatalf("%s: a bad table answered %+v %q %v, want BAD_REQUEST", tc.name, h, body, err)
+		}
+		if _, err := rd.Header(); err == nil {
+			t.Fatalf("%s: the connection stayed open after a table whose frames cannot be skipped", tc.name)
+		}
+		conn.Close()
+		if cons.svc.HeldBytes() != 0 || arenaPinned(t, cc) != 0 {
+			t.Fatalf("%s: %d bytes charged, %d pinned after a refused table", tc.name, cons.svc.HeldBytes(), arenaPinned(t, cc))
+		}
+		if l, err := cc.Lookup(ctx, client.Raw(m.Keys.Raw), 0); err != nil || l.Chunks != 0 {
+			t.Fatalf("%s: %d chunks visible, %v", tc.name, l.Chunks, err)
+		}
 	}
-	waitFreed(t, cons, cons.local(t), 0)
+}
+
+// rawSession opens a TCP connection to addr and completes HELLO with the
+// test token by hand, so the test can send frames no client would.
+func rawSession(t *testing.T, addr string) (net.Conn, *wire.Reader) {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	hello := wire.Hello{Version: wire.Version, Token: testToken, Name: "raw"}
+	rd := wire.NewReader(conn)
+	if _, err := conn.Write(frame(wire.OpHello, 0, 0, hello.Append(nil))); err != nil {
+		t.Fatal(err)
+	}
+	if h, _, err := rd.Next(); err != nil || h.Status != wire.StatusOK {
+		t.Fatalf("HELLO: %+v %v", h, err)
+	}
+	return conn, rd
+}
+
+// TestInProgressFlagIsWaits: the IN_PROGRESS header flag on any op but
+// WAIT is refused with BAD_REQUEST and the connection closed (the
+// request's body is not read), rather than ignored.
+func TestInProgressFlagIsWaits(t *testing.T) {
+	cons := startService(t, 64<<20, server.ServiceOptions{})
+	for _, op := range []wire.Op{wire.OpPing, wire.OpLookup} {
+		conn, rd := rawSession(t, cons.tcp)
+		if _, err := conn.Write(frame(op, wire.FlagInProgress, 9, nil)); err != nil {
+			t.Fatal(err)
+		}
+		h, body, err := rd.Next()
+		if err != nil || h.Status != wire.StatusBadRequest || !strings.Contains(string(body), "in-progress") {
+			t.Fatalf("%s with IN_PROGRESS: %+v %q %v", op, h, body, err)
+		}
+		if _, err := rd.Header(); err == nil {
+			t.Fatalf("%s with IN_PROGRESS: the connection stayed open", op)
+		}
+		conn.Close()
+	}
+	// WAIT takes it.
+	c := cons.remote(t)
+	if w, err := c.WaitInProgress(context.Background(), client.Raw(pdKeys(1, 31)), 0, 0); err != nil || w.Chunks != 0 {
+		t.Fatalf("WAIT with IN_PROGRESS: %+v, %v", w, err)
+	}
 }

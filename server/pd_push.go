@@ -257,7 +257,7 @@ func (p *pd) send(t *transfer, ps *pusher) error {
 		}
 		var stored int
 		if ps.fed[0].Feed != nil {
-			stored, err = p.receiveFed(t, ps, n)
+			n, stored, err = p.receiveFed(t, ps, n)
 		} else {
 			stored, err = p.receive(t, ps, n)
 		}

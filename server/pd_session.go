@@ -209,14 +209,20 @@ func (s *session) handleWait(h wire.Header, body []byte) *requestError {
 	return s.reply(h, 0)
 }
 
-// waitFor returns the length of the leading run of keys in RAM (or, with
-// inProgress, arriving by RECEIVE_LAYERS) once it reaches want, or when
-// timeout (capped) has passed. Pushed chunks wake it
-// as they land; chunks stored otherwise are seen when it ends.
+// waitFor returns the length of the leading run of keys in RAM (with
+// inProgress, followed by the run arriving by RECEIVE_LAYERS: what
+// PREPARE_RETRIEVE_LAYERS takes, which stops at a chunk in RAM after a
+// pending one) once it reaches want, or when timeout (capped) has passed.
+// Pushed chunks wake it as they land; chunks stored otherwise are seen
+// when it ends.
 func (s *session) waitFor(keys []chunk.Key, want int, timeout time.Duration, inProgress bool) int {
 	n := 0
 	count := func() int {
-		for n < len(keys) && (s.svc.eng.InRAM(keys[n]) || (inProgress && s.svc.eng.IsPending(keys[n]))) {
+		n = 0
+		for n < len(keys) && s.svc.eng.InRAM(keys[n]) {
+			n++
+		}
+		for inProgress && n < len(keys) && s.svc.eng.IsPending(keys[n]) {
 			n++
 		}
 		return n

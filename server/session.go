@@ -317,6 +317,10 @@ func (s *session) handle(h wire.Header) *requestError {
 	if h.Flags&wire.FlagReply != 0 {
 		return fatal(wire.StatusBadRequest, "a client sent a reply frame")
 	}
+	if h.Flags&wire.FlagInProgress != 0 && h.Op != wire.OpWait {
+		// Fatal, as a reply frame is: the request's body is not read.
+		return fatal(wire.StatusBadRequest, "the in-progress flag is WAIT's, not %s's", h.Op)
+	}
 	if rerr := s.tenantOp(h.Op); rerr != nil {
 		return rerr
 	}

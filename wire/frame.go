@@ -105,7 +105,8 @@ const (
 	FlagPeer Flags = 1 << 2
 	// FlagInProgress on a WAIT request counts, besides the chunks in RAM,
 	// those still arriving by RECEIVE_LAYERS, which a layerwise reader can
-	// take before they are complete (docs/disaggregation.md).
+	// take before they are complete (docs/disaggregation.md). A daemon
+	// refuses it on any other op (BAD_REQUEST, the connection closed).
 	FlagInProgress Flags = 1 << 3
 	flagsKnown           = FlagReply | FlagMore | FlagPeer | FlagInProgress
 )

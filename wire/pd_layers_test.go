@@ -2,6 +2,10 @@ package wire
 
 import (
 	"bytes"
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
 	"testing"
 
 	"kvtier/chunk"
@@ -104,16 +108,82 @@ func FuzzReceiveLayers(f *testing.F) {
 		if again := out.Append(nil); !bytes.Equal(again, body) {
 			t.Fatalf("decoded %x, encodes back as %x", body, again)
 		}
-		covered := make([]uint64, len(out.Sizes))
-		for _, r := range out.Ranges {
-			covered[r.Key] += uint64(r.To - r.From)
-		}
-		for j, n := range covered {
-			if n != uint64(out.Sizes[j]) {
-				t.Fatalf("chunk %d of %d bytes covered by %d", j, out.Sizes[j], n)
-			}
+		if err := coverage(&out); err != nil {
+			t.Fatal(err)
 		}
 	})
+}
+
+// coverage says how m's ranges fail to cover every byte of every chunk
+// exactly once, naming an overlap or a gap: with a bitmap of the chunk's
+// bytes when it is small, else by the chunk's ranges in order.
+func coverage(m *ReceiveLayers) error {
+	byChunk := make([][]ByteRange, len(m.Sizes))
+	for _, r := range m.Ranges {
+		if int(r.Key) >= len(m.Sizes) {
+			return fmt.Errorf("range %v of a chunk that is not there", r)
+		}
+		byChunk[r.Key] = append(byChunk[r.Key], r)
+	}
+	for j, rs := range byChunk {
+		size := m.Sizes[j]
+		if size <= 1<<20 {
+			seen := make([]uint64, (size+63)/64)
+			for _, r := range rs {
+				for b := r.From; b < r.To; b++ {
+					if b >= size {
+						return fmt.Errorf("chunk %d: byte %d past its %d", j, b, size)
+					}
+					if seen[b/64]&(1<<(b%64)) != 0 {
+						return fmt.Errorf("chunk %d: byte %d covered twice (ranges %v)", j, b, rs)
+					}
+					seen[b/64] |= 1 << (b % 64)
+				}
+			}
+			for b := uint32(0); b < size; b++ {
+				if seen[b/64]&(1<<(b%64)) == 0 {
+					return fmt.Errorf("chunk %d: byte %d never covered (ranges %v)", j, b, rs)
+				}
+			}
+			continue
+		}
+		slices.SortFunc(rs, func(a, b ByteRange) int { return cmp.Compare(a.From, b.From) })
+		at := uint32(0)
+		for _, r := range rs {
+			switch {
+			case r.From < at:
+				return fmt.Errorf("chunk %d: bytes [%d, %d) covered twice", j, r.From, at)
+			case r.From > at:
+				return fmt.Errorf("chunk %d: bytes [%d, %d) never covered", j, at, r.From)
+			}
+			at = r.To
+		}
+		if at != size {
+			return fmt.Errorf("chunk %d: bytes [%d, %d) never covered", j, at, size)
+		}
+	}
+	return nil
+}
+
+// TestCoverageTellsOverlapFromGap: a table whose byte count is right but
+// which covers one span twice and leaves another out is caught, small or
+// large.
+func TestCoverageTellsOverlapFromGap(t *testing.T) {
+	for _, size := range []uint32{64, 4 << 20} {
+		m := layeredReceive(size)
+		m.Ranges = []ByteRange{{Key: 0, From: 0, To: size/2 + 8}, {Key: 0, From: size / 2, To: size - 8}}
+		if err := coverage(&m); err == nil || !strings.Contains(err.Error(), "twice") {
+			t.Errorf("%d bytes, an overlap and a gap: %v", size, err)
+		}
+		m.Ranges = []ByteRange{{Key: 0, From: 0, To: size / 2}, {Key: 0, From: size/2 + 8, To: size}}
+		if err := coverage(&m); err == nil || !strings.Contains(err.Error(), "never") {
+			t.Errorf("%d bytes, a gap: %v", size, err)
+		}
+		m.Ranges = []ByteRange{{Key: 0, From: size / 2, To: size}, {Key: 0, From: 0, To: size / 2}}
+		if err := coverage(&m); err != nil {
+			t.Errorf("%d bytes, covered: %v", size, err)
+		}
+	}
 }
 
 func TestReceiveLayersOp(t *testing.T) {

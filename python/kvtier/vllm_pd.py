@@ -487,6 +487,13 @@ def _old_daemon(e: BaseException) -> bool:
     return isinstance(e, StatusError) and e.status in (_UNKNOWN_OP, 6)
 
 
+def _unknown_push_flag(e: BadRequest) -> bool:
+    """Whether a PUSH's BAD_REQUEST is a daemon's older than the store-lease flag: its PUSH
+    decoder refuses the flag ("push: unknown flags 0x2"). A current daemon answers BAD_REQUEST
+    for a transfer's own state too (ended, marked last, refused by pd_push_allow)."""
+    return "push: unknown flags" in e.message
+
+
 class DaemonTransport(PeerTransport):
     """Moves chunks with the daemons' transfer operations (docs/disaggregation.md): ``PUSH`` makes
     the producer's daemon stream them to the consumer's (checksummed, within the
@@ -546,7 +553,10 @@ class DaemonTransport(PeerTransport):
         try:
             self._push_daemon(job, start, False, store_lease=lease, client=client)
             return True
-        except BadRequest as e:  # an older daemon: an unknown PUSH flag
+        except BadRequest as e:
+            if not _unknown_push_flag(e):  # this transfer's own refusal (ended, marked last, pd_push_allow)
+                log.warning("kvtier: push %s of a save in progress: %s", job.transfer_id, e)
+                return False
             log.info("kvtier: the daemon cannot push a save in progress (%s); chunks go after the commit", e)
             with self._lock:
                 self._no_store_push = True

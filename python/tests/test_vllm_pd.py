@@ -761,3 +761,41 @@ def test_layerwise_producer_pushes_each_layer_before_the_commit(daemons, monkeyp
     kv_equal(cons, "D", prod, "P", 80)
     for got, ref in zip(d.logits, single_instance(p, 2)):
         assert_close(got, ref)
+
+
+def test_a_refused_store_push_leaves_per_layer_pushes_on(daemons, monkeypatch):
+    """A current daemon answers BAD_REQUEST to a PUSH of a save in progress for that transfer's
+    own reasons (here: it was marked last already): that push fails alone, its chunks go after
+    the commit, and later saves are still pushed per layer. Only an older daemon's answer to
+    the unknown flag turns per-layer pushes off."""
+    import array
+    from kvtier.client import BadRequest, Client
+    from kvtier.vllm_keys import TokenKeys
+    pdaemon, ddaemon = daemons
+    toks = prompt(340, 2 * CHUNK)
+    link = Link_for(pdaemon, "pd-refused")
+    t = pd.DaemonTransport(link)
+    c = link.get()
+    s = c.scope("pd-refused", "float32/KV_2LTD")
+    c.store(c.tokens(s, toks), [torch.zeros(1024, dtype=torch.uint8)] * 2)
+    c.push(pd.rank_transfer("t-r", 0), ddaemon.tcp_addr, c.tokens(s, toks), timeout_ms=5000, last=True)
+    job = pd.Job("t-r", "", TokenKeys(array.array("I", toks)), 2 * CHUNK, ddaemon.tcp_addr)
+    lease = c.prepare_store(c.tokens(s, prompt(341, CHUNK)), [1024], 20000).lease  # this connection's
+    with pytest.raises(BadRequest):  # what the daemon answers, for the record
+        c.push(pd.rank_transfer("t-r", 0), ddaemon.tcp_addr, c.tokens(s, toks), timeout_ms=5000,
+               last=False, store_lease=lease)
+    assert not t.push_store(job, 0, lease, c)
+    assert not t._no_store_push, "a transfer's own refusal turned per-layer pushes off"
+    real_push = Client.push
+
+    def old_daemon_push(self, *a, **k):
+        if k.get("store_lease"):  # as a daemon older than the flag answers it
+            raise BadRequest(17, 1, "wire: malformed frame: push: unknown flags 0x2")
+        return real_push(self, *a, **k)
+
+    monkeypatch.setattr(Client, "push", old_daemon_push)
+    job2 = pd.Job("t-r2", "", TokenKeys(array.array("I", toks)), 2 * CHUNK, ddaemon.tcp_addr)
+    assert not t.push_store(job2, 0, lease, c)
+    assert t._no_store_push
+    c.release(lease)
+    link.client.close()
