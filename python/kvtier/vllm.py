@@ -324,6 +324,9 @@ class _Load:
     skip: int = 0          # the first token of parts[0]'s chunk
     layered: bool = False  # PREPARE_RETRIEVE_LAYERS: wait for each layer (docs/layerwise.md)
     ready: int = 0         # layers the daemon said are in place in every usable chunk
+    # The connection holding the lease: once it is closed the daemon has ended the lease and
+    # may reuse the slots, so what is left of the load becomes load errors (_lost).
+    client: Optional[Client] = None
 
 
 @dataclass
@@ -344,6 +347,12 @@ class _Save:
     count: int
     nbytes: int
     layers_done: int = 0
+    # The connection holding the lease: once it is closed the save is dropped (its slots
+    # may already hold other connections' chunks; the client detached them, see client.py).
+    client: Optional[Client] = None
+
+    def lost(self) -> bool:
+        return self.client is not None and self.client.closed
 
 
 class KVTierConnector(KVConnectorBase_V1):
@@ -936,7 +945,7 @@ class KVTierConnector(KVConnectorBase_V1):
         if slots is None or not slots.slots or got_end <= req.load_start:
             self._release_quietly(link, slots.lease if slots else 0)
             return None
-        return _Load(req, slots.lease, parts, nbytes, skip=skip, layered=layered)
+        return _Load(req, slots.lease, parts, nbytes, skip=skip, layered=layered, client=c)
 
     def _load_part(self, raw: torch.Tensor, block_ids: List[int], begin: int, first: int):
         if self._cross is not None:
@@ -977,16 +986,20 @@ class KVTierConnector(KVConnectorBase_V1):
                 for load in loads:
                     for view, index, first_block in load.parts:
                         self._cross.scatter(copier, view, index, first_block)
+                    self._lost(load)
             else:
                 for layer, kv in enumerate(self._kv):
                     for load in loads:
                         self._await_layer(link, load, layer)
                         for view, index, first in load.parts:
                             kvl.scatter_layer(copier, view, layer, self._layout, kv, index, first)
+                        self._lost(load)
                     copier.layer_done(layer)
                     if ready:
                         ready[layer].set()
             copier.fence()
+            for load in loads:
+                self._lost(load)
             with self._lock:
                 self.stats.load_bytes += sum(l.nbytes for l in loads)
                 self.stats.load_seconds += time.perf_counter() - t0
@@ -999,6 +1012,21 @@ class KVTierConnector(KVConnectorBase_V1):
                 ev.set()
             for load in loads:
                 self._release_quietly(link, load.lease)
+
+    def _lost(self, load: _Load) -> bool:
+        """Whether the load's connection closed (its lease ended, its slots free for other
+        connections' chunks): checked after each scatter from its slots, so nothing read
+        from them once the lease may have ended is trusted. Its blocks become load errors
+        (layers already copied are overwritten by the recompute) and it copies nothing more."""
+        if load.client is None or not load.client.closed:
+            return False
+        if load.parts or load.nbytes:
+            log.warning("kvtier: the connection of %s's load closed mid-copy; its blocks are recomputed",
+                        load.req.req_id)
+            self._fail_blocks(load.req, load.req.load_start, load.req.load_end)
+            load.parts.clear()
+            load.nbytes = 0
+        return True
 
     def _await_layer(self, link: Link, load: _Load, layer: int) -> None:
         """LAYER_WAIT for a layered load, unless the daemon already said the layer is in.
@@ -1043,11 +1071,14 @@ class KVTierConnector(KVConnectorBase_V1):
                     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
                         for view, index, first in load.parts:
                             kvl.scatter_layer(self.copier, view, layer, self._layout, kv, index, first)
+                    self._lost(load)
                 self.copier.layer_done(layer)
                 st.next += 1
             if st.next < self._layers:
                 return
             self.copier.fence()
+            for load in st.loads:
+                self._lost(load)
             with self._lock:
                 self.stats.load_bytes += sum(l.nbytes for l in st.loads)
                 self.stats.load_seconds += time.perf_counter() - st.t0
@@ -1245,6 +1276,8 @@ class KVTierConnector(KVConnectorBase_V1):
         if self._cross is not None:
             return  # whole blocks are copied once every layer is written (wait_for_save)
         for save in self._saves:
+            if save.lost():
+                continue  # its lease ended with its connection: layers_done falls short, it is dropped
             try:
                 for chunk, index in save.parts:
                     kvl.gather_layer(self.copier, chunk, layer, self._layout, kv_layer, index)
@@ -1304,7 +1337,7 @@ class KVTierConnector(KVConnectorBase_V1):
             return None
         if req.push is not None and self.settings.layerwise and self.settings.layer_saves:
             self._push_early(req, slots.lease, c)
-        return _Save(req, slots.lease, parts, len(slots.slots), size * len(parts))
+        return _Save(req, slots.lease, parts, len(slots.slots), size * len(parts), client=c)
 
     def _push_early(self, req: ReqMeta, lease: int, c: Any) -> None:
         """Pushes a save's chunks as it starts: the daemon sends each layer as its STORE_LAYER
@@ -1342,6 +1375,10 @@ class KVTierConnector(KVConnectorBase_V1):
         t0 = time.perf_counter()
         ok = self._finish_saves(saves)
         for save, complete in zip(saves, ok):
+            if save.lost():
+                log.warning("kvtier: the connection of %s's save closed during the step; the save is dropped",
+                            save.req.req_id)
+                continue  # the lease ended with it: nothing to commit, on no connection
             try:
                 self._client().commit_store(save.lease, save.count if complete else 0)
                 if complete:
@@ -1357,8 +1394,8 @@ class KVTierConnector(KVConnectorBase_V1):
         """Copies cross-layer blocks now that every layer is written, then waits for the host copies."""
         ok = []
         for save in saves:
-            if self._cross is None:
-                ok.append(save.layers_done == self._layers)
+            if self._cross is None or save.lost():
+                ok.append(save.layers_done == self._layers and not save.lost())
                 continue
             try:
                 for chunk, index in save.parts:
