@@ -396,6 +396,7 @@ class KVTierConnector(KVConnectorBase_V1):
         self._device = torch.device("cpu")
         self._load_errors: Set[int] = set()
         self._layer_ready: List[threading.Event] = []
+        self._layer_loads: List[_Load] = []  # the loads the copier thread streams in this step
         self._stream: Optional[_Stream] = None  # this step's streamed loads, copied in wait_for_layer_load
         self._loader: Optional[threading.Thread] = None
         self._saves: List[_Save] = []
@@ -873,7 +874,7 @@ class KVTierConnector(KVConnectorBase_V1):
         """Leases the chunks of every loading request and copies them in (or starts the copier)."""
         self._saves = []
         self._finish_stream()
-        self._layer_ready = []
+        self._layer_ready, self._layer_loads = [], []
         meta = self._get_connector_metadata()
         for send in meta.sends:
             self._start_send(send)
@@ -909,6 +910,7 @@ class KVTierConnector(KVConnectorBase_V1):
             self._stream = _Stream(loads, link, time.perf_counter())
             return
         self._layer_ready = [threading.Event() for _ in range(self._layers)]
+        self._layer_loads = loads
         self._loader = threading.Thread(target=self._copy_layers, args=(loads, link, self.copier,
                                                                          self._layer_ready),
                                         name="kvtier-load", daemon=True)
@@ -1261,11 +1263,23 @@ class KVTierConnector(KVConnectorBase_V1):
         if not self._layer_ready:
             return
         i = self._layer_of(layer_name)
-        # The copier does no I/O before setting events, so this cannot wait on
-        # the daemon; the bound is a safety net against a bug, not a tuning knob.
-        if not self._layer_ready[i].wait(timeout=max(60.0, self.settings.timeout)):
-            log.error("kvtier: layer %s not loaded in time", layer_name)
+        # The copier sets layer i's event once every load's LAYER_WAIT for it has answered,
+        # each bounded by lease_ms + timeout (a layer may take that long to come from a
+        # lower tier or a push). Past the bound the pass cannot use the step's layered
+        # loads: every one of them becomes load errors (vLLM recomputes those blocks, and
+        # what the copier still writes into them is overwritten), and the pass stops waiting.
+        if not self._layer_ready[i].wait(timeout=self._layer_wait_limit()):
+            log.error("kvtier: layer %s not loaded in time; the step's layered loads are recomputed", layer_name)
+            for load in self._layer_loads:
+                self._fail_blocks(load.req, load.req.load_start, load.req.load_end)
+            self._layer_ready, self._layer_loads = [], []
+            return
         self.copier.wait_layer(i)
+
+    def _layer_wait_limit(self) -> float:
+        """How long wait_for_layer_load waits for one layer from the copier thread: at least
+        one LAYER_WAIT's bound (lease_ms + timeout), never under a minute."""
+        return max(60.0, self.settings.lease_ms / 1000.0 + self.settings.timeout)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
         """Copies this layer's K/V of every chunk being saved straight into the arena slots."""
