@@ -53,7 +53,7 @@ from . import vllm_kv as kvl
 from . import vllm_pd as pd
 from ._vllm_compat import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorStats
 from .auth import resolve_token
-from .client import BadRequest, Client, KVTierError, default_socket_path
+from .client import Client, KVTierError, default_socket_path
 from .link import Link
 import os
 
@@ -559,9 +559,13 @@ class KVTierConnector(KVConnectorBase_V1):
                 keys = self._keys(c, self.link, namespace_of(self.settings.namespace, request), tokens, usable, skip)
                 got = c.wait(keys, 0, in_progress=True).chunks
             except _ABSORBED as e:
-                if isinstance(e, (BadRequest, ConnectionError)):
-                    self._no_in_progress = True  # a daemon older than the flag: asynchronous loads
-                self.link.fail(e)
+                if pd.refuses_in_progress(e):  # a daemon older than the flag: asynchronous loads
+                    log.info("kvtier: the daemon does not count chunks in progress (%s); pd_layerwise "
+                             "loads pushed prompts asynchronously", e)
+                    self._no_in_progress = True
+                    self.link.close()  # the daemon closes the connection after refusing a header
+                else:  # a timeout, a restart: this request's check failed, the next one asks again
+                    self.link.fail(e)
                 got = -1
         if 0 <= got < want and time.monotonic() - first < self.settings.pd_timeout:
             return None

@@ -483,6 +483,13 @@ def rank_transfer(transfer_id: str, rank: int) -> int:
 _UNKNOWN_OP = 2  # a daemon from before the transfer operations
 
 
+def refuses_in_progress(e: BaseException) -> bool:
+    """Whether a WAIT failed because the daemon is older than its ``IN_PROGRESS`` flag: it
+    answers ``BAD_REQUEST`` naming the header's unknown flags (then closes the connection).
+    A timeout, a closed connection or a restarted daemon says nothing about the flag."""
+    return isinstance(e, BadRequest) and "unknown flags" in e.message
+
+
 def _old_daemon(e: BaseException) -> bool:
     return isinstance(e, StatusError) and e.status in (_UNKNOWN_OP, 6)
 
@@ -636,14 +643,16 @@ class DaemonTransport(PeerTransport):
         in_progress = not self._no_in_progress
         try:
             return self._wait(c, job, local, want, start // chunk * chunk, rank, deadline, None, in_progress)
-        except (BadRequest, ConnectionError) as e:
-            if not in_progress:
+        except BadRequest as e:
+            # Only the daemon's own refusal of the flag means it is older than the flag; a
+            # timeout or a restart is this wait's failure alone (the caller's to handle).
+            if not in_progress or not refuses_in_progress(e):
                 raise
-            log.info("kvtier: the daemon does not count chunks in progress (%s); waiting for whole chunks", e)
             with self._lock:
-                self._no_in_progress = True
-            if isinstance(e, ConnectionError):
-                link.fail(e)
+                first, self._no_in_progress = not self._no_in_progress, True
+            if first:
+                log.info("kvtier: the daemon does not count chunks in progress (%s); waiting for whole chunks", e)
+            link.close()  # it closes the connection after refusing a header
             return self.fetch(job, link, deadline, True, start)
 
     def _wait(self, c: Any, job: Job, local: int, want: int, done: int, rank: int, deadline: float,

@@ -15,7 +15,8 @@ import time
 import pytest
 
 from kvtier import vllm_pd as pd
-from kvtier.client import Client, ConnectionLost
+from kvtier import protocol
+from kvtier.client import BadRequest, Client, ConnectionLost
 from harness_util import assert_close, prompt
 from test_vllm_pd import (CHUNK, all_blocks_free, consumer, daemons, kv_equal, prefill_params,  # noqa: F401
                           producer, single_instance)
@@ -253,10 +254,10 @@ def test_a_daemon_without_in_progress_gets_whole_chunks(daemons, monkeypatch):
     real_wait, flagged = Client.wait, []
 
     def wait(self, keys, timeout_ms, least=0, in_progress=False):
-        if in_progress:
+        if in_progress:  # what a daemon older than the flag answers (then it closes the connection)
             flagged.append(1)
             self._break()
-            raise ConnectionLost("kvtier: op 20: reply (op 2) does not match request")
+            raise BadRequest(protocol.OP_WAIT, 1, "wire: malformed frame: unknown flags 0x8")
         return real_wait(self, keys, timeout_ms, least)
 
     monkeypatch.setattr(Client, "wait", wait)
@@ -272,3 +273,42 @@ def test_a_daemon_without_in_progress_gets_whole_chunks(daemons, monkeypatch):
     job = pd.Job("t1", "", TokenKeys(array.array("I", p)), TOKENS, pdaemon.tcp_addr)
     assert w._pd().started(job, w._layered_link(), time.monotonic() + 5) == TOKENS
     assert flagged == [1, 1] and w._pd()._no_in_progress
+
+
+def test_a_lost_connection_fails_one_check_not_pd_layerwise(daemons, monkeypatch):
+    """A WAIT that fails for any other reason than the daemon refusing IN_PROGRESS (here the
+    connection breaks, as on a timeout or a daemon restart) fails that request's check alone:
+    it is loaded asynchronously, and the next decode request is checked with the flag again."""
+    pdaemon, ddaemon = daemons
+    prod = producer(pdaemon, "pd-lost", layerwise=True)
+    cons = consumer(ddaemon, "pd-lost", layerwise=True, pd_layerwise=True, pd_timeout=0.5)
+    sc = cons.scheduler_connector
+    real_wait, flagged = Client.wait, []
+
+    def wait(self, keys, timeout_ms, least=0, in_progress=False):
+        if in_progress:
+            flagged.append(1)
+            if len(flagged) == 1:
+                self._break()
+                raise ConnectionLost("kvtier: op 20: timed out")
+        return real_wait(self, keys, timeout_ms, least, in_progress)
+
+    monkeypatch.setattr(Client, "wait", wait)
+    asked = {}
+    real = sc.get_num_new_matched_tokens
+
+    def get_num_new_matched_tokens(request, num_computed_tokens):
+        got = real(request, num_computed_tokens)
+        asked.setdefault(request.request_id, []).append(got)
+        return got
+
+    sc.get_num_new_matched_tokens = get_num_new_matched_tokens
+    for rid, tid, seed in (("D", "t1", 346), ("E", "t2", 347)):
+        pr = prompt(seed, TOKENS + 7)
+        d = cons.add_request(pr, rid, max_tokens=1, kv_transfer_params=decode_params_for(prod, pdaemon, tid))
+        cons.run()
+        assert d.status.name == "FINISHED"
+        assert_close(d.logits[0], single_instance(pr, 1)[0])
+    assert asked["D"][0] == (TOKENS, True), asked  # its check failed: the asynchronous load
+    assert asked["E"][0] == (None, False), asked  # checked again with the flag: not started yet
+    assert not sc._no_in_progress and len(flagged) > 2
