@@ -383,7 +383,8 @@ class KVTierConnector(KVConnectorBase_V1):
         self._async_loaded: Set[str] = set()  # loaded in the background; vLLM resumes them with the tokens counted
         self._remotes: Dict[str, pd.RemotePrefill] = {}  # decode requests matched to a producer's chunks
         self._layered_remotes: Set[str] = set()  # of those, loaded in the step, layer by layer (pd_layerwise)
-        self._deferred: Dict[str, float] = {}  # pd_layerwise: first asked, while their pushes have not started
+        # pd_layerwise: req id -> (first asked, last WAIT sent), while their pushes have not started
+        self._deferred: Dict[str, Tuple[float, float]] = {}
         self._no_in_progress = False  # the daemon refused WAIT's IN_PROGRESS flag
         self._new_sends: List[SendMeta] = []  # finished prefills to hand to the workers next step
         self._sending: Set[str] = set()  # finished prefills whose blocks vLLM keeps for us
@@ -523,9 +524,9 @@ class KVTierConnector(KVConnectorBase_V1):
         total = int(getattr(request, "num_tokens", 0) or prompt_len)
         usable = min(chunk_floor(remote.tokens, self._chunk), chunk_floor(total - 1, self._chunk))
         n = max(0, usable - num_computed_tokens)
-        self.stats.queries += 1
         self._layered_remotes.discard(request.request_id)
         if n == 0:
+            self.stats.queries += 1
             return 0, False
         layered = False
         if self._pd_layered(remote):
@@ -533,6 +534,7 @@ class KVTierConnector(KVConnectorBase_V1):
             if started is None:
                 return None, False  # not yet: vLLM leaves the request waiting and asks again next step
             layered = started
+        self.stats.queries += 1  # an answer; "ask again later" is not one
         self._remotes[request.request_id] = remote
         self._lookups[request.request_id] = _Lookup(usable, 0, num_computed_tokens, False)
         self.stats.hit_tokens += n
@@ -547,7 +549,11 @@ class KVTierConnector(KVConnectorBase_V1):
         not started. False after that, or when the daemon cannot tell: the request is then
         loaded asynchronously, which waits for the push and asks the producer's daemon."""
         rid = request.request_id
-        first = self._deferred.setdefault(rid, time.monotonic())
+        now = time.monotonic()
+        first, last = self._deferred.get(rid, (now, float("-inf")))
+        if now - last < self._recheck_s and now - first < self.settings.pd_timeout:
+            return None  # asked a moment ago: the scheduler spins faster than pushes start
+        self._deferred[rid] = (first, now)
         tokens = self._key_tokens(request)
         skip = 0 if isinstance(tokens, HashKeys) else chunk_floor(num_computed_tokens, self._chunk)
         want = (usable - skip) // self._chunk
@@ -567,10 +573,15 @@ class KVTierConnector(KVConnectorBase_V1):
                 else:  # a timeout, a restart: this request's check failed, the next one asks again
                     self.link.fail(e)
                 got = -1
-        if 0 <= got < want and time.monotonic() - first < self.settings.pd_timeout:
+        if 0 <= got < want and now - first < self.settings.pd_timeout:
             return None
         self._deferred.pop(rid, None)
         return got >= want
+
+    # The least time between two WAITs for one deferred request: vLLM asks for every waiting
+    # request at each scheduler pass, which with decodes only can be every few milliseconds,
+    # and many deferred requests would otherwise each send a WAIT on every pass.
+    _recheck_s = 0.01
 
     def _pd_layered(self, remote: pd.RemotePrefill) -> bool:
         """Whether a decode request's pushed prompt is read in the step, layer by layer, as

@@ -312,3 +312,28 @@ def test_a_lost_connection_fails_one_check_not_pd_layerwise(daemons, monkeypatch
     assert asked["D"][0] == (TOKENS, True), asked  # its check failed: the asynchronous load
     assert asked["E"][0] == (None, False), asked  # checked again with the flag: not started yet
     assert not sc._no_in_progress and len(flagged) > 2
+
+
+def test_a_deferred_request_is_not_asked_about_on_every_scheduler_pass(daemons, monkeypatch):
+    """vLLM asks for every waiting request at each scheduler pass: a deferred decode sends one
+    WAIT per recheck interval, not one per pass, and "ask again later" is not a query."""
+    pdaemon, ddaemon = daemons
+    prod = producer(pdaemon, "pd-spin", layerwise=True)
+    cons = consumer(ddaemon, "pd-spin", layerwise=True, pd_layerwise=True)
+    sc = cons.scheduler_connector
+    real_wait, waits = Client.wait, []
+
+    def wait(self, keys, timeout_ms, least=0, in_progress=False):
+        waits.append(in_progress)
+        return real_wait(self, keys, timeout_ms, least, in_progress)
+
+    monkeypatch.setattr(Client, "wait", wait)
+    d = cons.add_request(prompt(348, TOKENS + 7), "D", max_tokens=1,
+                         kv_transfer_params=decode_params_for(prod, pdaemon))
+    sc._recheck_s = 3600.0  # every pass below falls within one interval
+    assert [sc.get_num_new_matched_tokens(d, 0) for _ in range(20)] == [(None, False)] * 20
+    assert waits == [True] and sc.stats.queries == 0
+    sc._recheck_s = 0.0  # the interval has passed: the next pass asks the daemon again
+    assert sc.get_num_new_matched_tokens(d, 0) == (None, False)
+    assert waits == [True, True] and sc.stats.queries == 0
+    sc.request_finished(d, [])
