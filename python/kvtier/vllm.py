@@ -160,7 +160,7 @@ class Settings:
             default = getattr(s, key)
             if key == "pd_peers" and isinstance(value, (list, tuple)):
                 value = ",".join(str(x) for x in value)
-            setattr(s, key, _truthy(value) if isinstance(default, bool) else type(default)(value))
+            setattr(s, key, _truthy(value, key) if isinstance(default, bool) else type(default)(value))
         s.socket_path = s.socket_path or default_socket_path()
         s.token = resolve_token(s.token, s.token_file)
         if s.key_mode not in ("tokens", "block_hashes"):
@@ -205,8 +205,19 @@ class Settings:
         return cached[1]
 
 
-def _truthy(v: Any) -> bool:
-    return v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes", "on")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def _truthy(v: Any, key: str = "") -> bool:
+    """A boolean setting: a bool, 0 or 1, or one of 1/true/yes/on, 0/false/no/off (any case;
+    empty is false). Anything else is an error, not a silent false."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.strip().lower() in _TRUE + _FALSE:
+        return v.strip().lower() in _TRUE
+    raise ValueError(f"{key or 'a boolean setting'}: {v!r} is not a boolean (want true/false, yes/no, on/off or 1/0)")
 
 
 def _take_use_layerwise(extra: Dict[str, Any], environ: Optional[Dict[str, str]] = None) -> Optional[bool]:
@@ -215,10 +226,20 @@ def _take_use_layerwise(extra: Dict[str, Any], environ: Optional[Dict[str, str]]
     ``LMCACHE_USE_LAYERWISE``; None when none is set. An explicit ``layerwise`` wins over it."""
     env = os.environ if environ is None else environ
     value: Any = env.get("LMCACHE_USE_LAYERWISE")
+    name = "LMCACHE_USE_LAYERWISE"
     for key in ("use_layerwise", "lmcache.use_layerwise"):
         if key in extra:
-            value = extra.pop(key)
-    return None if value is None else _truthy(value)
+            value, name = extra.pop(key), key
+    return None if value is None else _truthy(value, name)
+
+
+_warned: Set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        log.warning(msg)
 
 
 def _use_mla(vllm_config: Any) -> bool:
@@ -370,6 +391,10 @@ class KVTierConnector(KVConnectorBase_V1):
         self.link = self._new_link(scope_of(vllm_config, self._format_tag()))
         self.can_save = self.kv_role in (pd.BOTH, pd.PRODUCER)
         self.can_load = self.kv_role in (pd.BOTH, pd.CONSUMER)
+        s = self.settings
+        if s.pd_layerwise and (not s.layerwise or self.prefer_cross_layer_blocks):
+            _warn_once("kvtier: pd_layerwise has no effect %s: pushed prompts load asynchronously"
+                       % ("without layerwise" if not s.layerwise else "with cross-layer blocks"))
         self.block_size = int(vllm_config.cache_config.block_size)
         self._chunk = 0
         self._scopes: Dict[Tuple[int, str], int] = {}
@@ -433,7 +458,7 @@ class KVTierConnector(KVConnectorBase_V1):
         """kvtier reads any layout through strides; with cross-layer blocks it prefers BLHNC."""
         ktc = getattr(vllm_config, "kv_transfer_config", None)
         extra = dict(getattr(ktc, "kv_connector_extra_config", None) or {})
-        if _truthy(extra.get("cross_layer", False)) and not _use_mla(vllm_config):
+        if _truthy(extra.get("cross_layer", False), "cross_layer") and not _use_mla(vllm_config):
             return kvl.PREFERRED_CROSS_LAYER_LAYOUT
         return None
 

@@ -63,8 +63,18 @@ _PD_ROLES = {"sender": PRODUCER, "receiver": CONSUMER}
 _ABSORBED = (KVTierError, OSError, p.ProtocolError, ValueError, RuntimeError)
 
 
-def _truthy(v: Any) -> bool:
-    return v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes", "on")
+def _truthy(v: Any, key: str = "enable_pd") -> bool:
+    """A boolean setting; anything but a bool, 0/1 or true/false, yes/no, on/off is an error."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    word = v.strip().lower() if isinstance(v, str) else None
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"{key}: {v!r} is not a boolean (want true/false, yes/no, on/off or 1/0)")
 
 
 def take_lmcache_settings(extra: Dict[str, Any], environ: Optional[Dict[str, str]] = None) -> Dict[str, Any]:

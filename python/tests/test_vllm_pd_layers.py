@@ -195,9 +195,13 @@ def test_an_old_producer_without_the_early_push_still_works(daemons, when):
         assert_close(got, ref)
 
 
-def test_pd_layerwise_off_or_without_layerwise_keeps_the_asynchronous_load(daemons):
+def test_pd_layerwise_off_or_without_layerwise_keeps_the_asynchronous_load(daemons, caplog):
     """The default, and pd_layerwise without layerwise mode: the pushed prompt is loaded
-    asynchronously (WAITING_FOR_REMOTE_KVS) as before."""
+    asynchronously (WAITING_FOR_REMOTE_KVS) as before, and the setting without effect is
+    named in a warning, once."""
+    from kvtier import vllm as kv_vllm
+    kv_vllm._warned.clear()
+    caplog.set_level("WARNING", logger="kvtier")
     pdaemon, ddaemon = daemons
     p = prompt(343, TOKENS + 7)
     prod = producer(pdaemon, "pd-async", layerwise=True)
@@ -211,6 +215,8 @@ def test_pd_layerwise_off_or_without_layerwise_keeps_the_asynchronous_load(daemo
         cons.run()
         assert d.status.name == "FINISHED" and cons.async_loaded[rid] == TOKENS
         kv_equal(cons, rid, prod, "P", TOKENS)
+    said = [r.getMessage() for r in caplog.records if "pd_layerwise has no effect" in r.getMessage()]
+    assert said == ["kvtier: pd_layerwise has no effect without layerwise: pushed prompts load asynchronously"]
 
 
 def test_a_push_that_never_starts_leaves_the_step_alone_then_loads_asynchronously(daemons):
@@ -337,3 +343,29 @@ def test_a_deferred_request_is_not_asked_about_on_every_scheduler_pass(daemons, 
     assert sc.get_num_new_matched_tokens(d, 0) == (None, False)
     assert waits == [True, True] and sc.stats.queries == 0
     sc.request_finished(d, [])
+
+
+def test_only_some_chunks_started_keeps_the_prefix_and_fails_the_tail(daemons):
+    """The scheduler saw every push started, but at start_load_kv only the first three of the
+    five chunks are in the consumer's daemon (the producer pushed a shorter prompt under the
+    transfer): the step loads those three, byte for byte, and reports the tail's blocks as
+    load errors; vLLM recomputes from the end of the prefix, and the logits are one engine's."""
+    pdaemon, ddaemon = daemons
+    p = prompt(349, TOKENS + 7)
+    head = 3 * CHUNK
+    prod = producer(pdaemon, "pd-part", layerwise=True)
+    prod.add_request(p[:head + 1], "P", max_tokens=1, kv_transfer_params=prefill_params(ddaemon.tcp_addr))
+    prod.run()
+    cons = consumer(ddaemon, "pd-part", layerwise=True, pd_layerwise=True)
+    sc = cons.scheduler_connector
+    sc._push_started = lambda request, computed, usable: True  # as if they had all started
+    d = cons.add_request(p, "D", max_tokens=1, kv_transfer_params=decode_params_for(prod, pdaemon))
+    cons.run()
+    assert d.status.name == "FINISHED" and "D" not in cons.async_loaded
+    steps = [s for s in cons.steps if s.req_id == "D"]
+    assert steps[0].external_tokens == TOKENS
+    failed = steps[0].load_error_blocks
+    assert len(failed) == (TOKENS - head) // 8, failed  # the tail's blocks, and only them
+    assert steps[1].num_computed_before == head  # the prefix kept: recomputed from its end
+    kv_equal(cons, "D", prod, "P", head)
+    assert_close(d.logits[0], single_instance(p, 1)[0])
