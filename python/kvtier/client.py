@@ -152,6 +152,7 @@ class Client:
         self._sock: Optional[socket.socket] = None
         self._arena: Optional[mmap.mmap] = None
         self._arena_bytes: Optional[torch.Tensor] = None
+        self._detached = False  # set before the arena is detached: closed from then on
         self._reqbuf: Optional[mmap.mmap] = None
         self._staging: Optional[staged.Staging] = None
         try:
@@ -178,7 +179,9 @@ class Client:
 
     @property
     def closed(self) -> bool:
-        return self._sock is None
+        # True from the moment the arena starts being detached, so that a copy that may have
+        # read a detached slot (zeros) always sees the client closed when it checks afterwards.
+        return self._sock is None or self._detached
 
     @property
     def staged(self) -> bool:
@@ -212,6 +215,7 @@ class Client:
         slots the daemon reuses for other connections' chunks once this one's leases end. With
         the private mapping in place, stale views read zeros and write into memory of this
         process alone. Each view keeps the mmap object alive; the last one unmaps the range."""
+        self._detached = True
         arena, view = self._arena, self._arena_bytes
         self._arena, self._arena_bytes = None, None
         if arena is None or view is None or not len(arena):
