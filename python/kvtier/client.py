@@ -18,7 +18,9 @@ time, guarded by a lock.
 from __future__ import annotations
 
 import array
+import ctypes
 import json
+import logging
 import mmap
 import os
 import socket
@@ -35,6 +37,41 @@ from . import staged
 from .protocol import Keys, LookupReply, Slot, Slots
 
 DEFAULT_TIMEOUT = defaults.TIMEOUT
+
+log = logging.getLogger("kvtier")
+_logged: set = set()
+
+
+def log_once(msg: str) -> None:
+    if msg not in _logged:
+        _logged.add(msg)
+        log.warning(msg)
+
+
+_libc = None
+
+
+def _remap_private(addr: int, length: int) -> bool:
+    """mmap(addr, length, RW, MAP_FIXED|MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE): the range
+    at addr becomes private zero pages, atomically; False when that is not possible."""
+    global _libc
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+            _libc.mmap.restype = ctypes.c_void_p
+            _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                                   ctypes.c_int, ctypes.c_long]
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED | _MAP_NORESERVE
+        got = _libc.mmap(addr, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
+    except (OSError, AttributeError):
+        return False
+    return got == addr
+
+
+_MAP_FIXED = getattr(mmap, "MAP_FIXED", 0x10)
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
 
 
 class KVTierError(Exception):
@@ -114,6 +151,8 @@ class Client:
         self._next_id = 1
         self._sock: Optional[socket.socket] = None
         self._arena: Optional[mmap.mmap] = None
+        self._arena_bytes: Optional[torch.Tensor] = None
+        self._detached = False  # set before the arena is detached: closed from then on
         self._reqbuf: Optional[mmap.mmap] = None
         self._staging: Optional[staged.Staging] = None
         try:
@@ -140,7 +179,9 @@ class Client:
 
     @property
     def closed(self) -> bool:
-        return self._sock is None
+        # True from the moment the arena starts being detached, so that a copy that may have
+        # read a detached slot (zeros) always sees the client closed when it checks afterwards.
+        return self._sock is None or self._detached
 
     @property
     def staged(self) -> bool:
@@ -148,21 +189,43 @@ class Client:
         return self._staging is not None
 
     def close(self) -> None:
-        """Closes the socket, which ends every lease of this connection on the daemon."""
+        """Closes the socket, which ends every lease of this connection on the daemon.
+
+        The arena is detached first (:meth:`_detach_arena`): views of its slots that outlive
+        the connection then neither crash nor reach the daemon's memory, whose slots the
+        daemon hands to other connections once this one's leases end."""
+        self._detach_arena()
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-        self._arena_bytes = None
         if self._staging is not None:
             self._staging.clear()
         if self._reqbuf is not None:
             self._reqbuf.close()
             self._reqbuf = None
-        # The arena is not unmapped here: tensors from slot_tensor may still view it (a save's
-        # slots, gathered layer by layer while the daemon died) and torch.frombuffer holds no
-        # buffer export that would stop mmap.close(), so closing it would leave them pointing
-        # at unmapped memory. Each view keeps the mmap object alive; the last one unmaps it.
-        self._arena = None
+
+    def _detach_arena(self) -> None:
+        """Replaces the arena's mapping in place with private anonymous memory of the same
+        size (MAP_FIXED over the same addresses), before the socket closes.
+
+        Tensors from :meth:`slot_tensor` may outlive the connection (a save's slots gathered
+        layer by layer, a load's chunks scattered while the connection broke). torch.frombuffer
+        holds no buffer export that would stop ``mmap.close()``, so unmapping would leave them
+        pointing at nothing (a segfault); keeping the shared mapping would let them write into
+        slots the daemon reuses for other connections' chunks once this one's leases end. With
+        the private mapping in place, stale views read zeros and write into memory of this
+        process alone. Each view keeps the mmap object alive; the last one unmaps the range."""
+        self._detached = True
+        arena, view = self._arena, self._arena_bytes
+        self._arena, self._arena_bytes = None, None
+        if arena is None or view is None or not len(arena):
+            return
+        addr = view.data_ptr()
+        if _remap_private(addr, len(arena)):
+            return
+        # No private replacement (not Linux, or mmap refused): stale views keep the shared
+        # mapping; callers must not touch a closed client's slots (the connector checks).
+        log_once("kvtier: could not detach the arena of a closed connection; stale slot views still alias it")
 
     def __enter__(self) -> "Client":
         return self
@@ -287,7 +350,9 @@ class Client:
         return reply
 
     def _break(self) -> None:
-        """Drops a connection whose stream position can no longer be trusted."""
+        """Drops a connection whose stream position can no longer be trusted (its arena
+        detached first, as in :meth:`close`)."""
+        self._detach_arena()
         if self._sock is not None:
             self._sock.close()
             self._sock = None

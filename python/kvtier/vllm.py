@@ -53,7 +53,7 @@ from . import vllm_kv as kvl
 from . import vllm_pd as pd
 from ._vllm_compat import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorStats
 from .auth import resolve_token
-from .client import BadRequest, Client, KVTierError, default_socket_path
+from .client import Client, KVTierError, default_socket_path
 from .link import Link
 import os
 
@@ -160,7 +160,7 @@ class Settings:
             default = getattr(s, key)
             if key == "pd_peers" and isinstance(value, (list, tuple)):
                 value = ",".join(str(x) for x in value)
-            setattr(s, key, _truthy(value) if isinstance(default, bool) else type(default)(value))
+            setattr(s, key, _truthy(value, key) if isinstance(default, bool) else type(default)(value))
         s.socket_path = s.socket_path or default_socket_path()
         s.token = resolve_token(s.token, s.token_file)
         if s.key_mode not in ("tokens", "block_hashes"):
@@ -205,8 +205,19 @@ class Settings:
         return cached[1]
 
 
-def _truthy(v: Any) -> bool:
-    return v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes", "on")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def _truthy(v: Any, key: str = "") -> bool:
+    """A boolean setting: a bool, 0 or 1, or one of 1/true/yes/on, 0/false/no/off (any case;
+    empty is false). Anything else is an error, not a silent false."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.strip().lower() in _TRUE + _FALSE:
+        return v.strip().lower() in _TRUE
+    raise ValueError(f"{key or 'a boolean setting'}: {v!r} is not a boolean (want true/false, yes/no, on/off or 1/0)")
 
 
 def _take_use_layerwise(extra: Dict[str, Any], environ: Optional[Dict[str, str]] = None) -> Optional[bool]:
@@ -215,10 +226,20 @@ def _take_use_layerwise(extra: Dict[str, Any], environ: Optional[Dict[str, str]]
     ``LMCACHE_USE_LAYERWISE``; None when none is set. An explicit ``layerwise`` wins over it."""
     env = os.environ if environ is None else environ
     value: Any = env.get("LMCACHE_USE_LAYERWISE")
+    name = "LMCACHE_USE_LAYERWISE"
     for key in ("use_layerwise", "lmcache.use_layerwise"):
         if key in extra:
-            value = extra.pop(key)
-    return None if value is None else _truthy(value)
+            value, name = extra.pop(key), key
+    return None if value is None else _truthy(value, name)
+
+
+_warned: Set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        log.warning(msg)
 
 
 def _use_mla(vllm_config: Any) -> bool:
@@ -324,6 +345,9 @@ class _Load:
     skip: int = 0          # the first token of parts[0]'s chunk
     layered: bool = False  # PREPARE_RETRIEVE_LAYERS: wait for each layer (docs/layerwise.md)
     ready: int = 0         # layers the daemon said are in place in every usable chunk
+    # The connection holding the lease: once it is closed the daemon has ended the lease and
+    # may reuse the slots, so what is left of the load becomes load errors (_lost).
+    client: Optional[Client] = None
 
 
 @dataclass
@@ -344,6 +368,12 @@ class _Save:
     count: int
     nbytes: int
     layers_done: int = 0
+    # The connection holding the lease: once it is closed the save is dropped (its slots
+    # may already hold other connections' chunks; the client detached them, see client.py).
+    client: Optional[Client] = None
+
+    def lost(self) -> bool:
+        return self.client is not None and self.client.closed
 
 
 class KVTierConnector(KVConnectorBase_V1):
@@ -361,6 +391,10 @@ class KVTierConnector(KVConnectorBase_V1):
         self.link = self._new_link(scope_of(vllm_config, self._format_tag()))
         self.can_save = self.kv_role in (pd.BOTH, pd.PRODUCER)
         self.can_load = self.kv_role in (pd.BOTH, pd.CONSUMER)
+        s = self.settings
+        if s.pd_layerwise and (not s.layerwise or self.prefer_cross_layer_blocks):
+            _warn_once("kvtier: pd_layerwise has no effect %s: pushed prompts load asynchronously"
+                       % ("without layerwise" if not s.layerwise else "with cross-layer blocks"))
         self.block_size = int(vllm_config.cache_config.block_size)
         self._chunk = 0
         self._scopes: Dict[Tuple[int, str], int] = {}
@@ -374,7 +408,8 @@ class KVTierConnector(KVConnectorBase_V1):
         self._async_loaded: Set[str] = set()  # loaded in the background; vLLM resumes them with the tokens counted
         self._remotes: Dict[str, pd.RemotePrefill] = {}  # decode requests matched to a producer's chunks
         self._layered_remotes: Set[str] = set()  # of those, loaded in the step, layer by layer (pd_layerwise)
-        self._deferred: Dict[str, float] = {}  # pd_layerwise: first asked, while their pushes have not started
+        # pd_layerwise: req id -> (first asked, last WAIT sent), while their pushes have not started
+        self._deferred: Dict[str, Tuple[float, float]] = {}
         self._no_in_progress = False  # the daemon refused WAIT's IN_PROGRESS flag
         self._new_sends: List[SendMeta] = []  # finished prefills to hand to the workers next step
         self._sending: Set[str] = set()  # finished prefills whose blocks vLLM keeps for us
@@ -387,6 +422,7 @@ class KVTierConnector(KVConnectorBase_V1):
         self._device = torch.device("cpu")
         self._load_errors: Set[int] = set()
         self._layer_ready: List[threading.Event] = []
+        self._layer_loads: List[_Load] = []  # the loads the copier thread streams in this step
         self._stream: Optional[_Stream] = None  # this step's streamed loads, copied in wait_for_layer_load
         self._loader: Optional[threading.Thread] = None
         self._saves: List[_Save] = []
@@ -422,7 +458,7 @@ class KVTierConnector(KVConnectorBase_V1):
         """kvtier reads any layout through strides; with cross-layer blocks it prefers BLHNC."""
         ktc = getattr(vllm_config, "kv_transfer_config", None)
         extra = dict(getattr(ktc, "kv_connector_extra_config", None) or {})
-        if _truthy(extra.get("cross_layer", False)) and not _use_mla(vllm_config):
+        if _truthy(extra.get("cross_layer", False), "cross_layer") and not _use_mla(vllm_config):
             return kvl.PREFERRED_CROSS_LAYER_LAYOUT
         return None
 
@@ -513,9 +549,9 @@ class KVTierConnector(KVConnectorBase_V1):
         total = int(getattr(request, "num_tokens", 0) or prompt_len)
         usable = min(chunk_floor(remote.tokens, self._chunk), chunk_floor(total - 1, self._chunk))
         n = max(0, usable - num_computed_tokens)
-        self.stats.queries += 1
         self._layered_remotes.discard(request.request_id)
         if n == 0:
+            self.stats.queries += 1
             return 0, False
         layered = False
         if self._pd_layered(remote):
@@ -523,6 +559,7 @@ class KVTierConnector(KVConnectorBase_V1):
             if started is None:
                 return None, False  # not yet: vLLM leaves the request waiting and asks again next step
             layered = started
+        self.stats.queries += 1  # an answer; "ask again later" is not one
         self._remotes[request.request_id] = remote
         self._lookups[request.request_id] = _Lookup(usable, 0, num_computed_tokens, False)
         self.stats.hit_tokens += n
@@ -537,7 +574,11 @@ class KVTierConnector(KVConnectorBase_V1):
         not started. False after that, or when the daemon cannot tell: the request is then
         loaded asynchronously, which waits for the push and asks the producer's daemon."""
         rid = request.request_id
-        first = self._deferred.setdefault(rid, time.monotonic())
+        now = time.monotonic()
+        first, last = self._deferred.get(rid, (now, float("-inf")))
+        if now - last < self._recheck_s and now - first < self.settings.pd_timeout:
+            return None  # asked a moment ago: the scheduler spins faster than pushes start
+        self._deferred[rid] = (first, now)
         tokens = self._key_tokens(request)
         skip = 0 if isinstance(tokens, HashKeys) else chunk_floor(num_computed_tokens, self._chunk)
         want = (usable - skip) // self._chunk
@@ -549,14 +590,23 @@ class KVTierConnector(KVConnectorBase_V1):
                 keys = self._keys(c, self.link, namespace_of(self.settings.namespace, request), tokens, usable, skip)
                 got = c.wait(keys, 0, in_progress=True).chunks
             except _ABSORBED as e:
-                if isinstance(e, (BadRequest, ConnectionError)):
-                    self._no_in_progress = True  # a daemon older than the flag: asynchronous loads
-                self.link.fail(e)
+                if pd.refuses_in_progress(e):  # a daemon older than the flag: asynchronous loads
+                    log.info("kvtier: the daemon does not count chunks in progress (%s); pd_layerwise "
+                             "loads pushed prompts asynchronously", e)
+                    self._no_in_progress = True
+                    self.link.close()  # the daemon closes the connection after refusing a header
+                else:  # a timeout, a restart: this request's check failed, the next one asks again
+                    self.link.fail(e)
                 got = -1
-        if 0 <= got < want and time.monotonic() - first < self.settings.pd_timeout:
+        if 0 <= got < want and now - first < self.settings.pd_timeout:
             return None
         self._deferred.pop(rid, None)
         return got >= want
+
+    # The least time between two WAITs for one deferred request: vLLM asks for every waiting
+    # request at each scheduler pass, which with decodes only can be every few milliseconds,
+    # and many deferred requests would otherwise each send a WAIT on every pass.
+    _recheck_s = 0.01
 
     def _pd_layered(self, remote: pd.RemotePrefill) -> bool:
         """Whether a decode request's pushed prompt is read in the step, layer by layer, as
@@ -864,7 +914,7 @@ class KVTierConnector(KVConnectorBase_V1):
         """Leases the chunks of every loading request and copies them in (or starts the copier)."""
         self._saves = []
         self._finish_stream()
-        self._layer_ready = []
+        self._layer_ready, self._layer_loads = [], []
         meta = self._get_connector_metadata()
         for send in meta.sends:
             self._start_send(send)
@@ -900,6 +950,7 @@ class KVTierConnector(KVConnectorBase_V1):
             self._stream = _Stream(loads, link, time.perf_counter())
             return
         self._layer_ready = [threading.Event() for _ in range(self._layers)]
+        self._layer_loads = loads
         self._loader = threading.Thread(target=self._copy_layers, args=(loads, link, self.copier,
                                                                          self._layer_ready),
                                         name="kvtier-load", daemon=True)
@@ -936,7 +987,7 @@ class KVTierConnector(KVConnectorBase_V1):
         if slots is None or not slots.slots or got_end <= req.load_start:
             self._release_quietly(link, slots.lease if slots else 0)
             return None
-        return _Load(req, slots.lease, parts, nbytes, skip=skip, layered=layered)
+        return _Load(req, slots.lease, parts, nbytes, skip=skip, layered=layered, client=c)
 
     def _load_part(self, raw: torch.Tensor, block_ids: List[int], begin: int, first: int):
         if self._cross is not None:
@@ -977,16 +1028,20 @@ class KVTierConnector(KVConnectorBase_V1):
                 for load in loads:
                     for view, index, first_block in load.parts:
                         self._cross.scatter(copier, view, index, first_block)
+                    self._lost(load)
             else:
                 for layer, kv in enumerate(self._kv):
                     for load in loads:
                         self._await_layer(link, load, layer)
                         for view, index, first in load.parts:
                             kvl.scatter_layer(copier, view, layer, self._layout, kv, index, first)
+                        self._lost(load)
                     copier.layer_done(layer)
                     if ready:
                         ready[layer].set()
             copier.fence()
+            for load in loads:
+                self._lost(load)
             with self._lock:
                 self.stats.load_bytes += sum(l.nbytes for l in loads)
                 self.stats.load_seconds += time.perf_counter() - t0
@@ -999,6 +1054,21 @@ class KVTierConnector(KVConnectorBase_V1):
                 ev.set()
             for load in loads:
                 self._release_quietly(link, load.lease)
+
+    def _lost(self, load: _Load) -> bool:
+        """Whether the load's connection closed (its lease ended, its slots free for other
+        connections' chunks): checked after each scatter from its slots, so nothing read
+        from them once the lease may have ended is trusted. Its blocks become load errors
+        (layers already copied are overwritten by the recompute) and it copies nothing more."""
+        if load.client is None or not load.client.closed:
+            return False
+        if load.parts or load.nbytes:
+            log.warning("kvtier: the connection of %s's load closed mid-copy; its blocks are recomputed",
+                        load.req.req_id)
+            self._fail_blocks(load.req, load.req.load_start, load.req.load_end)
+            load.parts.clear()
+            load.nbytes = 0
+        return True
 
     def _await_layer(self, link: Link, load: _Load, layer: int) -> None:
         """LAYER_WAIT for a layered load, unless the daemon already said the layer is in.
@@ -1043,11 +1113,14 @@ class KVTierConnector(KVConnectorBase_V1):
                     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
                         for view, index, first in load.parts:
                             kvl.scatter_layer(self.copier, view, layer, self._layout, kv, index, first)
+                    self._lost(load)
                 self.copier.layer_done(layer)
                 st.next += 1
             if st.next < self._layers:
                 return
             self.copier.fence()
+            for load in st.loads:
+                self._lost(load)
             with self._lock:
                 self.stats.load_bytes += sum(l.nbytes for l in st.loads)
                 self.stats.load_seconds += time.perf_counter() - st.t0
@@ -1230,11 +1303,23 @@ class KVTierConnector(KVConnectorBase_V1):
         if not self._layer_ready:
             return
         i = self._layer_of(layer_name)
-        # The copier does no I/O before setting events, so this cannot wait on
-        # the daemon; the bound is a safety net against a bug, not a tuning knob.
-        if not self._layer_ready[i].wait(timeout=max(60.0, self.settings.timeout)):
-            log.error("kvtier: layer %s not loaded in time", layer_name)
+        # The copier sets layer i's event once every load's LAYER_WAIT for it has answered,
+        # each bounded by lease_ms + timeout (a layer may take that long to come from a
+        # lower tier or a push). Past the bound the pass cannot use the step's layered
+        # loads: every one of them becomes load errors (vLLM recomputes those blocks, and
+        # what the copier still writes into them is overwritten), and the pass stops waiting.
+        if not self._layer_ready[i].wait(timeout=self._layer_wait_limit()):
+            log.error("kvtier: layer %s not loaded in time; the step's layered loads are recomputed", layer_name)
+            for load in self._layer_loads:
+                self._fail_blocks(load.req, load.req.load_start, load.req.load_end)
+            self._layer_ready, self._layer_loads = [], []
+            return
         self.copier.wait_layer(i)
+
+    def _layer_wait_limit(self) -> float:
+        """How long wait_for_layer_load waits for one layer from the copier thread: at least
+        one LAYER_WAIT's bound (lease_ms + timeout), never under a minute."""
+        return max(60.0, self.settings.lease_ms / 1000.0 + self.settings.timeout)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
         """Copies this layer's K/V of every chunk being saved straight into the arena slots."""
@@ -1245,6 +1330,8 @@ class KVTierConnector(KVConnectorBase_V1):
         if self._cross is not None:
             return  # whole blocks are copied once every layer is written (wait_for_save)
         for save in self._saves:
+            if save.lost():
+                continue  # its lease ended with its connection: layers_done falls short, it is dropped
             try:
                 for chunk, index in save.parts:
                     kvl.gather_layer(self.copier, chunk, layer, self._layout, kv_layer, index)
@@ -1304,7 +1391,7 @@ class KVTierConnector(KVConnectorBase_V1):
             return None
         if req.push is not None and self.settings.layerwise and self.settings.layer_saves:
             self._push_early(req, slots.lease, c)
-        return _Save(req, slots.lease, parts, len(slots.slots), size * len(parts))
+        return _Save(req, slots.lease, parts, len(slots.slots), size * len(parts), client=c)
 
     def _push_early(self, req: ReqMeta, lease: int, c: Any) -> None:
         """Pushes a save's chunks as it starts: the daemon sends each layer as its STORE_LAYER
@@ -1342,6 +1429,10 @@ class KVTierConnector(KVConnectorBase_V1):
         t0 = time.perf_counter()
         ok = self._finish_saves(saves)
         for save, complete in zip(saves, ok):
+            if save.lost():
+                log.warning("kvtier: the connection of %s's save closed during the step; the save is dropped",
+                            save.req.req_id)
+                continue  # the lease ended with it: nothing to commit, on no connection
             try:
                 self._client().commit_store(save.lease, save.count if complete else 0)
                 if complete:
@@ -1357,8 +1448,8 @@ class KVTierConnector(KVConnectorBase_V1):
         """Copies cross-layer blocks now that every layer is written, then waits for the host copies."""
         ok = []
         for save in saves:
-            if self._cross is None:
-                ok.append(save.layers_done == self._layers)
+            if self._cross is None or save.lost():
+                ok.append(save.layers_done == self._layers and not save.lost())
                 continue
             try:
                 for chunk, index in save.parts:

@@ -63,8 +63,18 @@ _PD_ROLES = {"sender": PRODUCER, "receiver": CONSUMER}
 _ABSORBED = (KVTierError, OSError, p.ProtocolError, ValueError, RuntimeError)
 
 
-def _truthy(v: Any) -> bool:
-    return v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes", "on")
+def _truthy(v: Any, key: str = "enable_pd") -> bool:
+    """A boolean setting; anything but a bool, 0/1 or true/false, yes/no, on/off is an error."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    word = v.strip().lower() if isinstance(v, str) else None
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"{key}: {v!r} is not a boolean (want true/false, yes/no, on/off or 1/0)")
 
 
 def take_lmcache_settings(extra: Dict[str, Any], environ: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
@@ -483,6 +493,13 @@ def rank_transfer(transfer_id: str, rank: int) -> int:
 _UNKNOWN_OP = 2  # a daemon from before the transfer operations
 
 
+def refuses_in_progress(e: BaseException) -> bool:
+    """Whether a WAIT failed because the daemon is older than its ``IN_PROGRESS`` flag: it
+    answers ``BAD_REQUEST`` naming the header's unknown flags (then closes the connection).
+    A timeout, a closed connection or a restarted daemon says nothing about the flag."""
+    return isinstance(e, BadRequest) and "unknown flags" in e.message
+
+
 def _old_daemon(e: BaseException) -> bool:
     return isinstance(e, StatusError) and e.status in (_UNKNOWN_OP, 6)
 
@@ -646,14 +663,16 @@ class DaemonTransport(PeerTransport):
         in_progress = not self._no_in_progress
         try:
             return self._wait(c, job, local, want, start // chunk * chunk, rank, deadline, None, in_progress)
-        except (BadRequest, ConnectionError) as e:
-            if not in_progress:
+        except BadRequest as e:
+            # Only the daemon's own refusal of the flag means it is older than the flag; a
+            # timeout or a restart is this wait's failure alone (the caller's to handle).
+            if not in_progress or not refuses_in_progress(e):
                 raise
-            log.info("kvtier: the daemon does not count chunks in progress (%s); waiting for whole chunks", e)
             with self._lock:
-                self._no_in_progress = True
-            if isinstance(e, ConnectionError):
-                link.fail(e)
+                first, self._no_in_progress = not self._no_in_progress, True
+            if first:
+                log.info("kvtier: the daemon does not count chunks in progress (%s); waiting for whole chunks", e)
+            link.close()  # it closes the connection after refusing a header
             return self.fetch(job, link, deadline, True, start)
 
     def _wait(self, c: Any, job: Job, local: int, want: int, done: int, rank: int, deadline: float,

@@ -188,3 +188,42 @@ def test_ttft_bench_with_restarts(kvtier_bin, tmp_path, capsys):
                                  "--max-new", "64", "--cases", "1", "--evict", "restart"]) == 0
     out = capsys.readouterr().out
     assert out.count("x (") == 5 and "daemon restarted" in out
+
+
+def test_layer_not_loaded_in_time_fails_the_steps_layered_loads(own_daemon):
+    """The copier thread is held inside a LAYER_WAIT past wait_for_layer_load's bound: the pass
+    must not run on KV that never arrived — the step's layered loads become load errors and
+    are recomputed (same logits as without kvtier)."""
+    p = prompt(43, 70)
+    engine(own_daemon.socket_path, "late-layer").prefill(p)
+    e = engine(own_daemon.socket_path, "late-layer", layerwise=True, prefix_caching=False)
+    conn = e.worker_connector
+    real = conn._await_layer
+    held, release = threading.Event(), threading.Event()
+
+    def await_layer(link, load, layer):
+        if threading.current_thread().name != "kvtier-load":
+            return  # start_load_kv's first wait: leave the load to the copier thread
+        if layer == 1:
+            held.set()
+            release.wait(30)  # a layer that does not come (released once the pass gave up on it)
+        real(link, load, layer)
+    conn._await_layer = await_layer
+    conn._layer_wait_limit = lambda: 0.0 if held.is_set() else 30.0  # the bound, reached once held
+    real_save = conn.wait_for_save
+
+    def wait_for_save():
+        release.set()
+        real_save()
+    conn.wait_for_save = wait_for_save
+    assert_close(e.prefill(p), reference(p))
+    assert held.is_set()
+    assert any(s.load_error_blocks for s in e.steps), "the late layer's loads were not failed"
+
+
+def test_layer_wait_limit_covers_a_layer_wait():
+    from kvtier.vllm import KVTierConnector, Settings
+
+    class _C:
+        settings = Settings(lease_ms=300_000, timeout=5.0)
+    assert KVTierConnector._layer_wait_limit(_C()) >= 305.0

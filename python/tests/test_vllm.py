@@ -100,3 +100,23 @@ def test_store_in_one_process_load_in_another(daemon, kind):
     assert stored["external"] == 0 and stored["diff"] <= 1e-5
     loaded = _run(["vllm", daemon.socket_path, f"procs-{kind}", kind, "9", "75"])
     assert loaded["external"] == 64 and loaded["diff"] <= 1e-5
+
+
+@pytest.mark.parametrize("value,want", [(True, True), ("on", True), ("YES", True), (1, True), ("1", True),
+                                        (False, False), ("off", False), ("", False), (0, False), ("false", False)])
+def test_boolean_settings_read_the_usual_words(value, want):
+    from kvtier.vllm import Settings
+    assert Settings.from_extra({"pd_layerwise": value}).pd_layerwise is want
+
+
+@pytest.mark.parametrize("value", ["maybe", 2, "tru", 0.5])
+def test_a_boolean_setting_that_is_no_boolean_is_an_error(value):
+    """Not a silent false: "maybe" or 2 for a boolean key stops the engine at start, naming the key."""
+    from kvtier.vllm import Settings, _take_use_layerwise
+    from kvtier import vllm_pd
+    with pytest.raises(ValueError, match="layerwise"):
+        Settings.from_extra({"layerwise": value})
+    with pytest.raises(ValueError, match="use_layerwise"):
+        _take_use_layerwise({"use_layerwise": value}, {})
+    with pytest.raises(ValueError, match="enable_pd"):
+        vllm_pd.resolve_role(None, {"enable_pd": value})

@@ -15,7 +15,8 @@ import time
 import pytest
 
 from kvtier import vllm_pd as pd
-from kvtier.client import Client, ConnectionLost
+from kvtier import protocol
+from kvtier.client import BadRequest, Client, ConnectionLost
 from harness_util import assert_close, prompt
 from test_vllm_pd import (CHUNK, all_blocks_free, consumer, daemons, kv_equal, prefill_params,  # noqa: F401
                           producer, single_instance)
@@ -194,9 +195,13 @@ def test_an_old_producer_without_the_early_push_still_works(daemons, when):
         assert_close(got, ref)
 
 
-def test_pd_layerwise_off_or_without_layerwise_keeps_the_asynchronous_load(daemons):
+def test_pd_layerwise_off_or_without_layerwise_keeps_the_asynchronous_load(daemons, caplog):
     """The default, and pd_layerwise without layerwise mode: the pushed prompt is loaded
-    asynchronously (WAITING_FOR_REMOTE_KVS) as before."""
+    asynchronously (WAITING_FOR_REMOTE_KVS) as before, and the setting without effect is
+    named in a warning, once."""
+    from kvtier import vllm as kv_vllm
+    kv_vllm._warned.clear()
+    caplog.set_level("WARNING", logger="kvtier")
     pdaemon, ddaemon = daemons
     p = prompt(343, TOKENS + 7)
     prod = producer(pdaemon, "pd-async", layerwise=True)
@@ -210,6 +215,8 @@ def test_pd_layerwise_off_or_without_layerwise_keeps_the_asynchronous_load(daemo
         cons.run()
         assert d.status.name == "FINISHED" and cons.async_loaded[rid] == TOKENS
         kv_equal(cons, rid, prod, "P", TOKENS)
+    said = [r.getMessage() for r in caplog.records if "pd_layerwise has no effect" in r.getMessage()]
+    assert said == ["kvtier: pd_layerwise has no effect without layerwise: pushed prompts load asynchronously"]
 
 
 def test_a_push_that_never_starts_leaves_the_step_alone_then_loads_asynchronously(daemons):
@@ -253,10 +260,10 @@ def test_a_daemon_without_in_progress_gets_whole_chunks(daemons, monkeypatch):
     real_wait, flagged = Client.wait, []
 
     def wait(self, keys, timeout_ms, least=0, in_progress=False):
-        if in_progress:
+        if in_progress:  # what a daemon older than the flag answers (then it closes the connection)
             flagged.append(1)
             self._break()
-            raise ConnectionLost("kvtier: op 20: reply (op 2) does not match request")
+            raise BadRequest(protocol.OP_WAIT, 1, "wire: malformed frame: unknown flags 0x8")
         return real_wait(self, keys, timeout_ms, least)
 
     monkeypatch.setattr(Client, "wait", wait)
@@ -272,3 +279,93 @@ def test_a_daemon_without_in_progress_gets_whole_chunks(daemons, monkeypatch):
     job = pd.Job("t1", "", TokenKeys(array.array("I", p)), TOKENS, pdaemon.tcp_addr)
     assert w._pd().started(job, w._layered_link(), time.monotonic() + 5) == TOKENS
     assert flagged == [1, 1] and w._pd()._no_in_progress
+
+
+def test_a_lost_connection_fails_one_check_not_pd_layerwise(daemons, monkeypatch):
+    """A WAIT that fails for any other reason than the daemon refusing IN_PROGRESS (here the
+    connection breaks, as on a timeout or a daemon restart) fails that request's check alone:
+    it is loaded asynchronously, and the next decode request is checked with the flag again."""
+    pdaemon, ddaemon = daemons
+    prod = producer(pdaemon, "pd-lost", layerwise=True)
+    cons = consumer(ddaemon, "pd-lost", layerwise=True, pd_layerwise=True, pd_timeout=0.5)
+    sc = cons.scheduler_connector
+    real_wait, flagged = Client.wait, []
+
+    def wait(self, keys, timeout_ms, least=0, in_progress=False):
+        if in_progress:
+            flagged.append(1)
+            if len(flagged) == 1:
+                self._break()
+                raise ConnectionLost("kvtier: op 20: timed out")
+        return real_wait(self, keys, timeout_ms, least, in_progress)
+
+    monkeypatch.setattr(Client, "wait", wait)
+    asked = {}
+    real = sc.get_num_new_matched_tokens
+
+    def get_num_new_matched_tokens(request, num_computed_tokens):
+        got = real(request, num_computed_tokens)
+        asked.setdefault(request.request_id, []).append(got)
+        return got
+
+    sc.get_num_new_matched_tokens = get_num_new_matched_tokens
+    for rid, tid, seed in (("D", "t1", 346), ("E", "t2", 347)):
+        pr = prompt(seed, TOKENS + 7)
+        d = cons.add_request(pr, rid, max_tokens=1, kv_transfer_params=decode_params_for(prod, pdaemon, tid))
+        cons.run()
+        assert d.status.name == "FINISHED"
+        assert_close(d.logits[0], single_instance(pr, 1)[0])
+    assert asked["D"][0] == (TOKENS, True), asked  # its check failed: the asynchronous load
+    assert asked["E"][0] == (None, False), asked  # checked again with the flag: not started yet
+    assert not sc._no_in_progress and len(flagged) > 2
+
+
+def test_a_deferred_request_is_not_asked_about_on_every_scheduler_pass(daemons, monkeypatch):
+    """vLLM asks for every waiting request at each scheduler pass: a deferred decode sends one
+    WAIT per recheck interval, not one per pass, and "ask again later" is not a query."""
+    pdaemon, ddaemon = daemons
+    prod = producer(pdaemon, "pd-spin", layerwise=True)
+    cons = consumer(ddaemon, "pd-spin", layerwise=True, pd_layerwise=True)
+    sc = cons.scheduler_connector
+    real_wait, waits = Client.wait, []
+
+    def wait(self, keys, timeout_ms, least=0, in_progress=False):
+        waits.append(in_progress)
+        return real_wait(self, keys, timeout_ms, least, in_progress)
+
+    monkeypatch.setattr(Client, "wait", wait)
+    d = cons.add_request(prompt(348, TOKENS + 7), "D", max_tokens=1,
+                         kv_transfer_params=decode_params_for(prod, pdaemon))
+    sc._recheck_s = 3600.0  # every pass below falls within one interval
+    assert [sc.get_num_new_matched_tokens(d, 0) for _ in range(20)] == [(None, False)] * 20
+    assert waits == [True] and sc.stats.queries == 0
+    sc._recheck_s = 0.0  # the interval has passed: the next pass asks the daemon again
+    assert sc.get_num_new_matched_tokens(d, 0) == (None, False)
+    assert waits == [True, True] and sc.stats.queries == 0
+    sc.request_finished(d, [])
+
+
+def test_only_some_chunks_started_keeps_the_prefix_and_fails_the_tail(daemons):
+    """The scheduler saw every push started, but at start_load_kv only the first three of the
+    five chunks are in the consumer's daemon (the producer pushed a shorter prompt under the
+    transfer): the step loads those three, byte for byte, and reports the tail's blocks as
+    load errors; vLLM recomputes from the end of the prefix, and the logits are one engine's."""
+    pdaemon, ddaemon = daemons
+    p = prompt(349, TOKENS + 7)
+    head = 3 * CHUNK
+    prod = producer(pdaemon, "pd-part", layerwise=True)
+    prod.add_request(p[:head + 1], "P", max_tokens=1, kv_transfer_params=prefill_params(ddaemon.tcp_addr))
+    prod.run()
+    cons = consumer(ddaemon, "pd-part", layerwise=True, pd_layerwise=True)
+    sc = cons.scheduler_connector
+    sc._push_started = lambda request, computed, usable: True  # as if they had all started
+    d = cons.add_request(p, "D", max_tokens=1, kv_transfer_params=decode_params_for(prod, pdaemon))
+    cons.run()
+    assert d.status.name == "FINISHED" and "D" not in cons.async_loaded
+    steps = [s for s in cons.steps if s.req_id == "D"]
+    assert steps[0].external_tokens == TOKENS
+    failed = steps[0].load_error_blocks
+    assert len(failed) == (TOKENS - head) // 8, failed  # the tail's blocks, and only them
+    assert steps[1].num_computed_before == head  # the prefix kept: recomputed from its end
+    kv_equal(cons, "D", prod, "P", head)
+    assert_close(d.logits[0], single_instance(p, 1)[0])
