@@ -25,6 +25,7 @@ type RangeReads struct {
 	open   []lowerRead       // lowers[i]'s reads, opened at its first range
 	chunk  []int32           // per chunk of the hit: its index in reads.ids, or -1 - its index in lowers
 	held   [][]byte          // scratch buffers taken, given back at Release
+	bytes  int               // held's bytes, counted as the pool does (whole size classes)
 }
 
 // lowerRead is a lower-tier chunk's reads: windows (each range into a
@@ -79,9 +80,10 @@ func (r *RangeReads) Size(j int) int {
 
 // Range returns bytes [from, to) of chunk j, valid until Release: in
 // place for a RAM chunk, read and verified first for a lower-tier one. A
-// lower-tier chunk whose range finds no scratch memory free is promoted
-// whole into RAM instead, as Acquire does (never waiting for memory),
-// and served from there. A failed read (a damaged piece, which the tier
+// lower-tier chunk whose range finds no scratch memory free, or the
+// request's share (RangeRequestScratchBytes) taken, is promoted whole
+// into RAM instead, as Acquire does (never waiting for memory), and
+// served from there. A failed read (a damaged piece, which the tier
 // then drops; the tier's own error) is returned: the caller serves the
 // prefix before j only.
 func (r *RangeReads) Range(ctx context.Context, j, from, to int) ([]byte, error) {
@@ -99,18 +101,7 @@ func (r *RangeReads) Range(ctx context.Context, j, from, to int) ([]byte, error)
 			}
 			o.win = w
 		}
-		for try := 0; ; try++ {
-			buf, ok := r.take(o.win.WindowLen(from, to))
-			if !ok {
-				return r.promote(ctx, j, from, to)
-			}
-			data, err := o.win.ReadWindow(ctx, from, to, buf)
-			// A version 1 record turns out, once its header is read,
-			// to need a window of its whole size: once more with that.
-			if try > 0 || !errors.Is(err, io.ErrShortBuffer) {
-				return data, err
-			}
-		}
+		return r.window(ctx, j, o.win, from, to)
 	}
 	if o.rr == nil {
 		buf, ok := r.take(l.Size())
@@ -129,10 +120,39 @@ func (r *RangeReads) Range(ctx context.Context, j, from, to int) ([]byte, error)
 	return o.buf[from:to], nil
 }
 
-// take gets a scratch buffer of n bytes for the request, or false.
+// window returns bytes [from, to) of lower-tier chunk j read through w
+// into a scratch buffer, verified; with no scratch memory for it, the
+// chunk promoted.
+func (r *RangeReads) window(ctx context.Context, j int, w tier.WindowRead, from, to int) ([]byte, error) {
+	for try := 0; ; try++ {
+		buf, ok := r.take(w.WindowLen(from, to))
+		if !ok {
+			return r.promote(ctx, j, from, to)
+		}
+		data, err := w.ReadWindow(ctx, from, to, buf)
+		if try > 0 || !errors.Is(err, io.ErrShortBuffer) {
+			return data, err
+		}
+		// A version 1 record turns out, once its header is read, to
+		// need a window of its whole size: the short buffer back (else
+		// the request would hold it, unused, until Release), and once
+		// more with that.
+		r.giveBack(buf)
+	}
+}
+
+// take gets a scratch buffer of n bytes for the request, or false: when
+// the pool has too little free, or the request would hold more than
+// RangeRequestScratchBytes.
 func (r *RangeReads) take(n int) ([]byte, bool) {
 	if n == 0 { // an empty range
 		return nil, true
+	}
+	if n > RangeRequestScratchBytes {
+		return nil, false
+	}
+	if _, size := scratchClass(n); r.bytes+size > RangeRequestScratchBytes {
+		return nil, false
 	}
 	b, ok := r.e.scratch.get(n)
 	if !ok {
@@ -142,7 +162,23 @@ func (r *RangeReads) take(n int) ([]byte, bool) {
 		r.e.rangeHolders.Add(1)
 	}
 	r.held = append(r.held, b)
+	r.bytes += cap(b)
 	return b, true
+}
+
+// giveBack returns b, the buffer take returned last, to the pool.
+func (r *RangeReads) giveBack(b []byte) {
+	if b == nil { // an empty range took none
+		return
+	}
+	k := len(r.held) - 1
+	r.held[k] = nil
+	r.held = r.held[:k]
+	r.bytes -= cap(b)
+	r.e.scratch.put(b)
+	if k == 0 {
+		r.e.rangeHolders.Add(-1)
+	}
 }
 
 // promote reads lower-tier chunk j whole into RAM and serves it from
@@ -181,7 +217,7 @@ func (r *RangeReads) Release() {
 			r.e.scratch.put(b)
 			r.held[i] = nil
 		}
-		r.held = r.held[:0]
+		r.held, r.bytes = r.held[:0], 0
 		r.e.rangeHolders.Add(-1)
 	}
 	clear(r.lowers)
@@ -202,16 +238,26 @@ func (e *Engine) RangeScratchInUse() int { return e.scratch.inUse() }
 
 // RangeScratchBytes bounds the scratch memory of the ranges read from
 // lower tiers at once, in buffers rounded up to powers of two (at least
-// 64 KiB). A request finding too little free does not wait: the chunk is
-// promoted whole into RAM instead, as before ranges were read from lower
-// tiers. Waiting would make it wait for the slowest readers of the
-// daemon — memory is held while its ranges are written, to a reader that
+// 64 KiB); RangeRequestScratchBytes bounds one request's share. A
+// request finding too little free, or past its share, does not wait: the
+// chunk is promoted whole into RAM instead, as before ranges were read
+// from lower tiers. Waiting would make it wait for the slowest readers
+// of the daemon — memory is held while its ranges are written, to a reader that
 // may have stopped reading — while the readers of ranges, P2P tiers and
 // kvtier:// tiers, give up after a remote timeout of about 100 ms. With
 // window reads (the disk tier) a range takes about its own size, so a
 // layer of a 32 MiB chunk takes 1 to 2 MiB; a tier without them takes a
 // buffer of the chunk's size per chunk.
 const RangeScratchBytes = 128 << 20
+
+// RangeRequestScratchBytes bounds the scratch memory one request holds, so
+// that a request asking for ranges of many disk-only chunks leaves at
+// least three quarters of RangeScratchBytes to the other readers: past it
+// the chunks it reads next are promoted whole. All of one chunk of up to
+// 32 MiB read by windows fits in it, as do a few layers of each of many
+// chunks; a version 1 disk record of more than 32 MiB, which needs a
+// window of its whole size, is promoted.
+const RangeRequestScratchBytes = RangeScratchBytes / 4
 
 // minScratchShift makes the smallest scratch buffer, 64 KiB.
 const minScratchShift = 16

@@ -55,28 +55,34 @@ func TestRangeReadsFromDisk(t *testing.T) {
 	}
 }
 
-// TestRangeReadsScratchExhausted: with all the scratch memory held by one
-// request's ranges, another request does not wait for some: it promotes
-// its chunk whole instead, with the right bytes, while the first keeps
-// what it holds (and its chunk stays out of RAM). Released, it is free.
+// TestRangeReadsScratchExhausted: with all the scratch memory held by
+// requests' ranges (four, each its share), another request does not wait
+// for some: it promotes its chunk whole instead, with the right bytes,
+// while the others keep what they hold (and their chunk stays out of
+// RAM). Released, it is free.
 func TestRangeReadsScratchExhausted(t *testing.T) {
 	e, keys, chunks := layeredFixture(t, "", 2)
 	ctx := context.Background()
-	var held engine.RangeReads
-	if n, err := e.AcquireRanges(ctx, keys[:1], true, &held); n != 1 || err != nil {
-		t.Fatal(n, err)
-	}
-	defer held.Release()
+	held := make([]engine.RangeReads, engine.RangeScratchBytes/engine.RangeRequestScratchBytes)
 	size := len(chunks[0])
-	for e.RangeScratchInUse() < engine.RangeScratchBytes {
-		before := e.RangeScratchInUse()
-		got, err := held.Range(ctx, 0, 0, size)
-		if err != nil || !bytes.Equal(got, chunks[0]) {
-			t.Fatalf("with %d bytes held: %v", before, err)
+	for i := range held {
+		if n, err := e.AcquireRanges(ctx, keys[:1], true, &held[i]); n != 1 || err != nil {
+			t.Fatal(n, err)
 		}
-		if e.RangeScratchInUse() == before {
-			t.Fatalf("a range read from disk took no scratch memory (%d bytes held)", before)
+		defer held[i].Release()
+		for e.RangeScratchInUse() < (i+1)*engine.RangeRequestScratchBytes {
+			before := e.RangeScratchInUse()
+			got, err := held[i].Range(ctx, 0, 0, size)
+			if err != nil || !bytes.Equal(got, chunks[0]) {
+				t.Fatalf("request %d, with %d bytes held: %v", i, before, err)
+			}
+			if e.RangeScratchInUse() == before {
+				t.Fatalf("request %d: a range read from disk took no scratch memory (%d bytes held)", i, before)
+			}
 		}
+	}
+	if e.RangeScratchInUse() != engine.RangeScratchBytes {
+		t.Fatalf("%d bytes of scratch in use, want all %d", e.RangeScratchInUse(), engine.RangeScratchBytes)
 	}
 	var r engine.RangeReads
 	if n, err := e.AcquireRanges(ctx, keys[1:2], true, &r); n != 1 || err != nil {
@@ -90,10 +96,63 @@ func TestRangeReadsScratchExhausted(t *testing.T) {
 	if !e.InRAM(keys[1]) {
 		t.Fatal("the second chunk, with no scratch memory free, was not promoted")
 	}
-	if e.InRAM(keys[0]) || !held.Scratch() || e.RangeScratchInUse() != engine.RangeScratchBytes {
-		t.Fatalf("the first request lost its scratch memory or its chunk was promoted")
+	if e.InRAM(keys[0]) || e.RangeScratchInUse() != engine.RangeScratchBytes {
+		t.Fatalf("the first requests lost their scratch memory or their chunk was promoted")
 	}
-	held.Release()
+	for i := range held {
+		if !held[i].Scratch() {
+			t.Fatalf("request %d holds no scratch memory", i)
+		}
+		held[i].Release()
+	}
+	if got := e.RangeScratchInUse(); got != 0 {
+		t.Fatalf("%d bytes of scratch in use after every release", got)
+	}
+}
+
+// TestRangeReadsRequestShare: one request reading ranges of disk-only
+// chunks takes at most RangeRequestScratchBytes of scratch memory; past
+// it, its chunk is promoted and served from RAM, with the right bytes,
+// and another request still finds scratch memory for its own ranges.
+func TestRangeReadsRequestShare(t *testing.T) {
+	e, keys, chunks := layeredFixture(t, "", 2)
+	ctx := context.Background()
+	var big engine.RangeReads
+	if n, err := e.AcquireRanges(ctx, keys[:1], true, &big); n != 1 || err != nil {
+		t.Fatal(n, err)
+	}
+	defer big.Release()
+	size := len(chunks[0])
+	for !e.InRAM(keys[0]) {
+		before := e.RangeScratchInUse()
+		if before > engine.RangeRequestScratchBytes {
+			t.Fatalf("one request holds %d bytes of scratch, more than its share of %d", before, engine.RangeRequestScratchBytes)
+		}
+		got, err := big.Range(ctx, 0, 0, size)
+		if err != nil || !bytes.Equal(got, chunks[0]) {
+			t.Fatalf("with %d bytes held: %v", before, err)
+		}
+	}
+	if got := e.RangeScratchInUse(); got != engine.RangeRequestScratchBytes {
+		t.Fatalf("the request holds %d bytes of scratch when its chunk is promoted, want its share of %d", got, engine.RangeRequestScratchBytes)
+	}
+	// From RAM now: no more scratch.
+	if got, err := big.Range(ctx, 0, size/2, size); err != nil || !bytes.Equal(got, chunks[0][size/2:]) || e.RangeScratchInUse() != engine.RangeRequestScratchBytes {
+		t.Fatalf("after the promotion: %v, %d bytes of scratch", err, e.RangeScratchInUse())
+	}
+	var other engine.RangeReads
+	if n, err := e.AcquireRanges(ctx, keys[1:2], true, &other); n != 1 || err != nil {
+		t.Fatal(n, err)
+	}
+	got, err := other.Range(ctx, 0, 0, len(chunks[1]))
+	if err != nil || !bytes.Equal(got, chunks[1]) || !other.Scratch() {
+		t.Fatalf("another request: %v, scratch %v", err, other.Scratch())
+	}
+	other.Release()
+	if e.InRAM(keys[1]) {
+		t.Fatal("another request's chunk was promoted")
+	}
+	big.Release()
 	if got := e.RangeScratchInUse(); got != 0 {
 		t.Fatalf("%d bytes of scratch in use after every release", got)
 	}

@@ -180,7 +180,7 @@ func (s *session) handleRetrieve(h wire.Header, body []byte) *requestError {
 		s.bufs = s.vec[:]
 		s.extendWriteDeadline()
 		if _, err := s.bufs.WriteTo(s.conn); err != nil {
-			return fatal(wire.StatusInternal, "writing chunk %d: %v", j, err)
+			return writeFailed("writing chunk %d: %v", j, err)
 		}
 	}
 	return nil

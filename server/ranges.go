@@ -77,7 +77,7 @@ func (s *session) handleRetrieveRanges(h wire.Header, body []byte) *requestError
 		s.bufs = s.vec[:]
 		s.extendWriteDeadline()
 		if _, err := s.bufs.WriteTo(s.conn); err != nil {
-			return fatal(wire.StatusInternal, "writing range %d: %v", i, err)
+			return writeFailed("writing range %d: %v", i, err)
 		}
 	}
 	return nil
@@ -93,7 +93,8 @@ const rangeWriteRate = 64 << 20 // bytes per second
 // would otherwise hold some for WriteTimeout per frame, up to 65,536 frames,
 // sending the requests of every other reader of a disk chunk to whole
 // promotions meanwhile. Past the deadline the write fails, the
-// connection closes and the memory is released.
+// connection closes with nothing more written to it (no error frame:
+// writeFailed) and the memory is released.
 func (s *session) capWrites(served []wire.ByteRange) {
 	var total int64
 	for _, br := range served {

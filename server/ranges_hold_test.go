@@ -25,6 +25,13 @@ const holdChunk = 16 << 20
 // puts one chunk of holdChunk bytes on its disk only.
 func diskOnlyDaemon(t *testing.T, opts server.ServiceOptions) (*engine.Engine, *server.Service, string, chunk.Key, []byte) {
 	t.Helper()
+	return diskOnlyDaemonOn(t, opts, nil)
+}
+
+// diskOnlyDaemonOn is diskOnlyDaemon serving wrap(the listener) when wrap
+// is not nil.
+func diskOnlyDaemonOn(t *testing.T, opts server.ServiceOptions, wrap func(net.Listener) net.Listener) (*engine.Engine, *server.Service, string, chunk.Key, []byte) {
+	t.Helper()
 	eng, err := engine.Open(engine.Options{ChunkSize: 16, RAMBytes: 96 << 20, Policy: "LRU",
 		DiskDir: t.TempDir(), DiskBytes: 64 << 20})
 	if err != nil {
@@ -36,6 +43,9 @@ func diskOnlyDaemon(t *testing.T, opts server.ServiceOptions) (*engine.Engine, *
 	if err != nil {
 		eng.Close()
 		t.Fatal(err)
+	}
+	if wrap != nil {
+		ln = wrap(ln)
 	}
 	served := make(chan error, 1)
 	go func() { served <- svc.Serve(ln) }()

@@ -106,6 +106,10 @@ type requestError struct {
 	status wire.Status
 	err    error
 	fatal  bool
+	// noReply: writing the reply failed (timed out, or the peer went),
+	// maybe in the middle of a frame, so nothing more is written, not
+	// even an error frame: the connection closes (fatal is set too).
+	noReply bool
 }
 
 func (e *requestError) Error() string { return e.err.Error() }
@@ -116,6 +120,15 @@ func fail(status wire.Status, format string, args ...any) *requestError {
 
 func fatal(status wire.Status, format string, args ...any) *requestError {
 	return &requestError{status: status, err: fmt.Errorf(format, args...), fatal: true}
+}
+
+// writeFailed is a request whose reply could not be written. An error
+// frame after it would land in the middle of the frame cut short, and
+// would wait for a reader that has stopped reading for a fresh
+// WriteTimeout, holding the session (and a reply of ranges' scratch
+// memory, ranges.go, was to be cut off well before that).
+func writeFailed(format string, args ...any) *requestError {
+	return &requestError{status: wire.StatusInternal, err: fmt.Errorf(format, args...), fatal: true, noReply: true}
 }
 
 // statusOf maps an engine or tier error to the status a client sees.
@@ -174,8 +187,9 @@ func (s *session) serve() {
 		if rerr != nil {
 			// A one-way request gets no reply, not even to an error: the
 			// client reads nothing for it, and a stray frame would pass for
-			// the reply to its next call.
-			if h.Op != wire.OpStoreLayer {
+			// the reply to its next call. Nor does one whose reply failed
+			// to be written.
+			if h.Op != wire.OpStoreLayer && !rerr.noReply {
 				s.replyError(h.Op, h.ID, rerr)
 			}
 			if rerr.fatal {
@@ -308,7 +322,7 @@ func (s *session) replyError(op wire.Op, id uint32, e *requestError) {
 func (s *session) reply(h wire.Header, flags wire.Flags) *requestError {
 	s.out = wire.Finish(s.out, h.Op, wire.FlagReply|flags, h.ID, wire.StatusOK)
 	if err := s.send(s.out); err != nil {
-		return fatal(wire.StatusInternal, "writing the reply: %v", err)
+		return writeFailed("writing the reply: %v", err)
 	}
 	return nil
 }

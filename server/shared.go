@@ -52,7 +52,7 @@ func (s *session) handleRequestBuffer(h wire.Header, body []byte) *requestError 
 	s.out = wire.Finish(binary.LittleEndian.AppendUint32(wire.Begin(s.out), uint32(size)), h.Op, wire.FlagReply, h.ID, wire.StatusOK)
 	s.extendWriteDeadline()
 	if _, _, err := uc.WriteMsgUnix(s.out, unix.UnixRights(fd), nil); err != nil {
-		return fatal(wire.StatusInternal, "writing the reply: %v", err)
+		return writeFailed("writing the reply: %v", err)
 	}
 	return nil
 }

@@ -265,6 +265,8 @@ func (s *Stream) fill(ctx context.Context, c int) {
 		// trip per range (S3) reads three layers for the price of one.
 		last := s.reach(layer)
 		for part := range s.geo.Parts {
+			// Range's ok is known: the size fits the geometry (checked
+			// above), so every layer and part has its range.
 			from, _, _ := s.geo.Range(len(buf), layer, part)
 			_, to, _ := s.geo.Range(len(buf), last, part)
 			if err = r.ReadRange(ctx, from, to); err != nil {
@@ -325,6 +327,8 @@ func (s *Stream) fillPipelined(ctx context.Context, c int, r PipelinedRead, size
 			if near {
 				last := s.sendReach(layer)
 				for part := range s.geo.Parts {
+					// Range's ok is known: fill checked that size fits
+					// the geometry before reading by ranges.
 					from, _, _ := s.geo.Range(size, layer, part)
 					_, to, _ := s.geo.Range(size, last, part)
 					spans[part] = Span{from, to}
