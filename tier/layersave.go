@@ -309,13 +309,18 @@ func (s *LayerSave) isAborted() bool {
 const openers = 8
 
 // open starts a range write of every chunk the tier lacks and whose size
-// fits the geometry, up to openers at a time; the others get none (nil).
+// fits the geometry, up to openers at a time (one at a time, in order, on
+// a RoomReserver); the others get none (nil).
 // Once ctx is done (the save aborted) it opens no more, and returns when
 // the opens under way have: the save's finish aborts what they opened.
 func (t *saveTarget) open(ctx context.Context) []RangeWrite {
 	s := t.s
 	ws := make([]RangeWrite, len(s.keys))
-	sem := make(chan struct{}, openers)
+	limit := openers
+	if _, inOrder := t.rw.(RoomReserver); inOrder {
+		limit = 1 // the room goes to the earliest chunks (RoomReserver)
+	}
+	sem := make(chan struct{}, limit)
 	var wg sync.WaitGroup
 	for c, id := range t.ids {
 		if id == 0 {

@@ -23,6 +23,17 @@ type RangeWriter interface {
 	OpenWrite(ctx context.Context, key chunk.Key, size int) (RangeWrite, error)
 }
 
+// RoomReserver is a RangeWriter whose OpenWrite takes room from a fixed
+// budget (the disk tier's extents), so that an open can fail for lack of
+// the room earlier opens took. A save opens such a tier's chunks one at a
+// time in prefix order: the room then goes to the earliest chunks, which
+// are worth the most — a lookup stops at the first chunk missing, and a
+// later chunk is of no use without those before it.
+type RoomReserver interface {
+	RangeWriter
+	ReservesRoom()
+}
+
 // ErrRangeOpen is why a RangeWriter's Put of a key fails while a range
 // write of that key is open (opened, not yet committing or aborting). An
 // open write ends when its client commits or its lease lapses, which can

@@ -40,6 +40,12 @@ type rangeWrite struct {
 	done    bool                   // committed or aborted
 }
 
+// ReservesRoom implements tier.RoomReserver: an open takes extents from
+// the tier's capacity, so a save opens its chunks in prefix order.
+func (t *Tier) ReservesRoom() {}
+
+var _ tier.RoomReserver = (*Tier)(nil)
+
 // OpenWrite implements tier.RangeWriter. It never waits for other writes
 // (see reserveLocked): where room would have to come from a write in
 // flight, or ctx ends while evictions are punched out, it returns no
