@@ -373,7 +373,9 @@ func (p *puller) window(ctx context.Context, c *client.Client, keys []chunk.Key)
 func (p *puller) store(ctx context.Context, k chunk.Key, data []byte) error {
 	p.writes.Begin(p.eng)
 	buf, err := p.writes.Reserve(k, len(data))
-	if errors.Is(err, engine.ErrNoSpace) && p.eng.Flush(ctx) == nil {
+	// Flush's writes free RAM even when some lower tier still lacks a
+	// chunk (ErrNotDurable): try again unless ctx ended.
+	if errors.Is(err, engine.ErrNoSpace) && (p.eng.Flush(ctx) == nil || ctx.Err() == nil) {
 		buf, err = p.writes.Reserve(k, len(data))
 	}
 	if err != nil {

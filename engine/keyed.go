@@ -112,8 +112,15 @@ func (e *Engine) Sync(ctx context.Context) []TierSync {
 }
 
 // Flush waits until every queued write to the tiers below RAM was
-// attempted, or ctx is done.
+// attempted and writes again those dropped or refused (see
+// tier.Manager.Flush). It returns nil only when every stored chunk is in
+// every lower tier that takes writes; otherwise an error wrapping
+// ErrNotDurable, or ctx's.
 func (e *Engine) Flush(ctx context.Context) error { return e.mgr.Flush(ctx) }
+
+// ErrNotDurable is wrapped by Flush's error when some stored chunk is
+// missing from a lower tier.
+var ErrNotDurable = tier.ErrNotDurable
 
 // Observer learns which chunks the local tiers (RAM and disk) admit and
 // drop. Its methods may run under a tier's lock: they must return at once

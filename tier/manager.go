@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,7 +56,7 @@ type Options struct {
 	// WriteWait is the longest one Store call blocks, in all, on full
 	// lower-tier queues; once it is spent, writes that find a queue full
 	// are dropped for that tier (default 5ms; negative means never wait).
-	// Dropped writes are counted, never retried.
+	// Dropped writes are counted, and written again by Sync and Flush.
 	WriteWait time.Duration
 	// Writers is the number of writer goroutines per lower tier (default 2).
 	Writers int
@@ -845,7 +846,16 @@ func (m *Manager) Promoted() uint64 { return m.promoted.Load() }
 // than a missing or corrupt object) and were served as misses.
 func (m *Manager) ReadFailed() uint64 { return m.readFailed.Load() }
 
-// Flush waits until every queued lower-tier write has been attempted.
+// ErrNotDurable is wrapped by Flush's error when some stored chunk is not
+// in every lower tier that takes writes.
+var ErrNotDurable = errors.New("tier manager: stored chunks missing from a lower tier")
+
+// Flush waits until every queued lower-tier write has been attempted,
+// then writes again, as Sync does, the chunks whose write was dropped on
+// a full queue or refused (a remote tier's breaker deadline included).
+// It returns nil only when every chunk stored before it is in every
+// lower tier that takes writes; otherwise an error wrapping ErrNotDurable
+// that names the tiers and counts, or ctx's error.
 func (m *Manager) Flush(ctx context.Context) error {
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
@@ -855,7 +865,7 @@ func (m *Manager) Flush(ctx context.Context) error {
 			pending += lt.pending.Load()
 		}
 		if pending == 0 {
-			return nil
+			break
 		}
 		select {
 		case <-ctx.Done():
@@ -863,6 +873,22 @@ func (m *Manager) Flush(ctx context.Context) error {
 		case <-tick.C:
 		}
 	}
+	// A refused or dropped write is not retried by the writers: without
+	// this, Flush returned nil while the tier lacked the chunk.
+	rep, err := m.Sync(ctx)
+	if err != nil {
+		return err
+	}
+	var short []string
+	for _, t := range rep {
+		if t.Pending > 0 || t.Missing > 0 {
+			short = append(short, fmt.Sprintf("%s: %d missing, %d pending", t.Tier, t.Missing, t.Pending))
+		}
+	}
+	if short != nil {
+		return fmt.Errorf("%w: %s", ErrNotDurable, strings.Join(short, "; "))
+	}
+	return nil
 }
 
 // Close stops accepting work, finishes queued writes, and closes every

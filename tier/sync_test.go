@@ -174,3 +174,42 @@ func TestSyncKeepsReportingWhatIsLostForGood(t *testing.T) {
 	m.Clear(key(3).Scope)
 	missing(0, "after its scope was cleared")
 }
+
+// TestFlushRedoesRefusedWrites: a write the lower tier refused (as a remote
+// tier's breaker does at its deadline under load) is not retried by the
+// writers, so Flush must write it again before returning nil, and must
+// return an error while the tier still refuses it.
+func TestFlushRedoesRefusedWrites(t *testing.T) {
+	ram := newRAM(t, 16<<20)
+	failing := &failTier{Tier: newRAM(t, 16<<20)}
+	failing.fails.Store(1)
+	m, _ := tier.NewManager(ram, []tier.Tier{failing}, tier.Options{Writers: 1, WriteWait: time.Second})
+	defer m.Close()
+	ctx := context.Background()
+	const n = 3
+	for i := range n {
+		if _, err := m.Store(ctx, []chunk.Key{key(i)}, [][]byte{payload(i, 4096)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := m.Flush(ctx); err != nil {
+		t.Fatalf("Flush after one refused write that succeeds again = %v", err)
+	}
+	for i := range n {
+		if !failing.Contains(key(i)) {
+			t.Errorf("Flush returned nil but chunk %d is not in the lower tier", i)
+		}
+	}
+
+	failing.fails.Store(1 << 20) // refuses every write from now on
+	if _, err := m.Store(ctx, []chunk.Key{key(n)}, [][]byte{payload(n, 4096)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Flush(ctx); !errors.Is(err, tier.ErrNotDurable) {
+		t.Fatalf("Flush while the lower tier refuses a stored chunk = %v, want ErrNotDurable", err)
+	}
+	failing.fails.Store(0)
+	if err := m.Flush(ctx); err != nil || !failing.Contains(key(n)) {
+		t.Fatalf("Flush once the tier takes writes again = %v, tier has the chunk: %v", err, failing.Contains(key(n)))
+	}
+}
