@@ -263,7 +263,9 @@ func shutdown(adm *admin.API, srv *http.Server, svc *server.Service, eng *engine
 	cancel()
 
 	ctx, cancel = context.WithTimeout(context.Background(), flushTimeout)
-	if err := eng.Flush(ctx); err != nil {
+	if err := eng.Flush(ctx); errors.Is(err, engine.ErrNotDurable) {
+		log.Warn("some stored chunks are missing from a lower tier (their writes failed and they left RAM)", "err", err)
+	} else if err != nil {
 		// Close still writes what is queued; this only says it is slow.
 		log.Warn("disk writes still queued at the flush deadline", "err", err)
 	}

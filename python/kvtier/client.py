@@ -52,8 +52,11 @@ _libc = None
 
 
 def _remap_private(addr: int, length: int) -> bool:
-    """mmap(addr, length, RW, MAP_FIXED|MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE): the range
-    at addr becomes private zero pages, atomically; False when that is not possible."""
+    """Maps a fresh memfd of this process's own over the range at addr (MAP_SHARED|MAP_FIXED),
+    atomically: the range becomes zero pages no other process sees. A file mapping is not
+    charged against the commit limit when mapped (an anonymous writable one of the arena's
+    size can fail with ENOMEM under strict overcommit, and a failed MAP_FIXED may already
+    have unmapped the range). False when that is not possible."""
     global _libc
     if not sys.platform.startswith("linux"):
         return False
@@ -63,15 +66,20 @@ def _remap_private(addr: int, length: int) -> bool:
             _libc.mmap.restype = ctypes.c_void_p
             _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                                    ctypes.c_int, ctypes.c_long]
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED | _MAP_NORESERVE
-        got = _libc.mmap(addr, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
+        fd = os.memfd_create("kvtier-detached-arena")
     except (OSError, AttributeError):
         return False
+    try:
+        os.ftruncate(fd, length)
+        got = _libc.mmap(addr, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # the mapping keeps the memfd alive
     return got == addr
 
 
 _MAP_FIXED = getattr(mmap, "MAP_FIXED", 0x10)
-_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
 
 
 class KVTierError(Exception):
