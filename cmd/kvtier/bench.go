@@ -83,6 +83,28 @@ func startCPUProfile(path string) (stop func(), err error) {
 	return func() { pprof.StopCPUProfile(); out.Close() }, nil
 }
 
+// printReport prints the result of one of the layer benchmarks (layersave,
+// layerwise, pdlayer): as JSON with --json, else as its tables.
+func printReport(cmd *cobra.Command, r interface{ Print(io.Writer) }, err error, asJSON bool) error {
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return printJSON(cmd.OutOrStdout(), r)
+	}
+	r.Print(cmd.OutOrStdout())
+	return nil
+}
+
+// chunkShapeFlags adds the flags that set a layer benchmark's chunk shape.
+func chunkShapeFlags(cmd *cobra.Command, layers, kvHeads, headDim, chunkTokens *int) {
+	fl := cmd.Flags()
+	fl.IntVar(layers, "layers", *layers, "layers per chunk")
+	fl.IntVar(kvHeads, "kv-heads", *kvHeads, "KV heads")
+	fl.IntVar(headDim, "head-dim", *headDim, "elements per head (fp16)")
+	fl.IntVar(chunkTokens, "chunk-tokens", *chunkTokens, "tokens per chunk")
+}
+
 // printJSON writes v as indented JSON, the --json output of bench and replay.
 func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)

@@ -25,22 +25,12 @@ stored in Redis, and the server's CPU time is reported too.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			r, err := layersave.Run(cmd.Context(), o, cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), r)
-			}
-			r.Print(cmd.OutOrStdout())
-			return nil
+			return printReport(cmd, r, err, asJSON)
 		},
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&o.Dir, "dir", o.Dir, "directory for the disk tier (a real disk: tmpfs refuses O_DIRECT)")
-	fl.IntVar(&o.Layers, "layers", o.Layers, "layers per chunk")
-	fl.IntVar(&o.KVHeads, "kv-heads", o.KVHeads, "KV heads")
-	fl.IntVar(&o.HeadDim, "head-dim", o.HeadDim, "elements per head (fp16)")
-	fl.IntVar(&o.ChunkTokens, "chunk-tokens", o.ChunkTokens, "tokens per chunk")
+	chunkShapeFlags(cmd, &o.Layers, &o.KVHeads, &o.HeadDim, &o.ChunkTokens)
 	fl.IntVar(&o.Chunks, "chunks", o.Chunks, "chunks per save")
 	fl.IntVar(&o.Rounds, "rounds", o.Rounds, "rounds per figure (the median is reported)")
 	fl.BoolVar(&o.Redis, "redis", false, "save into a Redis tier on a redis-server started on loopback, not the disk tier")

@@ -25,14 +25,7 @@ operations on a prefix held in RAM.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			r, err := layerwise.Run(cmd.Context(), o, cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), r)
-			}
-			r.Print(cmd.OutOrStdout())
-			return nil
+			return printReport(cmd, r, err, asJSON)
 		},
 	}
 	fl := cmd.Flags()
@@ -40,10 +33,7 @@ operations on a prefix held in RAM.`,
 	fl.StringVar(&o.Redis, "redis", "", "also measure this Redis (redis://host:port/db); its chunks are written there")
 	fl.StringVar(&o.S3, "s3", "", "also measure this S3 bucket (s3://…?endpoint=…, as remote_url); its chunks are written there")
 	fl.BoolVar(&o.Peer, "peer", false, "also measure loads from a peer daemon (started in this process on loopback TCP, its disk under --dir) holding the prefix on its disk and in its RAM")
-	fl.IntVar(&o.Layers, "layers", o.Layers, "layers per chunk")
-	fl.IntVar(&o.KVHeads, "kv-heads", o.KVHeads, "KV heads")
-	fl.IntVar(&o.HeadDim, "head-dim", o.HeadDim, "elements per head (fp16)")
-	fl.IntVar(&o.ChunkTokens, "chunk-tokens", o.ChunkTokens, "tokens per chunk")
+	chunkShapeFlags(cmd, &o.Layers, &o.KVHeads, &o.HeadDim, &o.ChunkTokens)
 	fl.IntVar(&o.Chunks, "chunks", o.Chunks, "chunks in the prefix")
 	fl.IntVar(&o.Rounds, "rounds", o.Rounds, "rounds per figure (the median is reported)")
 	fl.BoolVar(&asJSON, "json", false, "print JSON")

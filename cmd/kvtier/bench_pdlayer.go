@@ -23,21 +23,11 @@ the CPU time, and the ratios per round.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			r, err := pdlayer.Run(cmd.Context(), o, cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), r)
-			}
-			r.Print(cmd.OutOrStdout())
-			return nil
+			return printReport(cmd, r, err, asJSON)
 		},
 	}
 	fl := cmd.Flags()
-	fl.IntVar(&o.Layers, "layers", o.Layers, "layers per chunk")
-	fl.IntVar(&o.KVHeads, "kv-heads", o.KVHeads, "KV heads")
-	fl.IntVar(&o.HeadDim, "head-dim", o.HeadDim, "elements per head (fp16)")
-	fl.IntVar(&o.ChunkTokens, "chunk-tokens", o.ChunkTokens, "tokens per chunk")
+	chunkShapeFlags(cmd, &o.Layers, &o.KVHeads, &o.HeadDim, &o.ChunkTokens)
 	fl.IntVar(&o.Chunks, "chunks", o.Chunks, "chunks per save")
 	fl.DurationVar(&o.Compute, "compute", o.Compute, "modelled compute time per layer")
 	fl.IntVar(&o.Rounds, "rounds", o.Rounds, "rounds per mode (the median is reported)")
