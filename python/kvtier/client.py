@@ -215,8 +215,9 @@ class Client:
 
     @property
     def closed(self) -> bool:
-        # True from the moment the arena starts being detached, so that a copy that may have
-        # read a detached slot (zeros) always sees the client closed when it checks afterwards.
+        # True from the moment close begins, before the arena is detached, so that a copy that
+        # may have read a detached slot (zeros) always sees the client closed when it checks
+        # afterwards, and no copy starts once close has taken the copy lock (``copies``).
         return self._sock is None or self._detached
 
     @property
