@@ -246,28 +246,35 @@ def test_unregister_error_is_logged_not_raised(daemon, cuda, caplog):
     assert c.closed and c._sock is None and DETACHED in mapping_of(base)
 
 
-def _chunks_held(socket_path, model, tokens):
+def _chunks_held(socket_path, conn, tokens):
+    """How many chunks of the prompt the daemon holds under the connector's scope."""
+    model, fmt, world, rank = conn.link.scope_args
     with Client(socket_path) as c:
-        return c.lookup(c.tokens(c.scope(model, "float32/KV_2LTD"), tokens)).chunks
+        return c.lookup(c.tokens(c.scope(model, fmt, world_size=world, rank=rank), tokens)).chunks
 
 
-@pytest.mark.parametrize("pinned", [True, False])
-def test_cuda_copier_saves_and_loads_exact_bytes(own_daemon, cuda, pinned):
-    """The CUDA copier's own logic (pinned copies, or the bounce buffer when CUDA refuses the
-    arena) moves the right bytes: a prompt saved through it loads back with the same logits."""
-    cuda.register_ok = pinned
+@pytest.mark.parametrize("mode", ["pinned", "bounce", "layerwise", "cross_layer"])
+def test_cuda_copier_saves_and_loads_exact_bytes(own_daemon, cuda, mode):
+    """The CUDA copier's own logic (pinned copies; the bounce buffer when CUDA refuses the
+    arena; per-layer save events with layerwise; whole blocks with cross-layer KV) moves the
+    right bytes: a prompt saved through it loads back with the same logits."""
+    cuda.register_ok = mode != "bounce"
+    kw = {"layerwise": True} if mode == "layerwise" else {}
+    if mode == "cross_layer":
+        kw = {"layout_kind": "BLHNC", "cross_layer": True}
+    name = f"gpuclose-bytes-{mode}"
     p = prompt(61, 70)
-    e = engine(own_daemon.socket_path, f"gpuclose-bytes-{pinned}", prefix_caching=False)
+    e = engine(own_daemon.socket_path, name, prefix_caching=False, **kw)
     e.worker_connector.copier = copier()
     assert_close(e.prefill(p), reference(p))
-    assert _chunks_held(own_daemon.socket_path, f"gpuclose-bytes-{pinned}", p) == 4
+    assert _chunks_held(own_daemon.socket_path, e.worker_connector, p) == 4
     assert_close(e.prefill(p), reference(p))
     assert any(s.external_tokens for s in e.steps), "the second prefill loaded nothing"
     assert not any(s.load_error_blocks for s in e.steps)
     e.close()
     names = cuda.names()
     assert names.count("register") == 1
-    assert names.count("unregister") == (1 if pinned else 0)
+    assert names.count("unregister") == (0 if mode == "bounce" else 1)
 
 
 def test_cpu_connector_makes_no_cuda_call(own_daemon, cuda):
@@ -276,6 +283,7 @@ def test_cpu_connector_makes_no_cuda_call(own_daemon, cuda):
     assert type(e.worker_connector.copier) is vllm_kv.HostCopier
     assert_close(e.prefill(p), reference(p))
     assert_close(e.prefill(p), reference(p))
+    assert any(s.external_tokens for s in e.steps), "the second prefill loaded nothing"
     e.close()
     assert set(cuda.names()) <= {"remap"}, cuda.names()
 
@@ -332,11 +340,11 @@ def test_close_on_another_thread_during_a_save(own_daemon, cuda):
     assert daemons(calls[unreg][2]) and calls[unreg][3], "unpinned after the remap or the socket close"
     assert calls[remap][3], "the socket closed before the arena was remapped"
     assert state["client"].closed and state["client"]._sock is None
-    assert _chunks_held(own_daemon.socket_path, "gpuclose-race", p) == 0  # the save was dropped
+    assert _chunks_held(own_daemon.socket_path, conn, p) == 0  # the save was dropped
 
     cuda.on_save_record = cuda.on_synchronize = None
     assert_close(e.prefill(p), reference(p))  # reconnects: its arena is pinned, the save lands
-    assert _chunks_held(own_daemon.socket_path, "gpuclose-race", p) == 4
+    assert _chunks_held(own_daemon.socket_path, conn, p) == 4
     e.close()
     names = cuda.names()
     assert names.count("register") == 2 and names.count("unregister") == 2, names
