@@ -99,7 +99,7 @@ class _Copies:
             c._copy_lock.release()
             raise ConnectionLost("kvtier: client is closed: no copy through its arena")
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:  # named, not *exc: no tuple per use
         self._c._copy_lock.release()
 
 
