@@ -27,7 +27,7 @@ import socket
 import struct
 import sys
 import threading
-from typing import List, Optional, Sequence, Union
+from typing import Callable, List, Optional, Sequence, Union
 
 import torch
 
@@ -80,6 +80,27 @@ def _remap_private(addr: int, length: int) -> bool:
 
 
 _MAP_FIXED = getattr(mmap, "MAP_FIXED", 0x10)
+
+
+class _Copies:
+    """``with client.copies:`` around copies into or out of a client's arena slots. Raises
+    ConnectionLost when the client is closed; otherwise holds the client's copy lock until
+    the copies are issued, so close never starts its hooks in the middle of them."""
+
+    __slots__ = ("_c",)
+
+    def __init__(self, c: "Client"):
+        self._c = c
+
+    def __enter__(self) -> None:
+        c = self._c
+        c._copy_lock.acquire()
+        if c.closed:
+            c._copy_lock.release()
+            raise ConnectionLost("kvtier: client is closed: no copy through its arena")
+
+    def __exit__(self, exc_type, exc, tb) -> None:  # named, not *exc: no tuple per use
+        self._c._copy_lock.release()
 
 
 class KVTierError(Exception):
@@ -161,6 +182,13 @@ class Client:
         self._arena: Optional[mmap.mmap] = None
         self._arena_bytes: Optional[torch.Tensor] = None
         self._detached = False  # set before the arena is detached: closed from then on
+        # Copies into or out of the arena are issued under _copy_lock (``copies``), and close
+        # sets _detached under it: once close holds it, no copy can start. _close_lock makes a
+        # close from any thread run its steps once, in order (see close).
+        self._copy_lock = threading.RLock()
+        self._close_lock = threading.RLock()
+        self._close_hooks: List[Callable[[], None]] = []
+        self.copies = _Copies(self)
         self._reqbuf: Optional[mmap.mmap] = None
         self._staging: Optional[staged.Staging] = None
         try:
@@ -187,8 +215,9 @@ class Client:
 
     @property
     def closed(self) -> bool:
-        # True from the moment the arena starts being detached, so that a copy that may have
-        # read a detached slot (zeros) always sees the client closed when it checks afterwards.
+        # True from the moment close begins, before the arena is detached, so that a copy that
+        # may have read a detached slot (zeros) always sees the client closed when it checks
+        # afterwards, and no copy starts once close has taken the copy lock (``copies``).
         return self._sock is None or self._detached
 
     @property
@@ -199,18 +228,44 @@ class Client:
     def close(self) -> None:
         """Closes the socket, which ends every lease of this connection on the daemon.
 
-        The arena is detached first (:meth:`_detach_arena`): views of its slots that outlive
-        the connection then neither crash nor reach the daemon's memory, whose slots the
-        daemon hands to other connections once this one's leases end."""
-        self._detach_arena()
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        Safe from any thread, any number of times. In order: no copy through the arena can
+        start from here on (:attr:`copies` raises), the close hooks run (a CUDA copier waits
+        for its queued copies and unpins the arena, see :meth:`on_close`), the arena is
+        detached (:meth:`_detach_arena`) so views of its slots that outlive the connection
+        neither crash nor reach the daemon's memory, and only then the socket closes and the
+        daemon may hand this connection's slots to others."""
+        self._shut()
         if self._staging is not None:
             self._staging.clear()
         if self._reqbuf is not None:
             self._reqbuf.close()
             self._reqbuf = None
+
+    def on_close(self, hook: Callable[[], None]) -> bool:
+        """Runs ``hook`` when the client closes, after copies through the arena are stopped and
+        before the arena is detached and the socket closed. False, and never run, when the
+        client is already closed. A hook's exception is logged, not raised from close."""
+        with self._copy_lock:
+            if self.closed:
+                return False
+            self._close_hooks.append(hook)
+            return True
+
+    def _shut(self) -> None:
+        """Stops copies, runs the close hooks, detaches the arena, closes the socket — once."""
+        with self._close_lock:
+            with self._copy_lock:  # waits for a copy being issued on another thread
+                self._detached = True
+                hooks, self._close_hooks = self._close_hooks, []
+            for hook in hooks:
+                try:
+                    hook()
+                except Exception as e:  # noqa: BLE001 - close must finish: detach, then the socket
+                    log.error("kvtier: closing a connection: %s", e)
+            self._detach_arena()
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
 
     def _detach_arena(self) -> None:
         """Replaces the arena's mapping in place with private anonymous memory of the same
@@ -358,12 +413,9 @@ class Client:
         return reply
 
     def _break(self) -> None:
-        """Drops a connection whose stream position can no longer be trusted (its arena
-        detached first, as in :meth:`close`)."""
-        self._detach_arena()
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        """Drops a connection whose stream position can no longer be trusted (copies stopped,
+        hooks run and arena detached first, as in :meth:`close`)."""
+        self._shut()
 
     # ----- arena ------------------------------------------------------------
 

@@ -53,7 +53,7 @@ from . import vllm_kv as kvl
 from . import vllm_pd as pd
 from ._vllm_compat import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorStats
 from .auth import resolve_token
-from .client import Client, KVTierError, default_socket_path
+from .client import Client, ConnectionLost, KVTierError, default_socket_path
 from .link import Link
 import os
 
@@ -490,6 +490,8 @@ class KVTierConnector(KVConnectorBase_V1):
     def _client(self, link: Optional[Link] = None) -> Client:
         c = (link or self.link).get()
         self._chunk = c.chunk_tokens
+        if link is None or link is self.link:
+            self.copier.pin(c)  # a CUDA copier pins the arena saves are gathered into; else a no-op
         return c
 
     def _scope(self, c: Client, link: Link, namespace: str) -> int:
@@ -891,9 +893,7 @@ class KVTierConnector(KVConnectorBase_V1):
         self.copier = kvl.copier_for(device)
         if device.type == "cuda":  # pragma: no cover - needs a GPU
             try:
-                c = self._client()
-                if c._arena_bytes is not None:
-                    self.copier.register_host(c._arena_bytes)
+                self._client()  # connects now, so the arena is pinned before the first step
             except _ABSORBED as e:
                 self.link.fail(e)
 
@@ -1026,16 +1026,12 @@ class KVTierConnector(KVConnectorBase_V1):
         try:
             if self._cross is not None:
                 for load in loads:
-                    for view, index, first_block in load.parts:
-                        self._cross.scatter(copier, view, index, first_block)
-                    self._lost(load)
+                    self._scatter(copier, load)
             else:
                 for layer, kv in enumerate(self._kv):
                     for load in loads:
                         self._await_layer(link, load, layer)
-                        for view, index, first in load.parts:
-                            kvl.scatter_layer(copier, view, layer, self._layout, kv, index, first)
-                        self._lost(load)
+                        self._scatter(copier, load, layer, kv)
                     copier.layer_done(layer)
                     if ready:
                         ready[layer].set()
@@ -1054,6 +1050,21 @@ class KVTierConnector(KVConnectorBase_V1):
                 ev.set()
             for load in loads:
                 self._release_quietly(link, load.lease)
+
+    def _scatter(self, copier: kvl.HostCopier, load: _Load, layer: int = -1, kv: Any = None) -> None:
+        """Copies one layer (cross-layer: every block) of a load out of its slots, issued under
+        its client's copy lock so that a close on another thread waits for the copies and the
+        load's slots are never read once the client has closed."""
+        try:
+            with _copies(load.client):
+                for view, index, first in load.parts:
+                    if kv is None:
+                        self._cross.scatter(copier, view, index, first)
+                    else:
+                        kvl.scatter_layer(copier, view, layer, self._layout, kv, index, first)
+        except ConnectionLost:
+            pass  # closed: _lost turns the load into load errors
+        self._lost(load)
 
     def _lost(self, load: _Load) -> bool:
         """Whether the load's connection closed (its lease ended, its slots free for other
@@ -1104,16 +1115,13 @@ class KVTierConnector(KVConnectorBase_V1):
         # On CUDA the whole scatter (host copy and index into the paged KV) goes on the
         # copier's load stream, whose per-layer event the compute stream then waits for,
         # as it does for the copier thread: this thread's current stream is the compute one.
-        side = getattr(self.copier, "load_stream", None)
         try:
             while st.next < min(end, self._layers):
                 layer, kv = st.next, self._kv[st.next]
                 for load in st.loads:
                     self._await_layer(st.link, load, layer)
-                    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-                        for view, index, first in load.parts:
-                            kvl.scatter_layer(self.copier, view, layer, self._layout, kv, index, first)
-                    self._lost(load)
+                    with self.copier.on_load_stream():
+                        self._scatter(self.copier, load, layer, kv)
                 self.copier.layer_done(layer)
                 st.next += 1
             if st.next < self._layers:
@@ -1333,9 +1341,12 @@ class KVTierConnector(KVConnectorBase_V1):
             if save.lost():
                 continue  # its lease ended with its connection: layers_done falls short, it is dropped
             try:
-                for chunk, index in save.parts:
-                    kvl.gather_layer(self.copier, chunk, layer, self._layout, kv_layer, index)
+                with _copies(save.client):  # a close on another thread waits for these copies
+                    for chunk, index in save.parts:
+                        kvl.gather_layer(self.copier, chunk, layer, self._layout, kv_layer, index)
                 save.layers_done += 1
+            except ConnectionLost:
+                continue  # closed on another thread since lost() was checked: dropped the same way
             except _ABSORBED as e:  # the save is dropped at commit time: layers_done falls short
                 log.error("kvtier: gathering layer %s: %s", layer_name, e)
         if self.settings.layerwise and self.settings.layer_saves and self._saves:
@@ -1452,8 +1463,9 @@ class KVTierConnector(KVConnectorBase_V1):
                 ok.append(save.layers_done == self._layers and not save.lost())
                 continue
             try:
-                for chunk, index in save.parts:
-                    self._cross.gather(self.copier, chunk, index)
+                with _copies(save.client):
+                    for chunk, index in save.parts:
+                        self._cross.gather(self.copier, chunk, index)
                 ok.append(True)
             except _ABSORBED as e:
                 log.error("kvtier: gathering cross-layer blocks: %s", e)
@@ -1493,6 +1505,11 @@ class KVTierConnector(KVConnectorBase_V1):
             self._async_link.close()
         if self._layer_link is not None:
             self._layer_link.close()
+
+
+def _copies(client: Optional[Client]) -> Any:
+    """The client's copy lock (``Client.copies``), or nothing for slots of no client."""
+    return client.copies if client is not None else contextlib.nullcontext()
 
 
 def _aborted(request: Any) -> bool:

@@ -36,10 +36,18 @@ other host↔device traffic happens.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import weakref
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
+
+from . import cuda_host
+from .client import ConnectionLost
+
+log = logging.getLogger("kvtier")
 
 PACKED = "packed"
 BLOCK_FIRST = "block_first"
@@ -219,11 +227,15 @@ class HostCopier:
         """Whether ``layer``'s save copies are in host memory, without waiting: synchronous copies are."""
         return True
 
-    def register_host(self, mapping: torch.Tensor) -> None:
-        """Offers the arena mapping for direct DMA (CUDA pins it when it can)."""
+    def pin(self, client: Any) -> None:
+        """Offers a client's arena for direct DMA (CUDA pins it when it can); no-op here."""
+
+    def on_load_stream(self) -> Any:
+        """A context that queues the copies and index ops of a load on the copier's load stream."""
+        return contextlib.nullcontext()
 
 
-class CudaCopier(HostCopier):  # pragma: no cover - needs a GPU
+class CudaCopier(HostCopier):  # CUDA calls go through cuda_host.runtime (a recorder in tests)
     """Asynchronous host copies on CUDA, through pinned memory.
 
     Saves copy on the engine's current stream, after the attention kernel
@@ -233,27 +245,83 @@ class CudaCopier(HostCopier):  # pragma: no cover - needs a GPU
     drains into the arena. Loads copy on a separate stream; each layer's
     event is waited on by the compute stream in ``wait_layer``, so attention
     never reads a layer before its bytes are in place.
+
+    One arena is pinned at a time, a client's (:meth:`pin`), until that client
+    closes: its close hook (:meth:`_unpin`) waits for the copies queued into and
+    out of the range, then unregisters it — before the client remaps the range
+    and closes its socket, after which the daemon reuses the slots.
     """
 
     def __init__(self, device: torch.device, bounce_bytes: int = 64 << 20):
         self.device = device
-        self.load_stream = torch.cuda.Stream(device=device)
-        self.registered = False
-        self.bounce = torch.empty(bounce_bytes, dtype=torch.uint8, pin_memory=True)
+        self.load_stream = cuda_host.runtime.stream(device)
+        self._pinned: Optional[Tuple[int, int]] = None  # [start, end) of the registered arena
+        self._tried: Optional[weakref.ref] = None  # the client a pin was last tried for
+        self.bounce = cuda_host.runtime.pinned(bounce_bytes)
         self._bounce_used = 0
         self._drain: List[Tuple[torch.Tensor, torch.Tensor]] = []
-        self._save_event: Optional[torch.cuda.Event] = None
-        self._layer_events: Dict[int, torch.cuda.Event] = {}
+        self._save_event: Any = None  # recorded after the latest save copy
+        self._layer_events: Dict[int, Any] = {}
         # Per-layer save events (STORE_LAYER); None where a copy went through the bounce
         # buffer, which reaches the arena only at fence.
-        self._save_layer_events: Dict[int, Optional[torch.cuda.Event]] = {}
+        self._save_layer_events: Dict[int, Any] = {}
 
-    def register_host(self, mapping: torch.Tensor) -> None:
+    @property
+    def registered(self) -> bool:
+        """Whether an arena is pinned now."""
+        return self._pinned is not None
+
+    def _is_pinned(self, t: torch.Tensor) -> bool:
+        span = self._pinned
+        return span is not None and span[0] <= t.data_ptr() < span[1]
+
+    def pin(self, client: Any) -> None:
+        """Registers the client's arena with CUDA, unless an arena is pinned already, and
+        has the client's close unregister it (after the copies through it have finished).
+
+        Registration happens under the client's copy lock, which close takes first: either
+        the hook is in place before close starts, or the client is closed and nothing is
+        pinned."""
+        view = getattr(client, "_arena_bytes", None)
+        if self._pinned is not None or view is None or not view.numel():
+            return
+        if self._tried is not None and self._tried() is client:
+            return  # CUDA refused this arena once: its copies use the bounce buffer
+        self._tried = weakref.ref(client)
+        ptr, n = view.data_ptr(), view.numel()
         try:
-            rc = torch.cuda.cudart().cudaHostRegister(mapping.data_ptr(), mapping.numel(), 0)
-            self.registered = int(getattr(rc, "value", rc)) == 0
-        except (AttributeError, RuntimeError, TypeError):
-            self.registered = False
+            with client.copies:
+                if not cuda_host.runtime.register(ptr, n):
+                    return
+                self._pinned = (ptr, ptr + n)
+                client.on_close(lambda: self._unpin(ptr))
+        except ConnectionLost:
+            return  # closed meanwhile: nothing was registered
+        except (AttributeError, RuntimeError, TypeError) as e:
+            log.warning("kvtier: cannot pin the arena for direct copies (%s); saves go through a bounce buffer", e)
+
+    def _unpin(self, ptr: int) -> None:
+        """The pinned client's close hook: waits for every copy that may still touch the
+        range (saves on the engine's stream, loads on the load stream), then unregisters it.
+        The client has stopped issuing copies through it before calling this."""
+        span = self._pinned
+        if span is None or span[0] != ptr:
+            return
+        try:
+            ev = self._save_event  # the latest save copy's: every earlier one precedes it on the stream
+            if ev is not None:
+                cuda_host.runtime.synchronize(ev)
+            cuda_host.runtime.synchronize(self.load_stream)
+        except RuntimeError as e:  # a device fault: the context is gone, unregister anyway
+            log.error("kvtier: waiting for copies before unpinning the arena: %s", e)
+        self._pinned = None
+        try:
+            cuda_host.runtime.unregister(ptr)
+        except (AttributeError, RuntimeError, TypeError) as e:
+            log.error("kvtier: unpinning the arena of a closed connection: %s", e)
+
+    def on_load_stream(self) -> Any:
+        return cuda_host.runtime.on_stream(self.load_stream)
 
     def _bounce_for(self, like: torch.Tensor) -> Optional[torch.Tensor]:
         n = like.numel() * like.element_size()
@@ -264,7 +332,7 @@ class CudaCopier(HostCopier):  # pragma: no cover - needs a GPU
         return buf
 
     def to_host(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        if self.registered:
+        if self._is_pinned(dst):
             dst.copy_(src, non_blocking=True)
         else:
             buf = self._bounce_for(src)
@@ -273,32 +341,25 @@ class CudaCopier(HostCopier):  # pragma: no cover - needs a GPU
                 return
             buf.copy_(src, non_blocking=True)
             self._drain.append((dst, buf))
-        self._save_event = torch.cuda.Event()
-        self._save_event.record()
+        self._save_event = cuda_host.runtime.record()
 
     def to_device(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        with torch.cuda.stream(self.load_stream):
-            if self.registered:
+        with cuda_host.runtime.on_stream(self.load_stream):
+            if self._is_pinned(src):
                 dst.copy_(src, non_blocking=True)
             else:
                 dst.copy_(src)  # pageable source: the copy is synchronous anyway
 
     def layer_done(self, layer: int) -> None:
-        ev = torch.cuda.Event()
-        ev.record(self.load_stream)
-        self._layer_events[layer] = ev
+        self._layer_events[layer] = cuda_host.runtime.record(self.load_stream)
 
     def wait_layer(self, layer: int) -> None:
         ev = self._layer_events.pop(layer, None)
         if ev is not None:
-            torch.cuda.current_stream(self.device).wait_event(ev)
+            cuda_host.runtime.wait(self.device, ev)
 
     def save_layer_done(self, layer: int) -> None:
-        ev = None
-        if not self._drain:
-            ev = torch.cuda.Event()
-            ev.record()
-        self._save_layer_events[layer] = ev
+        self._save_layer_events[layer] = None if self._drain else cuda_host.runtime.record()
 
     def save_layer_landed(self, layer: int) -> bool:
         ev = self._save_layer_events.get(layer)
@@ -309,14 +370,15 @@ class CudaCopier(HostCopier):  # pragma: no cover - needs a GPU
 
     def fence(self) -> None:
         self._save_layer_events.clear()
-        if self._save_event is not None:
-            self._save_event.synchronize()
+        ev = self._save_event
+        if ev is not None:
+            cuda_host.runtime.synchronize(ev)
             self._save_event = None
         for dst, buf in self._drain:
             dst.copy_(buf)
         self._drain.clear()
         self._bounce_used = 0
-        self.load_stream.synchronize()
+        cuda_host.runtime.synchronize(self.load_stream)
 
 
 def copier_for(device: torch.device) -> HostCopier:
