@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"testing"
+	"time"
 
 	"kvtier/chunk"
 	"kvtier/client"
@@ -97,7 +98,8 @@ func testLayersGeometryRefused(t *testing.T, tc geoCase) {
 		if err != nil || len(s.Slots) != chunks {
 			t.Fatalf("%s: the request after: %+v %v", where, s, err)
 		}
-		if r, err := c.LayerWait(ctx, s.Lease, 0); err != nil || r.Usable != chunks {
+		// The last layer there can be: answered once every read is over.
+		if r, err := c.LayerWait(ctx, s.Lease, wire.MaxLayers-1); err != nil || r.Usable != chunks {
 			t.Fatalf("%s: LAYER_WAIT: %+v %v", where, r, err)
 		}
 		for j, sl := range s.Slots {
@@ -106,6 +108,12 @@ func testLayersGeometryRefused(t *testing.T, tc geoCase) {
 			}
 		}
 		c.Release(ctx, s.Lease)
+		// The count the refusal was held to does see the reads: the disk
+		// tier counts a range read when it closes, and every read of the
+		// stream had closed when the wait for the last layer returned.
+		if b, a := after.Tiers[1].BytesRead, d.eng.Stats().Tiers[1].BytesRead; (a > b) != (where == "disk") {
+			t.Errorf("%s: the request after read %d disk bytes", where, a-b)
+		}
 	}
 }
 
@@ -179,3 +187,110 @@ func storeSized(t *testing.T, c *client.Client, h uint32, tokens []uint32, sizes
 }
 
 var _ = engine.AllLayers
+
+// TestRetrieveRangesBounds asks for ranges that do not fit the chunks —
+// past a chunk's end, overlapping past what the chunks hold, at the
+// largest offsets, naming a key past the request's — from a daemon whose
+// chunks are on disk only and then in RAM, on the local socket and as a
+// peer over TCP: BAD_REQUEST before anything is read from disk, the
+// connection kept; fitting ranges on the same connection come back
+// byte-exact.
+func TestRetrieveRangesBounds(t *testing.T) {
+	d := startDiskService(t, t.TempDir())
+	ln, err := d.svc.ListenTCP("127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go d.svc.Serve(ln) // ends with the service's shutdown
+	c := d.local(t)
+	ctx := context.Background()
+	h, err := c.Scope(ctx, chunk.Scope{Model: "geo", WorldSize: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := prompt(3*pChunkTokens, 33)
+	sizes := sizesOf(3, pChunkBytes)
+	sizes[2] = shortBytes
+	data := storeSized(t, c, h, tokens, sizes)
+	if err := d.eng.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	keys := client.Tokens(h, tokens, 0)
+	bad := map[string][]wire.ByteRange{
+		"past the end":          {{Key: 2, From: 0, To: shortBytes + 1}},
+		"straddling the end":    {{Key: 0, From: pChunkBytes - 1, To: pChunkBytes + 1}},
+		"at the largest offset": {{Key: 1, From: 1<<30 - 1, To: 1 << 30}},
+		"past the largest":      {{Key: 1, From: 0, To: 1<<30 + 1}},
+		"empty":                 {{Key: 0, From: 10, To: 10}},
+		"backwards":             {{Key: 0, From: 10, To: 9}},
+		"key past the request":  {{Key: 3, From: 0, To: 1}},
+		"keys out of order":     {{Key: 1, From: 0, To: 1}, {Key: 0, From: 0, To: 1}},
+		"overlapping past the chunks": {{Key: 0, From: 0, To: pChunkBytes}, {Key: 0, From: 0, To: pChunkBytes},
+			{Key: 1, From: 0, To: pChunkBytes}, {Key: 2, From: 0, To: shortBytes}, {Key: 2, From: 0, To: 1}},
+	}
+	good := []wire.ByteRange{{Key: 0, From: 0, To: 4096}, {Key: 0, From: 100, To: 9000}, {Key: 1, From: pChunkBytes - 1, To: pChunkBytes},
+		{Key: 2, From: 0, To: shortBytes}}
+	for _, peer := range []bool{false, true} {
+		rc := c
+		if peer {
+			rc = dialRanges(t, ln.Addr().String(), true)
+		}
+		rh, err := rc.Scope(ctx, chunk.Scope{Model: "geo", WorldSize: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rkeys := client.Tokens(rh, tokens, 0)
+		for _, where := range []string{"disk", "ram"} {
+			if where == "disk" {
+				d.eng.Manager().RAM().Clear(0)
+			} else if s, err := c.PrepareRetrieve(ctx, keys, 60_000); err != nil || len(s.Slots) != 3 {
+				t.Fatalf("prepare retrieve (to promote): %+v %v", s, err)
+			} else {
+				c.Release(ctx, s.Lease)
+			}
+			for name, ranges := range bad {
+				before := d.eng.Stats().Tiers[1].BytesRead
+				_, _, err := rc.RetrieveRanges(ctx, rkeys, ranges, [][]byte{make([]byte, pChunkBytes), make([]byte, pChunkBytes), make([]byte, shortBytes)})
+				if !client.IsStatus(err, wire.StatusBadRequest) {
+					t.Fatalf("peer %v, %s, %s: %v; want BAD_REQUEST", peer, where, name, err)
+				}
+				if after := d.eng.Stats().Tiers[1].BytesRead; after != before {
+					t.Errorf("peer %v, %s, %s: %d disk bytes read for a refused request", peer, where, name, after-before)
+				}
+				if err := rc.Ping(ctx); err != nil {
+					t.Fatalf("peer %v, %s, %s: the connection did not survive: %v", peer, where, name, err)
+				}
+			}
+			dst := [][]byte{make([]byte, pChunkBytes), make([]byte, pChunkBytes), make([]byte, shortBytes)}
+			before := d.eng.Stats().Tiers[1].BytesRead
+			got, read, err := rc.RetrieveRanges(ctx, rkeys, good, dst)
+			if err != nil || len(got) != 3 || read != len(good) || got[2] != shortBytes {
+				t.Fatalf("peer %v, %s: fitting ranges: %v, %d, %v", peer, where, got, read, err)
+			}
+			// The count the refusals were held to does see reads, once the
+			// request has closed them (it gives its scratch memory back
+			// after the reply).
+			if !eventually(func() bool { return d.eng.RangeBuffersInUse() == 0 }) {
+				t.Fatal("the fitting ranges' scratch memory was never given back")
+			}
+			if after := d.eng.Stats().Tiers[1].BytesRead; (after > before) != (where == "disk") {
+				t.Errorf("peer %v, %s: fitting ranges read %d disk bytes", peer, where, after-before)
+			}
+			for _, r := range good {
+				if !bytes.Equal(dst[r.Key][r.From:r.To], data[r.Key][r.From:r.To]) {
+					t.Fatalf("peer %v, %s: range %+v: wrong bytes", peer, where, r)
+				}
+			}
+		}
+	}
+}
+
+// eventually reports whether cond held within ten seconds.
+func eventually(cond func() bool) bool {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return cond()
+}
