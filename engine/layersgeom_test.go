@@ -1,0 +1,62 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"kvtier/chunk"
+	"kvtier/engine"
+)
+
+// TestPendingMisfitRefused: a reader stating a geometry into which a
+// chunk still being pushed does not split is refused with ErrGeometry
+// before it takes anything: the push counts no reader, and the RAM chunk
+// before it is not left referenced. The same reader with a fitting
+// geometry takes both.
+func TestPendingMisfitRefused(t *testing.T) {
+	e := open(t, 16<<20, "", true)
+	ctx := context.Background()
+	inRAM := chunk.Key{Scope: 7, Hash: chunk.Hash{1}}
+	pushed := chunk.Key{Scope: 7, Hash: chunk.Hash{2}}
+	// The RAM chunk splits into 16 spans of 512 bytes; the pushed one into
+	// 8 spans of 1025 but not into 16.
+	const size, pushedSize = 8 * 2 * 512, 8*2*512 + 8
+	var stored engine.Writes
+	stored.Begin(e)
+	if _, err := stored.Reserve(inRAM, size); err != nil {
+		t.Fatal(err)
+	}
+	if err := stored.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	var pending engine.Writes
+	pending.Begin(e)
+	defer pending.Abort()
+	if _, err := pending.Reserve(pushed, pushedSize); err != nil {
+		t.Fatal(err)
+	}
+	src := &neverDone{}
+	pending.Publish(pushed, src)
+	defer e.Unpublish(pushed)
+	keys := []chunk.Key{inRAM, pushed}
+	pinned := e.Stats().Arena.PinnedBytes
+
+	// 8 layers of 2 parts fit the RAM chunk, so the refusal is the
+	// pending chunk's; 3 layers of 2 parts fit neither.
+	for _, g := range []engine.Layers{{Layers: 8, Parts: 2}, {Layers: 3, Parts: 2}} {
+		slots, id, err := e.PrepareRetrieveLayers(ctx, keys, g, time.Minute, nil)
+		if !errors.Is(err, engine.ErrGeometry) || id != 0 || len(slots) != 0 {
+			t.Fatalf("%+v: %+v, lease %d, %v; want ErrGeometry", g, slots, id, err)
+		}
+		if src.taken != 0 || e.Stats().Arena.PinnedBytes != pinned {
+			t.Fatalf("%+v: refused, yet the push counts %d readers and %d bytes are pinned (%d before)", g, src.taken, e.Stats().Arena.PinnedBytes, pinned)
+		}
+	}
+	slots, id, err := e.PrepareRetrieveLayers(ctx, keys, engine.Layers{Layers: 8, Parts: 1}, time.Minute, nil)
+	if err != nil || id == 0 || len(slots) != 2 || src.taken != 1 {
+		t.Fatalf("fitting geometry: %+v, lease %d, %v, taken %d", slots, id, err, src.taken)
+	}
+	e.Release(id)
+}
