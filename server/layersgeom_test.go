@@ -163,6 +163,12 @@ func TestLayersGeometryUnknownLayout(t *testing.T) {
 // with bytes distinct per chunk and position, and returns them.
 func storeSized(t *testing.T, c *client.Client, h uint32, tokens []uint32, sizes []uint32) [][]byte {
 	t.Helper()
+	return storeSizedTB(t, c, h, tokens, sizes)
+}
+
+// storeSizedTB is storeSized for a fuzz test's setup.
+func storeSizedTB(t testing.TB, c *client.Client, h uint32, tokens []uint32, sizes []uint32) [][]byte {
+	t.Helper()
 	ctx := context.Background()
 	slots, err := c.PrepareStore(ctx, client.Tokens(h, tokens, 0), sizes, 0)
 	if err != nil || len(slots.Slots) != len(sizes) {
