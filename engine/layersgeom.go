@@ -48,10 +48,29 @@ func (e *Engine) checkStated(keys []chunk.Key, g tier.LayerGeometry) error {
 	if g.Parts != want {
 		return fmt.Errorf("%w: %d parts per layer; the scope's layout %v has %d", ErrGeometry, g.Parts, layout, want)
 	}
-	if spec := e.scopeSpec(keys); spec.Layers > 0 && spec.Layers != g.Layers {
-		return fmt.Errorf("%w: %d layers; the scope's format tag says %d", ErrGeometry, g.Layers, spec.Layers)
+	if layers := e.tagLayers(keys[0].Scope, sc.Format); layers > 0 && layers != g.Layers {
+		return fmt.Errorf("%w: %d layers; the scope's format tag says %d", ErrGeometry, g.Layers, layers)
 	}
 	return nil
+}
+
+// tagLayers returns the layer count of scope id's format tag, 0 when it
+// has none. The spec cache answers without allocating; a tag of the short
+// dtype/layout form is not parsed at all, since it has no count.
+func (e *Engine) tagLayers(id uint64, format string) int {
+	if e.specs != nil {
+		if spec := e.specs.get(id); spec.Layers > 0 {
+			return spec.Layers
+		}
+	}
+	if strings.Count(format, "/") != 2 {
+		return 0
+	}
+	spec, err := kvformat.ParseTag(format, e.chunkSize)
+	if err != nil {
+		return 0
+	}
+	return spec.Layers
 }
 
 // tagLayout returns the layout a format tag names in its second field

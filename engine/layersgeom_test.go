@@ -60,3 +60,43 @@ func TestPendingMisfitRefused(t *testing.T) {
 	}
 	e.Release(id)
 }
+
+// TestStatedGeometryDoesNotAllocate: checking a stated geometry against
+// the scope's tag and the chunks' sizes adds no allocation to a
+// layerwise lease of RAM chunks.
+func TestStatedGeometryDoesNotAllocate(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are not meaningful under the race detector")
+	}
+	e := open(t, 16<<20, "", false)
+	if _, err := e.RegisterScope(scope); err != nil { // as SCOPE does: its tag is then known
+		t.Fatal(err)
+	}
+	keys := storedKeys(t, e, 16, 6)
+	ctx := context.Background()
+	slots := make([]engine.Slot, 0, len(keys))
+	cycle := func(g engine.Layers) func() {
+		return func() {
+			var id engine.LeaseID
+			var err error
+			slots, id, err = e.PrepareRetrieveLayers(ctx, keys, g, 0, slots[:0])
+			if err != nil || len(slots) != len(keys) {
+				t.Fatalf("%+v: %d slots, %v", g, len(slots), err)
+			}
+			e.Release(id)
+		}
+	}
+	stated, tagged := cycle(engine.Layers{Layers: 1, Parts: 2}), cycle(engine.Layers{})
+	stated() // the first lease grows the table
+	tagged()
+	if a, b := testing.AllocsPerRun(100, stated), testing.AllocsPerRun(100, tagged); a != 0 || b != 0 {
+		t.Errorf("a layerwise lease: %.1f allocations with a stated geometry, %.1f without; want 0", a, b)
+	}
+	// A refusal allocates its message, and leaves nothing behind.
+	if _, _, err := e.PrepareRetrieveLayers(ctx, keys, engine.Layers{Layers: 1, Parts: 1}, 0, slots[:0]); !errors.Is(err, engine.ErrGeometry) {
+		t.Fatalf("one part in a KV_2LTD scope: %v", err)
+	}
+	if p := e.Stats().Arena.PinnedBytes; p != 0 {
+		t.Fatalf("%d bytes pinned after a refusal", p)
+	}
+}
