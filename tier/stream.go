@@ -95,6 +95,8 @@ func (m *Manager) AcquireStreamExact(ctx context.Context, keys []chunk.Key, ids 
 	return m.acquireStream(ctx, keys, ids, func() LayerGeometry { return geo }, true, deadline)
 }
 
+// acquireStream is AcquireStream; with exact, every chunk's size is held
+// against the geometry before anything is reserved or read.
 func (m *Manager) acquireStream(ctx context.Context, keys []chunk.Key, ids []arena.ID, geometry func() LayerGeometry, exact bool, deadline time.Time) (int, *Stream, error) {
 	n := m.ram.Acquire(keys, ids)
 	if exact {
