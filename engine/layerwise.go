@@ -36,16 +36,33 @@ func (e *Engine) PrepareRetrieveLayers(ctx context.Context, keys []chunk.Key, gi
 	ttl = e.leases.ttl(ttl)
 	i, l := e.leases.build(leaseRetrieve)
 	l.ids = growIDs(l.ids, len(keys))
+	stated := tier.LayerGeometry{Layers: given.Layers, Parts: given.Parts}
 	geo := func() tier.LayerGeometry {
 		if given.Layers > 0 {
-			return tier.LayerGeometry{Layers: given.Layers, Parts: given.Parts}
+			return stated
 		}
 		g, _ := e.geometry(keys)
 		return g
 	}
-	n, s, err := e.mgr.AcquireStream(ctx, keys, l.ids, geo, time.Now().Add(ttl))
+	var n int
+	var s *tier.Stream
+	var err error
+	if given.Layers > 0 { // a claim about the chunks: checked before any read
+		if err = e.checkStated(keys, stated); err == nil {
+			n, s, err = e.mgr.AcquireStreamExact(ctx, keys, l.ids, stated, time.Now().Add(ttl))
+		}
+	} else {
+		n, s, err = e.mgr.AcquireStream(ctx, keys, l.ids, geo, time.Now().Add(ttl))
+	}
 	if s == nil && err == nil && n < len(keys) {
-		n += e.pendingInto(l, keys[n:], n, geo)
+		var got int
+		got, err = e.pendingInto(l, keys[n:], n, geo, given.Layers > 0)
+		n += got
+		if err != nil { // the RAM chunks before the pending ones go back
+			l.ids = l.ids[:n]
+			e.leases.discard(i)
+			return slots, 0, err
+		}
 	}
 	l.ids, l.stream = l.ids[:n], s
 	if err != nil && n == 0 {
@@ -148,21 +165,23 @@ func (t *leaseTable) stream(id LeaseID) (*tier.Stream, int, time.Time, bool) {
 
 // pendingInto adds to lease l the leading keys (from index at) whose
 // chunks are pending, when the chunks have a layer geometry, and returns
-// how many it added.
-func (e *Engine) pendingInto(l *lease, keys []chunk.Key, at int, geo func() tier.LayerGeometry) int {
+// how many it added. With exact (a geometry the reader stated), a pending
+// chunk that does not split into it makes it take none and return an
+// error wrapping ErrGeometry.
+func (e *Engine) pendingInto(l *lease, keys []chunk.Key, at int, geo func() tier.LayerGeometry, exact bool) (int, error) {
 	e.pend.mu.Lock()
 	some := len(e.pend.m) > 0
 	e.pend.mu.Unlock()
 	if !some {
-		return 0
+		return 0, nil
 	}
 	g := geo()
 	if !g.Valid() {
-		return 0
+		return 0, nil
 	}
-	n, srcs := e.takePending(keys, l.ids[at:at+len(keys)], l.pending[:0])
+	n, srcs, err := e.takePending(keys, l.ids[at:at+len(keys)], l.pending[:0], g, exact)
 	l.pending, l.pgeo = srcs, g
-	return n
+	return n, err
 }
 
 // pendingOf returns a copy of retrieve lease id's pending chunks and

@@ -72,11 +72,18 @@ func (e *Engine) IsPending(key chunk.Key) bool {
 // takePending references the leading keys whose chunks are pending into
 // ids, appends their sources to srcs and returns how many it took. A
 // reservation it can no longer reference (freed: it was committed or
-// given back before it was unpublished) ends the run there.
-func (e *Engine) takePending(keys []chunk.Key, ids []arena.ID, srcs []PendingChunk) (int, []PendingChunk) {
+// given back before it was unpublished) ends the run there. With exact,
+// a leading pending chunk that does not split into geo makes it take none
+// (misfitPending).
+func (e *Engine) takePending(keys []chunk.Key, ids []arena.ID, srcs []PendingChunk, geo tier.LayerGeometry, exact bool) (int, []PendingChunk, error) {
 	e.pend.mu.Lock()
 	defer e.pend.mu.Unlock()
 	a := e.arenaOf()
+	if exact {
+		if err := e.misfitPending(keys, geo); err != nil {
+			return 0, srcs, err
+		}
+	}
 	n := 0
 	for n < len(keys) {
 		p, ok := e.pend.m[keys[n]]
@@ -90,7 +97,7 @@ func (e *Engine) takePending(keys []chunk.Key, ids []arena.ID, srcs []PendingChu
 		ids[n], srcs = p.id, append(srcs, p.src)
 		n++
 	}
-	return n, srcs
+	return n, srcs, nil
 }
 
 // waitPending is LayerWait for a lease whose last chunks are pending:

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 
 	"kvtier/engine"
 	"kvtier/wire"
@@ -26,6 +27,9 @@ func (s *session) handlePrepareRetrieveLayers(h wire.Header, body []byte) *reque
 	given := engine.Layers{Layers: int(m.Layers), Parts: int(m.Parts)}
 	slots, id, err := s.svc.eng.PrepareRetrieveLayers(context.Background(), r.keys[r.first:], given, leaseAsked(m.LeaseMS), s.eslots[:0])
 	s.eslots = slots
+	if errors.Is(err, engine.ErrGeometry) { // refused before any read
+		return fail(wire.StatusBadRequest, "%v", err)
+	}
 	if err != nil {
 		return statusOf(err)
 	}

@@ -38,6 +38,9 @@ func FuzzSession(f *testing.F) {
 	f.Add(frame(wire.OpStoreLayer, 0, 3, []byte{1, 2, 3}))
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
 	f.Add(frame(wire.OpFlush, 0, 3, (&wire.Flush{TimeoutMS: 10}).Append(nil)))
+	for _, rs := range [][]wire.ByteRange{{{Key: 0, From: 0, To: 1 << 30}}, {{Key: 0, From: 0, To: 4}, {Key: 0, From: 0, To: 4}, {Key: 1, From: 2, To: 3}}} {
+		f.Add(append(scope, frame(wire.OpRetrieveRanges, 0, 3, (&wire.RetrieveRanges{Keys: keys, Ranges: rs}).Append(nil))...))
+	}
 	f.Add(append(scope, frame(wire.OpLookupBatch, 0, 3, (&wire.LookupBatch{Lookups: []wire.Lookup{{Keys: keys}, {LeaseMS: 5, Keys: keys}}}).Append(nil))...))
 	f.Fuzz(func(t *testing.T, input []byte) {
 		fuzzOnce.Do(func() { fuzzDaemon = startPersistent(t) })

@@ -81,7 +81,29 @@ type Stream struct {
 // deadline bounds the background reads (the lease's deadline), which
 // Stream.Cancel ends sooner.
 func (m *Manager) AcquireStream(ctx context.Context, keys []chunk.Key, ids []arena.ID, geometry func() LayerGeometry, deadline time.Time) (int, *Stream, error) {
+	return m.acquireStream(ctx, keys, ids, geometry, false, deadline)
+}
+
+// AcquireStreamExact is AcquireStream for a geometry a reader stated:
+// every chunk of the hit, in RAM or below, must split into geo's spans.
+// When one does not, nothing is read, held or reserved, and the error
+// wraps ErrGeometry (streamcheck.go).
+func (m *Manager) AcquireStreamExact(ctx context.Context, keys []chunk.Key, ids []arena.ID, geo LayerGeometry, deadline time.Time) (int, *Stream, error) {
+	if !geo.Valid() {
+		return 0, nil, geometryError(geo, -1, 0)
+	}
+	return m.acquireStream(ctx, keys, ids, func() LayerGeometry { return geo }, true, deadline)
+}
+
+// acquireStream is AcquireStream; with exact, every chunk's size is held
+// against the geometry before anything is reserved or read.
+func (m *Manager) acquireStream(ctx context.Context, keys []chunk.Key, ids []arena.ID, geometry func() LayerGeometry, exact bool, deadline time.Time) (int, *Stream, error) {
 	n := m.ram.Acquire(keys, ids)
+	if exact {
+		if err := m.refuseMisfits(ids[:n], geometry()); err != nil {
+			return 0, nil, err
+		}
+	}
 	if n == len(keys) || len(m.lower) == 0 {
 		return n, nil, nil
 	}
@@ -103,6 +125,11 @@ func (m *Manager) AcquireStream(ctx context.Context, keys []chunk.Key, ids []are
 	for ; i < len(keys); i++ {
 		if i > n && m.ram.Acquire(keys[i:i+1], ids[i:i+1]) == 1 {
 			s.add(keys[i], 0, -1)
+			if exact && !geo.Fits(m.arena.Size(ids[i])) {
+				err = geometryError(geo, i, m.arena.Size(ids[i]))
+				i++
+				break
+			}
 			continue
 		}
 		t := m.holder(keys[i], len(m.lower))
@@ -111,6 +138,10 @@ func (m *Manager) AcquireStream(ctx context.Context, keys []chunk.Key, ids []are
 		}
 		size, ok := m.lower[t].Size(keys[i])
 		if !ok {
+			break
+		}
+		if exact && !geo.Fits(size) { // before its reservation: nothing to undo for it
+			err = geometryError(geo, i, size)
 			break
 		}
 		id, _, rerr := m.ram.Reserve(size)
@@ -123,6 +154,10 @@ func (m *Manager) AcquireStream(ctx context.Context, keys []chunk.Key, ids []are
 		ids[i] = id
 		m.arena.Ref(id) // the stream's own, so the fill outlives an early release
 		s.add(keys[i], id, t)
+	}
+	if errors.Is(err, ErrGeometry) { // before any read: give everything back
+		s.undo(ids[:i])
+		return 0, nil, err
 	}
 	if i == n { // nothing below RAM after all
 		return n, nil, err
