@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"kvtier/engine"
+	"kvtier/tier/remote"
 )
 
 // metric is one kvtier metric family and how to read its value from a
@@ -63,6 +64,12 @@ var (
 		newMetric("remote_fast_fails_total", "Calls refused at once because the circuit was open.", counter, func(h engine.RemoteHealth) float64 { return float64(h.FastFails) }, "tier"),
 		newMetric("remote_failures_total", "Calls to the remote store that failed, timeouts included.", counter, func(h engine.RemoteHealth) float64 { return float64(h.Failures) }, "tier"),
 		newMetric("remote_timeouts_total", "Calls to the remote store that missed their deadline (remote_timeout plus the object's bytes at the tier's bandwidth).", counter, func(h engine.RemoteHealth) float64 { return float64(h.Timeouts) }, "tier"),
+		newMetric("remote_corrupt_reads_total", "Reads from the remote store whose bytes failed verification (checksum), counted apart from failures.", counter, func(h engine.RemoteHealth) float64 { return float64(h.Corrupt) }, "tier"),
+		newMetric("remote_circuit_corrupt_opens_total", "Times the remote tier's circuit opened because its reads failed verification.", counter, func(h engine.RemoteHealth) float64 { return float64(h.CorruptOpens) }, "tier"),
+	}
+	stagingMetrics = []metric[remote.StagingStatus]{
+		newMetric("remote_staging", "1 while per-layer saves stage into the Redis tier, 0 while they write whole chunks (configured so, or Redis refused staging and no retry has succeeded yet).", gauge, func(s remote.StagingStatus) float64 { return bool01(s.On) }, "tier"),
+		newMetric("remote_staging_offs_total", "Times a refusal from Redis turned staging off for the tier.", counter, func(s remote.StagingStatus) float64 { return float64(s.Offs) }, "tier"),
 	}
 	peerMetrics = []metric[engine.RemoteHealth]{
 		newMetric("p2p_peer_circuit_state", "Circuit breaker of a peer of the P2P tier: 0 closed (serving), 1 open (failing fast), 2 half-open (trying).", gauge, func(h engine.RemoteHealth) float64 { return float64(h.State) }, "peer"),
@@ -70,6 +77,8 @@ var (
 		newMetric("p2p_peer_fast_fails_total", "Calls to the peer refused at once because its circuit was open.", counter, func(h engine.RemoteHealth) float64 { return float64(h.FastFails) }, "peer"),
 		newMetric("p2p_peer_failures_total", "Calls to the peer that failed, timeouts included.", counter, func(h engine.RemoteHealth) float64 { return float64(h.Failures) }, "peer"),
 		newMetric("p2p_peer_timeouts_total", "Calls to the peer that missed their deadline (remote_timeout plus the chunk's bytes at 128 MiB/s).", counter, func(h engine.RemoteHealth) float64 { return float64(h.Timeouts) }, "peer"),
+		newMetric("p2p_peer_corrupt_reads_total", "Reads from the peer whose bytes failed their checksum, counted apart from failures.", counter, func(h engine.RemoteHealth) float64 { return float64(h.Corrupt) }, "peer"),
+		newMetric("p2p_peer_circuit_corrupt_opens_total", "Times the peer's circuit opened because its reads failed their checksum.", counter, func(h engine.RemoteHealth) float64 { return float64(h.CorruptOpens) }, "peer"),
 	}
 	diskMetrics = []metric[engine.DiskSpace]{
 		newMetric("disk_read_only", "1 while the disk tier refuses writes because its file system is full for other reasons, else 0.", gauge, func(s engine.DiskSpace) float64 { return bool01(s.ReadOnly) }, "tier"),
@@ -94,6 +103,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	describe(ch, queueMetrics)
 	describe(ch, arenaMetrics)
 	describe(ch, remoteMetrics)
+	describe(ch, stagingMetrics)
 	describe(ch, peerMetrics)
 	describe(ch, diskMetrics)
 	ch <- promotedDesc
@@ -113,6 +123,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range st.Tiers {
 		if s.Remote != nil {
 			collect(ch, remoteMetrics, *s.Remote, s.Name)
+		}
+		if s.Staging != nil {
+			collect(ch, stagingMetrics, *s.Staging, s.Name)
 		}
 		if s.Disk != nil {
 			collect(ch, diskMetrics, *s.Disk, s.Name)

@@ -44,6 +44,9 @@ type TierStats struct {
 	// them; the JSON snapshot leaves them out.
 	Remote *RemoteHealth `json:"-"`
 	Disk   *DiskSpace    `json:"-"`
+	// Staging is a Redis tier's per-layer staging (on, or off after
+	// Redis refused it); nil for tiers that do not stage.
+	Staging *remote.StagingStatus `json:"-"`
 	// Peers is the circuit state of each peer of the P2P tier, by
 	// address ("closed", "open", "half-open"), and PeerHealth its
 	// breaker's counters for metrics; nil for other tiers.
@@ -58,6 +61,9 @@ type RemoteHealth struct {
 	FastFails uint64
 	Failures  uint64 // timeouts included
 	Timeouts  uint64
+	// Reads whose bytes failed verification, and the openings they
+	// caused (counted in Opens too).
+	Corrupt, CorruptOpens uint64
 }
 
 // DiskSpace is the disk tier's standing on its file system.
@@ -111,6 +117,10 @@ func (e *Engine) Stats() Stats {
 			h := g.Health()
 			ts.Circuit = h.State.String()
 			ts.Remote = remoteHealth(h)
+			if r, ok := g.Inner().(remote.StagingReporter); ok {
+				st := r.Staging()
+				ts.Staging = &st
+			}
 		}
 		if p, ok := t.(*p2p.Tier); ok {
 			ts.Peers, ts.PeerHealth = map[string]string{}, map[string]RemoteHealth{}
@@ -133,7 +143,7 @@ func (e *Engine) Stats() Stats {
 
 func remoteHealth(h remote.Health) *RemoteHealth {
 	return &RemoteHealth{State: int(h.State), Opens: h.Opens, FastFails: h.FastFails,
-		Failures: h.Failures, Timeouts: h.Timeouts}
+		Failures: h.Failures, Timeouts: h.Timeouts, Corrupt: h.Corrupt, CorruptOpens: h.CorruptOpens}
 }
 
 func tierStats(t tier.Stats) TierStats {

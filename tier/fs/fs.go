@@ -11,12 +11,20 @@
 // to "kvtier/". The file holds the object's bytes and nothing else.
 //
 // Crash safety. A writer creates ".<name>.tmp-<random>" in the target
-// directory, writes and fsyncs it, renames it over <name> and fsyncs the
-// directory. Rename is atomic, so a reader opens either no file or a whole
-// one; concurrent writers of the same key, in any process, each rename a
-// whole object and the last one wins. Readers only ever open exact object
-// names, so temporary files, including ones a crash left half-written, are
-// invisible; the sweeper removes those older than TempMaxAge.
+// directory, writes and fsyncs it, hard-links it as <name>, removes the
+// temporary name and fsyncs the directory. The link is atomic and never
+// replaces a file, so a reader opens either no file or a whole one, and of
+// concurrent writers of the same key, in any process, the first to link
+// publishes its object and the others find it there (objects are
+// content-addressed: the same bytes) and drop theirs. Only that first
+// writer counts the object in its process's Used and Objects, so a Put
+// abandoned at its deadline and its retry, both finishing, count it once.
+// On a file system without hard links the writer renames instead (the
+// last one wins) and counts the object when no file was there just
+// before, which two racing writers can still both see. Readers only ever
+// open exact object names, so temporary files, including ones a crash left
+// half-written, are invisible; the sweeper removes those older than
+// TempMaxAge.
 //
 // Capacity. Without ?capacity the directory grows without bound (an
 // operator or the store's own quota manages it). With it, a background
@@ -68,6 +76,11 @@ type Tier struct {
 	used, objects                          atomic.Int64
 	hits, misses, puts, evictions, removes atomic.Uint64
 	bytesRead, bytesWritten, tempsRemoved  atomic.Uint64
+
+	// beforePublish, when set (tests only), runs after a Put's temporary
+	// file is written and synced, just before it is published: it lets a
+	// test order two writers of one key deterministically.
+	beforePublish func()
 }
 
 // Besides tier.Tier, a Tier is a tier.PrefixContainer, tier.Remover,
@@ -233,8 +246,12 @@ func (t *Tier) Put(ctx context.Context, key chunk.Key, data []byte) error {
 	if _, err := os.Stat(p); err == nil {
 		return nil // already stored, by this node or another
 	}
-	if err := t.writeAtomic(p, data); err != nil {
+	created, err := t.writeAtomic(p, data)
+	if err != nil {
 		return fmt.Errorf("fs tier: put %v: %w", key, err)
+	}
+	if !created {
+		return nil // another writer published it since the Stat above
 	}
 	t.puts.Add(1)
 	t.bytesWritten.Add(uint64(len(data)))
@@ -243,9 +260,11 @@ func (t *Tier) Put(ctx context.Context, key chunk.Key, data []byte) error {
 	return nil
 }
 
-// writeAtomic replaces p with data so that readers see the old file, no
-// file, or all of data, and data survives a crash once this returns.
-func (t *Tier) writeAtomic(p string, data []byte) error {
+// writeAtomic publishes data as p unless another writer published p
+// first, so that readers see no file or a whole one, and whatever p holds
+// survives a crash once this returns. created reports whether this call
+// made p.
+func (t *Tier) writeAtomic(p string, data []byte) (created bool, err error) {
 	dir := filepath.Dir(p)
 	f, tmp, err := createTemp(dir, filepath.Base(p))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -254,17 +273,47 @@ func (t *Tier) writeAtomic(p string, data []byte) error {
 		}
 	}
 	if err != nil {
-		return err
+		return false, err
 	}
-	err = writeSyncClose(f, data)
-	if err == nil {
-		err = os.Rename(tmp, p)
+	if err = writeSyncClose(f, data); err == nil {
+		if t.beforePublish != nil {
+			t.beforePublish()
+		}
+		created, err = publish(tmp, p)
 	}
 	if err != nil {
 		os.Remove(tmp)
-		return err
+		return false, err
 	}
-	return syncDir(dir)
+	return created, syncDir(dir)
+}
+
+// publish gives the written temporary file tmp the name p, and reports
+// whether it did: false when p exists already. The temporary name is
+// removed either way (a removal that fails leaves it to the sweeper).
+func publish(tmp, p string) (bool, error) {
+	err := os.Link(tmp, p)
+	switch {
+	case err == nil:
+		os.Remove(tmp)
+		return true, nil
+	case errors.Is(err, fs.ErrExist):
+		os.Remove(tmp)
+		return false, nil
+	case !noHardLinks(err):
+		return false, err
+	}
+	_, statErr := os.Lstat(p)
+	if err := os.Rename(tmp, p); err != nil {
+		return false, err
+	}
+	return statErr != nil, nil
+}
+
+// noHardLinks reports whether a failed link(2) says the file system has
+// no hard links (vfat, some FUSE and object-store mounts).
+func noHardLinks(err error) bool {
+	return errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.ENOTSUP) || errors.Is(err, syscall.ENOSYS)
 }
 
 func writeSyncClose(f *os.File, data []byte) error {

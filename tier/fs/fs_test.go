@@ -174,9 +174,10 @@ func TestConcurrentWritersOfOneKey(t *testing.T) {
 		wg.Go(func() {
 			data := object(w)
 			for range rounds {
-				// writeAtomic overwrites; Put would stop at the first
-				// winner and leave nothing to race.
-				if err := nodes[w%2].writeAtomic(path, data); err != nil {
+				// writeAtomic writes a whole temporary file every time,
+				// where Put would stop at its Stat once one has won; only
+				// the first link publishes.
+				if _, err := nodes[w%2].writeAtomic(path, data); err != nil {
 					t.Error(err)
 					return
 				}

@@ -31,7 +31,7 @@ func (ps *peers) get(addr string) *remote.Guarded {
 	if !ok {
 		s := &store{addr: addr, o: ps.o, pool: make(chan *client.Client, ps.o.Conns), whole: make(chan struct{}, ps.o.Conns)}
 		g = remote.Guard(s, remote.GuardOptions{Timeout: ps.o.Timeout, Bandwidth: ps.o.Bandwidth,
-			Threshold: ps.o.Threshold, CorruptIsFailure: true, Logger: ps.o.Logger.With("tier", "p2p", "peer", addr)})
+			Threshold: ps.o.Threshold, ReadsVerified: true, Logger: ps.o.Logger.With("tier", "p2p", "peer", addr)})
 		ps.m[addr] = g
 	}
 	return g

@@ -215,6 +215,7 @@ func (r *peerRange) ReadRange(ctx context.Context, from, to int) error {
 		r.done()
 		return err
 	}
+	r.g.ReportVerified() // the bytes matched the peer's checksum
 	r.read += to - from
 	return nil
 }
@@ -307,6 +308,7 @@ func (r *peerRange) Recv(ctx context.Context) error {
 		return r.failed(ctx, err)
 	}
 	r.report(ctx, nil)
+	r.g.ReportVerified()
 	r.read += q.bytes
 	return nil
 }

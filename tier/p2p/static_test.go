@@ -11,6 +11,7 @@ import (
 	"kvtier/engine"
 	"kvtier/tier"
 	"kvtier/tier/p2p"
+	"kvtier/tier/remote"
 )
 
 // silentPeers are listeners that accept connections and answer nothing
@@ -120,7 +121,8 @@ const hangBound = 15 * time.Second
 
 // TestCorruptingPeerOpensItsCircuit: a peer whose chunks keep failing
 // their checksums is cut off like a failing one, while each read is a
-// miss, never wrong bytes.
+// miss, never wrong bytes; its pings, which it answers, do not close the
+// circuit again before the corruption back-off has passed.
 func TestCorruptingPeerOpensItsCircuit(t *testing.T) {
 	d1 := startDaemon(t, "127.0.0.1:0", engine.Options{})
 	store(t, d1, 6, 1<<20)
@@ -155,5 +157,21 @@ func TestCorruptingPeerOpensItsCircuit(t *testing.T) {
 	}
 	if c := pt.Stats().Corrupt; c != 4 {
 		t.Fatalf("corrupt count %d, want 4", c)
+	}
+	if h := pt.Health()[r.addr()]; h.Corrupt != 4 || h.CorruptOpens != 1 || h.Failures != 0 {
+		t.Fatalf("breaker: %+v, want 4 corrupt reads, opened for them, no failure", h)
+	}
+
+	// The peer answers its pings, but the probes that would close the
+	// circuit on them are held for the corruption back-off (30 s).
+	deadline := time.Now().Add(hangBound)
+	for pt.Health()[r.addr()].ProbesHeld < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no probe ran: %+v", pt.Health()[r.addr()])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if h := pt.Health()[r.addr()]; h.State != remote.StateOpen || h.ProbeOK != 0 {
+		t.Fatalf("a corrupting peer was probed within its back-off: %+v", h)
 	}
 }

@@ -85,8 +85,8 @@ type Tier struct {
 	timeout   time.Duration // bound on calls that take no context
 	bandwidth int64         // with timeout, bounds transfers (remote.CallDeadline)
 	known     *presence
-	noStage   bool        // layer_saves=false, or no staging key can share a slot
-	stageOff  atomic.Bool // Redis refused a staging command (stageErr)
+	noStage   bool         // layer_saves=false, or no staging key can share a slot
+	stage     *stageSwitch // off while Redis refuses staging commands (stageoff.go)
 	log       *slog.Logger
 	closed    atomic.Bool
 	stats     counters
@@ -148,6 +148,7 @@ func Dial(ctx context.Context, u *url.URL, o remote.Options) (*Tier, error) {
 		bandwidth: o.Bandwidth,
 		known:     newPresence(cfg.cacheSlots),
 		noStage:   cfg.noStage,
+		stage:     newStageSwitch(o.Logger),
 		log:       o.Logger,
 	}
 	if _, sameSlot := stageName(cfg.prefix, 0); !sameSlot && cfg.topology == Cluster && !t.noStage {

@@ -53,15 +53,22 @@ const StageTTL = 60 * time.Second
 const stageMarker = 16
 
 var (
-	_ remote.Stager       = (*Tier)(nil)
-	_ remote.StageChooser = (*Tier)(nil)
+	_ remote.Stager          = (*Tier)(nil)
+	_ remote.StageChooser    = (*Tier)(nil)
+	_ remote.StagingReporter = (*Tier)(nil)
 )
 
 // Stages implements remote.StageChooser: false with layer_saves=false, in
 // a cluster whose prefix lets no staging key share its object key's slot
-// (decided at Dial), and once Redis has refused a staging command for
-// good (stageErr).
-func (t *Tier) Stages() bool { return !t.noStage && !t.stageOff.Load() }
+// (decided at Dial), and after Redis refused a staging command, until its
+// back-off has passed (stageoff.go).
+func (t *Tier) Stages() bool { return !t.noStage && t.stage.open() }
+
+// Staging implements remote.StagingReporter.
+func (t *Tier) Staging() remote.StagingStatus {
+	return remote.StagingStatus{On: !t.noStage && t.stage.state.Load() == stagingOn,
+		Offs: t.stage.offs.Load(), Refusals: t.stage.refused.Load()}
+}
 
 // stageRefused reports whether err is a reply that says Redis will never
 // take the staging commands from this client: a command unknown, renamed
@@ -83,9 +90,10 @@ var unavailableReplies = []string{"LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN"
 // stageErr wraps a staging call's error. An error reply from Redis is an
 // answer, not a failure of the server (remote.ErrRefused: the breaker
 // does not count it, the chunk is written whole), unless it says the
-// server cannot serve now. A reply that says Redis will never take the
-// staging commands also turns staging off for the tier, logged once, so
-// later saves write whole chunks without asking again.
+// server cannot serve now. A reply that says Redis will not take the
+// staging commands also turns staging off for the tier until a retry
+// after a back-off succeeds (stageoff.go), so that later saves write
+// whole chunks without asking again meanwhile.
 func (t *Tier) stageErr(what string, key chunk.Key, err error) error {
 	var reply goredis.Error
 	if !errors.As(err, &reply) || errors.Is(err, goredis.Nil) {
@@ -97,9 +105,8 @@ func (t *Tier) stageErr(what string, key chunk.Key, err error) error {
 			return fmt.Errorf("redis: %s %v: %w", what, key, err)
 		}
 	}
-	if stageRefused(msg) && !t.stageOff.Swap(true) {
-		t.log.Warn("redis tier: staging refused, per-layer saves write whole chunks from now on",
-			"op", what, "reply", msg)
+	if stageRefused(msg) {
+		t.stage.refusedBy(what, msg)
 	}
 	return fmt.Errorf("redis: %s %v: %w: %w", what, key, remote.ErrRefused, err)
 }
@@ -151,6 +158,9 @@ func (t *Tier) Stage(ctx context.Context, key chunk.Key, size int) (remote.Stage
 	if size <= stageMarker || size > maxValue {
 		return nil, fmt.Errorf("redis: stage %v: %d bytes (%d to Redis' 512 MiB value limit): %w", key, size, stageMarker+1, tier.ErrTooLarge)
 	}
+	if !t.stage.claim() {
+		return nil, fmt.Errorf("redis: stage %v: staging refused before, retried later: %w", key, remote.ErrNotStaging)
+	}
 	s := &staged{t: t, key: key, name: t.keyName(key), size: size}
 	copy(s.marker[:], "KVTSTAGE")
 	if _, err := rand.Read(s.marker[8:]); err != nil {
@@ -159,7 +169,7 @@ func (t *Tier) Stage(ctx context.Context, key chunk.Key, size int) (remote.Stage
 	var sameSlot bool
 	s.stage, sameSlot = stageName(s.name, binary.LittleEndian.Uint64(s.marker[8:]))
 	if !sameSlot && t.topology == Cluster {
-		return nil, fmt.Errorf("redis: stage %v: prefix %q has a \"}\" but no hash tag: no staging key shares its slot: %w", key, t.prefix, remote.ErrRefused)
+		return nil, fmt.Errorf("redis: stage %v: prefix %q has a \"}\" but no hash tag: no staging key shares its slot: %w", key, t.prefix, remote.ErrNotStaging)
 	}
 	ctx, cancel := remote.BoundCall(ctx, t.timeout, t.bandwidth, size)
 	defer cancel()
@@ -251,6 +261,7 @@ func (s *staged) Publish(ctx context.Context, head []byte) error {
 	default:
 		s.found = true
 	}
+	s.t.stage.accepted()
 	s.t.known.add(s.key, s.size)
 	return nil
 }

@@ -40,6 +40,41 @@ func stageStack(t *testing.T, rawURL string, o remote.GuardOptions) (*Tier, *rem
 	return rt, g, remote.Encode(g, "redis", nil, nil)
 }
 
+// ownServer starts a redis-server of the test's own with extra options
+// and waits until it answers.
+func ownServer(t *testing.T, extra ...string) *server {
+	t.Helper()
+	srv := startServer(t, extra...)
+	srv.waitReady()
+	return srv
+}
+
+// strictBreaker is a breaker that a handful of failures would open (and
+// no probe would close again), so that a test sees any failure it counts.
+var strictBreaker = remote.GuardOptions{Threshold: 5, ProbeInterval: time.Hour}
+
+// stageChunks returns n keys of one new scope and a chunk for each, the
+// chunks' contents from seed on.
+func stageChunks(n int, seed uint64) ([]chunk.Key, [][]byte) {
+	scope := uniqueScope()
+	keys, chunks := make([]chunk.Key, n), make([][]byte, n)
+	for i := range n {
+		keys[i], chunks[i] = testKey(scope, i), payload(stageChunk, seed+uint64(i))
+	}
+	return keys, chunks
+}
+
+// writeAllLayers writes every layer of src through w, then commits it.
+func writeAllLayers(t *testing.T, w tier.RangeWrite, src []byte) error {
+	t.Helper()
+	for l := range stageLayers {
+		if err := writeLayer(t, w, src, l); err != nil {
+			return err
+		}
+	}
+	return w.Commit(context.Background(), src, chunk.Key{}, false)
+}
+
 // writeLayer writes "layer" l of src (its span in each of the two halves)
 // through w.
 func writeLayer(t *testing.T, w tier.RangeWrite, src []byte, l int) error {
@@ -294,8 +329,7 @@ func TestStagedWriteTTLAndCodecs(t *testing.T) {
 // key, and the staging key it kept still expires. While the breaker is
 // open the tier writes no ranges, so saves leave it to the write queue.
 func TestStagedWriteRedisKilled(t *testing.T) {
-	srv := startServer(t, "--appendonly", "yes", "--appendfsync", "always")
-	srv.waitReady()
+	srv := ownServer(t, "--appendonly", "yes", "--appendfsync", "always")
 	rt, g, e := stageStack(t, srv.url(""), remote.GuardOptions{Timeout: 2 * time.Second, Threshold: 1, ProbeInterval: time.Hour})
 	ctx := context.Background()
 	src := payload(stageChunk, 34)
@@ -354,13 +388,8 @@ func TestStagedWriteCluster(t *testing.T) {
 			if err != nil || w == nil {
 				t.Fatalf("%q: OpenWrite: %v, %v", query, w, err)
 			}
-			for l := range stageLayers {
-				if err := writeLayer(t, w, src, l); err != nil {
-					t.Fatalf("%q: %v", query, err)
-				}
-			}
-			if err := w.Commit(ctx, src, chunk.Key{}, false); err != nil {
-				t.Fatalf("%q: commit: %v", query, err)
+			if err := writeAllLayers(t, w, src); err != nil {
+				t.Fatalf("%q: %v", query, err)
 			}
 			got := make([]byte, len(src))
 			if n, err := e.Get(ctx, k, got); err != nil || n != len(src) || !bytes.Equal(got, src) {
@@ -403,18 +432,10 @@ func saveWhole(t *testing.T, e *remote.Encoded, keys []chunk.Key, chunks [][]byt
 			defer func() { done <- struct{}{} }()
 			w, err := e.OpenWrite(ctx, k, len(chunks[i]))
 			if err == nil && w != nil {
-				for l := range stageLayers {
-					if err = writeLayer(t, w, chunks[i], l); err != nil {
-						w.Abort()
-						break
-					}
-				}
-				if err == nil {
-					err = w.Commit(ctx, chunks[i], chunk.Key{}, false)
-				}
-				if err == nil {
+				if err = writeAllLayers(t, w, chunks[i]); err == nil {
 					return
 				}
+				w.Abort() // a no-op after a commit, which aborts itself
 			}
 			errs[i] = err
 			if perr := e.Put(ctx, k, chunks[i]); perr != nil {
@@ -452,16 +473,12 @@ func checkStoredWhole(t *testing.T, what string, g *remote.Guarded, e *remote.En
 // left, and staging is off for the tier from then on, so the next save
 // opens no staging key at all.
 func TestStagedWriteRefusedByRedis(t *testing.T) {
-	srv := startServer(t, "--rename-command", "EVAL", "")
-	srv.waitReady()
-	rt, g, e := stageStack(t, srv.url(""), remote.GuardOptions{Threshold: 5, ProbeInterval: time.Hour})
+	srv := ownServer(t, "--rename-command", "EVAL", "")
+	rt, g, e := stageStack(t, srv.url(""), strictBreaker)
 	raw := srv.rawClient()
-	scope := uniqueScope()
-	var keys []chunk.Key
-	var chunks [][]byte
-	for i := range 8 {
-		keys, chunks = append(keys, testKey(scope, i)), append(chunks, payload(stageChunk, uint64(40+i)))
-	}
+	keys, chunks := stageChunks(10, 40)
+	keys2, keys := keys[8:], keys[:8]
+	chunks = chunks[:8]
 	if !e.WritesRanges() {
 		t.Fatal("a raw Redis tier does not write ranges")
 	}
@@ -480,7 +497,6 @@ func TestStagedWriteRefusedByRedis(t *testing.T) {
 		t.Fatal("staging still on after Redis refused the publish")
 	}
 	sets := commandCalls(t, raw, "set")
-	keys2 := []chunk.Key{testKey(scope, 8), testKey(scope, 9)}
 	for i, err := range saveWhole(t, e, keys2, chunks[:2]) {
 		if err != nil {
 			t.Fatalf("chunk %d of the next save: %v", i, err)
@@ -492,8 +508,9 @@ func TestStagedWriteRefusedByRedis(t *testing.T) {
 	checkStoredWhole(t, "next save", g, e, keys2, chunks[:2])
 }
 
-// commandCalls is how many times the server has run cmd (INFO
-// commandstats).
+// commandCalls is how many times the server was asked to run cmd: the
+// calls it ran plus those it rejected (an ACL's NOPERM), from INFO
+// commandstats.
 func commandCalls(t *testing.T, c *goredis.Client, cmd string) int {
 	t.Helper()
 	info, err := c.Info(context.Background(), "commandstats").Result()
@@ -501,13 +518,21 @@ func commandCalls(t *testing.T, c *goredis.Client, cmd string) int {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(info, "\n") {
-		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls=")
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":")
 		if !ok {
 			continue
 		}
-		n, err := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-		if err != nil {
-			t.Fatal(err)
+		n := 0
+		for _, field := range strings.Split(rest, ",") {
+			name, value, _ := strings.Cut(field, "=")
+			if name != "calls" && name != "rejected_calls" {
+				continue
+			}
+			v, err := strconv.Atoi(value)
+			if err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+			n += v
 		}
 		return n
 	}
@@ -522,16 +547,11 @@ func commandCalls(t *testing.T, c *goredis.Client, cmd string) int {
 // and read back byte-exact.
 func TestStagedWriteClusterPrefixWithoutTag(t *testing.T) {
 	c := clusterNodes(t)
-	rt, g, e := stageStack(t, c.url("prefix=kv}/"), remote.GuardOptions{Threshold: 5, ProbeInterval: time.Hour})
+	rt, g, e := stageStack(t, c.url("prefix=kv}/"), strictBreaker)
 	if rt.Stages() || e.WritesRanges() {
 		t.Fatal("a cluster tier whose prefix has a \"}\" but no tag stages")
 	}
-	scope := uniqueScope()
-	var keys []chunk.Key
-	var chunks [][]byte
-	for i := range 8 {
-		keys, chunks = append(keys, testKey(scope, i)), append(chunks, payload(stageChunk, uint64(50+i)))
-	}
+	keys, chunks := stageChunks(8, 50)
 	for i, err := range saveWhole(t, e, keys, chunks) {
 		if err != nil {
 			t.Fatalf("chunk %d: %v", i, err)

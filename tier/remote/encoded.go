@@ -46,6 +46,7 @@ type Encoded struct {
 	specOf   SpecFunc
 	ranged   RangeGetter // the inner store, when it reads ranges (encoded_range.go)
 	stager   Stager      // the inner store, when it stages objects (encoded_write.go)
+	guard    *Guarded    // the store's breaker, told what verification finds
 
 	bufs sync.Pool // *[]byte sealed-object buffers
 
@@ -84,7 +85,33 @@ func Encode(inner tier.Tier, name string, c codec.Codec, specOf SpecFunc) *Encod
 	if specOf == nil {
 		specOf = func(uint64) kvformat.Spec { return kvformat.Spec{} }
 	}
-	return &Encoded{inner: inner, name: name, codec: c, fallback: raw, specOf: specOf, ranged: rangeGetterOf(inner), stager: stagerOf(inner)}
+	return &Encoded{inner: inner, name: name, codec: c, fallback: raw, specOf: specOf,
+		ranged: rangeGetterOf(inner), stager: stagerOf(inner), guard: GuardOf(inner)}
+}
+
+// damaged notes that k's object failed its checks (err says how): it
+// counts in Stats().Corrupt. When its bytes are damaged (codec.ErrCorrupt:
+// a checksum that does not match), not merely foreign (another version's
+// or another program's value), it also counts against the store's health
+// (Guarded.ReportCorrupt) and is removed from the store, so that storing
+// the chunk again replaces it and one damaged object, read again and
+// again, does not make a healthy store look sick.
+func (e *Encoded) damaged(k chunk.Key, err error) {
+	e.corrupt.Add(1)
+	if !errors.Is(err, codec.ErrCorrupt) {
+		return
+	}
+	if e.guard != nil {
+		e.guard.ReportCorrupt()
+	}
+	tier.Remove(e.inner, k)
+}
+
+// verified notes bytes that passed their checks.
+func (e *Encoded) verified() {
+	if e.guard != nil {
+		e.guard.ReportVerified()
+	}
 }
 
 // Inner returns the wrapped tier.
@@ -172,7 +199,7 @@ func (e *Encoded) fetch(ctx context.Context, k chunk.Key, n int) ([]byte, codec.
 	obj = obj[:got]
 	info, err := codec.PeekInfo(obj)
 	if err != nil {
-		e.corrupt.Add(1)
+		e.damaged(k, err)
 		return nil, codec.Info{}, fmt.Errorf("%s: %v: %w", e.name, err, tier.ErrCorrupt)
 	}
 	return obj, info, nil
@@ -237,9 +264,10 @@ func (e *Encoded) Get(ctx context.Context, k chunk.Key, dst []byte) (int, error)
 		_, _, err = codec.Unseal(dst[:0], obj)
 	}
 	if err != nil {
-		e.corrupt.Add(1)
+		e.damaged(k, err)
 		return 0, fmt.Errorf("%s: %v: %v: %w", e.name, k, err, tier.ErrCorrupt)
 	}
+	e.verified()
 	return info.RawLen, nil
 }
 

@@ -94,7 +94,7 @@ func (e *Encoded) rawSize(k chunk.Key, n int) (int, bool) {
 	}
 	info, err := codec.PeekInfo(head[:])
 	if err != nil {
-		e.corrupt.Add(1)
+		e.damaged(k, err)
 		return 0, false
 	}
 	return info.RawLen, true
@@ -124,7 +124,7 @@ func (e *Encoded) OpenRange(ctx context.Context, k chunk.Key, dst []byte) (tier.
 		err = fmt.Errorf("chunk of %d bytes, buffer of %d: %w", r.p.Info.RawLen, len(dst), io.ErrShortBuffer)
 	}
 	if err != nil {
-		e.corrupt.Add(1)
+		e.damaged(k, err)
 		return nil, fmt.Errorf("%s: %v: %v: %w", e.name, k, err, tier.ErrCorrupt)
 	}
 	return r, nil
@@ -170,11 +170,12 @@ func (r *piecedRange) ReadRange(ctx context.Context, from, to int) error {
 	}
 	for i := first; i < end; i++ {
 		if n != hi-lo || !r.p.Check(i, r.dst[i*pl:min((i+1)*pl, len(r.dst))]) {
-			r.e.corrupt.Add(1)
+			r.e.damaged(r.key, codec.ErrCorrupt)
 			return fmt.Errorf("%s: %v: piece %d of %d: %w", r.e.name, r.key, i, r.p.Count, tier.ErrCorrupt)
 		}
 		r.have[i/64] |= 1 << (i % 64)
 	}
+	r.e.verified()
 	return nil
 }
 

@@ -86,12 +86,16 @@ type GuardOptions struct {
 	// caller gave up at the deadline; beyond it calls fail fast, so a hung
 	// store cannot pile up goroutines (default 32).
 	MaxAbandoned int
-	// CorruptIsFailure counts a Get that returns tier.ErrCorrupt as a
-	// failure of the store, not an answer: for a store that serves from
-	// its own memory (a P2P peer), bytes that fail their checksum say the
-	// store or the path to it is sick, not that one object is damaged.
-	CorruptIsFailure bool
-	Logger           *slog.Logger // default slog.Default()
+	// ReadsVerified says the inner tier checks what it reads (a P2P
+	// peer's checksums): a Get that returns no error returned verified
+	// bytes. Otherwise only ReportVerified says so (Encoded does).
+	ReadsVerified bool
+	// CorruptBackoff is how long a circuit opened because reads failed
+	// verification goes unprobed (default DefaultCorruptBackoff); it
+	// doubles each time it opens so again, up to CorruptBackoffMax
+	// (default DefaultCorruptBackoffMax). See corrupt.go.
+	CorruptBackoff, CorruptBackoffMax time.Duration
+	Logger                            *slog.Logger // default slog.Default()
 }
 
 func (o GuardOptions) withDefaults() GuardOptions {
@@ -109,6 +113,12 @@ func (o GuardOptions) withDefaults() GuardOptions {
 	}
 	if o.MaxAbandoned <= 0 {
 		o.MaxAbandoned = 32
+	}
+	if o.CorruptBackoff <= 0 {
+		o.CorruptBackoff = DefaultCorruptBackoff
+	}
+	if o.CorruptBackoffMax < o.CorruptBackoff {
+		o.CorruptBackoffMax = max(o.CorruptBackoff, DefaultCorruptBackoffMax)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -131,14 +141,18 @@ type Health struct {
 	Timeouts            uint64 // inner calls that missed the deadline
 	Abandoned           int    // inner calls still running past their deadline
 	ProbeOK, ProbeFail  uint64
+	// Corruption (corrupt.go): reads whose bytes failed verification,
+	// openings they caused, and probes held back after those.
+	Corrupt, CorruptOpens, ProbesHeld uint64
 }
 
 // Guarded is a tier behind a circuit breaker. Every inner call runs on a
 // worker goroutine so the caller returns at the deadline even when the
 // store hangs; Get and Put hand the inner tier private copies of their buffers,
 // because an abandoned call may still write or read them after the caller
-// has reused them. ErrNotFound (and ErrCorrupt, ErrTooLarge) are answers,
-// not failures. PrefixContains, Size and Remove report no errors,
+// has reused them. ErrNotFound (and ErrTooLarge) are answers, not
+// failures; ErrCorrupt, bytes that failed verification, is counted apart
+// (corrupt.go). PrefixContains, Size and Remove report no errors,
 // so for them only a missed deadline, or an error the tier reports as a
 // PresenceReporter, counts as a failure; their answers count as neither
 // success nor failure, because a backend may give them from a local
@@ -164,6 +178,9 @@ type Guarded struct {
 
 	opens, fastFails, failures, timeouts, probeOK, probeFail atomic.Uint64
 
+	cor corruption       // reads that failed verification (corrupt.go)
+	now func() time.Time // time.Now; a test's own clock
+
 	errOpen, errHung error // prebuilt so failing fast does not allocate
 
 	calls       sync.Pool     // *call
@@ -187,7 +204,7 @@ var (
 func Guard(t tier.Tier, o GuardOptions) *Guarded {
 	o = o.withDefaults()
 	g := &Guarded{
-		inner: t, o: o, probeDone: make(chan struct{}),
+		inner: t, o: o, probeDone: make(chan struct{}), now: time.Now,
 		work: make(chan *call), quit: make(chan struct{}),
 	}
 	g.ping, _ = t.(Pinger)
@@ -219,6 +236,9 @@ func (g *Guarded) Health() Health {
 		Abandoned:           int(g.abandoned.Load()),
 		ProbeOK:             g.probeOK.Load(),
 		ProbeFail:           g.probeFail.Load(),
+		Corrupt:             g.cor.reads.Load(),
+		CorruptOpens:        g.cor.opens.Load(),
+		ProbesHeld:          g.cor.held.Load(),
 	}
 }
 
@@ -292,12 +312,21 @@ func (g *Guarded) Get(ctx context.Context, key chunk.Key, dst []byte) (int, erro
 			n = copy(dst, c.buf[:n])
 		}
 	}
-	o := classify(ctx, err)
-	if g.o.CorruptIsFailure && errors.Is(err, tier.ErrCorrupt) {
-		o = outcomeFailure
-	}
-	g.finish(c, o)
+	g.verdict(err)
+	g.finish(c, classify(ctx, err))
 	return n, err
+}
+
+// verdict tells the corruption count what an inner read's error says of
+// the bytes: ErrCorrupt that they failed verification, no error that
+// they passed, when the inner tier checks its reads.
+func (g *Guarded) verdict(err error) {
+	switch {
+	case errors.Is(err, tier.ErrCorrupt):
+		g.ReportCorrupt()
+	case err == nil && g.o.ReadsVerified:
+		g.ReportVerified()
+	}
 }
 
 // Put implements tier.Tier.
@@ -420,15 +449,16 @@ func presenceOutcome(err error) outcome {
 }
 
 // classify judges a Get or Put error: answers from the store are
-// successes, the caller's own cancellation says nothing.
+// successes, the caller's own cancellation says nothing. Bytes that fail
+// verification are an answer, but not one that proves the store healthy:
+// they count apart (verdict, corrupt.go).
 func classify(ctx context.Context, err error) outcome {
 	switch {
 	case err == nil,
 		errors.Is(err, tier.ErrNotFound),
-		errors.Is(err, tier.ErrCorrupt),
 		errors.Is(err, tier.ErrTooLarge):
 		return outcomeSuccess
-	case ctx.Err() != nil:
+	case errors.Is(err, tier.ErrCorrupt), ctx.Err() != nil:
 		return outcomeNeutral
 	}
 	return outcomeFailure
@@ -663,8 +693,12 @@ func (g *Guarded) probeLoop() {
 
 // probe asks the store whether it is back: Ping if the tier has one, else a
 // Size of a random key, which only has to answer within the deadline.
-// A success half-opens an open circuit and closes a half-open one.
+// A success half-opens an open circuit and closes a half-open one. After
+// reads failed verification it waits out the back-off first (corrupt.go).
 func (g *Guarded) probe() {
+	if g.probeHeld() {
+		return
+	}
 	if g.abandoned.Load() >= int64(g.o.MaxAbandoned) {
 		g.probeFail.Add(1)
 		return

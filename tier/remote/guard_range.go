@@ -53,6 +53,7 @@ func (g *Guarded) GetRange(ctx context.Context, key chunk.Key, off int, dst []by
 			n = copy(dst, c.buf[:n])
 		}
 	}
+	g.verdict(err)
 	g.finish(c, classify(ctx, err))
 	return n, err
 }
@@ -86,16 +87,18 @@ func (g *Guarded) Admits() (ok, trial bool) {
 // Report records the outcome of a call made on the store outside the
 // breaker as a call through it would be: failures count towards opening
 // the circuit, an answer closes a half-open one. trial gives back the
-// half-open trial Admits handed out, once its outcome is known.
+// half-open trial Admits handed out, once its outcome is known. Bytes
+// that failed verification (ErrCorrupt) count as corrupt; bytes that
+// passed are for the caller to report (ReportVerified), since a nil error
+// here may be any call's.
 func (g *Guarded) Report(ctx context.Context, err error, trial bool) {
 	if trial { // as finish does, before the outcome moves the state
 		g.trial.Store(false)
 	}
-	o := classify(ctx, err)
-	if g.o.CorruptIsFailure && errors.Is(err, tier.ErrCorrupt) {
-		o = outcomeFailure
+	if errors.Is(err, tier.ErrCorrupt) {
+		g.ReportCorrupt() // a verified read the caller reports itself
 	}
-	switch o {
+	switch classify(ctx, err) {
 	case outcomeSuccess:
 		g.recordSuccess()
 	case outcomeFailure:

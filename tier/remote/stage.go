@@ -64,9 +64,32 @@ var ErrStageLost = errors.New("remote: staged object lost before its publish")
 // answer, and the chunk is written whole.
 var ErrRefused = errors.New("remote: staging refused")
 
+// ErrNotStaging wraps ErrRefused for a staging call the tier refused
+// itself, without asking the store (Redis: staging is off after a refusal
+// until its retry is due). It says nothing of the store's health: the
+// breaker counts it as neither an answer nor a failure.
+var ErrNotStaging = fmt.Errorf("%w: the tier does not stage now", ErrRefused)
+
+// StagingReporter is implemented by a Stager that can say, for metrics,
+// whether it stages now and how often the store's refusals turned it off.
+type StagingReporter interface {
+	Staging() StagingStatus
+}
+
+// StagingStatus is a StagingReporter's state.
+type StagingStatus struct {
+	On       bool   // chunks stage now (not refused, not configured off)
+	Offs     uint64 // times a refusal turned staging off
+	Refusals uint64 // refusal replies to staging calls
+}
+
 // stageOutcome is how the breaker counts a staging call's result: a lost
-// staged object and a refusal are answers, not failures of the store.
+// staged object and a refusal are answers, not failures of the store; a
+// refusal the tier made itself is neither.
 func stageOutcome(ctx context.Context, err error) outcome {
+	if errors.Is(err, ErrNotStaging) {
+		return outcomeNeutral
+	}
 	if errors.Is(err, ErrStageLost) || errors.Is(err, ErrRefused) {
 		return outcomeSuccess // the store answered
 	}
