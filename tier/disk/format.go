@@ -99,7 +99,7 @@ const (
 	headerLen  = 72 // bytes before the piece checksums; all of a version 1 header
 	version    = 2  // what encode writes unless told to write version 1, or the record names a parent
 	version1   = 1
-	version3   = 3 // version 2 and the parent's key hash
+	version3   = 3       // version 2 and the parent's key hash
 	maxPayload = 1 << 40 // far above any chunk; keeps offset arithmetic from overflowing
 	maxPieces  = 256     // piece checksums in a version 2 header
 	minShift   = 12      // smallest piece: one block

@@ -23,10 +23,10 @@ const (
 // records is invisible to the garbage collector.
 type slot struct {
 	key      chunk.Key
-	seg      uint64 // segment number
-	off      int64  // offset of the record's header block in the segment
-	size     int64  // payload length
-	pinUntil int64  // tier clock (ns) until which eviction must skip the record
+	seg      uint64     // segment number
+	off      int64      // offset of the record's header block in the segment
+	size     int64      // payload length
+	pinUntil int64      // tier clock (ns) until which eviction must skip the record
 	up       chunk.Hash // the parent's key hash (scope: key's) when hasUp, for checkpoints
 	state    slotState
 	hasUp    bool

@@ -69,9 +69,9 @@ type restorer struct {
 	cp    *checkpoint
 	first map[uint64][2]int // segment number: first record entry, segment entry
 	w     *worker
-	exts  [][2]int64  // data extents below scan-from of every planned segment
-	kept  []int32     // record entries whose bytes are all there, every segment
-	keys  []warmRec   // the kept records' keys and parents, handed to the policy by segment
+	exts  [][2]int64 // data extents below scan-from of every planned segment
+	kept  []int32    // record entries whose bytes are all there, every segment
+	keys  []warmRec  // the kept records' keys and parents, handed to the policy by segment
 }
 
 // segPlan is what the checkpoint vouches for in one segment file.

@@ -59,11 +59,11 @@ type warmRec struct {
 // warmer is the goroutine admitting restored keys, and the queue.
 type warmer struct {
 	batches chan []warmRec // restored keys, one batch per segment, in log order
-	feeding bool             // batches is still open: Open is restoring
-	done    chan struct{}    // closed once every batch is admitted
-	end     time.Time        // when; written before done is closed
-	queued  []polOp          // under the tier's lock
-	late    []warmRec        // restored before their parents; written before done is closed
+	feeding bool           // batches is still open: Open is restoring
+	done    chan struct{}  // closed once every batch is admitted
+	end     time.Time      // when; written before done is closed
+	queued  []polOp        // under the tier's lock
+	late    []warmRec      // restored before their parents; written before done is closed
 }
 
 // ready reports whether the policy goroutine is done.
