@@ -199,11 +199,27 @@ type Writes struct {
 	e    *Engine
 	keys []chunk.Key
 	ids  []arena.ID
+	// A chained batch (After) is a run of consecutive chunks of one
+	// prompt, following up when hasUp.
+	up             chunk.Key
+	chained, hasUp bool
 }
 
-// Begin empties w for a new batch on e.
+// Begin empties w for a new batch on e: a batch of unrelated chunks until
+// After says otherwise.
 func (w *Writes) Begin(e *Engine) {
 	w.e, w.keys, w.ids = e, w.keys[:0], w.ids[:0]
+	w.chained, w.hasUp = false, false
+}
+
+// After makes the batch a run of consecutive chunks of one prompt, in the
+// order they are reserved, following parent (the chunk just before the
+// first of them) when ok, else starting its prompt. The prefix-aware
+// eviction policies then learn each chunk's parent, as they do from the
+// engine's own stores: without it every chunk of the batch is a root and
+// a leaf, which eviction may take from the middle of a prompt.
+func (w *Writes) After(parent chunk.Key, ok bool) {
+	w.chained, w.up, w.hasUp = true, parent, ok
 }
 
 // Reserve reserves size bytes of RAM for key's chunk and returns them to
@@ -220,9 +236,20 @@ func (w *Writes) Reserve(key chunk.Key, size int) ([]byte, error) {
 // Commit makes the reserved chunks visible and queues them for the tiers
 // below RAM. The batch is empty afterwards, whatever happens.
 func (w *Writes) Commit() error {
-	err := w.e.mgr.Commit(w.keys, w.ids)
+	err := w.commit()
 	w.keys, w.ids = w.keys[:0], w.ids[:0]
 	return err
+}
+
+// commit hands the reservations to the manager, as a run when chained.
+func (w *Writes) commit() error {
+	switch {
+	case !w.chained:
+		return w.e.mgr.Commit(w.keys, w.ids)
+	case w.hasUp:
+		return w.e.mgr.CommitRunAfter(w.up, w.keys, w.ids)
+	}
+	return w.e.mgr.CommitRun(w.keys, w.ids)
 }
 
 // Abort returns the reservations; none of them becomes visible.

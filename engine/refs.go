@@ -102,7 +102,7 @@ func (w *Writes) CommitHeld(dst []Held) ([]Held, int, error) {
 		a.Ref(id) // the caller's hold, beside the batch's reference
 	}
 	keys, ids := w.keys, w.ids
-	err := w.e.mgr.Commit(keys, ids)
+	err := w.commit()
 	w.keys, w.ids = w.keys[:0], w.ids[:0]
 	n := 0
 	for i, id := range ids {

@@ -78,6 +78,7 @@ func (s *session) handleReceiveLayers(h wire.Header) *requestError {
 		return s.reply(h, 0)
 	}
 	deadline := s.pd.budgetDeadline(m.Transfer, ttl, time.Now())
+	s.pd.chain.Begin(m.Transfer, m.Keys.Raw)
 	failed := s.takeBatchBudget(m, deadline)
 	for i, r := range m.Ranges {
 		dh, err := s.dataHeader(h, i == len(m.Ranges)-1)
@@ -225,6 +226,7 @@ func (s *session) startChunk(c *recvChunk, m *wire.ReceiveLayers, j int, ttl tim
 		return nil
 	}
 	c.w.Begin(eng)
+	c.w.After(s.pd.chain.Parent(m.Keys.Raw, j))
 	dst, err := c.w.Reserve(key, int(c.size))
 	if err != nil {
 		p.budget.release(c.size)

@@ -32,6 +32,7 @@ type pdScratch struct {
 	// recvStart when its first RECEIVE came (see budgetDeadline).
 	recvID    uint64
 	recvStart time.Time
+	chain     engine.PushChain // the received chunks' parents (engine/chain.go)
 }
 
 // wakeChan returns the session's wake-up channel, made on first use.
@@ -63,6 +64,7 @@ func (s *session) handleReceive(h wire.Header) *requestError {
 	}
 	ttl := pdTimeout(m.HoldMS)
 	deadline := s.pd.budgetDeadline(m.Transfer, ttl, time.Now())
+	s.pd.chain.Begin(m.Transfer, m.Keys.Raw)
 	stored := 0
 	var failed *requestError
 	for j, size := range m.Sizes {
@@ -119,6 +121,7 @@ func (sc *pdScratch) budgetDeadline(id uint64, ttl time.Duration, now time.Time)
 func (s *session) receiveOne(dh wire.Header, key chunk.Key, ttl time.Duration, deadline time.Time) *requestError {
 	p := s.svc.pd
 	s.pd.consumedData = false
+	up, hasUp := s.pd.chain.Next() // key's parent: asked in order, whatever follows
 	size := int64(dh.Len) - wire.ChecksumSize
 	if size == 0 {
 		return fail(wire.StatusBadRequest, "an empty chunk: a chunk has at least one byte")
@@ -149,6 +152,7 @@ func (s *session) receiveOne(dh wire.Header, key chunk.Key, ttl time.Duration, d
 	}
 	w := &s.writes
 	w.Begin(eng)
+	w.After(up, hasUp)
 	dst, err := w.Reserve(key, int(size))
 	if err != nil {
 		p.budget.release(size)

@@ -352,7 +352,7 @@ func (m *Manager) Reserve(size int) (arena.ID, []byte, error) {
 // is already in RAM keeps its object. Commit consumes the callers'
 // references on ids whatever happens.
 func (m *Manager) Commit(keys []chunk.Key, ids []arena.ID) error {
-	return m.commit(keys, ids, false)
+	return m.commit(keys, ids, false, link{})
 }
 
 // CommitRun is Commit for consecutive chunks of one prompt, in order:
@@ -360,10 +360,17 @@ func (m *Manager) Commit(keys []chunk.Key, ids []arena.ID) error {
 // learn. An id of 0 marks a chunk that was stored already and has no
 // reservation: it is skipped, and stays the parent of the next.
 func (m *Manager) CommitRun(keys []chunk.Key, ids []arena.ID) error {
-	return m.commit(keys, ids, true)
+	return m.commit(keys, ids, true, link{})
 }
 
-func (m *Manager) commit(keys []chunk.Key, ids []arena.ID, run bool) error {
+// CommitRunAfter is CommitRun for a run that follows parent, the chunk
+// just before keys[0] in its prompt (a prefill/decode push continuing a
+// prompt), so that keys[0] is parent's child rather than a root.
+func (m *Manager) CommitRunAfter(parent chunk.Key, keys []chunk.Key, ids []arena.ID) error {
+	return m.commit(keys, ids, true, link{parent, true})
+}
+
+func (m *Manager) commit(keys []chunk.Key, ids []arena.ID, run bool, first link) error {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	defer func() {
@@ -384,7 +391,7 @@ func (m *Manager) commit(keys []chunk.Key, ids []arena.ID, run bool) error {
 		}
 		var up link
 		if run {
-			up = parentOf(keys, i, link{})
+			up = parentOf(keys, i, first)
 		}
 		m.ram.CommitAfter(k, up.parent, up.ok, ids[i])
 		m.enqueueWrites(k, up, ids[i], len(m.lower), &budget)

@@ -34,6 +34,12 @@ const childEnv = "KVTIER_SCALE_FILL"
 // keeps a million records within a few GiB.
 const recordPayload = 512
 
+// recordChain is the length of the prefix chains the records form: record
+// i names record i-1 as its parent unless i is a multiple of it (a 4,096-
+// token prompt in 256-token chunks), so that recovery restores parents as
+// it would in a real tier.
+const recordChain = 16
+
 // DiskRow is the disk tier at one record count.
 type DiskRow struct {
 	Records       int
@@ -292,7 +298,7 @@ func fill(spec string) error {
 				payload := make([]byte, recordPayload)
 				for i := next.Add(1) - 1; i < int64(to); i = next.Add(1) - 1 {
 					binary.LittleEndian.PutUint64(payload, uint64(i))
-					if err := d.Put(context.Background(), scaleKey(uint64(i)), payload); err != nil {
+					if err := putRecord(d, uint64(i), payload); err != nil {
 						return err
 					}
 				}
@@ -313,6 +319,14 @@ func fill(spec string) error {
 	}
 	fmt.Println("ready")
 	return nil
+}
+
+// putRecord stores record i, after its parent unless it starts a chain.
+func putRecord(d *disk.Tier, i uint64, payload []byte) error {
+	if i%recordChain == 0 {
+		return d.Put(context.Background(), scaleKey(i), payload)
+	}
+	return d.PutAfter(context.Background(), scaleKey(i), scaleKey(i-1), payload)
 }
 
 // removeFrom removes the records numbered lo..hi-1 from d, four at a time

@@ -26,8 +26,9 @@ import (
 type Options struct {
 	Dir          string // directory for the disk tier (a real disk)
 	DiskRecords  []int
-	DiskTail     int // records stored after the last checkpoint before the SIGKILL
-	Restarts     int // times the restarts at the largest record count are repeated
+	DiskTail     int  // records stored after the last checkpoint before the SIGKILL
+	Restarts     int  // times the restarts at the largest record count are repeated
+	RestartsOnly bool // only the repeated restarts, of a directory filled before
 	RAMChunks    []int
 	ChurnChunks  []int
 	RouterBlocks []int
@@ -72,10 +73,12 @@ type Result struct {
 	LoadAvg [2]string // /proc/loadavg's 1-minute figure at start and end
 	Disk    []DiskRow
 	Restart []Restart
-	RAM     []RAMRow
-	Churn   []ChurnRow
-	Router  []RouterRow
-	Took    time.Duration
+	// RestartRecords is the record count of the repeated restarts.
+	RestartRecords int
+	RAM            []RAMRow
+	Churn          []ChurnRow
+	Router         []RouterRow
+	Took           time.Duration
 }
 
 // Run measures every part o asks for, logging progress to log.
@@ -85,10 +88,13 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Result, error) {
 	r.LoadAvg[0] = loadAvg()
 	var err error
 	if len(o.DiskRecords) > 0 {
-		if r.Disk, err = Disk(ctx, o.Dir, o.DiskRecords, o.DiskTail, log); err != nil {
-			return r, fmt.Errorf("disk: %w", err)
+		if !o.RestartsOnly {
+			if r.Disk, err = Disk(ctx, o.Dir, o.DiskRecords, o.DiskTail, log); err != nil {
+				return r, fmt.Errorf("disk: %w", err)
+			}
 		}
 		n := o.DiskRecords[len(o.DiskRecords)-1]
+		r.RestartRecords = n
 		if r.Restart, err = Restarts(ctx, o.Dir, n, o.DiskTail, o.Restarts, log); err != nil {
 			return r, fmt.Errorf("disk restarts: %w", err)
 		}
@@ -157,7 +163,7 @@ func (r *Result) Print(w io.Writer) {
 		fmt.Fprintln(w)
 	}
 	if len(r.Restart) > 0 {
-		printRestarts(w, r.Disk[len(r.Disk)-1].Records, r.Restart)
+		printRestarts(w, r.RestartRecords, r.Restart)
 	}
 	if len(r.RAM) > 0 {
 		fmt.Fprintf(w, "RAM tier (%s, the default policy): heap metadata per chunk and a 128-chunk prefix lookup (PrefixContains, CPU time) of stored chunks drawn at random:\n", defaultPolicy())
@@ -216,4 +222,47 @@ func printRestarts(w io.Writer, n int, rs []Restart) {
 		col(func(x Restart) time.Duration { return x.Crash }), col(func(x Restart) time.Duration { return x.CrashCPU }),
 		col(func(x Restart) time.Duration { return x.CrashPol }), col(func(x Restart) time.Duration { return x.Clean }),
 		col(func(x Restart) time.Duration { return x.CleanCPU }), col(func(x Restart) time.Duration { return x.CleanPol }))
+}
+
+// Select narrows o to the named parts (comma-separated: disk, restarts,
+// ram, churn, router; empty keeps them all), with other disk record counts
+// and repeated restarts when given (records empty, restarts 0: keep o's).
+// "restarts" alone repeats the restarts of a directory an earlier run
+// filled to the last record count, without refilling it first.
+func (o *Options) Select(parts string, records []int, restarts int) error {
+	if len(records) > 0 {
+		o.DiskRecords = records
+	}
+	if restarts > 0 {
+		o.Restarts = restarts
+	}
+	if parts == "" {
+		return nil
+	}
+	keep := map[string]bool{}
+	for _, p := range strings.Split(parts, ",") {
+		switch p = strings.TrimSpace(p); p {
+		case "disk", "restarts", "ram", "churn", "router":
+			keep[p] = true
+		default:
+			return fmt.Errorf("scale: unknown part %q (valid: disk, restarts, ram, churn, router)", p)
+		}
+	}
+	o.RestartsOnly = keep["restarts"] && !keep["disk"]
+	if !keep["disk"] && !keep["restarts"] {
+		o.DiskRecords = nil
+	}
+	if !keep["restarts"] {
+		o.Restarts = 0
+	}
+	if !keep["ram"] {
+		o.RAMChunks = nil
+	}
+	if !keep["churn"] {
+		o.ChurnChunks = nil
+	}
+	if !keep["router"] {
+		o.RouterBlocks = nil
+	}
+	return nil
 }

@@ -60,4 +60,23 @@ func TestQuick(t *testing.T) {
 }
 
 // ckptBytesPerRecord is a record entry of the checkpoint format.
-const ckptBytesPerRecord = 40
+const ckptBytesPerRecord = 56
+
+// TestSelect: --parts keeps only the parts named, and refuses others.
+func TestSelect(t *testing.T) {
+	o := Full("d")
+	if err := o.Select("restarts,ram", []int{2000}, 3); err != nil {
+		t.Fatal(err)
+	}
+	if !o.RestartsOnly || o.Restarts != 3 || len(o.DiskRecords) != 1 || o.DiskRecords[0] != 2000 ||
+		len(o.RAMChunks) == 0 || o.ChurnChunks != nil || o.RouterBlocks != nil {
+		t.Fatalf("selected %+v", o)
+	}
+	o = Full("d")
+	if err := o.Select("disk", nil, 0); err != nil || o.RestartsOnly || o.Restarts != 0 || o.RAMChunks != nil {
+		t.Fatalf("disk alone: %+v, %v", o, err)
+	}
+	if err := o.Select("disks", nil, 0); err == nil {
+		t.Fatal("an unknown part was accepted")
+	}
+}

@@ -7,7 +7,9 @@ import (
 )
 
 func benchScaleCmd() *cobra.Command {
-	var dir string
+	var dir, parts string
+	var records []int
+	var restarts int
 	var quick, asJSON bool
 	cmd := &cobra.Command{
 		Use:   "scale",
@@ -26,6 +28,9 @@ of RAM and a quarter of an hour; --quick runs a small version of each part.`,
 			if quick {
 				o = scale.Quick(dir)
 			}
+			if err := o.Select(parts, records, restarts); err != nil {
+				return err
+			}
 			r, err := scale.Run(cmd.Context(), o, cmd.ErrOrStderr())
 			if err != nil {
 				return err
@@ -41,5 +46,8 @@ of RAM and a quarter of an hour; --quick runs a small version of each part.`,
 	fl.StringVar(&dir, "dir", ".kvtier-scale", "directory for the disk tier (a real disk; it grows to about 8 GiB and is left for reuse)")
 	fl.BoolVar(&quick, "quick", false, "a small run of every part, to check the command")
 	fl.BoolVar(&asJSON, "json", false, "print JSON")
+	fl.StringVar(&parts, "parts", "", "measure only these parts, comma-separated: disk (restarts after filling), restarts (the repeated restarts of a directory disk filled), ram, churn, router")
+	fl.IntSliceVar(&records, "records", nil, "disk record counts instead of the defaults (the last one is the repeated restarts')")
+	fl.IntVar(&restarts, "restarts", 0, "times the restarts at the largest record count are repeated (0: the default)")
 	return cmd
 }

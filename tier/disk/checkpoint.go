@@ -27,7 +27,7 @@ import (
 //
 //	header, 32 bytes:
 //	     0  4 magic "KVTC"
-//	     4  2 checkpoint format version (1)
+//	     4  2 checkpoint format version (2; 1 is read too)
 //	     6  2 reserved, zero
 //	     8  8 the segment number the next new segment gets
 //	    16  8 number of segment entries S
@@ -37,13 +37,18 @@ import (
 //	     8  8 inode number of the segment file
 //	    16  8 scan-from offset: records at or past it are not listed
 //	    24  8 number of record entries for this segment
-//	N record entries, 40 bytes each, grouped by segment in the order of the
+//	N record entries, 56 bytes each, grouped by segment in the order of the
 //	segment entries, offsets strictly ascending within a segment:
 //	     0  8 key scope
 //	     8 16 key hash
 //	    24  8 offset of the record's header block in the segment
-//	    32  8 payload length
+//	    32  8 payload length; bit 63 set when the record names its parent
+//	    40 16 the parent's key hash (its scope is the key's), zero when none
 //	trailer, 8 bytes: xxh3-64 of every byte before it
+//
+// Version 1, written before parents were kept, has 40-byte record entries
+// (the first 40 bytes above, bit 63 clear): its records come back as roots
+// of their prefix chains, as they did.
 //
 // A checkpoint lists the records that were live when it was taken and lay
 // below their segment's scan-from offset: the end of the segment's reserved
@@ -74,11 +79,13 @@ import (
 
 const (
 	checkpointName = "CHECKPOINT"
-	ckptVersion    = 1
+	ckptVersion    = 2
 	ckptHeaderLen  = 32
 	ckptSegLen     = 32
-	ckptRecLen     = 40
+	ckptRecLen     = 56 // a version 2 record entry
+	ckptRecLenV1   = 40
 	ckptTrailerLen = 8
+	ckptHasUp      = 1 << 63 // in a record entry's payload length
 )
 
 var ckptMagic = [4]byte{'K', 'V', 'T', 'C'}
@@ -99,16 +106,31 @@ type ckptSeg struct {
 type checkpoint struct {
 	nextSeg uint64
 	segs    []ckptSeg
-	recs    []byte // N*ckptRecLen bytes
+	recs    []byte // N*recLen bytes
+	recLen  int    // bytes per record entry: ckptRecLen, or ckptRecLenV1
 }
+
+// count is the number of record entries.
+func (c *checkpoint) count() int { return len(c.recs) / c.recLen }
 
 // rec decodes record entry i.
 func (c *checkpoint) rec(i int) (chunk.Key, int64, int64) {
-	b := c.recs[i*ckptRecLen : (i+1)*ckptRecLen]
+	b := c.recs[i*c.recLen : (i+1)*c.recLen]
 	var k chunk.Key
 	k.Scope = binary.LittleEndian.Uint64(b)
 	copy(k.Hash[:], b[8:24])
-	return k, int64(binary.LittleEndian.Uint64(b[24:])), int64(binary.LittleEndian.Uint64(b[32:]))
+	return k, int64(binary.LittleEndian.Uint64(b[24:])), int64(binary.LittleEndian.Uint64(b[32:]) &^ ckptHasUp)
+}
+
+// parent returns the parent hash record entry i names, if any.
+func (c *checkpoint) parent(i int) (chunk.Hash, bool) {
+	var h chunk.Hash
+	b := c.recs[i*c.recLen : (i+1)*c.recLen]
+	if c.recLen == ckptRecLenV1 || binary.LittleEndian.Uint64(b[32:])&ckptHasUp == 0 {
+		return h, false
+	}
+	copy(h[:], b[40:56])
+	return h, true
 }
 
 // decodeCheckpoint parses and validates a checkpoint file's bytes: length,
@@ -122,7 +144,12 @@ func decodeCheckpoint(b []byte) (*checkpoint, error) {
 	if !bytes.Equal(b[:4], ckptMagic[:]) {
 		return bad("magic mismatch")
 	}
-	if v := binary.LittleEndian.Uint16(b[4:]); v != ckptVersion {
+	recLen := ckptRecLen
+	switch v := binary.LittleEndian.Uint16(b[4:]); v {
+	case ckptVersion:
+	case 1:
+		recLen = ckptRecLenV1
+	default:
 		return bad(fmt.Sprintf("unsupported version %d", v))
 	}
 	if binary.LittleEndian.Uint16(b[6:]) != 0 {
@@ -130,14 +157,14 @@ func decodeCheckpoint(b []byte) (*checkpoint, error) {
 	}
 	body := uint64(len(b) - ckptHeaderLen - ckptTrailerLen)
 	nseg, nrec := binary.LittleEndian.Uint64(b[16:]), binary.LittleEndian.Uint64(b[24:])
-	if nseg > body/ckptSegLen || nrec > body/ckptRecLen || nseg*ckptSegLen+nrec*ckptRecLen != body {
+	if nseg > body/ckptSegLen || nrec > body/uint64(recLen) || nseg*ckptSegLen+nrec*uint64(recLen) != body {
 		return bad("length does not match the entry counts")
 	}
 	end := len(b) - ckptTrailerLen
 	if binary.LittleEndian.Uint64(b[end:]) != xxh3.Hash(b[:end]) {
 		return bad("checksum mismatch")
 	}
-	c := &checkpoint{nextSeg: binary.LittleEndian.Uint64(b[8:]), segs: make([]ckptSeg, nseg)}
+	c := &checkpoint{nextSeg: binary.LittleEndian.Uint64(b[8:]), segs: make([]ckptSeg, nseg), recLen: recLen}
 	segBytes := b[ckptHeaderLen : ckptHeaderLen+int(nseg)*ckptSegLen]
 	c.recs = b[ckptHeaderLen+len(segBytes) : end]
 	first := 0 // first record entry of the segment at hand
@@ -176,6 +203,9 @@ func checkRecs(c *checkpoint, first int, s ckptSeg) error {
 	var prevEnd int64
 	for i := first; i < first+s.recs; i++ {
 		_, off, size := c.rec(i)
+		if c.recLen == ckptRecLenV1 && binary.LittleEndian.Uint64(c.recs[i*c.recLen+32:])&ckptHasUp != 0 {
+			return fmt.Errorf("%w: record entry %d: a version 1 entry names a parent", errCheckpoint, i)
+		}
 		if off < prevEnd || off%blockSize != 0 || size < 0 || size > maxPayload || off > s.scanFrom ||
 			recordSize(size) > s.scanFrom-off {
 			return fmt.Errorf("%w: record entry %d out of place", errCheckpoint, i)
@@ -346,7 +376,12 @@ func writeCheckpoint(dir string, snap *ckptSnapshot, hook func(string)) error {
 		binary.LittleEndian.PutUint64(e[:], r.key.Scope)
 		copy(e[8:24], r.key.Hash[:])
 		binary.LittleEndian.PutUint64(e[24:], uint64(r.off))
-		binary.LittleEndian.PutUint64(e[32:], uint64(r.size))
+		size := uint64(r.size)
+		if r.hasUp {
+			size |= ckptHasUp
+			copy(e[40:56], r.up[:])
+		}
+		binary.LittleEndian.PutUint64(e[32:], size)
 		w.put(e[:])
 	}
 	err = w.finish()

@@ -362,7 +362,11 @@ func FuzzDecodeCheckpoint(f *testing.F) {
 	d := openTier(f, dir, Options{Capacity: 64 << 20, SegmentSize: 64 << 10})
 	for n := range uint64(12) {
 		k := testKey(n)
-		mustPut(f, d, k, testPayload(k, testSize(n, 20000)))
+		if n%3 == 0 {
+			mustPut(f, d, k, testPayload(k, testSize(n, 20000)))
+		} else if err := d.PutAfter(context.Background(), k, testKey(n-1), testPayload(k, testSize(n, 20000))); err != nil {
+			f.Fatal(err)
+		}
 	}
 	d.Close()
 	cp, err := os.ReadFile(filepath.Join(dir, checkpointName))
@@ -370,6 +374,7 @@ func FuzzDecodeCheckpoint(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(cp, false)
+	f.Add(checkpointV1(f, cp), false)
 	f.Add(cp[:40], true)
 	f.Add([]byte{}, false)
 	f.Fuzz(func(t *testing.T, b []byte, fixSum bool) {
@@ -395,8 +400,13 @@ func FuzzDecodeCheckpoint(f *testing.F) {
 			}
 			n += s.recs
 		}
-		if n*ckptRecLen != len(c.recs) {
+		if n*c.recLen != len(c.recs) {
 			t.Fatal("record count")
+		}
+		for j := range n {
+			if _, ok := c.parent(j); ok && c.recLen != ckptRecLen {
+				t.Fatalf("a version 1 entry %d names a parent", j)
+			}
 		}
 	})
 }
@@ -425,8 +435,8 @@ func TestCheckpointAfterPutsByCount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(c.recs)/ckptRecLen != len(want) {
-		t.Fatalf("checkpoint lists %d records, %d stored", len(c.recs)/ckptRecLen, len(want))
+	if c.count() != len(want) {
+		t.Fatalf("checkpoint lists %d records, %d stored", c.count(), len(want))
 	}
 }
 

@@ -54,6 +54,19 @@ import (
 // it covers; a power of two makes each layer of a KV_2LTD chunk whose size
 // is a power of two start on a piece boundary.
 //
+// Version 3 is version 2 for a record whose parent in its prefix chain is
+// known (PutAfter, a range write committed with a parent): the parent's key
+// hash follows the piece checksums, and the header checksum covers it too.
+// The parent has the record's key scope. Recovery hands it to a prefix-aware
+// eviction policy, so that after a restart chains are not all roots:
+//
+//	 72+8m   16 the parent's key hash (version 3 only)
+//	 88+8m    . zero up to 4096
+//
+// A record without a known parent is written as version 2, so a directory
+// holds both. Builds older than version 3 take such a header for a damaged
+// block and skip its record: going back to one loses those records.
+//
 // Version 1 records, written before pieces existed, stay readable: they have
 // one checksum for the whole payload and are verified (and range-read) as a
 // single piece.
@@ -84,8 +97,9 @@ import (
 const (
 	blockSize  = 4096
 	headerLen  = 72 // bytes before the piece checksums; all of a version 1 header
-	version    = 2  // what encode writes unless told to write version 1
+	version    = 2  // what encode writes unless told to write version 1, or the record names a parent
 	version1   = 1
+	version3   = 3       // version 2 and the parent's key hash
 	maxPayload = 1 << 40 // far above any chunk; keeps offset arithmetic from overflowing
 	maxPieces  = 256     // piece checksums in a version 2 header
 	minShift   = 12      // smallest piece: one block
@@ -119,6 +133,23 @@ type header struct {
 	version uint16            // 0 means the current version
 	sum     uint64            // version 1: xxh3-64 of the payload
 	sums    [maxPieces]uint64 // version 2: xxh3-64 of each piece; pieceShift(size) sets their length
+	up      chunk.Hash        // the parent's key hash when hasUp (version 3; scope: key's)
+	hasUp   bool
+}
+
+// setParent records up as the record's parent, for a version 3 header.
+// A parent of another scope is not recorded: it fits no header.
+func (h *header) setParent(up parent) {
+	h.hasUp = up.ok && up.key.Scope == h.key.Scope
+	h.up = up.key.Hash
+	if !h.hasUp {
+		h.up = chunk.Hash{}
+	}
+}
+
+// parent returns the record's parent, when its header names one.
+func (h *header) parent() parent {
+	return parent{key: chunk.Key{Scope: h.key.Scope, Hash: h.up}, ok: h.hasUp}
 }
 
 // pieceShift returns the piece shift version 2 uses for an n-byte payload.
@@ -170,8 +201,11 @@ func alignUp(n int64) int64 { return (n + blockSize - 1) &^ (blockSize - 1) }
 func (h *header) encode(block []byte) {
 	_ = block[blockSize-1]
 	v := uint16(version)
-	if h.version == version1 {
+	switch {
+	case h.version == version1:
 		v = version1
+	case h.hasUp:
+		v = version3
 	}
 	copy(block[0:4], magic[:])
 	binary.LittleEndian.PutUint16(block[4:], v)
@@ -192,6 +226,9 @@ func (h *header) encode(block []byte) {
 			binary.LittleEndian.PutUint64(block[headerLen+8*i:], h.sums[i])
 		}
 		end += 8 * m
+		if v == version3 {
+			end += copy(block[end:], h.up[:])
+		}
 	}
 	clear(block[end:blockSize])
 	binary.LittleEndian.PutUint64(block[64:], headerSum(block, v, end))
@@ -221,7 +258,7 @@ func decodeHeader(block []byte) (header, error) {
 		return header{}, errMagic
 	}
 	v := binary.LittleEndian.Uint16(block[4:])
-	if v != version && v != version1 {
+	if v != version && v != version1 && v != version3 {
 		return header{}, errVersion
 	}
 	h := header{
@@ -243,6 +280,10 @@ func decodeHeader(block []byte) (header, error) {
 		for i := range int(m) {
 			h.sums[i] = binary.LittleEndian.Uint64(block[headerLen+8*i:])
 		}
+		if v == version3 {
+			end += copy(h.up[:], block[end:])
+			h.hasUp = true
+		}
 		if h.size < 0 || h.size > maxPayload || shift != uint32(pieceShift(h.size)) || int(m) != h.pieces() {
 			return header{}, errHeaderField
 		}
@@ -258,8 +299,8 @@ func decodeHeader(block []byte) (header, error) {
 	if h.off < 0 || h.off%blockSize != 0 || h.off > maxPayload || h.size < 0 || h.size > maxPayload {
 		return header{}, errHeaderField
 	}
-	if v == version {
-		h.version = 0 // the current version reads as the zero value, as encode takes it
+	if v == version || v == version3 {
+		h.version = 0 // the current versions read as the zero value, as encode takes it
 	}
 	return h, nil
 }

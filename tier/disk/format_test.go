@@ -14,13 +14,20 @@ func sampleHeader() header {
 	return h
 }
 
+// sampleHeaderV3 is sampleHeader naming a parent: a version 3 header.
+func sampleHeaderV3() header {
+	h := sampleHeader()
+	h.setParent(parent{key: testKey(98), ok: true})
+	return h
+}
+
 // sampleHeaderV1 is a header as the version 1 encoder wrote it.
 func sampleHeaderV1() header {
 	return header{seg: 7, off: 3 * blockSize, key: testKey(99), size: 123457, version: version1, sum: 0xfeedface}
 }
 
 func TestHeaderRoundTrip(t *testing.T) {
-	for _, h := range []header{sampleHeader(), sampleHeaderV1(), {size: 0}, {size: 32 << 20}, {size: maxPayload}} {
+	for _, h := range []header{sampleHeader(), sampleHeaderV1(), sampleHeaderV3(), {size: 0}, {size: 32 << 20}, {size: maxPayload}} {
 		block := make([]byte, blockSize)
 		h.encode(block)
 		got, err := decodeHeader(block)
@@ -51,7 +58,7 @@ func TestPieceGeometry(t *testing.T) {
 // TestHeaderRejectsEveryByteFlip flips each header byte (and one byte of the
 // padding) and expects the block to be rejected.
 func TestHeaderRejectsEveryByteFlip(t *testing.T) {
-	for _, h := range []header{sampleHeader(), sampleHeaderV1()} {
+	for _, h := range []header{sampleHeader(), sampleHeaderV1(), sampleHeaderV3()} {
 		testHeaderFlips(t, h)
 	}
 }
@@ -60,8 +67,11 @@ func testHeaderFlips(t *testing.T, h header) {
 	clean := make([]byte, blockSize)
 	h.encode(clean)
 	end := headerLen + 8*h.pieces()
-	if h.version == version1 {
+	switch {
+	case h.version == version1:
 		end = headerLen
+	case h.hasUp:
+		end += len(h.up)
 	}
 	for i := range end + 1 {
 		block := bytes.Clone(clean)
@@ -111,6 +121,9 @@ func FuzzDecodeHeader(f *testing.F) {
 	v1 := sampleHeaderV1()
 	v1.encode(block)
 	f.Add(block[:headerLen], uint16(0), byte(0))
+	v3 := sampleHeaderV3()
+	v3.encode(block)
+	f.Add(block[:headerLen+8*v3.pieces()+len(v3.up)], uint16(0), byte(0))
 	f.Add([]byte{}, uint16(0), byte(0))
 	f.Fuzz(func(t *testing.T, head []byte, padAt uint16, padByte byte) {
 		if _, err := decodeHeader(head); err == nil && len(head) < blockSize {

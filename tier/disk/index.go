@@ -23,11 +23,18 @@ const (
 // records is invisible to the garbage collector.
 type slot struct {
 	key      chunk.Key
-	seg      uint64 // segment number
-	off      int64  // offset of the record's header block in the segment
-	size     int64  // payload length
-	pinUntil int64  // tier clock (ns) until which eviction must skip the record
+	seg      uint64     // segment number
+	off      int64      // offset of the record's header block in the segment
+	size     int64      // payload length
+	pinUntil int64      // tier clock (ns) until which eviction must skip the record
+	up       chunk.Hash // the parent's key hash (scope: key's) when hasUp, for checkpoints
 	state    slotState
+	hasUp    bool
+}
+
+// parent returns the slot's parent, when it names one.
+func (s *slot) parent() parent {
+	return parent{key: chunk.Key{Scope: s.key.Scope, Hash: s.up}, ok: s.hasUp}
 }
 
 // index maps keys to record locations and orders live records for
@@ -51,6 +58,13 @@ type index struct {
 
 	quota     *tier.Quota          // per-owner accounting (quota.go); nil for none
 	quotaBusy func(chunk.Key) bool // pinnedNow, allocated once
+
+	// Records whose parent the policy took in after them (adopt.go):
+	// relink, restored before their parents, are linked once the policy
+	// has every restored record; waitUp, published while their parent's
+	// record was still being written, when that one is published.
+	relink []warmRec
+	waitUp []upLink
 }
 
 func newIndex(order policy.Policy[chunk.Key]) *index {
@@ -95,10 +109,15 @@ func (x *index) publish(i int32) { x.publishAfter(i, parent{}) }
 // publishAfter is publish naming the record's parent, when known, for a
 // prefix-aware policy.
 func (x *index) publishAfter(i int32, up parent) {
-	x.slots[i].state = slotLive
+	s := &x.slots[i]
+	if up.ok && up.key.Scope == s.key.Scope { // as the header records it
+		s.up, s.hasUp = up.key.Hash, true
+	}
+	s.state = slotLive
 	x.live++
-	x.admit(x.slots[i].key, up)
-	x.quota.Admit(x.slots[i].key)
+	x.admit(s.key, up)
+	x.quota.Admit(s.key)
+	x.noteParent(s.key, up)
 }
 
 // drop forgets slot i entirely. A live record leaves the policy as removed
@@ -108,6 +127,9 @@ func (x *index) drop(i int32) {
 	if s.state == slotLive {
 		x.remove(s.key)
 		x.live--
+	}
+	if s.state == slotWriting && len(x.waitUp) > 0 {
+		x.forgetWaiting(s.key)
 	}
 	x.keys.del(s.key, i)
 	x.quota.Release(s.key)

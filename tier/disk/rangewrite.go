@@ -218,6 +218,8 @@ func (w *rangeWrite) Commit(ctx context.Context, src []byte, parentKey chunk.Key
 	w.close()
 	t, seg := w.t, w.r.seg
 	err := w.writeDone(ctx, src, 0, w.pieces(), true)
+	w.r.up = parent{parentKey, hasParent}
+	w.hdr.setParent(w.r.up)
 	if err == nil {
 		o := t.getOp()
 		if o.block == nil {
@@ -230,7 +232,6 @@ func (w *rangeWrite) Commit(ctx context.Context, src []byte, parentKey chunk.Key
 		err = seg.sync.sync(seg.fd)
 	}
 	w.done = true
-	w.r.up = parent{parentKey, hasParent}
 	t.finishPut(w.r, int(w.size), err)
 	t.calls.Done()
 	if err != nil {

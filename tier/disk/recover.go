@@ -48,6 +48,9 @@ func (t *Tier) recover() error {
 		return err
 	}
 	t.rec.Checkpoint = cp != nil
+	if t.idx.warm == nil {
+		t.idx.adoptRestored() // else pol does, once the policy has every record
+	}
 	evicted := 0
 	for t.used > t.opts.Capacity {
 		i := t.idx.victim(t.now())
@@ -104,7 +107,7 @@ func (t *Tier) rebuild(ids []uint64, cp *checkpoint, sum *scanReport) error {
 			t.rec.FullScans++
 			rep, err := scan(seg, w, 0, func(h header) error {
 				t.rec.Scanned++
-				return t.recoverRecord(seg, found{key: h.key, off: h.off, size: h.size})
+				return t.recoverRecord(seg, found{key: h.key, off: h.off, size: h.size, up: h.parent()})
 			})
 			if err != nil {
 				return fmt.Errorf("disk: scan %s: %w", seg.path, err)
@@ -120,6 +123,7 @@ func (t *Tier) rebuild(ids []uint64, cp *checkpoint, sum *scanReport) error {
 type found struct {
 	key       chunk.Key
 	off, size int64
+	up        parent // what its header names
 }
 
 // restoreAll indexes segs from the checkpoint cp and the log past it. The
@@ -139,10 +143,10 @@ type found struct {
 func (t *Tier) restoreAll(segs []*segment, cp *checkpoint, w *worker, sum *scanReport) error {
 	// Size the slots for what the checkpoint lists (the key table is
 	// sized by its fill).
-	listed := len(cp.recs) / ckptRecLen
+	listed := cp.count()
 	t.idx.slots = make([]slot, 1, listed+listed/8+1)
 	rs := restorer{cp: cp, first: make(map[uint64][2]int, len(cp.segs)), w: w,
-		kept: make([]int32, 0, listed), keys: make([]chunk.Key, 0, listed)}
+		kept: make([]int32, 0, listed), keys: make([]warmRec, 0, listed)}
 	n := 0
 	for _, e := range cp.segs {
 		rs.first[e.id] = [2]int{n, len(rs.first)}
@@ -216,7 +220,7 @@ func (t *Tier) readLogs(segs []*segment, plans []segPlan) *logReads {
 				from = plans[i].e.scanFrom
 			}
 			rep, err := scan(seg, w, from, func(h header) error {
-				r.found[i] = append(r.found[i], found{key: h.key, off: h.off, size: h.size})
+				r.found[i] = append(r.found[i], found{key: h.key, off: h.off, size: h.size, up: h.parent()})
 				return nil
 			})
 			if err != nil {
@@ -273,8 +277,9 @@ func (t *Tier) recoverRecord(seg *segment, f found) error {
 			return err
 		}
 	}
+	t.idx.noteRestored(f.key, f.up)
 	i := t.idx.add(slot{key: f.key, seg: seg.id, off: f.off, size: f.size})
-	t.idx.publish(i)
+	t.idx.publishAfter(i, f.up)
 	t.used += recordSize(f.size)
 	seg.live++
 	return nil

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"kvtier/chunk"
 )
 
 // Recovery describes how Open rebuilt the index.
@@ -71,9 +69,9 @@ type restorer struct {
 	cp    *checkpoint
 	first map[uint64][2]int // segment number: first record entry, segment entry
 	w     *worker
-	exts  [][2]int64  // data extents below scan-from of every planned segment
-	kept  []int32     // record entries whose bytes are all there, every segment
-	keys  []chunk.Key // the kept records' keys, handed to the policy by segment
+	exts  [][2]int64 // data extents below scan-from of every planned segment
+	kept  []int32    // record entries whose bytes are all there, every segment
+	keys  []warmRec  // the kept records' keys and parents, handed to the policy by segment
 }
 
 // segPlan is what the checkpoint vouches for in one segment file.
@@ -163,8 +161,9 @@ func (t *Tier) restore(rs *restorer, seg *segment, p segPlan, sum *scanReport) e
 		if err := gap(prevEnd, off); err != nil {
 			return err
 		}
-		keys[j] = key
-		t.idx.slots = append(t.idx.slots, slot{key: key, seg: seg.id, off: off, size: size, state: slotLive})
+		up, hasUp := rs.cp.parent(int(i))
+		keys[j] = warmRec{key: key, up: up, hasUp: hasUp}
+		t.idx.slots = append(t.idx.slots, slot{key: key, seg: seg.id, off: off, size: size, up: up, hasUp: hasUp, state: slotLive})
 		t.used += recordSize(size)
 		seg.live++
 		prevEnd = off + recordSize(size)

@@ -394,8 +394,9 @@ func (t *Tier) Put(ctx context.Context, key chunk.Key, data []byte) error {
 
 // PutAfter implements tier.ChainPutter: it is Put for a chunk whose parent
 // in its prefix chain is up, which a prefix-aware policy keeps while the
-// chunk is stored. Parents are not logged: after a restart records are
-// admitted as roots.
+// chunk is stored. The record's header names the parent (of the same key
+// scope; FORMAT in format.go), and so does the checkpoint, so that after a
+// restart the policy takes the chains in again.
 func (t *Tier) PutAfter(ctx context.Context, key, up chunk.Key, data []byte) error {
 	return t.putAfter(ctx, key, parent{up, true}, data)
 }
@@ -449,7 +450,7 @@ func (t *Tier) put(ctx context.Context, key chunk.Key, up parent, data []byte, n
 	}
 	<-seg.ready
 	if err = seg.openErr; err == nil {
-		err = t.write(ctx, seg, r.off, key, data)
+		err = t.write(ctx, seg, r.off, key, up, data)
 	}
 	if err == nil && t.opts.Sync == SyncEach {
 		err = seg.sync.sync(seg.fd)
@@ -465,7 +466,7 @@ func (t *Tier) put(ctx context.Context, key chunk.Key, up parent, data []byte, n
 // while this one checksums it, then the header follows. Overlapping the
 // checksum with the transfer hides its cost; writing the header last means a
 // valid header is never found before its payload was written.
-func (t *Tier) write(ctx context.Context, seg *segment, off int64, key chunk.Key, data []byte) error {
+func (t *Tier) write(ctx context.Context, seg *segment, off int64, key chunk.Key, up parent, data []byte) error {
 	o := t.getOp()
 	defer t.putOp(o)
 	o.kind, o.seg, o.off, o.buf = opWrite, seg, off, data
@@ -473,6 +474,7 @@ func (t *Tier) write(ctx context.Context, seg *segment, off int64, key chunk.Key
 	h := &o.hdr // 2 KiB of piece checksums: kept with the pooled op, off the stack
 	*h = header{seg: seg.id, off: off, key: key, size: int64(len(data))}
 	h.setSums(data)
+	h.setParent(up)
 	if err := t.sched.wait(ctx, o); err != nil {
 		return err
 	}

@@ -39,6 +39,7 @@ const (
 	polAdmit polKind = iota
 	polAccess
 	polRemove
+	polAdopt // link key under up (adopt.go)
 )
 
 // maxQueuedOps bounds the queue once Open has returned: past it, Gets,
@@ -47,13 +48,22 @@ const (
 // memory). The bound is loose by what callers already inside the lock add.
 const maxQueuedOps = 1 << 16
 
+// warmRec is a restored record as the policy takes it in: its key and,
+// when its checkpoint entry names one, its parent's key hash (same scope).
+type warmRec struct {
+	key   chunk.Key
+	up    chunk.Hash
+	hasUp bool
+}
+
 // warmer is the goroutine admitting restored keys, and the queue.
 type warmer struct {
-	batches chan []chunk.Key // restored keys, one batch per segment, in log order
-	feeding bool             // batches is still open: Open is restoring
-	done    chan struct{}    // closed once every batch is admitted
-	end     time.Time        // when; written before done is closed
-	queued  []polOp          // under the tier's lock
+	batches chan []warmRec // restored keys, one batch per segment, in log order
+	feeding bool           // batches is still open: Open is restoring
+	done    chan struct{}  // closed once every batch is admitted
+	end     time.Time      // when; written before done is closed
+	queued  []polOp        // under the tier's lock
+	late    []warmRec      // restored before their parents; written before done is closed
 }
 
 // ready reports whether the policy goroutine is done.
@@ -77,7 +87,7 @@ var warmWaiting func()
 // startWarm starts admitting restored keys on another goroutine, after
 // sizing the policy for grow keys; at most segs batches will come.
 func (x *index) startWarm(grow, segs int) {
-	w := &warmer{batches: make(chan []chunk.Key, segs), feeding: true, done: make(chan struct{})}
+	w := &warmer{batches: make(chan []warmRec, segs), feeding: true, done: make(chan struct{})}
 	order, hold := x.order, warmHold
 	go func() {
 		defer func() {
@@ -88,18 +98,35 @@ func (x *index) startWarm(grow, segs int) {
 			hold()
 		}
 		policy.Grow(order, grow) // a map grown step by step rehashes some twenty times
-		for b := range w.batches {
-			for _, k := range b {
-				order.Admit(k)
-			}
-		}
+		w.late = admitRestored(order, w.batches)
 	}()
 	x.warm = w
 }
 
+// admitRestored admits the restored records in log order, each as its
+// parent's child where the policy follows prefixes, and returns those
+// that came before their parents (adopt.go): pol links them once the
+// records found in the log past the checkpoint are in too.
+func admitRestored(order policy.Policy[chunk.Key], batches <-chan []warmRec) []warmRec {
+	ad, chains := order.(policy.Adopter[chunk.Key])
+	var late []warmRec
+	for b := range batches {
+		for _, r := range b {
+			if !chains || !r.hasUp {
+				order.Admit(r.key)
+				continue
+			}
+			if !ad.AdmitChildLinked(r.key, chunk.Key{Scope: r.key.Scope, Hash: r.up}) {
+				late = append(late, r)
+			}
+		}
+	}
+	return late
+}
+
 // feedWarm hands the policy goroutine one segment's restored keys, which
 // the caller must not change afterwards.
-func (x *index) feedWarm(keys []chunk.Key) {
+func (x *index) feedWarm(keys []warmRec) {
 	if len(keys) > 0 {
 		x.warm.batches <- keys
 	}
@@ -128,6 +155,8 @@ func (x *index) pol() policy.Policy[chunk.Key] {
 		for _, op := range w.queued {
 			op.apply(x.order)
 		}
+		x.relink = append(w.late, x.relink...)
+		x.adoptRestored()
 	}
 	return x.order
 }
@@ -187,6 +216,10 @@ func (op polOp) apply(p policy.Policy[chunk.Key]) {
 		p.Access(op.key)
 	case polRemove:
 		p.Remove(op.key)
+	case polAdopt:
+		if ad, ok := p.(policy.Adopter[chunk.Key]); ok {
+			ad.Adopt(op.key, op.up)
+		}
 	}
 }
 

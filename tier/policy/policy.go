@@ -143,3 +143,20 @@ func Grow[K comparable](p Policy[K], n int) {
 		g.Grow(n)
 	}
 }
+
+// Adopter is implemented by the prefix-aware policies, for an owner that
+// may learn of a key before its parent: the disk tier restoring its
+// records in log order, where a chunk's record can precede its parent's
+// (two writers, or a parent stored again later).
+type Adopter[K comparable] interface {
+	Prefixed[K]
+	// AdmitChildLinked is AdmitChild that reports whether k became
+	// parent's child: false when parent is not tracked (k is then a
+	// root) or k was tracked already.
+	AdmitChildLinked(k, parent K) bool
+	// Adopt makes the tracked root k a child of the tracked parent, as if
+	// AdmitChild had named it. It reports whether it did: not when either
+	// is untracked, k has a parent already, or parent descends from k
+	// (which chained keys never do, but raw keys might).
+	Adopt(k, parent K) bool
+}

@@ -123,18 +123,52 @@ func (t *tree[K]) Len() int     { return t.n }
 func (t *tree[K]) Admit(k K) { t.admit(k, none) }
 
 // AdmitChild implements Prefixed.
-func (t *tree[K]) AdmitChild(k, parent K) {
+func (t *tree[K]) AdmitChild(k, parent K) { t.AdmitChildLinked(k, parent) }
+
+// AdmitChildLinked implements Adopter.
+func (t *tree[K]) AdmitChildLinked(k, parent K) bool {
 	p, ok := t.index[parent]
 	if !ok {
 		p = none
 	}
-	t.admit(k, p)
+	return t.admit(k, p) && ok
 }
 
-func (t *tree[K]) admit(k K, parent int32) {
+// maxAdoptWalk bounds Adopt's walk up from the parent, which looks for k
+// among its ancestors: a longer chain is not adopted.
+const maxAdoptWalk = 1 << 16
+
+// Adopt implements Adopter.
+func (t *tree[K]) Adopt(k, parent K) bool {
+	i, ok := t.index[k]
+	p, pok := t.index[parent]
+	if !ok || !pok || t.nodes[i].parent != none {
+		return false
+	}
+	steps := 0
+	for q := p; q != none; q = t.nodes[q].parent {
+		if q == i || steps == maxAdoptWalk {
+			return false
+		}
+		steps++
+	}
+	t.link(p, i)
+	// The depth of k's own descendants stays as it was: TREERP's classes
+	// only saturate at 32, and a wrong class costs a rank, not a link.
+	nd := &t.nodes[i]
+	nd.depth = t.nodes[p].depth + min(1, ^t.nodes[p].depth)
+	if nd.leaf != none {
+		t.leaves[nd.leaf].depth = nd.depth
+	}
+	return true
+}
+
+// admit tracks k under parent (none: a root) and reports whether it did;
+// a tracked k is accessed instead.
+func (t *tree[K]) admit(k K, parent int32) bool {
 	if _, ok := t.index[k]; ok {
 		t.Access(k)
-		return
+		return false
 	}
 	t.clock++
 	i := t.alloc(k)
@@ -164,6 +198,7 @@ func (t *tree[K]) admit(k K, parent int32) {
 		t.link(parent, i)
 	}
 	t.addLeaf(i)
+	return true
 }
 
 func (t *tree[K]) Access(k K) {

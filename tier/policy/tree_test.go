@@ -20,6 +20,21 @@ func (m treeModel) hasChild(k int) bool {
 	return false
 }
 
+// canAdopt reports whether k is a tracked root that q, tracked, may take
+// as its child: q does not descend from k.
+func (m treeModel) canAdopt(k, q int) bool {
+	pk, ok := m[k]
+	if _, qok := m[q]; !ok || !qok || pk != -1 {
+		return false
+	}
+	for a := q; a != -1; a = m[a] {
+		if a == k {
+			return false
+		}
+	}
+	return true
+}
+
 // remove forgets k; its children become roots.
 func (m treeModel) remove(k int) {
 	delete(m, k)
@@ -39,19 +54,37 @@ func runTree(t *testing.T, ops []byte) {
 		p := mustNewPrefixed(t, name)
 		m := treeModel{}
 		for j := 0; j+2 < len(ops); j += 3 {
-			op, k, q := ops[j]%8, int(ops[j+1])%32, int(ops[j+2])%32
+			op, k, q := ops[j]%9, int(ops[j+1])%32, int(ops[j+2])%32
 			switch op {
 			case 0, 1, 2: // admit k under q when q is tracked, else as a root
 				if _, ok := m[k]; ok {
 					p.Access(k)
 					continue
 				}
-				if _, ok := m[q]; ok && q != k && op != 0 {
+				_, ok := m[q]
+				switch {
+				case op == 1: // naming q whether tracked or not
+					if linked := p.(Adopter[int]).AdmitChildLinked(k, q); linked != (ok && q != k) {
+						t.Fatalf("%s op %d: AdmitChildLinked(%d, %d) = %v", name, j/3, k, q, linked)
+					}
+					m[k] = -1
+					if ok && q != k {
+						m[k] = q
+					}
+				case ok && q != k && op != 0:
 					p.AdmitChild(k, q)
 					m[k] = q
-				} else {
+				default:
 					p.Admit(k)
 					m[k] = -1
+				}
+			case 8: // link k under q afterwards
+				want := m.canAdopt(k, q)
+				if got := p.(Adopter[int]).Adopt(k, q); got != want {
+					t.Fatalf("%s op %d: Adopt(%d, %d) = %v, want %v", name, j/3, k, q, got, want)
+				}
+				if want {
+					m[k] = q
 				}
 			case 3, 4:
 				p.Access(k)

@@ -1,0 +1,56 @@
+package engine
+
+import "kvtier/chunk"
+
+// PushChain follows the chunks that one connection receives for a
+// prefill/decode transfer (RECEIVE, RECEIVE_LAYERS), so that each can be
+// stored as its parent's child (Writes.After). A producer sends a
+// transfer's chunks in prompt order, batch after batch on one connection
+// (docs/disaggregation.md), so a chunk's parent is the chunk before it in
+// its batch, and a batch's first chunk follows the previous batch's last
+// one when both belong to the same transfer. The first batch of a
+// transfer on a connection names no parent: the connector pushes a
+// prompt from its first chunk, which is a root; a producer that pushes
+// only a tail leaves that tail's first chunk a root of its own, as every
+// pushed chunk was before. The zero value is ready.
+type PushChain struct {
+	keys     []chunk.Key // the current batch, for Next
+	next     int         // the batch's chunk Next is asked about
+	transfer uint64
+	last     chunk.Key // the previous batch's last key, for transfer
+	first    chunk.Key // the parent of the current batch's first key
+	hasLast  bool
+	hasFirst bool
+}
+
+// Begin starts a batch of keys for transfer. A batch of no keys (a
+// RECEIVE_LAYERS probe) changes nothing.
+func (c *PushChain) Begin(transfer uint64, keys []chunk.Key) {
+	if len(keys) == 0 {
+		return
+	}
+	c.first, c.hasFirst = c.last, c.hasLast && c.transfer == transfer && transfer != 0
+	c.transfer, c.last, c.hasLast = transfer, keys[len(keys)-1], true
+	c.keys, c.next = keys, 0
+}
+
+// Next returns the parent of the batch's chunks one after another, for a
+// caller that takes them in order (RECEIVE): the first call is about
+// keys[0]. Past the batch's end it knows no parent.
+func (c *PushChain) Next() (chunk.Key, bool) {
+	j := c.next
+	if j >= len(c.keys) {
+		return chunk.Key{}, false
+	}
+	c.next++
+	return c.Parent(c.keys, j)
+}
+
+// Parent returns the parent of keys[j] in the batch Begin started with
+// keys, and whether it is known.
+func (c *PushChain) Parent(keys []chunk.Key, j int) (chunk.Key, bool) {
+	if j > 0 {
+		return keys[j-1], true
+	}
+	return c.first, c.hasFirst
+}

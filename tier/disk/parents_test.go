@@ -1,0 +1,222 @@
+package disk
+
+import (
+	"context"
+	"encoding/binary"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"testing"
+
+	"kvtier/chunk"
+	"kvtier/tier/policy"
+)
+
+// chainKey is record j of chain c in these tests.
+func chainKey(c, j int) chunk.Key { return testKey(uint64(1000*(c+1) + j)) }
+
+const (
+	chains   = 4
+	chainLen = 4
+	chainRec = 10000 // payload bytes
+)
+
+// putChainRecord stores record j of chain c, naming record j-1 as its
+// parent.
+func putChainRecord(t *testing.T, d *Tier, c, j int) {
+	t.Helper()
+	k := chainKey(c, j)
+	var err error
+	if j == 0 {
+		err = d.Put(context.Background(), k, testPayload(k, chainRec))
+	} else {
+		err = d.PutAfter(context.Background(), k, chainKey(c, j-1), testPayload(k, chainRec))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// chainPrefix checks that what d holds of chain c is a prefix and
+// returns its length. It reads nothing, which would count as a use.
+func chainPrefix(t *testing.T, d *Tier, c int, at string) int {
+	t.Helper()
+	n := 0
+	for n < chainLen && d.Contains(chainKey(c, n)) {
+		n++
+	}
+	for j := n + 1; j < chainLen; j++ {
+		if d.Contains(chainKey(c, j)) {
+			t.Fatalf("%s: chain %d keeps record %d after losing record %d: the tail is stranded", at, c, j, n)
+		}
+	}
+	return n
+}
+
+// TestRestartKeepsChains stores four chains with PutAfter — the last one
+// tail first, so that each record lies before its parent in the log —,
+// restarts the tier (after a clean stop, from a checkpoint and the log
+// written after it, and from the log alone), reads every record back and
+// then each chain's last record again, so that it is the most recently
+// used, and then fills the tier
+// with other records. Under a prefix-aware policy eviction must take each
+// chain from its tail: after a restart that brought records back as
+// roots, the least recently used heads went first and stranded the
+// tails.
+func TestRestartKeepsChains(t *testing.T) {
+	for _, mode := range []string{"clean stop", "checkpoint and log", "log only"} {
+		t.Run(mode, func(t *testing.T) {
+			dir := t.TempDir()
+			opts := Options{Capacity: 20 * recordSize(chainRec), Headroom: -1, Policy: policy.TREELRU,
+				SegmentSize: 64 << 10, CheckpointRecords: 1 << 30, CheckpointInterval: -1}
+			if mode == "log only" {
+				opts.CheckpointRecords = -1
+			}
+			d := openTier(t, dir, opts)
+			for c := range chains - 1 {
+				for j := range chainLen {
+					putChainRecord(t, d, c, j)
+					if c == 1 && j == 1 && mode != "log only" {
+						if err := d.Checkpoint(); err != nil { // chain 1 spans it
+							t.Fatal(err)
+						}
+					}
+				}
+			}
+			for j := chainLen - 1; j >= 0; j-- {
+				putChainRecord(t, d, chains-1, j)
+			}
+			if mode == "checkpoint and log" {
+				abandon(d)
+			} else if err := d.Close(); err != nil {
+				t.Fatal(err)
+			}
+
+			d = openTier(t, dir, opts)
+			defer d.Close()
+			rec := d.Recovered()
+			if (mode == "log only") == rec.Checkpoint || (mode == "clean stop") != (rec.Scanned == 0) {
+				t.Fatalf("%s: recovered %+v", mode, rec)
+			}
+			for c := range chains {
+				for j := range chainLen {
+					checkGet(t, d, chainKey(c, j), testPayload(chainKey(c, j), chainRec))
+				}
+			}
+			for c := range chains {
+				checkGet(t, d, chainKey(c, chainLen-1), testPayload(chainKey(c, chainLen-1), chainRec))
+			}
+			left := chains * chainLen
+			for i := 0; left > 0; i++ {
+				if i == 200 {
+					t.Fatalf("%d chain records outlived 200 other records in a tier of 20", left)
+				}
+				k := testKey(uint64(90000 + i))
+				mustPut(t, d, k, testPayload(k, chainRec))
+				left = 0
+				for c := range chains {
+					left += chainPrefix(t, d, c, "after store "+strconv.Itoa(i))
+				}
+			}
+		})
+	}
+}
+
+// TestParentWrittenLaterIsAdopted: a record published while its parent's
+// record is still being written (the manager's two writers race) becomes
+// its child once the parent is published, so the parent is not a leaf.
+func TestParentWrittenLaterIsAdopted(t *testing.T) {
+	ctx := context.Background()
+	d := openTier(t, t.TempDir(), Options{Capacity: 3 * recordSize(chainRec), Headroom: -1, Policy: policy.TREELRU})
+	defer d.Close()
+	up, child := chainKey(0, 0), chainKey(0, 1)
+	w, err := d.OpenWrite(ctx, up, chainRec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.PutAfter(ctx, child, up, testPayload(child, chainRec)); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Commit(ctx, testPayload(up, chainRec), chunk.Key{}, false); err != nil {
+		t.Fatal(err)
+	}
+	// The child is then read, so that the parent is the least recently
+	// used record: were it a leaf, it would go first and strand the
+	// child; as the child's parent it is none, and the child goes.
+	checkGet(t, d, child, testPayload(child, chainRec))
+	other := testKey(5)
+	mustPut(t, d, other, testPayload(other, chainRec))
+	mustPut(t, d, testKey(6), testPayload(testKey(6), chainRec))
+	if !d.Contains(up) || d.Contains(child) {
+		t.Fatalf("after one eviction: parent held %v, child held %v; want the child evicted", d.Contains(up), d.Contains(child))
+	}
+	checkGet(t, d, up, testPayload(up, chainRec))
+}
+
+// checkpointV1 rewrites a checkpoint as the version 1 writer wrote it:
+// 40-byte record entries, no parents.
+func checkpointV1(t testing.TB, cp []byte) []byte {
+	t.Helper()
+	c, err := decodeCheckpoint(cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := ckptHeaderLen + len(c.segs)*ckptSegLen
+	out := slices.Clone(cp[:head])
+	binary.LittleEndian.PutUint16(out[4:], 1)
+	for i := range c.count() {
+		e := c.recs[i*c.recLen : i*c.recLen+ckptRecLenV1]
+		out = append(out, e...)
+		size := binary.LittleEndian.Uint64(out[len(out)-8:])
+		binary.LittleEndian.PutUint64(out[len(out)-8:], size&^ckptHasUp)
+	}
+	return resum(append(out, make([]byte, ckptTrailerLen)...))
+}
+
+// TestVersion1CheckpointOpens: a directory as the build before parents
+// left it — records without parents (version 2 headers) and a version 1
+// checkpoint — opens from that checkpoint, reads back every record, and
+// the records come back as roots in log order, as they did. The same
+// checkpoint listing records that do name parents (version 3 headers)
+// brings them back as roots too: the checkpoint is what is read.
+func TestVersion1CheckpointOpens(t *testing.T) {
+	for _, withParents := range []bool{false, true} {
+		dir := t.TempDir()
+		opts := Options{Capacity: 64 << 20, SegmentSize: 64 << 10, Policy: policy.TREELRU, CheckpointInterval: -1}
+		d := openTier(t, dir, opts)
+		var keys []chunk.Key
+		for c := range 3 {
+			for j := range chainLen {
+				k := chainKey(c, j)
+				if withParents {
+					putChainRecord(t, d, c, j)
+				} else {
+					mustPut(t, d, k, testPayload(k, chainRec))
+				}
+				keys = append(keys, k)
+			}
+		}
+		if err := d.Close(); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, checkpointName)
+		cp, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, path, checkpointV1(t, cp))
+		d = openTier(t, dir, opts)
+		if rec := d.Recovered(); !rec.Checkpoint || rec.FromCheckpoint != len(keys) || rec.Scanned != 0 {
+			t.Fatalf("parents %v: a version 1 checkpoint was not used: %+v", withParents, rec)
+		}
+		for _, k := range keys {
+			checkGet(t, d, k, testPayload(k, chainRec))
+		}
+		got := stateOf(d)
+		abandon(d)
+		if !slices.Equal(got.order, keys) {
+			t.Fatalf("parents %v: eviction order %v, want the log order of roots %v", withParents, got.order, keys)
+		}
+	}
+}
