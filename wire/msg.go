@@ -2,6 +2,7 @@ package wire
 
 import (
 	"encoding/binary"
+	"slices"
 
 	"github.com/zeebo/xxh3"
 
@@ -251,9 +252,13 @@ func (k *Keys) decode(d *decoder) {
 		}
 	case KindHashes:
 		n := d.count(16, "keys hashes")
-		p := d.take(16*n, "keys hashes")
-		for i := 0; i < n && p != nil; i++ {
-			k.Hashes = append(k.Hashes, chunk.Hash(p[16*i:16*i+16]))
+		if p := d.take(16*n, "keys hashes"); p != nil {
+			// Sized once and filled by index: a LOOKUP by engine hashes is
+			// mostly this and the probes.
+			k.Hashes = slices.Grow(k.Hashes, n)[:n]
+			for i := range k.Hashes {
+				k.Hashes[i] = chunk.Hash(p[16*i : 16*i+16])
+			}
 		}
 	case KindRaw:
 		n := d.count(24, "keys raw")
