@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -500,14 +499,8 @@ func (s *session) resolve(k *wire.Keys) (resolved, *requestError) {
 	}
 	sc := &s.scopes[k.Scope-1]
 	if k.Kind == wire.KindHashes {
-		// Sized once and filled by index, no append per key: this loop
-		// is on the path of every LOOKUP by engine hashes.
-		keys := slices.Grow(s.keys, len(k.Hashes))[:len(k.Hashes)]
-		for i := range keys {
-			keys[i] = chunk.Key{Scope: sc.id, Hash: k.Hashes[i]}
-		}
-		s.keys = keys
-		return resolved{keys: keys}, nil
+		s.keys = hashKeys(s.keys, sc.id, k)
+		return resolved{keys: s.keys}, nil
 	}
 	keys, first, c, err := s.svc.eng.Keys(s.keys, engine.Request{Scope: sc.scope, Tokens: k.Tokens, Skip: int(k.Skip)})
 	if err != nil {
