@@ -104,9 +104,11 @@ func (ix *keyIndex) segment(h uint64) *segment {
 	return ix.dir[h>>(64-ix.depth)]
 }
 
-// Get returns key's id.
-func (ix *keyIndex) Get(k chunk.Key) (arena.ID, bool) {
-	h := ix.hash(&k)
+// Get returns key's id. The key is passed by pointer: a lookup's keys
+// were usually just written, and copying each to the stack made the CPU
+// wait for the stores.
+func (ix *keyIndex) Get(k *chunk.Key) (arena.ID, bool) {
+	h := ix.hash(k)
 	s := ix.segment(h)
 	i := h & s.mask
 	// The keys alone, up to the longest distance the segment has had: a
@@ -114,7 +116,7 @@ func (ix *keyIndex) Get(k chunk.Key) (arena.ID, bool) {
 	// lines of slots and none of ctrl. An empty slot's id is 0, which no
 	// object has.
 	for range s.far + 1 {
-		if sl := &s.slots[i]; sl.key == k && sl.id != 0 {
+		if sl := &s.slots[i]; sl.key == *k && sl.id != 0 {
 			return sl.id, true
 		}
 		i = (i + 1) & s.mask
@@ -123,7 +125,7 @@ func (ix *keyIndex) Get(k chunk.Key) (arena.ID, bool) {
 }
 
 // Has reports whether key is held.
-func (ix *keyIndex) Has(k chunk.Key) bool {
+func (ix *keyIndex) Has(k *chunk.Key) bool {
 	_, ok := ix.Get(k)
 	return ok
 }

@@ -29,7 +29,7 @@ func checkIndex(t *testing.T, ix *keyIndex, want map[chunk.Key]arena.ID) {
 		t.Fatalf("Len %d, want %d", ix.Len(), len(want))
 	}
 	for k, id := range want {
-		if got, ok := ix.Get(k); !ok || got != id {
+		if got, ok := ix.Get(&k); !ok || got != id {
 			t.Fatalf("Get(%v) = %v, %v; want %v", k, got, ok, id)
 		}
 	}
@@ -111,7 +111,7 @@ func TestKeyIndexMatchesMap(t *testing.T) {
 					}
 					delete(want, k)
 				default:
-					id, ok := ix.Get(k)
+					id, ok := ix.Get(&k)
 					if w, had := want[k]; ok != had || id != w {
 						t.Fatalf("Get(%v) = %v, %v; map %v, %v", k, id, ok, w, had)
 					}
@@ -149,7 +149,7 @@ func TestKeyIndexGrowsToMillions(t *testing.T) {
 	}
 	checkIndex(t, ix, want)
 	for i := n; i < n+1000; i++ {
-		if ix.Has(ikey(i)) {
+		if k := ikey(i); ix.Has(&k) {
 			t.Fatalf("key %d never stored is found", i)
 		}
 	}
@@ -185,8 +185,9 @@ func TestKeyIndexAllocs(t *testing.T) {
 	i := uint64(0)
 	a := testing.AllocsPerRun(1000, func() {
 		k := ikey(i % 5000)
-		ix.Get(k)
-		ix.Has(ikey(i + 100000))
+		ix.Get(&k)
+		other := ikey(i + 100000)
+		ix.Has(&other)
 		ix.Delete(k)
 		ix.Set(k, arena.ID(i+1))
 		i++
@@ -218,7 +219,7 @@ func FuzzKeyIndex(f *testing.F) {
 				}
 				delete(want, k)
 			case 2:
-				id, ok := ix.Get(k)
+				id, ok := ix.Get(&k)
 				if w, had := want[k]; ok != had || id != w {
 					t.Fatalf("Get(%v) = %v, %v; map %v, %v", k, id, ok, w, had)
 				}
@@ -268,7 +269,7 @@ func BenchmarkKeyIndex(b *testing.B) {
 			b.ReportAllocs()
 			defer cpuPerOp(b)()
 			for i := range b.N {
-				if !ix.Has(keys[order[i%n]]) {
+				if !ix.Has(&keys[order[i%n]]) {
 					b.Fatal("miss")
 				}
 			}
@@ -318,7 +319,7 @@ func BenchmarkKeyIndexPrefix16(b *testing.B) {
 		for i := range b.N {
 			p := keys[(i%16)*16 : (i%16)*16+16]
 			for _, k := range p {
-				if !ix.Has(k) {
+				if !ix.Has(&k) {
 					b.Fatal("miss")
 				}
 			}

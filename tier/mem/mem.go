@@ -69,14 +69,14 @@ func (t *Tier) Name() string { return "mem" }
 // isBusy reports whether someone besides the tier holds the object; such
 // objects are skipped by eviction. Called with t.mu held.
 func (t *Tier) isBusy(k chunk.Key) bool {
-	id, ok := t.index.Get(k)
+	id, ok := t.index.Get(&k)
 	return ok && t.arena.Refs(id) > 1
 }
 
 // Contains implements tier.Container.
 func (t *Tier) Contains(key chunk.Key) bool {
 	t.mu.RLock()
-	ok := t.index.Has(key)
+	ok := t.index.Has(&key)
 	t.mu.RUnlock()
 	return ok
 }
@@ -85,8 +85,8 @@ func (t *Tier) Contains(key chunk.Key) bool {
 func (t *Tier) PrefixContains(keys []chunk.Key) int {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	for i, k := range keys {
-		if !t.index.Has(k) {
+	for i := range keys {
+		if !t.index.Has(&keys[i]) {
 			return i
 		}
 	}
@@ -96,7 +96,7 @@ func (t *Tier) PrefixContains(keys []chunk.Key) int {
 // Size implements tier.Tier.
 func (t *Tier) Size(key chunk.Key) (int, bool) {
 	t.mu.Lock()
-	id, ok := t.index.Get(key)
+	id, ok := t.index.Get(&key)
 	t.mu.Unlock()
 	if !ok {
 		return 0, false
@@ -128,7 +128,7 @@ func (t *Tier) Acquire(keys []chunk.Key, ids []arena.ID) int {
 	t.mu.Lock()
 	n, bytes := 0, 0
 	for ; n < len(keys); n++ {
-		id, ok := t.index.Get(keys[n])
+		id, ok := t.index.Get(&keys[n])
 		if !ok || !t.arena.Ref(id) {
 			break
 		}
@@ -191,7 +191,7 @@ func (t *Tier) evictOne() bool {
 	k, ok := t.policy.Evict(t.busy)
 	var id arena.ID
 	if ok {
-		id, _ = t.index.Get(k)
+		id, _ = t.index.Get(&k)
 		t.index.Delete(k)
 		t.quota.Release(k)
 	}
@@ -220,7 +220,7 @@ func (t *Tier) Commit(key chunk.Key, id arena.ID) {
 func (t *Tier) CommitAfter(key, parent chunk.Key, hasParent bool, id arena.ID) {
 	t.mu.Lock()
 	admitted := false
-	if !t.index.Has(key) && t.arena.Ref(id) {
+	if !t.index.Has(&key) && t.arena.Ref(id) {
 		t.index.Set(key, id)
 		policy.AdmitAfter(t.policy, key, parent, hasParent)
 		t.charge(key, id)
@@ -240,7 +240,7 @@ func (t *Tier) CommitAfter(key, parent chunk.Key, hasParent bool, id arena.ID) {
 // Remove implements tier.Remover.
 func (t *Tier) Remove(key chunk.Key) bool {
 	t.mu.Lock()
-	id, ok := t.index.Get(key)
+	id, ok := t.index.Get(&key)
 	if ok {
 		t.index.Delete(key)
 		t.policy.Remove(key)

@@ -94,7 +94,7 @@ func (t *Tier) evictOwnedLocked(o *tier.Owner) (chunk.Key, arena.ID, bool) {
 	if !ok {
 		return k, 0, false
 	}
-	id, _ := t.index.Get(k)
+	id, _ := t.index.Get(&k)
 	t.index.Delete(k)
 	t.policy.Remove(k)
 	t.quota.Release(k)
