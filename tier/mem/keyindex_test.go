@@ -318,8 +318,8 @@ func BenchmarkKeyIndexPrefix16(b *testing.B) {
 		defer cpuPerOp(b)()
 		for i := range b.N {
 			p := keys[(i%16)*16 : (i%16)*16+16]
-			for _, k := range p {
-				if !ix.Has(&k) {
+			for j := range p {
+				if !ix.Has(&p[j]) {
 					b.Fatal("miss")
 				}
 			}
@@ -329,8 +329,8 @@ func BenchmarkKeyIndexPrefix16(b *testing.B) {
 		defer cpuPerOp(b)()
 		for i := range b.N {
 			p := keys[(i%16)*16 : (i%16)*16+16]
-			for _, k := range p {
-				if _, ok := m[k]; !ok {
+			for j := range p {
+				if _, ok := m[p[j]]; !ok {
 					b.Fatal("miss")
 				}
 			}
