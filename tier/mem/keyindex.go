@@ -21,16 +21,20 @@ import (
 // one segment at a time: the tier's write lock, which lookups wait for, is
 // held for a few microseconds, not for a rehash of millions of keys.
 //
-// Robin Hood keeps each key's distance from its home in a byte (ctrl),
-// which bounds the probes: a lookup stops at the first slot whose key sits
-// nearer its own home than the probe has come, so a miss costs about what
-// a hit does; a delete shifts the following run back (no tombstones).
+// Robin Hood keeps each key's distance from its home in a byte (ctrl)
+// and keeps the distances short and even (an insert takes the slot of a
+// key nearer its own home); a delete shifts the following run back, so
+// there are no tombstones. A lookup compares keys only, from the home
+// slot up to the longest distance the segment has had (far, single
+// digits at these loads), and reads no ctrl: a hit mostly costs one
+// cache line of slots, a miss a few more, contiguous.
 //
 // Hashing. Key kind 1 lets a client choose the chunk hashes it stores, so
 // the slot must not follow from them alone: the hash mixes the key with
 // seeds drawn per index, and a client cannot aim collisions at a slot it
-// cannot compute. A probe longer than maxDist (never seen with random
-// hashes at this load) grows the segment instead of going on.
+// cannot compute. A probe longer than maxDist (not seen with random
+// hashes at a load of 3/4) draws new seeds and rehashes every key:
+// splitting would not separate keys of one hash.
 //
 // Memory: 33 bytes per slot (the 24-byte key, the 8-byte id, the
 // distance byte) at a load between 3/8 and 3/4, 44–88 bytes per key.
@@ -60,7 +64,7 @@ type islot struct {
 const (
 	minSegSlots = 8
 	maxSegSlots = 1024 // a split rehashes at most 768 keys
-	maxDist     = 64   // ctrl value past which an insert grows the segment
+	maxDist     = 64   // the largest ctrl value; an insert that needs more rehashes
 )
 
 func newKeyIndex() *keyIndex {
@@ -111,10 +115,8 @@ func (ix *keyIndex) Get(k *chunk.Key) (arena.ID, bool) {
 	h := ix.hash(k)
 	s := ix.segment(h)
 	i := h & s.mask
-	// The keys alone, up to the longest distance the segment has had: a
-	// hit, mostly at its home or next to it, reads one or two cache
-	// lines of slots and none of ctrl. An empty slot's id is 0, which no
-	// object has.
+	// The keys alone, up to the longest distance the segment has had (see
+	// keyIndex). An empty slot's id is 0, which no object has.
 	for range s.far + 1 {
 		if sl := &s.slots[i]; sl.key == *k && sl.id != 0 {
 			return sl.id, true
