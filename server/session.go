@@ -316,6 +316,9 @@ func (s *session) extendWriteDeadline() {
 // epoch's plus the monotonic time since, so it serves comparisons and
 // deadlines (which Go takes by the monotonic clock), not wall-clock display.
 func (s *session) now() time.Time {
+	if s.epoch.IsZero() { // a session that serve did not start
+		return time.Now()
+	}
 	return s.epoch.Add(time.Since(s.epoch))
 }
 
