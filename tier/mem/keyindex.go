@@ -135,7 +135,7 @@ func (ix *keyIndex) Has(k *chunk.Key) bool {
 // Set stores id, which is not 0, under k, replacing an earlier id.
 func (ix *keyIndex) Set(k chunk.Key, id arena.ID) {
 	h := ix.hash(&k)
-	if i, ok := ix.segment(h).find(k, h); ok {
+	if i, ok := ix.segment(h).find(&k, h); ok {
 		ix.segment(h).slots[i].id = id
 		return
 	}
@@ -179,14 +179,14 @@ func (ix *keyIndex) rehash(extra islot) {
 }
 
 // find returns the slot of k, whose hash is h.
-func (s *segment) find(k chunk.Key, h uint64) (uint64, bool) {
+func (s *segment) find(k *chunk.Key, h uint64) (uint64, bool) {
 	i := h & s.mask
 	for d := uint8(1); ; d++ {
 		c := s.ctrl[i]
 		if c < d {
 			return 0, false
 		}
-		if c == d && s.slots[i].key == k {
+		if c == d && s.slots[i].key == *k {
 			return i, true
 		}
 		i = (i + 1) & s.mask
@@ -282,8 +282,8 @@ func (ix *keyIndex) replace(old *segment, h uint64, left, right *segment) {
 }
 
 // Delete removes k and reports whether it was held.
-func (ix *keyIndex) Delete(k chunk.Key) bool {
-	h := ix.hash(&k)
+func (ix *keyIndex) Delete(k *chunk.Key) bool {
+	h := ix.hash(k)
 	s := ix.segment(h)
 	i, ok := s.find(k, h)
 	if !ok {

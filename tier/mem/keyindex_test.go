@@ -106,7 +106,7 @@ func TestKeyIndexMatchesMap(t *testing.T) {
 					want[k] = id
 				case r < 9:
 					_, had := want[k]
-					if got := ix.Delete(k); got != had {
+					if got := ix.Delete(&k); got != had {
 						t.Fatalf("Delete(%v) = %v, map had it: %v", k, got, had)
 					}
 					delete(want, k)
@@ -122,7 +122,7 @@ func TestKeyIndexMatchesMap(t *testing.T) {
 			}
 			checkIndex(t, ix, want)
 			for k := range want { // empty it: every run shifts back cleanly
-				if !ix.Delete(k) {
+				if !ix.Delete(&k) {
 					t.Fatalf("Delete(%v) missed", k)
 				}
 				delete(want, k)
@@ -188,7 +188,7 @@ func TestKeyIndexAllocs(t *testing.T) {
 		ix.Get(&k)
 		other := ikey(i + 100000)
 		ix.Has(&other)
-		ix.Delete(k)
+		ix.Delete(&k)
 		ix.Set(k, arena.ID(i+1))
 		i++
 	})
@@ -214,7 +214,7 @@ func FuzzKeyIndex(f *testing.F) {
 				want[k] = id
 			case 1:
 				_, had := want[k]
-				if ix.Delete(k) != had {
+				if ix.Delete(&k) != had {
 					t.Fatalf("Delete(%v) disagrees with the map (%v)", k, had)
 				}
 				delete(want, k)
@@ -288,7 +288,7 @@ func BenchmarkKeyIndex(b *testing.B) {
 			defer cpuPerOp(b)()
 			for i := range b.N {
 				k := keys[order[i%n]]
-				ix.Delete(k)
+				ix.Delete(&k)
 				ix.Set(k, arena.ID(i+1))
 			}
 		})

@@ -192,7 +192,7 @@ func (t *Tier) evictOne() bool {
 	var id arena.ID
 	if ok {
 		id, _ = t.index.Get(&k)
-		t.index.Delete(k)
+		t.index.Delete(&k)
 		t.quota.Release(k)
 	}
 	t.mu.Unlock()
@@ -242,7 +242,7 @@ func (t *Tier) Remove(key chunk.Key) bool {
 	t.mu.Lock()
 	id, ok := t.index.Get(&key)
 	if ok {
-		t.index.Delete(key)
+		t.index.Delete(&key)
 		t.policy.Remove(key)
 		t.quota.Release(key)
 	}
@@ -268,7 +268,7 @@ func (t *Tier) Clear(scope uint64) int {
 	})
 	obs := t.observer()
 	for _, e := range drop { // not within Range: a delete moves keys
-		t.index.Delete(e.key)
+		t.index.Delete(&e.key)
 		t.policy.Remove(e.key)
 		t.quota.Release(e.key)
 		if obs != nil {

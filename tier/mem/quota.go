@@ -95,7 +95,7 @@ func (t *Tier) evictOwnedLocked(o *tier.Owner) (chunk.Key, arena.ID, bool) {
 		return k, 0, false
 	}
 	id, _ := t.index.Get(&k)
-	t.index.Delete(k)
+	t.index.Delete(&k)
 	t.policy.Remove(k)
 	t.quota.Release(k)
 	return k, id, true
