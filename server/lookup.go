@@ -1,6 +1,7 @@
 package server
 
 import (
+	"slices"
 	"unsafe"
 
 	"kvtier/chunk"
@@ -72,6 +73,28 @@ func (s *session) chunker(handle uint32) (*chunk.Chunker, *requestError) {
 		sc.chunker = c
 	}
 	return sc.chunker, nil
+}
+
+// hashKeys returns dst (reused) holding the keys of k's hashes under
+// scope. This is on the path of every LOOKUP by engine hashes (where
+// the hashes are still in the frame, k.Encoded): the keys are sized once
+// and filled by index, one copy from the frame, nothing appended.
+func hashKeys(dst []chunk.Key, scope uint64, k *wire.Keys) []chunk.Key {
+	if k.Encoded == nil {
+		dst = slices.Grow(dst[:0], len(k.Hashes))[:len(k.Hashes)]
+		for i := range dst {
+			dst[i] = chunk.Key{Scope: scope, Hash: k.Hashes[i]}
+		}
+		return dst
+	}
+	b := k.HashBytes()
+	n := len(b) / chunk.HashSize
+	dst = slices.Grow(dst[:0], n)[:n]
+	for i := range dst {
+		dst[i].Scope = scope
+		dst[i].Hash = chunk.Hash(b[i*chunk.HashSize:])
+	}
+	return dst
 }
 
 // tokenBytes views tokens as their bytes; on the little-endian hosts

@@ -131,3 +131,20 @@ func processCPU() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// TestSessionNowIsMonotonicNow: the session's clock agrees with time.Now
+// (within the time between the reads), with an epoch and without one,
+// so that the write deadlines it sets lie ahead, not in the past.
+func TestSessionNowIsMonotonicNow(t *testing.T) {
+	for _, s := range []*session{{}, {epoch: time.Now().Add(-time.Hour)}} {
+		before := time.Now()
+		got := s.now()
+		after := time.Now()
+		if got.Before(before.Add(-time.Millisecond)) || got.After(after.Add(time.Millisecond)) {
+			t.Fatalf("epoch %v: now %v, outside %v..%v", s.epoch, got, before, after)
+		}
+		if d := time.Until(got.Add(time.Minute)); d < 59*time.Second {
+			t.Fatalf("epoch %v: a deadline a minute ahead is %v away", s.epoch, d)
+		}
+	}
+}

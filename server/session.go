@@ -45,6 +45,7 @@ type session struct {
 	reqBuf []byte
 
 	writeDeadline time.Time // the deadline set on conn, see extendWriteDeadline
+	epoch         time.Time // when serve began: clock reads are durations since (see now)
 	writeCapped   bool      // a reply has a fixed write deadline (ranges.go): leave it
 
 	scopes []scopeEntry // handle h is scopes[h-1]
@@ -157,6 +158,7 @@ func (s *session) serve() {
 	s.rd = wire.NewReader(s.br)
 	s.charge.pool = s.svc.bodies
 	s.rd.Pool = &s.charge
+	s.epoch = time.Now()
 	defer s.settle()
 	peer := s.conn.RemoteAddr().String()
 	if err := s.handshake(); err != nil {
@@ -180,7 +182,7 @@ func (s *session) serve() {
 			}
 			return
 		}
-		start := time.Now()
+		start := s.now()
 		s.armFrame(h.Len)
 		rerr := s.handle(h)
 		s.svc.metrics.observe(h.Op, start, rerr)
@@ -299,12 +301,25 @@ func (s *session) extendWriteDeadline() {
 	if s.writeCapped {
 		return
 	}
-	now := time.Now()
+	now := s.now()
 	if s.writeDeadline.Sub(now) > s.svc.opts.WriteTimeout/2 {
 		return
 	}
 	s.writeDeadline = now.Add(s.svc.opts.WriteTimeout)
 	s.conn.SetWriteDeadline(s.writeDeadline)
+}
+
+// now is time.Now for a session's own timing, with one read of the
+// monotonic clock where time.Now makes two (wall and monotonic): a small
+// request reads the clock three times (its start, the write deadline, its
+// latency), which were a visible part of its cost. Its wall reading is the
+// epoch's plus the monotonic time since, so it serves comparisons and
+// deadlines (which Go takes by the monotonic clock), not wall-clock display.
+func (s *session) now() time.Time {
+	if s.epoch.IsZero() { // a session that serve did not start
+		return time.Now()
+	}
+	return s.epoch.Add(time.Since(s.epoch))
 }
 
 func (s *session) replyError(op wire.Op, id uint32, e *requestError) {
@@ -487,9 +502,7 @@ func (s *session) resolve(k *wire.Keys) (resolved, *requestError) {
 	}
 	sc := &s.scopes[k.Scope-1]
 	if k.Kind == wire.KindHashes {
-		for _, hsh := range k.Hashes {
-			s.keys = append(s.keys, chunk.Key{Scope: sc.id, Hash: hsh})
-		}
+		s.keys = hashKeys(s.keys, sc.id, k)
 		return resolved{keys: s.keys}, nil
 	}
 	keys, first, c, err := s.svc.eng.Keys(s.keys, engine.Request{Scope: sc.scope, Tokens: k.Tokens, Skip: int(k.Skip)})

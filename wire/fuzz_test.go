@@ -263,6 +263,10 @@ func checkView(t *testing.T, body []byte, k, v *Keys) {
 	if k.Len() != v.Len() || k.Kind != v.Kind || k.Scope != v.Scope || k.Skip != v.Skip {
 		t.Fatalf("view keys %+v differ from decoded %+v", v, k)
 	}
+	if k.Kind == KindHashes {
+		checkHashView(t, body, k, v)
+		return
+	}
 	if k.Kind != KindTokens {
 		if v.Encoded != nil {
 			t.Fatalf("kind %d keys with Encoded set", k.Kind)
@@ -276,6 +280,23 @@ func checkView(t *testing.T, body []byte, k, v *Keys) {
 		t.Fatal("view token bytes differ from the decoded tokens")
 	}
 	// In place: the view's bytes are body's, not a copy.
+	if len(v.Encoded) > 0 && !overlaps(body, v.Encoded) {
+		t.Fatal("the view does not alias the body")
+	}
+}
+
+// checkHashView: a view of hashes leaves them in the body, the same
+// hashes Decode copies out.
+func checkHashView(t *testing.T, body []byte, k, v *Keys) {
+	t.Helper()
+	if len(v.Hashes) != 0 || len(v.Encoded) != keysFixed+16*len(k.Hashes) {
+		t.Fatalf("view of %d hashes: %d hashes decoded, %d bytes encoded", len(k.Hashes), len(v.Hashes), len(v.Encoded))
+	}
+	for i, h := range k.Hashes {
+		if !bytes.Equal(v.HashBytes()[16*i:16*i+16], h[:]) {
+			t.Fatalf("view hash %d differs from the decoded one", i)
+		}
+	}
 	if len(v.Encoded) > 0 && !overlaps(body, v.Encoded) {
 		t.Fatal("the view does not alias the body")
 	}

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"encoding/binary"
+	"slices"
 
 	"github.com/zeebo/xxh3"
 
@@ -168,12 +169,14 @@ type Keys struct {
 	Raw    []chunk.Key
 	// Shared names KindShared tokens: where in the request buffer.
 	Shared SharedTokens
-	// Encoded is set instead of Tokens by the decoders that leave token
-	// ids where they lie (Lookup.DecodeView, LookupBatch.DecodeView):
-	// for KindTokens, the keys as they are in the body, their 16 bytes of
-	// fixed fields followed by the tokens' little-endian ids — the layout
-	// chunk.Chunker.KeysInPlace hashes without a copy. It aliases the
-	// body. Append writes it as it is, so a request can be sent from it.
+	// Encoded is set instead of Tokens or Hashes by the decoders that
+	// leave keys where they lie (Lookup.DecodeView, LookupBatch.DecodeView):
+	// the keys as they are in the body, their 16 bytes of fixed fields
+	// followed, for KindTokens, by the tokens' little-endian ids — the
+	// layout chunk.Chunker.KeysInPlace hashes without a copy — or, for
+	// KindHashes, by the 16-byte hashes (HashBytes), which the daemon turns
+	// into chunk keys with one copy. It aliases the body. Append writes it
+	// as it is, so a request can be sent from it.
 	Encoded []byte
 }
 
@@ -189,6 +192,9 @@ func (k *Keys) TokenBytes() []byte {
 	return k.Encoded[keysFixed:]
 }
 
+// HashBytes returns the hashes' bytes in Encoded, 16 per chunk, or nil.
+func (k *Keys) HashBytes() []byte { return k.TokenBytes() }
+
 // Len is the number of tokens (KindTokens, KindShared) or keys.
 func (k *Keys) Len() int {
 	switch k.Kind {
@@ -198,6 +204,9 @@ func (k *Keys) Len() int {
 		}
 		return len(k.Tokens)
 	case KindHashes:
+		if k.Encoded != nil {
+			return len(k.HashBytes()) / chunk.HashSize
+		}
 		return len(k.Hashes)
 	case KindShared:
 		return int(k.Shared.Count)
@@ -217,6 +226,9 @@ func (k *Keys) Append(b []byte) []byte {
 		}
 		b = appendU32Array(b, k.Tokens)
 	case KindHashes:
+		if k.Encoded != nil {
+			return append(b, k.HashBytes()...)
+		}
 		for i := range k.Hashes {
 			b = append(b, k.Hashes[i][:]...)
 		}
@@ -251,9 +263,15 @@ func (k *Keys) decode(d *decoder) {
 		}
 	case KindHashes:
 		n := d.count(16, "keys hashes")
-		p := d.take(16*n, "keys hashes")
-		for i := 0; i < n && p != nil; i++ {
-			k.Hashes = append(k.Hashes, chunk.Hash(p[16*i:16*i+16]))
+		switch p := d.take(16*n, "keys hashes"); {
+		case p == nil:
+		case d.view:
+			k.Encoded = d.b[at:d.off:d.off]
+		default:
+			k.Hashes = slices.Grow(k.Hashes, n)[:n]
+			for i := range k.Hashes {
+				k.Hashes[i] = chunk.Hash(p[16*i : 16*i+16])
+			}
 		}
 	case KindRaw:
 		n := d.count(24, "keys raw")

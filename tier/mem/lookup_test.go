@@ -87,7 +87,8 @@ func TestPrefixContainsUnderChurn(t *testing.T) {
 	}
 	// At rest Contains agrees with the index on every key touched.
 	for i := range uint64(churnKeys) {
-		_, want := m.index[key(8, i)]
+		k := key(8, i)
+		want := m.index.Has(&k)
 		if got := m.Contains(key(8, i)); got != want {
 			t.Fatalf("key %d: Contains %v, index %v", i, got, want)
 		}

@@ -30,7 +30,7 @@ type Tier struct {
 	arena *arena.Arena
 
 	mu     sync.RWMutex // lookups share it; writers and hits (which tell the policy) take it whole
-	index  map[chunk.Key]arena.ID
+	index  *keyIndex    // chunk key to arena object (keyindex.go)
 	policy policy.Policy[chunk.Key]
 	busy   func(chunk.Key) bool // policy callback, allocated once
 
@@ -55,7 +55,7 @@ func New(a *arena.Arena, policyName string) (*Tier, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mem tier: %w", err)
 	}
-	t := &Tier{arena: a, index: make(map[chunk.Key]arena.ID), policy: p}
+	t := &Tier{arena: a, index: newKeyIndex(), policy: p}
 	t.busy = t.isBusy
 	return t, nil
 }
@@ -69,14 +69,14 @@ func (t *Tier) Name() string { return "mem" }
 // isBusy reports whether someone besides the tier holds the object; such
 // objects are skipped by eviction. Called with t.mu held.
 func (t *Tier) isBusy(k chunk.Key) bool {
-	id, ok := t.index[k]
+	id, ok := t.index.Get(&k)
 	return ok && t.arena.Refs(id) > 1
 }
 
 // Contains implements tier.Container.
 func (t *Tier) Contains(key chunk.Key) bool {
 	t.mu.RLock()
-	_, ok := t.index[key]
+	ok := t.index.Has(&key)
 	t.mu.RUnlock()
 	return ok
 }
@@ -85,8 +85,8 @@ func (t *Tier) Contains(key chunk.Key) bool {
 func (t *Tier) PrefixContains(keys []chunk.Key) int {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	for i, k := range keys {
-		if _, ok := t.index[k]; !ok {
+	for i := range keys {
+		if !t.index.Has(&keys[i]) {
 			return i
 		}
 	}
@@ -96,7 +96,7 @@ func (t *Tier) PrefixContains(keys []chunk.Key) int {
 // Size implements tier.Tier.
 func (t *Tier) Size(key chunk.Key) (int, bool) {
 	t.mu.Lock()
-	id, ok := t.index[key]
+	id, ok := t.index.Get(&key)
 	t.mu.Unlock()
 	if !ok {
 		return 0, false
@@ -128,7 +128,7 @@ func (t *Tier) Acquire(keys []chunk.Key, ids []arena.ID) int {
 	t.mu.Lock()
 	n, bytes := 0, 0
 	for ; n < len(keys); n++ {
-		id, ok := t.index[keys[n]]
+		id, ok := t.index.Get(&keys[n])
 		if !ok || !t.arena.Ref(id) {
 			break
 		}
@@ -191,8 +191,8 @@ func (t *Tier) evictOne() bool {
 	k, ok := t.policy.Evict(t.busy)
 	var id arena.ID
 	if ok {
-		id = t.index[k]
-		delete(t.index, k)
+		id, _ = t.index.Get(&k)
+		t.index.Delete(&k)
 		t.quota.Release(k)
 	}
 	t.mu.Unlock()
@@ -220,8 +220,8 @@ func (t *Tier) Commit(key chunk.Key, id arena.ID) {
 func (t *Tier) CommitAfter(key, parent chunk.Key, hasParent bool, id arena.ID) {
 	t.mu.Lock()
 	admitted := false
-	if _, dup := t.index[key]; !dup && t.arena.Ref(id) {
-		t.index[key] = id
+	if !t.index.Has(&key) && t.arena.Ref(id) {
+		t.index.Set(key, id)
 		policy.AdmitAfter(t.policy, key, parent, hasParent)
 		t.charge(key, id)
 		t.puts.Add(1)
@@ -240,9 +240,9 @@ func (t *Tier) CommitAfter(key, parent chunk.Key, hasParent bool, id arena.ID) {
 // Remove implements tier.Remover.
 func (t *Tier) Remove(key chunk.Key) bool {
 	t.mu.Lock()
-	id, ok := t.index[key]
+	id, ok := t.index.Get(&key)
 	if ok {
-		delete(t.index, key)
+		t.index.Delete(&key)
 		t.policy.Remove(key)
 		t.quota.Release(key)
 	}
@@ -259,22 +259,25 @@ func (t *Tier) Remove(key chunk.Key) bool {
 // is 0) and returns how many it removed.
 func (t *Tier) Clear(scope uint64) int {
 	t.mu.Lock()
-	var drop []arena.ID
-	obs := t.observer()
-	for k, id := range t.index {
+	var drop []islot
+	t.index.Range(func(k chunk.Key, id arena.ID) bool {
 		if scope == 0 || k.Scope == scope {
-			delete(t.index, k)
-			t.policy.Remove(k)
-			t.quota.Release(k)
-			drop = append(drop, id)
-			if obs != nil {
-				obs.Dropped(t.Name(), k)
-			}
+			drop = append(drop, islot{k, id})
+		}
+		return true
+	})
+	obs := t.observer()
+	for _, e := range drop { // not within Range: a delete moves keys
+		t.index.Delete(&e.key)
+		t.policy.Remove(e.key)
+		t.quota.Release(e.key)
+		if obs != nil {
+			obs.Dropped(t.Name(), e.key)
 		}
 	}
 	t.mu.Unlock()
-	for _, id := range drop {
-		t.arena.Unref(id)
+	for _, e := range drop {
+		t.arena.Unref(e.id)
 	}
 	t.removes.Add(uint64(len(drop)))
 	return len(drop)
@@ -284,17 +287,15 @@ func (t *Tier) Clear(scope uint64) int {
 func (t *Tier) List(scope uint64, fn func(chunk.Key, int) bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for k, id := range t.index {
-		if (scope == 0 || k.Scope == scope) && !fn(k, t.arena.Size(id)) {
-			return
-		}
-	}
+	t.index.Range(func(k chunk.Key, id arena.ID) bool {
+		return (scope != 0 && k.Scope != scope) || fn(k, t.arena.Size(id))
+	})
 }
 
 // Stats implements tier.StatsReporter.
 func (t *Tier) Stats() tier.Stats {
 	t.mu.Lock()
-	objects := len(t.index)
+	objects := t.index.Len()
 	t.mu.Unlock()
 	return tier.Stats{
 		Name:         "mem",

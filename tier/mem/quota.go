@@ -94,8 +94,8 @@ func (t *Tier) evictOwnedLocked(o *tier.Owner) (chunk.Key, arena.ID, bool) {
 	if !ok {
 		return k, 0, false
 	}
-	id := t.index[k]
-	delete(t.index, k)
+	id, _ := t.index.Get(&k)
+	t.index.Delete(&k)
 	t.policy.Remove(k)
 	t.quota.Release(k)
 	return k, id, true
