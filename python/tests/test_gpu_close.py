@@ -728,3 +728,54 @@ def test_connector_fence_fault_fails_the_link(own_daemon, cuda):
     assert state["c"].closed
     assert _chunks_held(own_daemon.socket_path, conn, p) == 0
     e.close()
+
+
+def test_peer_push_reads_slots_under_the_copy_lock(daemon, monkeypatch):
+    """PeerTransport reads the chunks it pushes out of its slots under the copy lock: a close
+    on another thread meanwhile waits, and the peer gets the chunks' bytes, never the zeros of
+    a detached arena."""
+    import array
+    from kvtier import vllm_pd as pd
+    from kvtier.link import Link
+    from kvtier.vllm_keys import TokenKeys
+
+    link = Link(daemon.socket_path, ("gpuclose-push", "uint8/KV_2LTD", 1, 0), timeout=5.0)
+    c = link.get()
+    toks = list(range(300, 300 + 2 * CHUNK))
+    s = c.scope("gpuclose-push", "uint8/KV_2LTD")
+    chunks = [pattern(4096, seed=11), pattern(4096, seed=12)]
+    c.store(c.tokens(s, toks), chunks)
+
+    class Peer:
+        closed = False
+
+        def scope(self, *a):
+            return 1
+
+        def tokens(self, scope, tokens, skip=0):
+            return c.tokens(scope, tokens, skip)
+
+        def store(self, keys, data):
+            self.got = [bytes(d) for d in data]
+            state["closer"].join(timeout=30)  # the close finishes while the chunks are sent
+            return len(data)
+    peer = Peer()
+    t = pd.PeerTransport(link)
+    monkeypatch.setattr(t, "_peer", lambda addr: peer)
+    state = {}
+    real = kclient.Client.slot_tensor
+
+    def slot_tensor(self, slot):
+        if "closer" not in state:
+            state["closer"] = threading.Thread(target=self.close)
+            state["closer"].start()
+            state["closer"].join(timeout=0.5)
+            state["waited"] = state["closer"].is_alive()
+        return real(self, slot)
+    monkeypatch.setattr(kclient.Client, "slot_tensor", slot_tensor)
+    job = pd.Job("t-lock", "", TokenKeys(array.array("I", toks)), 2 * CHUNK, "peer:1")
+    assert t._push_one(job)  # no release on the closed connection: its lease ended with it
+    state["closer"].join(timeout=30)
+    assert state["waited"], "the close did not wait for the slots being read"
+    assert peer.got == [bytes(x.numpy()) for x in chunks]
+    link.close()
