@@ -268,8 +268,10 @@ class Client:
                 self._sock = None
 
     def _detach_arena(self) -> None:
-        """Replaces the arena's mapping in place with private anonymous memory of the same
-        size (MAP_FIXED over the same addresses), before the socket closes.
+        """Replaces the arena's mapping in place with a fresh memfd of this process's own, of
+        the same size (MAP_SHARED|MAP_FIXED over the same addresses, see
+        :func:`_remap_private`). Runs only from :meth:`_shut`, after the close hooks (a CUDA
+        copier's wait and unpin) and before the socket closes.
 
         Tensors from :meth:`slot_tensor` may outlive the connection (a save's slots gathered
         layer by layer, a load's chunks scattered while the connection broke). torch.frombuffer
@@ -277,7 +279,8 @@ class Client:
         pointing at nothing (a segfault); keeping the shared mapping would let them write into
         slots the daemon reuses for other connections' chunks once this one's leases end. With
         the private mapping in place, stale views read zeros and write into memory of this
-        process alone. Each view keeps the mmap object alive; the last one unmaps the range."""
+        process alone (the memfd is shared with no one). Each view keeps the mmap object alive;
+        the last one unmaps the range."""
         self._detached = True
         arena, view = self._arena, self._arena_bytes
         self._arena, self._arena_bytes = None, None

@@ -12,24 +12,59 @@ CUDA call at all.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import ctypes
+import logging
+from typing import Any, Callable, Optional
 
 import torch
+
+log = logging.getLogger("kvtier")
+
+HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: pinned for every CUDA context, any thread
 
 
 class Runtime:
     """torch.cuda, reduced to the calls the copier makes."""
 
-    def register(self, ptr: int, nbytes: int) -> bool:
-        """Pins ``nbytes`` of host memory at ``ptr`` for direct DMA; False if CUDA refuses."""
-        rc = torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0)
-        return _code(rc) == 0
+    def register(self, ptr: int, nbytes: int, device: Any = None) -> bool:
+        """Pins ``nbytes`` of host memory at ``ptr`` for direct DMA; False if CUDA refuses.
 
-    def unregister(self, ptr: int) -> None:
-        """Unpins the range registered at ``ptr``; raises RuntimeError if CUDA refuses."""
-        rc = _code(torch.cuda.cudart().cudaHostUnregister(ptr))
+        Portable, and made with ``device`` current, so that unregistering it from another
+        thread (a close) is valid whatever that thread's current device is. A refusal
+        leaves no pending error behind (:meth:`clear_error`)."""
+        with _on_device(device):
+            rc = _code(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, HOST_REGISTER_PORTABLE))
+            if rc != 0:
+                self.clear_error()
+        return rc == 0
+
+    def unregister(self, ptr: int, device: Any = None) -> None:
+        """Unpins the range registered at ``ptr``; raises RuntimeError if CUDA refuses
+        (after clearing the error it leaves pending, see :meth:`clear_error`)."""
+        with _on_device(device):
+            rc = _code(torch.cuda.cudart().cudaHostUnregister(ptr))
+            if rc != 0:
+                self.clear_error()
         if rc != 0:
             raise RuntimeError(f"cudaHostUnregister: CUDA error {rc}")
+
+    def clear_error(self) -> None:
+        """Resets the calling thread's last CUDA runtime error (cudaGetLastError).
+
+        A failed cudaHostRegister or cudaHostUnregister leaves its error pending in the
+        thread's runtime state; torch's bindings return the code without clearing it, so
+        the next kernel launch checked on this thread (vLLM's forward pass) would raise it
+        as its own. torch's cudart() module binds cudaGetLastError in no version we know
+        (torch 1.13 binds cudaHostRegister, cudaHostUnregister, cudaGetErrorString, the
+        profiler and stream calls); it is used when present, else the libcudart torch has
+        loaded is called through ctypes. Without either, the error is logged once."""
+        get = getattr(torch.cuda.cudart(), "cudaGetLastError", None) or _libcudart_get_last_error()
+        if get is None:
+            _log_once("kvtier: cannot clear a CUDA error (no cudaGetLastError reachable); "
+                      "the next CUDA call on this thread may report it")
+            return
+        get()
 
     def synchronize(self, what: Any) -> None:
         """Waits until the work recorded in an event, or queued on a stream, has finished."""
@@ -37,6 +72,10 @@ class Runtime:
 
     def stream(self, device: torch.device) -> Any:
         return torch.cuda.Stream(device=device)
+
+    def current_stream(self, device: torch.device) -> Any:
+        """The calling thread's current stream on ``device``."""
+        return torch.cuda.current_stream(device)
 
     def on_stream(self, stream: Any) -> Any:
         """A context under which work is queued on ``stream``."""
@@ -59,6 +98,55 @@ class Runtime:
 def _code(rc: Any) -> int:
     """A cudaError_t from torch's cudart bindings (an enum or an int) as an int."""
     return int(getattr(rc, "value", rc))
+
+
+def _on_device(device: Any) -> Any:
+    if device is None or getattr(device, "type", "cuda") != "cuda":
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
+
+
+_get_last_error: Optional[Callable[[], int]] = None
+_looked = False
+_logged = False
+
+
+def _libcudart_get_last_error() -> Optional[Callable[[], int]]:
+    """cudaGetLastError of the libcudart already loaded in this process (torch's), or None."""
+    global _get_last_error, _looked
+    if _looked:
+        return _get_last_error
+    _looked = True
+    for path in _loaded_libraries("libcudart"):
+        try:
+            fn = ctypes.CDLL(path).cudaGetLastError  # already loaded: the same library torch uses
+        except (OSError, AttributeError):
+            continue
+        fn.restype, fn.argtypes = ctypes.c_int, []
+        _get_last_error = fn
+        break
+    return _get_last_error
+
+
+def _loaded_libraries(stem: str) -> list:
+    """Paths of the shared objects mapped in this process whose file name starts with ``stem``."""
+    paths = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split(maxsplit=5)[5].strip() if len(line.split(maxsplit=5)) > 5 else ""
+                if path.rsplit("/", 1)[-1].startswith(stem) and path not in paths:
+                    paths.append(path)
+    except OSError:
+        pass
+    return paths
+
+
+def _log_once(msg: str) -> None:
+    global _logged
+    if not _logged:
+        _logged = True
+        log.warning(msg)
 
 
 runtime = Runtime()

@@ -1035,7 +1035,10 @@ class KVTierConnector(KVConnectorBase_V1):
                     copier.layer_done(layer)
                     if ready:
                         ready[layer].set()
-            copier.fence()
+            # The loads alone: this may be the loader thread, and the forward pass's saves
+            # (and their fence) belong to the forward pass's thread. Past this the load
+            # stream is idle: the slots may be released and the KV used by any stream.
+            copier.sync_loads()
             for load in loads:
                 self._lost(load)
             with self._lock:
@@ -1054,9 +1057,14 @@ class KVTierConnector(KVConnectorBase_V1):
     def _scatter(self, copier: kvl.HostCopier, load: _Load, layer: int = -1, kv: Any = None) -> None:
         """Copies one layer (cross-layer: every block) of a load out of its slots, issued under
         its client's copy lock so that a close on another thread waits for the copies and the
-        load's slots are never read once the client has closed."""
+        load's slots are never read once the client has closed.
+
+        On CUDA the whole scatter (staging tensor, host copy, index write into the paged KV)
+        goes on the copier's load stream, in order, after what the calling thread's stream
+        had queued; the compute stream waits for it through the layer's event
+        (``wait_layer``) or, once the loads are all issued, ``sync_loads``."""
         try:
-            with _copies(load.client):
+            with _copies(load.client), copier.on_load_stream():
                 for view, index, first in load.parts:
                     if kv is None:
                         self._cross.scatter(copier, view, index, first)
@@ -1112,21 +1120,20 @@ class KVTierConnector(KVConnectorBase_V1):
         st = self._stream
         if st is None:
             return
-        # On CUDA the whole scatter (host copy and index into the paged KV) goes on the
-        # copier's load stream, whose per-layer event the compute stream then waits for,
-        # as it does for the copier thread: this thread's current stream is the compute one.
+        # On CUDA the whole scatter goes on the copier's load stream (_scatter), whose
+        # per-layer event the compute stream then waits for, as it does for the copier
+        # thread: this thread's current stream is the compute one.
         try:
             while st.next < min(end, self._layers):
                 layer, kv = st.next, self._kv[st.next]
                 for load in st.loads:
                     self._await_layer(st.link, load, layer)
-                    with self.copier.on_load_stream():
-                        self._scatter(self.copier, load, layer, kv)
+                    self._scatter(self.copier, load, layer, kv)
                 self.copier.layer_done(layer)
                 st.next += 1
             if st.next < self._layers:
                 return
-            self.copier.fence()
+            self.copier.sync_loads()
             for load in st.loads:
                 self._lost(load)
             with self._lock:
@@ -1343,7 +1350,7 @@ class KVTierConnector(KVConnectorBase_V1):
             try:
                 with _copies(save.client):  # a close on another thread waits for these copies
                     for chunk, index in save.parts:
-                        kvl.gather_layer(self.copier, chunk, layer, self._layout, kv_layer, index)
+                        kvl.gather_layer(self.copier, chunk, layer, self._layout, kv_layer, index, save.client)
                 save.layers_done += 1
             except ConnectionLost:
                 continue  # closed on another thread since lost() was checked: dropped the same way
@@ -1463,17 +1470,23 @@ class KVTierConnector(KVConnectorBase_V1):
                 ok.append(save.layers_done == self._layers and not save.lost())
                 continue
             try:
-                with _copies(save.client):
+                with _copies(save.client):  # a close on another thread waits for these copies
                     for chunk, index in save.parts:
-                        self._cross.gather(self.copier, chunk, index)
+                        self._cross.gather(self.copier, chunk, index, save.client)
                 ok.append(True)
+            except ConnectionLost:
+                ok.append(False)  # closed on another thread: dropped, as save_kv_layer does
             except _ABSORBED as e:
                 log.error("kvtier: gathering cross-layer blocks: %s", e)
                 ok.append(False)
         try:
             self.copier.fence()
-        except RuntimeError as e:  # pragma: no cover - a device fault
+        except RuntimeError as e:  # a device fault
+            # Nothing gathered this step can be trusted, and the copier has dropped what it
+            # held (fence resets its state): give the leases up with the connection, so no
+            # slot of them is committed or written again.
             log.error("kvtier: waiting for host copies: %s", e)
+            self.link.fail(ConnectionLost(f"kvtier: host copies failed: {e}"))
             return [False] * len(saves)
         return ok
 

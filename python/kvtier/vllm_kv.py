@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -205,14 +206,21 @@ class HostCopier:
     bytes across devices.
     """
 
-    def to_host(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+    def to_host(self, dst: torch.Tensor, src: torch.Tensor, owner: Any = None) -> None:
+        """Copies ``src`` (device) into ``dst`` (host memory: arena slots of ``owner``, a
+        client, when given). Called under ``owner.copies``."""
         dst.copy_(src)
 
     def to_device(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src)
 
     def fence(self) -> None:
-        """Returns once every copy issued so far has completed."""
+        """Returns once every copy issued so far has completed. Only on the forward pass's
+        thread, the one that issues the saves."""
+
+    def sync_loads(self) -> None:
+        """Returns once every load copy (and index op) issued on the load stream has
+        completed; leaves the saves alone, so any thread may call it."""
 
     def layer_done(self, layer: int) -> None:
         """Marks the copies issued so far as the load of ``layer`` (asynchronous copiers record an event)."""
@@ -242,9 +250,16 @@ class CudaCopier(HostCopier):  # CUDA calls go through cuda_host.runtime (a reco
     that wrote the layer and before anything that could overwrite its blocks,
     into host memory that is pinned (the arena, registered with
     ``cudaHostRegister``) or into a pinned bounce buffer that ``fence`` then
-    drains into the arena. Loads copy on a separate stream; each layer's
-    event is waited on by the compute stream in ``wait_layer``, so attention
-    never reads a layer before its bytes are in place.
+    drains into the arena. Loads run whole on a separate stream (the host copy,
+    the staging tensor and the index write into the paged KV, see
+    :meth:`on_load_stream`); each layer's event is waited on by the compute
+    stream in ``wait_layer``, so attention never reads a layer before its bytes
+    are in place.
+
+    Saves and :meth:`fence` belong to the forward pass's thread; a loader thread
+    waits for its loads with :meth:`sync_loads`, which touches no save state. The
+    save state (latest save event, bounce drain, per-layer save events) is kept
+    under a lock all the same, and ``fence`` only clears the event it waited for.
 
     One arena is pinned at a time, a client's (:meth:`pin`), until that client
     closes: its close hook (:meth:`_unpin`) waits for the copies queued into and
@@ -258,8 +273,10 @@ class CudaCopier(HostCopier):  # CUDA calls go through cuda_host.runtime (a reco
         self._pinned: Optional[Tuple[int, int]] = None  # [start, end) of the registered arena
         self._tried: Optional[weakref.ref] = None  # the client a pin was last tried for
         self.bounce = cuda_host.runtime.pinned(bounce_bytes)
+        self._state = threading.Lock()  # the save state below
         self._bounce_used = 0
-        self._drain: List[Tuple[torch.Tensor, torch.Tensor]] = []
+        # (client owning dst or None, dst in host memory, its bytes in the bounce buffer)
+        self._drain: List[Tuple[Any, torch.Tensor, torch.Tensor]] = []
         self._save_event: Any = None  # recorded after the latest save copy
         self._layer_events: Dict[int, Any] = {}
         # Per-layer save events (STORE_LAYER); None where a copy went through the bounce
@@ -279,26 +296,34 @@ class CudaCopier(HostCopier):  # CUDA calls go through cuda_host.runtime (a reco
         """Registers the client's arena with CUDA, unless an arena is pinned already, and
         has the client's close unregister it (after the copies through it have finished).
 
-        Registration happens under the client's copy lock, which close takes first: either
-        the hook is in place before close starts, or the client is closed and nothing is
-        pinned."""
+        The registration (slow: the driver pins every page of the arena) runs outside the
+        client's copy lock, so copies on other threads and a close are not held up by it.
+        The pinned range and the close hook are then published together under the lock,
+        which close takes first: either the hook is in place before close starts, or the
+        client closed meanwhile and the range is unregistered here at once (no copy went
+        through it: copies are only issued under the lock, where ``_pinned`` is set)."""
         view = getattr(client, "_arena_bytes", None)
-        if self._pinned is not None or view is None or not view.numel():
+        if self._pinned is not None or view is None or not view.numel() or client.closed:
             return
         if self._tried is not None and self._tried() is client:
             return  # CUDA refused this arena once: its copies use the bounce buffer
         self._tried = weakref.ref(client)
         ptr, n = view.data_ptr(), view.numel()
         try:
-            with client.copies:
-                if not cuda_host.runtime.register(ptr, n):
-                    return
-                self._pinned = (ptr, ptr + n)
-                client.on_close(lambda: self._unpin(ptr))
-        except ConnectionLost:
-            return  # closed meanwhile: nothing was registered
+            if not cuda_host.runtime.register(ptr, n, self.device):
+                return
         except (AttributeError, RuntimeError, TypeError) as e:
             log.warning("kvtier: cannot pin the arena for direct copies (%s); saves go through a bounce buffer", e)
+            return
+        try:
+            with client.copies:
+                self._pinned = (ptr, ptr + n)
+                client.on_close(lambda: self._unpin(ptr))
+        except ConnectionLost:  # closed while registering: nothing was copied through it
+            try:
+                cuda_host.runtime.unregister(ptr, self.device)
+            except (AttributeError, RuntimeError, TypeError) as e:
+                log.error("kvtier: unpinning the arena of a connection closed while pinning: %s", e)
 
     def _unpin(self, ptr: int) -> None:
         """The pinned client's close hook: waits for every copy that may still touch the
@@ -308,7 +333,10 @@ class CudaCopier(HostCopier):  # CUDA calls go through cuda_host.runtime (a reco
         if span is None or span[0] != ptr:
             return
         try:
-            ev = self._save_event  # the latest save copy's: every earlier one precedes it on the stream
+            # The latest save copy's event (every earlier one precedes it on the stream). Read
+            # without the state lock: a save holding it would hold this close up for nothing,
+            # and it is issued under the client's copy lock, which close has taken and left.
+            ev = self._save_event
             if ev is not None:
                 cuda_host.runtime.synchronize(ev)
             cuda_host.runtime.synchronize(self.load_stream)
@@ -316,12 +344,21 @@ class CudaCopier(HostCopier):  # CUDA calls go through cuda_host.runtime (a reco
             log.error("kvtier: waiting for copies before unpinning the arena: %s", e)
         self._pinned = None
         try:
-            cuda_host.runtime.unregister(ptr)
+            cuda_host.runtime.unregister(ptr, self.device)
         except (AttributeError, RuntimeError, TypeError) as e:
             log.error("kvtier: unpinning the arena of a closed connection: %s", e)
 
+    @contextlib.contextmanager
     def on_load_stream(self) -> Any:
-        return cuda_host.runtime.on_stream(self.load_stream)
+        """Queues what runs under it on the load stream, after the work already queued on
+        the calling thread's current stream (the index tensors it made, earlier use of the
+        blocks a load overwrites). Tensors allocated under it (staging) belong to the load
+        stream's pool, so freeing them never lets another stream reuse them early."""
+        rt = cuda_host.runtime
+        before = rt.record(rt.current_stream(self.device))
+        with rt.on_stream(self.load_stream):
+            rt.wait(self.device, before)
+            yield
 
     def _bounce_for(self, like: torch.Tensor) -> Optional[torch.Tensor]:
         n = like.numel() * like.element_size()
@@ -331,17 +368,18 @@ class CudaCopier(HostCopier):  # CUDA calls go through cuda_host.runtime (a reco
         self._bounce_used += n
         return buf
 
-    def to_host(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        if self._is_pinned(dst):
-            dst.copy_(src, non_blocking=True)
-        else:
-            buf = self._bounce_for(src)
-            if buf is None:  # bounce buffer full: a synchronous copy is still correct
-                dst.copy_(src)
-                return
-            buf.copy_(src, non_blocking=True)
-            self._drain.append((dst, buf))
-        self._save_event = cuda_host.runtime.record()
+    def to_host(self, dst: torch.Tensor, src: torch.Tensor, owner: Any = None) -> None:
+        with self._state:
+            if self._is_pinned(dst):
+                dst.copy_(src, non_blocking=True)
+            else:
+                buf = self._bounce_for(src)
+                if buf is None:  # bounce buffer full: a synchronous copy is still correct
+                    dst.copy_(src)
+                    return
+                buf.copy_(src, non_blocking=True)
+                self._drain.append((owner, dst, buf))
+            self._save_event = cuda_host.runtime.record()
 
     def to_device(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         with cuda_host.runtime.on_stream(self.load_stream):
@@ -359,26 +397,49 @@ class CudaCopier(HostCopier):  # CUDA calls go through cuda_host.runtime (a reco
             cuda_host.runtime.wait(self.device, ev)
 
     def save_layer_done(self, layer: int) -> None:
-        self._save_layer_events[layer] = None if self._drain else cuda_host.runtime.record()
+        with self._state:
+            self._save_layer_events[layer] = None if self._drain else cuda_host.runtime.record()
 
     def save_layer_landed(self, layer: int) -> bool:
-        ev = self._save_layer_events.get(layer)
-        if ev is None or not ev.query():
-            return False
-        del self._save_layer_events[layer]
-        return True
+        with self._state:
+            ev = self._save_layer_events.get(layer)
+            if ev is None or not ev.query():
+                return False
+            del self._save_layer_events[layer]
+            return True
+
+    def sync_loads(self) -> None:
+        cuda_host.runtime.synchronize(self.load_stream)
 
     def fence(self) -> None:
-        self._save_layer_events.clear()
-        ev = self._save_event
-        if ev is not None:
-            cuda_host.runtime.synchronize(ev)
-            self._save_event = None
-        for dst, buf in self._drain:
-            dst.copy_(buf)
-        self._drain.clear()
-        self._bounce_used = 0
-        cuda_host.runtime.synchronize(self.load_stream)
+        """Waits for the save copies issued so far and drains the bounce buffer into the
+        arena, then waits for the load stream. The state it takes is reset whether or not
+        it succeeds: a failed fence leaves no bounce bytes for a later one to copy into
+        slots whose lease has been given up. A drain entry is copied under its client's
+        copy lock and skipped once that client has closed (its slots are no longer ours)."""
+        with self._state:
+            ev, drain = self._save_event, self._drain
+            self._drain = []
+            self._save_layer_events.clear()
+        try:
+            if ev is not None:
+                cuda_host.runtime.synchronize(ev)
+            for owner, dst, buf in drain:
+                if owner is None:
+                    dst.copy_(buf)
+                    continue
+                try:
+                    with owner.copies:
+                        dst.copy_(buf)
+                except ConnectionLost:
+                    pass  # closed: its save is dropped, its slots are not ours any more
+            cuda_host.runtime.synchronize(self.load_stream)
+        finally:
+            with self._state:
+                if self._save_event is ev:  # not a newer one recorded meanwhile
+                    self._save_event = None
+                if not self._drain:
+                    self._bounce_used = 0
 
 
 def copier_for(device: torch.device) -> HostCopier:
@@ -405,8 +466,9 @@ def _check_device(kv: torch.Tensor, *index: torch.Tensor) -> None:
 
 
 def gather_layer(copier: HostCopier, chunk: torch.Tensor, layer: int, lay: Layout, kv: torch.Tensor,
-                 index: Tuple[torch.Tensor, torch.Tensor]) -> None:
-    """Copies one layer's K/V (or latent) of the indexed tokens into ``chunk[:, layer]``.
+                 index: Tuple[torch.Tensor, torch.Tensor], owner: Any = None) -> None:
+    """Copies one layer's K/V (or latent) of the indexed tokens into ``chunk[:, layer]``
+    (slots of client ``owner``, when given).
 
     The gather runs on the KV's device into a staging tensor; one host copy
     per part then lands it in the chunk.
@@ -417,7 +479,7 @@ def gather_layer(copier: HostCopier, chunk: torch.Tensor, layer: int, lay: Layou
     stage = stage.permute(2, 0, 1, 3).contiguous()          # [parts, T, H, dim]
     n = stage.shape[1]
     for p in range(lay.parts):
-        copier.to_host(chunk[p, layer, :n], stage[p].view(n, lay.row_elems))
+        copier.to_host(chunk[p, layer, :n], stage[p].view(n, lay.row_elems), owner)
 
 
 def scatter_layer(copier: HostCopier, chunk: torch.Tensor, layer: int, lay: Layout, kv: torch.Tensor,
@@ -426,6 +488,8 @@ def scatter_layer(copier: HostCopier, chunk: torch.Tensor, layer: int, lay: Layo
 
     ``first`` skips tokens the engine already holds (its own prefix cache):
     those blocks may be shared with other requests and are never written.
+    Called under ``copier.on_load_stream()``, so the staging tensor, its host
+    copy and the index write all run, in order, on the load stream.
     """
     blocks, offsets = index
     _check_device(kv, blocks, offsets)
@@ -492,13 +556,13 @@ class CrossLayer:
             raise ValueError(f"chunk of {raw.numel()} bytes is not a whole number of {per_block}-byte blocks")
         return raw.view(self.blocks.dtype).view(raw.numel() // per_block, self.block_elems)
 
-    def gather(self, copier: HostCopier, chunk: torch.Tensor, block_index: torch.Tensor) -> None:
+    def gather(self, copier: HostCopier, chunk: torch.Tensor, block_index: torch.Tensor, owner: Any = None) -> None:
         _check_device(self.blocks, block_index)
         n = block_index.shape[0]
         if _host_resident(self.blocks, copier):  # KV already in host memory: one copy, no staging
             torch.index_select(self.blocks, 0, block_index, out=chunk[:n])
             return
-        copier.to_host(chunk[:n], self.blocks.index_select(0, block_index))
+        copier.to_host(chunk[:n], self.blocks.index_select(0, block_index), owner)
 
     def scatter(self, copier: HostCopier, chunk: torch.Tensor, block_index: torch.Tensor, first_block: int = 0) -> None:
         _check_device(self.blocks, block_index)

@@ -421,12 +421,15 @@ class PeerTransport(Transport):
         try:
             if len(slots.slots) < n:
                 log.warning("kvtier: push %s: the daemon holds %d of %d chunks", job.transfer_id, len(slots.slots), n)
-            views = [memoryview(c.slot_tensor(s).numpy()) for s in slots.slots]
+            # Copied out under the copy lock: a close on another thread would otherwise turn
+            # the slots into zeros mid-read (the detached arena), and the peer would keep them.
+            with c.copies:
+                views = [bytes(memoryview(c.slot_tensor(s).numpy())) for s in slots.slots]
             peer = self._peer(job.peer)
             remote = peer.scope(model, fmt, world, rank, job.namespace)
             stored = peer.store(job.keys.build(peer, remote, len(views) * chunk, 0), views) if views else 0
         finally:
-            if slots.lease:
+            if slots.lease and not c.closed:  # closed: the lease ended with the connection
                 c.release(slots.lease)
         return stored == n
 

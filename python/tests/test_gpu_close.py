@@ -67,9 +67,13 @@ class Recorder:
         self.unregister_error = None
         self.on_save_record = None  # called inside to_host, after a save copy is issued
         self.on_synchronize = None  # called before a synchronize is recorded
+        self.on_register = None  # called inside register, before it returns
+        self.on_stream_enter = None  # called on entering on_stream(stream), with the stream
         self.load_stream = "load-stream"
+        self.compute_stream = "compute-stream"
         self._n = 0
         self._lock = threading.Lock()
+        self._local = threading.local()  # the calling thread's stack of current streams
 
     def _add(self, *call):
         sock_open = self.client is not None and self.client._sock is not None
@@ -79,11 +83,13 @@ class Recorder:
     def names(self):
         return [c[0] for c in self.calls]
 
-    def register(self, ptr, nbytes):
+    def register(self, ptr, nbytes, device=None):
         self._add("register", ptr, mapping_of(ptr))
+        if self.on_register is not None:
+            self.on_register()
         return self.register_ok
 
-    def unregister(self, ptr):
+    def unregister(self, ptr, device=None):
         self._add("unregister", ptr, mapping_of(ptr))
         if self.unregister_error:
             raise RuntimeError(self.unregister_error)
@@ -96,8 +102,26 @@ class Recorder:
     def stream(self, device):
         return self.load_stream
 
+    def current(self):
+        """The stream the calling thread queues work on now."""
+        stack = getattr(self._local, "stack", None)
+        return stack[-1] if stack else self.compute_stream
+
+    def current_stream(self, device):
+        return self.current()
+
+    @contextlib.contextmanager
     def on_stream(self, stream):
-        return contextlib.nullcontext()
+        stack = self._local.__dict__.setdefault("stack", [])
+        stack.append(stream)
+        self._add("enter", stream)
+        try:
+            if self.on_stream_enter is not None:
+                self.on_stream_enter(stream)
+            yield
+        finally:
+            stack.pop()
+            self._add("exit", stream)
 
     def record(self, stream=None):
         with self._lock:
@@ -109,7 +133,7 @@ class Recorder:
         return ev
 
     def wait(self, device, ev):
-        self._add("wait", ev)
+        self._add("wait", ev, self.current())
 
     def pinned(self, nbytes):
         return torch.empty(nbytes, dtype=torch.uint8)
@@ -277,17 +301,6 @@ def test_cuda_copier_saves_and_loads_exact_bytes(own_daemon, cuda, mode):
     assert names.count("unregister") == (0 if mode == "bounce" else 1)
 
 
-def test_cpu_connector_makes_no_cuda_call(own_daemon, cuda):
-    p = prompt(62, 70)
-    e = engine(own_daemon.socket_path, "gpuclose-cpu", prefix_caching=False)
-    assert type(e.worker_connector.copier) is vllm_kv.HostCopier
-    assert_close(e.prefill(p), reference(p))
-    assert_close(e.prefill(p), reference(p))
-    assert any(s.external_tokens for s in e.steps), "the second prefill loaded nothing"
-    e.close()
-    assert set(cuda.names()) <= {"remap"}, cuda.names()
-
-
 def test_close_on_another_thread_during_a_save(own_daemon, cuda):
     """The forward pass is issuing a layer's save copies into the pinned arena when another
     thread closes the connection (Link.fail, as a failed call on it does). The close waits
@@ -349,3 +362,420 @@ def test_close_on_another_thread_during_a_save(own_daemon, cuda):
     names = cuda.names()
     assert names.count("register") == 2 and names.count("unregister") == 2, names
     assert names.index("unregister") < names.index("register", names.index("register") + 1)
+
+
+# ----------------------------------------------------------------- review fixes
+
+
+def _to_disk_only(daemon):
+    """Every stored chunk durable on disk, then a restart: RAM empty, the disk tier kept."""
+    with Client(daemon.socket_path) as c:
+        assert c.flush(30_000).durable
+    daemon.kill()
+    daemon.start()
+
+
+def test_fence_keeps_a_save_event_recorded_while_it_waits(cuda):
+    """A fence clears only the save event it waited for: one recorded meanwhile (the forward
+    pass's last layer, while a fence on another thread waits) is still the one the close
+    hook and the next fence wait for."""
+    cp = copier()
+    arena = torch.zeros(1 << 16, dtype=torch.uint8)
+    cp._pinned = (arena.data_ptr(), arena.data_ptr() + arena.numel())
+    cp.to_host(arena[:16], torch.ones(16, dtype=torch.uint8))
+    done = []
+
+    def on_sync():
+        if not done:
+            done.append(1)
+            t = threading.Thread(target=cp.to_host, args=(arena[16:32], torch.ones(16, dtype=torch.uint8)))
+            t.start()
+            t.join()
+    cuda.on_synchronize = on_sync
+    t = threading.Thread(target=cp.fence)
+    t.start()
+    t.join()
+    cuda.on_synchronize = None
+    first, second = [c[1] for c in cuda.calls if c[0] == "record"]
+    assert cp._save_event is second, "the fence dropped the save event recorded while it waited"
+    cuda.calls.clear()
+    cp._unpin(cp._pinned[0])
+    assert [(c[0], c[1]) for c in cuda.calls][:1] == [("synchronize", second)]
+
+
+def test_layerwise_loader_thread_never_fences(own_daemon, cuda, monkeypatch):
+    """The loader thread (layerwise, streamed from disk) waits for its loads alone: the save
+    state belongs to the forward pass's thread, whose saves run meanwhile."""
+    long = prompt(64, 140)
+    e = engine(own_daemon.socket_path, "gpuclose-loader", layerwise=True, prefix_caching=False)
+    e.worker_connector.copier = copier()
+    e.prefill(long[:70])
+    e.close()
+    _to_disk_only(own_daemon)
+    fenced = []
+    real = vllm_kv.CudaCopier.fence
+    monkeypatch.setattr(vllm_kv.CudaCopier, "fence",
+                        lambda self: (fenced.append(threading.current_thread().name), real(self))[1])
+    started = []
+    real_start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda self: (started.append(self.name), real_start(self))[1])
+    e = engine(own_daemon.socket_path, "gpuclose-loader", layerwise=True, prefix_caching=False)
+    e.worker_connector.copier = copier()
+    assert_close(e.prefill(long), reference(long))
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    assert "kvtier-load" in started, "the prefix was not streamed by the loader thread"
+    assert fenced and "kvtier-load" not in fenced, fenced
+    loader = [c for c in cuda.calls if c[-1].name == "kvtier-load"]
+    assert all(c[1] == cuda.load_stream for c in loader if c[0] == "synchronize"), loader
+    assert not any(s.load_error_blocks for s in e.steps)
+    assert _chunks_held(own_daemon.socket_path, e.worker_connector, long) == 8
+    e.close()
+
+
+@pytest.mark.parametrize("mode", ["plain", "cross_layer", "layerwise", "inline"])
+def test_scatter_runs_whole_on_the_load_stream(own_daemon, cuda, monkeypatch, mode):
+    """Every load's scatter — staging tensor, host copy, index write into the KV — runs on
+    the load stream, after an event of the caller's stream it waits for; the loads are waited
+    for before the forward pass's saves (whole: sync_loads) or per layer (the compute
+    stream waits on the layer's event)."""
+    kw = {"plain": {}, "cross_layer": {"layout_kind": "BLHNC", "cross_layer": True},
+          "layerwise": {"layerwise": True}, "inline": {"layerwise": True, "layer_inline": True}}[mode]
+    name = f"gpuclose-scatter-{mode}"
+    p = prompt(65, 70)
+    e = engine(own_daemon.socket_path, name, prefix_caching=False, **kw)
+    e.worker_connector.copier = copier()
+    e.prefill(p)
+    e.close()
+    if mode in ("layerwise", "inline"):
+        _to_disk_only(own_daemon)  # streamed layer by layer, not copied at once
+    streams = []
+
+    def on(fn):
+        def wrapped(*a, **k):
+            streams.append(cuda.current())
+            cuda._add("scatter")
+            fn(*a, **k)
+            streams.append(cuda.current())
+        return wrapped
+    monkeypatch.setattr(vllm_kv, "scatter_layer", on(vllm_kv.scatter_layer))
+    monkeypatch.setattr(vllm_kv.CrossLayer, "scatter", on(vllm_kv.CrossLayer.scatter))
+    cuda.calls.clear()
+    e = engine(own_daemon.socket_path, name, prefix_caching=False, **kw)
+    e.worker_connector.copier = copier()
+    assert_close(e.prefill(p), reference(p))
+    assert any(s.external_tokens for s in e.steps) and not any(s.load_error_blocks for s in e.steps)
+    assert streams and set(streams) == {cuda.load_stream}, streams
+    calls = cuda.calls
+    for t in {c[-1] for c in calls}:
+        mine, open_ = [c for c in calls if c[-1] is t], []
+        for i, c in enumerate(mine):
+            if c[0] == "enter":
+                open_.append(i)
+            elif c[0] == "exit":
+                open_.pop()
+            elif c[0] == "scatter":
+                # the outermost context: record(caller's stream), enter(load stream), wait(that event)
+                first = open_[0] if open_ else None
+                assert first is not None, "a scatter outside on_load_stream"
+                rec, enter, wait = mine[first - 1], mine[first], mine[first + 1]
+                assert rec[0] == "record" and rec[1].stream == cuda.compute_stream, mine[first - 1:i + 1]
+                assert enter[:2] == ("enter", cuda.load_stream), mine[first - 1:i + 1]
+                assert wait[:3] == ("wait", rec[1], cuda.load_stream), mine[first - 1:i + 1]
+    last = max(i for i, c in enumerate(calls) if c[0] == "scatter")
+    first_save = next((i for i, c in enumerate(calls) if c[0] == "record" and c[1].stream is None), len(calls))
+    if mode in ("plain", "cross_layer"):
+        assert any(c[:2] == ("synchronize", cuda.load_stream) for c in calls[last:first_save]), \
+            "the forward pass went on before the loads finished"
+    else:
+        layer_events = [c[1] for c in calls if c[0] == "record" and c[1].stream == cuda.load_stream]
+        waited = [c[1] for c in calls if c[0] == "wait" and c[2] == cuda.compute_stream]
+        assert layer_events and set(layer_events) <= set(waited), "a layer's load was not waited for"
+    e.close()
+
+
+def _closer(conn, cuda, state):
+    """Closes the connector's main connection on another thread, as a failed call does, and
+    notes whether it had to wait (this thread holding the copy lock)."""
+    c = conn.link.client
+    cuda.client = c
+    state["client"], state["gate"] = c, len(cuda.calls)
+    closer = threading.Thread(target=conn.link.fail, args=(ConnectionLost("test: another call broke"),))
+    state["closer"] = closer
+    closer.start()
+    closer.join(timeout=0.5)
+    state["closer_waited"] = closer.is_alive()
+
+
+def test_close_on_another_thread_during_a_loads_scatter(own_daemon, cuda):
+    """A close while a load is scattering out of the pinned arena waits until that scatter is
+    issued, then waits for the load stream, unpins, remaps; the load becomes load errors and
+    the blocks are recomputed."""
+    p = prompt(66, 70)
+    e = engine(own_daemon.socket_path, "gpuclose-load-race", prefix_caching=False)
+    conn = e.worker_connector
+    conn.copier = copier()
+    e.prefill(p)
+    state = {}
+
+    def on_enter(stream):
+        if stream == cuda.load_stream and "closer" not in state:
+            state["scatter"] = len(cuda.calls) - 1  # the scatter's own enter
+            _closer(conn, cuda, state)
+    cuda.on_stream_enter = on_enter
+
+    def on_synchronize():  # the loads' wait (sync_loads) lets the close finish first
+        closer = state.get("closer")
+        if closer is not None and threading.current_thread() is not closer:
+            closer.join(timeout=30)
+    cuda.on_synchronize = on_synchronize
+    assert_close(e.prefill(p), reference(p))
+    state["closer"].join(timeout=30)
+    cuda.on_stream_enter = cuda.on_synchronize = None
+    assert state["closer_waited"], "the close did not wait for the scatter being issued"
+    calls = cuda.calls
+    mine = [i for i, c in enumerate(calls) if c[-1] is state["closer"]]
+    assert [calls[i][0] for i in mine][-3:] == ["synchronize", "unregister", "remap"], [calls[i] for i in mine]
+    assert calls[mine[-3]][1] == cuda.load_stream
+    exits = [i for i, c in enumerate(calls[:mine[0]]) if c[:2] == ("exit", cuda.load_stream)]
+    assert exits and exits[-1] > state["scatter"], "the close began inside the scatter"
+    assert any(s.load_error_blocks for s in e.steps), "a load from a closed connection was trusted"
+    e.close()
+
+
+def test_close_on_another_thread_during_a_cross_layer_gather(own_daemon, cuda):
+    """Cross-layer saves gather whole blocks in wait_for_save: a close on another thread then
+    waits for the gather being issued; the save is dropped, quietly."""
+    p = prompt(67, 70)
+    e = engine(own_daemon.socket_path, "gpuclose-cross-race", layout_kind="BLHNC", cross_layer=True,
+               prefix_caching=False)
+    conn = e.worker_connector
+    conn.copier = copier()
+    state = {}
+
+    def on_save_record(ev):
+        if "closer" not in state:
+            state["ev"] = ev
+            _closer(conn, cuda, state)
+    cuda.on_save_record = on_save_record
+
+    def on_synchronize():  # the forward pass's fence waits for the close: it finds the save event
+        closer = state.get("closer")
+        if closer is not None and threading.current_thread() is not closer:
+            closer.join(timeout=30)
+    cuda.on_synchronize = on_synchronize
+    assert_close(e.prefill(p), reference(p))
+    state["closer"].join(timeout=30)
+    cuda.on_save_record = cuda.on_synchronize = None
+    assert state["closer_waited"], "the close did not wait for the gather being issued"
+    calls = cuda.calls[state["gate"]:]
+    mine = [x for x in calls if x[-1] is state["closer"]]
+    assert [x[0] for x in mine] == ["synchronize", "synchronize", "unregister", "remap"], mine
+    sync = calls.index(mine[0])
+    saves = [x for x in calls[:sync] if x[0] == "record" and x[1].stream is None]
+    assert mine[0][1] is saves[-1][1], "close waited for an event older than the last save copy"
+    assert not [x for x in calls[sync:] if x[0] == "record" and x[1].stream is None], \
+        "a save copy was issued into the arena after the close began"
+    assert _chunks_held(own_daemon.socket_path, conn, p) == 0
+    e.close()
+
+
+def test_cross_layer_gather_on_a_closed_connection_is_no_error(own_daemon, cuda, caplog):
+    """A cross-layer save whose connection closed between lost() and its gather is dropped
+    as save_kv_layer drops one: no error logged."""
+    p = prompt(68, 70)
+    e = engine(own_daemon.socket_path, "gpuclose-cross-lost", layout_kind="BLHNC", cross_layer=True,
+               prefix_caching=False)
+    conn = e.worker_connector
+    conn.copier = copier()
+    real = conn._finish_saves
+
+    def finish(saves):
+        for s in saves:
+            s.lost = lambda: False  # checked before the close below
+        conn.link.client.close()
+        return real(saves)
+    conn._finish_saves = finish
+    with caplog.at_level(logging.ERROR, logger="kvtier"):
+        e.prefill(p)
+    assert "gathering cross-layer blocks" not in caplog.text, caplog.text
+    conn._finish_saves = real
+    e.close()
+
+
+def test_close_while_pinning(daemon, cuda):
+    """Registration runs outside the copy lock: a close meanwhile is not held up by it, and
+    finds no hook; the range is then unregistered at once and nothing stays pinned."""
+    c = Client(daemon.socket_path)
+    cuda.client = c
+    keep = c._arena_bytes[:16]
+    base = keep.data_ptr()
+    cp = copier()
+    state = {}
+
+    def on_register():
+        t = threading.Thread(target=c.close)
+        t.start()
+        t.join(timeout=5)
+        state["blocked"] = t.is_alive()
+        state["t"] = t
+    cuda.on_register = on_register
+    cp.pin(c)
+    state["t"].join(timeout=30)
+    assert not state["blocked"], "the close waited for a registration"
+    assert cuda.names() == ["register", "remap", "unregister"], cuda.names()
+    assert cuda.calls[2][1] == base
+    assert not cp.registered and c.closed
+
+
+def test_failed_register_and_unregister_clear_the_cuda_error(monkeypatch):
+    """A refused cudaHostRegister / cudaHostUnregister leaves its error pending on the thread:
+    the runtime clears it (cudaGetLastError, through torch's bindings if they have it, else
+    the loaded libcudart); registration asks for a portable pinning."""
+    class Cudart:
+        def __init__(self, rc, with_get=True):
+            self.rc, self.calls = rc, []
+            if with_get:
+                self.cudaGetLastError = lambda: self.calls.append("cudaGetLastError")
+
+        def cudaHostRegister(self, ptr, n, flags):
+            self.calls.append(("cudaHostRegister", flags))
+            return self.rc
+
+        def cudaHostUnregister(self, ptr):
+            self.calls.append("cudaHostUnregister")
+            return self.rc
+
+    rt = cuda_host.Runtime()
+    for rc, ok in ((0, True), (2, False)):
+        fake = Cudart(rc)
+        monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+        assert rt.register(1 << 20, 4096) is ok
+        if ok:
+            rt.unregister(1 << 20)
+            assert fake.calls == [("cudaHostRegister", cuda_host.HOST_REGISTER_PORTABLE), "cudaHostUnregister"]
+        else:
+            with pytest.raises(RuntimeError, match="cudaHostUnregister"):
+                rt.unregister(1 << 20)
+            assert fake.calls == [("cudaHostRegister", cuda_host.HOST_REGISTER_PORTABLE), "cudaGetLastError",
+                                  "cudaHostUnregister", "cudaGetLastError"]
+
+    fake = Cudart(2, with_get=False)  # torch's bindings (1.13 and later) lack cudaGetLastError
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    cleared = []
+    monkeypatch.setattr(cuda_host, "_libcudart_get_last_error", lambda: lambda: cleared.append(1) or 0)
+    assert rt.register(1 << 20, 4096) is False
+    assert cleared == [1]
+    monkeypatch.setattr(cuda_host, "_libcudart_get_last_error", lambda: None)
+    assert rt.register(1 << 20, 4096) is False  # nothing to clear it with: logged, no exception
+
+
+def test_a_failed_fence_leaves_nothing_for_the_next(daemon, cuda):
+    """A fence that raises (a device fault) resets the copier's save state: a later fence
+    copies no stale bounce bytes into slots whose lease was given up."""
+    cuda.register_ok = False  # the bounce buffer
+    c = Client(daemon.socket_path)
+    cp = copier()
+    cp.pin(c)
+    view = stored_slot(c, "gpuclose-fence-fault")
+    before = view.clone()  # whatever the slot held (the arena is not cleared between tests)
+    with c.copies:
+        cp.to_host(view, pattern(view.numel(), seed=5), c)
+
+    def fault():
+        raise RuntimeError("cudaErrorLaunchFailure")
+    cuda.on_synchronize = fault
+    with pytest.raises(RuntimeError):
+        cp.fence()
+    cuda.on_synchronize = None
+    assert cp._save_event is None and not cp._drain and cp._bounce_used == 0
+    cp.fence()
+    assert torch.equal(view, before), "a fence after a failed one copied stale bounce bytes"
+    c.close()
+
+
+def test_fence_drain_skips_a_closed_client(daemon, cuda):
+    """A bounce-buffer copy drained by a fence after its client closed is skipped: nothing is
+    written through the closed client's (detached) arena."""
+    cuda.register_ok = False
+    c = Client(daemon.socket_path)
+    cp = copier()
+    cp.pin(c)
+    view = stored_slot(c, "gpuclose-drain-closed")
+    with c.copies:
+        cp.to_host(view, pattern(view.numel(), seed=6), c)
+    c.close()
+    cp.fence()
+    assert not view.any(), "the fence wrote into a closed client's arena"
+    assert not cp._drain and cp._bounce_used == 0
+
+
+def test_connector_fence_fault_fails_the_link(own_daemon, cuda):
+    """A fence error in wait_for_save drops the connection with the step's save leases:
+    nothing is committed."""
+    p = prompt(69, 70)
+    e = engine(own_daemon.socket_path, "gpuclose-fence-link", prefix_caching=False)
+    conn = e.worker_connector
+    conn.copier = copier()
+    state = {}
+
+    def fault():
+        if threading.current_thread() is threading.main_thread() and "c" not in state:
+            state["c"] = conn.link.client
+            raise RuntimeError("cudaErrorLaunchFailure")
+    cuda.on_synchronize = fault
+    e.prefill(p)
+    cuda.on_synchronize = None
+    assert state["c"].closed
+    assert _chunks_held(own_daemon.socket_path, conn, p) == 0
+    e.close()
+
+
+def test_peer_push_reads_slots_under_the_copy_lock(daemon, monkeypatch):
+    """PeerTransport reads the chunks it pushes out of its slots under the copy lock: a close
+    on another thread meanwhile waits, and the peer gets the chunks' bytes, never the zeros of
+    a detached arena."""
+    import array
+    from kvtier import vllm_pd as pd
+    from kvtier.link import Link
+    from kvtier.vllm_keys import TokenKeys
+
+    link = Link(daemon.socket_path, ("gpuclose-push", "uint8/KV_2LTD", 1, 0), timeout=5.0)
+    c = link.get()
+    toks = list(range(300, 300 + 2 * CHUNK))
+    s = c.scope("gpuclose-push", "uint8/KV_2LTD")
+    chunks = [pattern(4096, seed=11), pattern(4096, seed=12)]
+    c.store(c.tokens(s, toks), chunks)
+
+    class Peer:
+        closed = False
+
+        def scope(self, *a):
+            return 1
+
+        def tokens(self, scope, tokens, skip=0):
+            return c.tokens(scope, tokens, skip)
+
+        def store(self, keys, data):
+            self.got = [bytes(d) for d in data]
+            state["closer"].join(timeout=30)  # the close finishes while the chunks are sent
+            return len(data)
+    peer = Peer()
+    t = pd.PeerTransport(link)
+    monkeypatch.setattr(t, "_peer", lambda addr: peer)
+    state = {}
+    real = kclient.Client.slot_tensor
+
+    def slot_tensor(self, slot):
+        if "closer" not in state:
+            state["closer"] = threading.Thread(target=self.close)
+            state["closer"].start()
+            state["closer"].join(timeout=0.5)
+            state["waited"] = state["closer"].is_alive()
+        return real(self, slot)
+    monkeypatch.setattr(kclient.Client, "slot_tensor", slot_tensor)
+    job = pd.Job("t-lock", "", TokenKeys(array.array("I", toks)), 2 * CHUNK, "peer:1")
+    assert t._push_one(job)  # no release on the closed connection: its lease ended with it
+    state["closer"].join(timeout=30)
+    assert state["waited"], "the close did not wait for the slots being read"
+    assert peer.got == [bytes(x.numpy()) for x in chunks]
+    link.close()

@@ -386,7 +386,7 @@ class RecordingCopier(vllm_kv.HostCopier):
     def __init__(self):
         self.copies = []
 
-    def to_host(self, dst, src):
+    def to_host(self, dst, src, owner=None):
         assert dst.device.type == "cpu" and src.device.type == "meta", (dst.device, src.device)
         self.copies.append(("to_host", tuple(src.shape)))
 
