@@ -81,6 +81,9 @@ type Tier struct {
 	// file is written and synced, just before it is published: it lets a
 	// test order two writers of one key deterministically.
 	beforePublish func()
+	// beforeUnlinkDamaged, when set (tests only), runs in RemoveDamaged
+	// after the file was compared, before its identity is checked again.
+	beforeUnlinkDamaged func()
 }
 
 // Besides tier.Tier, a Tier is a tier.PrefixContainer, tier.Remover,
