@@ -3,6 +3,9 @@ package fs
 import (
 	"bytes"
 	"context"
+	"errors"
+	"os"
+	"syscall"
 	"testing"
 )
 
@@ -66,4 +69,64 @@ func TestPutCountsAnObjectOnce(t *testing.T) {
 			t.Fatalf("retry first %v: after Remove objects %d, used %d", retryFirst, s.Objects, s.Used)
 		}
 	}
+}
+
+// TestPutCountsAnObjectWhoseDirSyncFailed: a Put whose link published the
+// file but whose directory sync failed returns the error and counts the
+// object all the same, since it is there: the retry stops at its Stat
+// and would never count it (was: counted nowhere until the next sweep).
+func TestPutCountsAnObjectWhoseDirSyncFailed(t *testing.T) {
+	tr := newTier(t, Config{})
+	k, data := key(6), object(2)
+	ctx := context.Background()
+	failed := false
+	tr.dirSync = func(dir string) error {
+		if !failed {
+			failed = true
+			return syscall.EIO
+		}
+		return syncDir(dir)
+	}
+	if err := tr.Put(ctx, k, data); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("Put with a failing directory sync: %v", err)
+	}
+	if err := tr.Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	if s := tr.Stats(); s.Puts != 1 || s.Objects != 1 || s.Used != int64(len(data)) {
+		t.Fatalf("puts %d, objects %d, used %d; want 1, 1, %d", s.Puts, s.Objects, s.Used, len(data))
+	}
+	assertNoTemps(t, tr.cfg.Root)
+}
+
+// TestPutCountsItsOwnLinkOnEEXIST: over NFSv3 a LINK retransmitted after
+// its reply was lost finds the link its first transmission made and
+// answers EEXIST. The file is the writer's own, so the writer counts it
+// (was: taken for another writer's, counted nowhere).
+func TestPutCountsItsOwnLinkOnEEXIST(t *testing.T) {
+	tr := newTier(t, Config{})
+	k, data := key(7), object(4)
+	tr.link = func(oldname, newname string) error {
+		if err := os.Link(oldname, newname); err != nil {
+			return err
+		}
+		return &os.LinkError{Op: "link", Old: oldname, New: newname, Err: syscall.EEXIST}
+	}
+	if err := tr.Put(context.Background(), k, data); err != nil {
+		t.Fatal(err)
+	}
+	if s := tr.Stats(); s.Puts != 1 || s.Objects != 1 || s.Used != int64(len(data)) {
+		t.Fatalf("puts %d, objects %d, used %d; want 1, 1, %d", s.Puts, s.Objects, s.Used, len(data))
+	}
+	assertNoTemps(t, tr.cfg.Root)
+
+	// Another writer's file under the name is not ours: not counted.
+	tr2 := newTier(t, Config{Root: tr.cfg.Root})
+	tr2.link = func(oldname, newname string) error {
+		return &os.LinkError{Op: "link", Old: oldname, New: newname, Err: syscall.EEXIST}
+	}
+	if created, err := tr2.writeAtomic(tr2.path(k), data); err != nil || created {
+		t.Fatalf("publish over another writer's file: created %v, %v", created, err)
+	}
+	assertNoTemps(t, tr.cfg.Root)
 }

@@ -81,6 +81,13 @@ type Tier struct {
 	// file is written and synced, just before it is published: it lets a
 	// test order two writers of one key deterministically.
 	beforePublish func()
+	// beforeUnlinkDamaged, when set (tests only), runs in RemoveDamaged
+	// after the file was compared, before its identity is checked again.
+	beforeUnlinkDamaged func()
+	// link and dirSync, when set (tests only), stand in for os.Link and
+	// syncDir in a Put's publish.
+	link    func(oldname, newname string) error
+	dirSync func(dir string) error
 }
 
 // Besides tier.Tier, a Tier is a tier.PrefixContainer, tier.Remover,
@@ -220,8 +227,9 @@ func (t *Tier) Get(ctx context.Context, key chunk.Key, dst []byte) (int, error) 
 	if size > int64(len(dst)) {
 		return 0, fmt.Errorf("fs tier: get %v: object is %d bytes, buffer %d: %w", key, size, len(dst), io.ErrShortBuffer)
 	}
-	// Files are only ever replaced whole by rename, never truncated in
-	// place, so a short read means something outside kvtier changed it.
+	// Files are published whole by link(2) (or rename, where the file
+	// system has no hard links) and never written in place, so a short
+	// read means something outside kvtier changed it.
 	if _, err := io.ReadFull(f, dst[:size]); err != nil {
 		return 0, fmt.Errorf("fs tier: get %v: read %s: %w", key, p, err)
 	}
@@ -230,8 +238,10 @@ func (t *Tier) Get(ctx context.Context, key chunk.Key, dst []byte) (int, error) 
 	return int(size), nil
 }
 
-// Put implements tier.Tier: write a temporary file, fsync, rename into
-// place, fsync the directory.
+// Put implements tier.Tier: write a temporary file, fsync, publish it
+// under the object's name with link(2), which never replaces another
+// writer's file (rename where the file system has no hard links), fsync
+// the directory.
 func (t *Tier) Put(ctx context.Context, key chunk.Key, data []byte) error {
 	if t.closed.Load() {
 		return tier.ErrClosed
@@ -247,17 +257,19 @@ func (t *Tier) Put(ctx context.Context, key chunk.Key, data []byte) error {
 		return nil // already stored, by this node or another
 	}
 	created, err := t.writeAtomic(p, data)
+	if created {
+		// Counted even when the directory's sync failed after the link:
+		// the file is there, and a retry would stop at the Stat above
+		// without counting it.
+		t.puts.Add(1)
+		t.bytesWritten.Add(uint64(len(data)))
+		t.used.Add(int64(len(data)))
+		t.objects.Add(1)
+	}
 	if err != nil {
 		return fmt.Errorf("fs tier: put %v: %w", key, err)
 	}
-	if !created {
-		return nil // another writer published it since the Stat above
-	}
-	t.puts.Add(1)
-	t.bytesWritten.Add(uint64(len(data)))
-	t.used.Add(int64(len(data)))
-	t.objects.Add(1)
-	return nil
+	return nil // created, or another writer published it since the Stat above
 }
 
 // writeAtomic publishes data as p unless another writer published p
@@ -279,27 +291,38 @@ func (t *Tier) writeAtomic(p string, data []byte) (created bool, err error) {
 		if t.beforePublish != nil {
 			t.beforePublish()
 		}
-		created, err = publish(tmp, p)
+		created, err = t.publish(tmp, p)
 	}
 	if err != nil {
 		os.Remove(tmp)
 		return false, err
 	}
-	return created, syncDir(dir)
+	sync := syncDir
+	if t.dirSync != nil {
+		sync = t.dirSync
+	}
+	return created, sync(dir)
 }
 
 // publish gives the written temporary file tmp the name p, and reports
 // whether it did: false when p exists already. The temporary name is
 // removed either way (a removal that fails leaves it to the sweeper).
-func publish(tmp, p string) (bool, error) {
-	err := os.Link(tmp, p)
+func (t *Tier) publish(tmp, p string) (bool, error) {
+	link := os.Link
+	if t.link != nil {
+		link = t.link
+	}
+	err := link(tmp, p)
 	switch {
 	case err == nil:
 		os.Remove(tmp)
 		return true, nil
 	case errors.Is(err, fs.ErrExist):
+		// Over NFSv3 a LINK retransmitted after a lost reply finds the
+		// link the first transmission made: EEXIST for our own file.
+		ours := sameFile(tmp, p)
 		os.Remove(tmp)
-		return false, nil
+		return ours, nil
 	case !noHardLinks(err):
 		return false, err
 	}
@@ -308,6 +331,16 @@ func publish(tmp, p string) (bool, error) {
 		return false, err
 	}
 	return statErr != nil, nil
+}
+
+// sameFile reports whether the names a and b are links to one file.
+func sameFile(a, b string) bool {
+	ai, err := os.Lstat(a)
+	if err != nil {
+		return false
+	}
+	bi, err := os.Lstat(b)
+	return err == nil && os.SameFile(ai, bi)
 }
 
 // noHardLinks reports whether a failed link(2) says the file system has
@@ -372,7 +405,7 @@ func mkdirSynced(dir string) error {
 	return syncDir(filepath.Dir(parent))
 }
 
-// syncDir fsyncs a directory so a rename or create in it is durable.
+// syncDir fsyncs a directory so a link, rename or create in it is durable.
 // Filesystems that cannot sync directories (EINVAL) are fine: their
 // metadata is durable by other means or not at all.
 func syncDir(dir string) error {

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -161,8 +162,10 @@ func checkWhole(b []byte) error {
 }
 
 // TestConcurrentWritersOfOneKey races writers in two tier instances (as two
-// nodes would) over one key, replacing it again and again, while readers
-// check that every read is one writer's whole object.
+// nodes would) over one key, publishing it again and again, while readers
+// check that every read is one writer's whole object: exactly one write
+// publishes it (link(2) never replaces), one Put counts it, and no
+// temporary file is left.
 func TestConcurrentWritersOfOneKey(t *testing.T) {
 	root := t.TempDir()
 	nodes := []*Tier{newTier(t, Config{Root: root}), newTier(t, Config{Root: root})}
@@ -170,6 +173,7 @@ func TestConcurrentWritersOfOneKey(t *testing.T) {
 	path := nodes[0].path(k)
 	const writers, rounds, readers = 6, 15, 3
 	var wg sync.WaitGroup
+	var created atomic.Int32
 	for w := range writers {
 		wg.Go(func() {
 			data := object(w)
@@ -177,9 +181,13 @@ func TestConcurrentWritersOfOneKey(t *testing.T) {
 				// writeAtomic writes a whole temporary file every time,
 				// where Put would stop at its Stat once one has won; only
 				// the first link publishes.
-				if _, err := nodes[w%2].writeAtomic(path, data); err != nil {
+				c, err := nodes[w%2].writeAtomic(path, data)
+				if err != nil {
 					t.Error(err)
 					return
+				}
+				if c {
+					created.Add(1)
 				}
 			}
 		})
@@ -197,7 +205,7 @@ func TestConcurrentWritersOfOneKey(t *testing.T) {
 				}
 				n, err := nodes[r%2].Get(context.Background(), k, dst)
 				if errors.Is(err, tier.ErrNotFound) {
-					continue // before the first rename
+					continue // before the first link
 				}
 				if err != nil {
 					t.Error(err)
@@ -213,6 +221,10 @@ func TestConcurrentWritersOfOneKey(t *testing.T) {
 	wg.Wait()
 	close(stop)
 	reads.Wait()
+	if n := created.Load(); n != 1 {
+		t.Fatalf("%d of %d writes published the object, want exactly 1", n, writers*rounds)
+	}
+	assertNoTemps(t, root)
 
 	// Public Put from many goroutines at once: exactly one whole object.
 	k2 := key(8)
@@ -231,6 +243,9 @@ func TestConcurrentWritersOfOneKey(t *testing.T) {
 	}
 	if err := checkWhole(dst[:n]); err != nil {
 		t.Fatal(err)
+	}
+	if puts := nodes[0].Stats().Puts + nodes[1].Stats().Puts; puts != 1 {
+		t.Fatalf("%d Puts counted the object, want 1", puts)
 	}
 	assertNoTemps(t, root)
 }

@@ -20,8 +20,9 @@ var _ remote.RangeGetter = (*Tier)(nil)
 // fewer where the file ends, 0 when off is at or past its end or the file
 // is missing. With it the codec layer above seals raw chunks as pieced
 // objects and layerwise loads read a chunk a layer at a time
-// (docs/layerwise.md). Files are replaced whole by rename, so an open file
-// never changes under a read.
+// (docs/layerwise.md). Files are published whole (link(2), or rename)
+// and never written in place, so an open file never changes under a
+// read.
 func (t *Tier) GetRange(ctx context.Context, key chunk.Key, off int, dst []byte) (int, error) {
 	if t.closed.Load() {
 		return 0, fmt.Errorf("fs tier: get range %v: %w", key, tier.ErrClosed)

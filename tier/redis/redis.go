@@ -68,6 +68,7 @@ import (
 	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"kvtier/chunk"
+	"kvtier/codec"
 	"kvtier/tier"
 	"kvtier/tier/remote"
 )
@@ -314,10 +315,12 @@ func (t *Tier) getError(key chunk.Key, have int, err error) error {
 		return fmt.Errorf("redis: get %v: buffer of %d bytes: %w (%v)", key, have, io.ErrShortBuffer, err)
 	case isWrongType(err):
 		// Something that is not a string sits under our key name: count it
-		// as corrupt, but leave it alone, since someone else wrote it.
+		// as corrupt, but leave it alone, since someone else wrote it. It
+		// is foreign, not damaged, so it says nothing of Redis' health
+		// (the breaker does not count it as a corrupt read).
 		t.known.forget(key)
 		t.stats.corrupt.Add(1)
-		return fmt.Errorf("redis: get %v: %w: %v", key, tier.ErrCorrupt, err)
+		return fmt.Errorf("redis: get %v: %w: %w: %v", key, tier.ErrCorrupt, codec.ErrForeign, err)
 	}
 	return fmt.Errorf("redis: get %v: %w", key, closedOr(err))
 }

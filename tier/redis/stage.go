@@ -254,6 +254,9 @@ func (s *staged) Publish(ctx context.Context, head []byte) error {
 	case err != nil:
 		return s.t.stageErr("publish", s.key, err)
 	case got < 0:
+		// The script ran, so Redis takes the staging commands: a trial
+		// that lost its staging key still turns staging back on.
+		s.t.stage.accepted()
 		return fmt.Errorf("redis: publish %v: %w", s.key, remote.ErrStageLost)
 	case got == 1:
 		s.t.stats.puts.Add(1)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"kvtier/chunk"
 	"kvtier/tier/remote"
 )
 
@@ -92,4 +93,41 @@ func TestStagingRetriedAfterRefusal(t *testing.T) {
 		t.Fatalf("%d publishes since the refusal, want 5 (the trials and the 3 after)", n-evals)
 	}
 	checkStoredWhole(t, "retried", g, e, append(keys[:3:3], keys[4:]...), append(chunks[:3:3], chunks[4:]...))
+}
+
+// TestStagingTrialThatLostItsKeyTurnsItOn: a trial whose staging key was
+// lost before its publish (expired, evicted) fails with ErrStageLost, but
+// the publish script ran, so Redis takes the staging commands: staging is
+// on again (was: off until the next trial, a back-off later).
+func TestStagingTrialThatLostItsKeyTurnsItOn(t *testing.T) {
+	srv := sharedServer(t)
+	rt, _, e := stageStack(t, srv.url(""), strictBreaker)
+	raw := srv.rawClient()
+	ctx := context.Background()
+	var clock atomic.Int64
+	clock.Store(time.Date(2026, 11, 26, 9, 0, 0, 0, time.UTC).UnixNano())
+	rt.stage.now = func() time.Time { return time.Unix(0, clock.Load()) }
+	rt.stage.refusedBy("publish", "NOPERM (as a test's)")
+	if rt.Staging().On {
+		t.Fatal("staging on after a refusal")
+	}
+	clock.Add(int64(StageRetry))
+
+	keys, chunks := stageChunks(1, 80)
+	w, err := e.OpenWrite(ctx, keys[0], len(chunks[0]))
+	if err != nil || w == nil {
+		t.Fatalf("no trial once the back-off has passed: %v, %v", w, err)
+	}
+	if err := w.WriteRange(ctx, chunks[0], 0, stageChunk-100); err != nil {
+		t.Fatal(err)
+	}
+	if err := raw.Del(ctx, stagingKeys(t, raw, rt, keys[0])...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Commit(ctx, chunks[0], chunk.Key{}, false); !errors.Is(err, remote.ErrStageLost) {
+		t.Fatalf("commit of a trial that lost its staging key: %v", err)
+	}
+	if st := rt.Staging(); !st.On {
+		t.Fatalf("after the trial's publish ran: %+v, want staging on", st)
+	}
 }

@@ -53,6 +53,8 @@ type corruption struct {
 
 	mu      sync.Mutex
 	backoff time.Duration // of the next opening; 0: CorruptBackoff
+
+	racing func() // a test's: runs in ReportVerified between its first look and its decision
 }
 
 // ReportCorrupt tells the breaker that bytes the store returned failed
@@ -72,10 +74,24 @@ func (g *Guarded) ReportVerified() {
 	c := &g.cor
 	for s := c.score.Load(); s > 0 && !c.score.CompareAndSwap(s, s-1); s = c.score.Load() {
 	}
-	if c.probation.Load() && State(g.state.Load()) != StateOpen && c.probation.CompareAndSwap(true, false) {
-		c.mu.Lock()
+	if !c.probation.Load() {
+		return
+	}
+	if c.racing != nil {
+		c.racing()
+	}
+	// Under c.mu, so that an opening for corruption (which sets probation
+	// and the back-off under it) cannot fall between the check of the
+	// state and the end of the probation: that would leave the circuit
+	// open for corruption, off probation, with the back-off reset.
+	c.mu.Lock()
+	ended := c.probation.Load() && State(g.state.Load()) != StateOpen
+	if ended {
+		c.probation.Store(false)
 		c.backoff = 0
-		c.mu.Unlock()
+	}
+	c.mu.Unlock()
+	if ended {
 		g.o.Logger.Info("remote tier's reads verify again", "tier", g.inner.Name())
 	}
 }
@@ -101,13 +117,16 @@ func (g *Guarded) openForCorruption() {
 	for {
 		s := g.state.Load()
 		if State(s) == StateOpen {
-			break
+			// Open already (for failures, or for corruption with the
+			// back-off run out and not yet probed): the hold and the
+			// probation above apply, but this is no new opening.
+			return
 		}
 		if g.state.CompareAndSwap(s, int32(StateOpen)) {
-			g.opens.Add(1)
 			break
 		}
 	}
+	g.opens.Add(1)
 	c.opens.Add(1)
 	g.o.Logger.Warn("remote tier cut off: its answers fail verification", "tier", g.inner.Name(),
 		"corrupt_reads", c.reads.Load(), "probes_after", wait)

@@ -89,22 +89,26 @@ func Encode(inner tier.Tier, name string, c codec.Codec, specOf SpecFunc) *Encod
 		ranged: rangeGetterOf(inner), stager: stagerOf(inner), guard: GuardOf(inner)}
 }
 
-// damaged notes that k's object failed its checks (err says how): it
-// counts in Stats().Corrupt. When its bytes are damaged (codec.ErrCorrupt:
-// a checksum that does not match), not merely foreign (another version's
-// or another program's value), it also counts against the store's health
-// (Guarded.ReportCorrupt) and is removed from the store, so that storing
-// the chunk again replaces it and one damaged object, read again and
-// again, does not make a healthy store look sick.
-func (e *Encoded) damaged(k chunk.Key, err error) {
+// damaged notes that k's object failed its checks (err says how; d is
+// what was read): it counts in Stats().Corrupt. When its bytes are damaged
+// (codec.ErrCorrupt: a checksum that does not match), not merely foreign
+// (another version's or another program's value), the object is removed
+// from the store if the store still holds those bytes (DamageRemover), so
+// that storing the chunk again replaces it and one damaged object, read
+// again and again, does not make a healthy store look sick; then the read
+// counts against the store's health (Guarded.ReportCorrupt). The removal
+// comes first because the report may open the circuit (at once, on
+// probation), and an open circuit refuses the removal: the object would
+// survive to reopen the circuit at the next read, and so on forever.
+func (e *Encoded) damaged(k chunk.Key, err error, d Damage) {
 	e.corrupt.Add(1)
 	if !errors.Is(err, codec.ErrCorrupt) {
 		return
 	}
+	removeDamaged(e.inner, k, d)
 	if e.guard != nil {
 		e.guard.ReportCorrupt()
 	}
-	tier.Remove(e.inner, k)
 }
 
 // verified notes bytes that passed their checks.
@@ -199,7 +203,7 @@ func (e *Encoded) fetch(ctx context.Context, k chunk.Key, n int) ([]byte, codec.
 	obj = obj[:got]
 	info, err := codec.PeekInfo(obj)
 	if err != nil {
-		e.damaged(k, err)
+		e.damaged(k, err, Damage{Size: len(obj), Head: obj})
 		return nil, codec.Info{}, fmt.Errorf("%s: %v: %w", e.name, err, tier.ErrCorrupt)
 	}
 	return obj, info, nil
@@ -264,7 +268,7 @@ func (e *Encoded) Get(ctx context.Context, k chunk.Key, dst []byte) (int, error)
 		_, _, err = codec.Unseal(dst[:0], obj)
 	}
 	if err != nil {
-		e.damaged(k, err)
+		e.damaged(k, err, Damage{Size: len(obj), Head: obj})
 		return 0, fmt.Errorf("%s: %v: %v: %w", e.name, k, err, tier.ErrCorrupt)
 	}
 	e.verified()

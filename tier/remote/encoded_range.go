@@ -1,6 +1,7 @@
 package remote
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -94,7 +95,7 @@ func (e *Encoded) rawSize(k chunk.Key, n int) (int, bool) {
 	}
 	info, err := codec.PeekInfo(head[:])
 	if err != nil {
-		e.damaged(k, err)
+		e.damaged(k, err, Damage{Size: n, Head: head[:]})
 		return 0, false
 	}
 	return info.RawLen, true
@@ -124,9 +125,10 @@ func (e *Encoded) OpenRange(ctx context.Context, k chunk.Key, dst []byte) (tier.
 		err = fmt.Errorf("chunk of %d bytes, buffer of %d: %w", r.p.Info.RawLen, len(dst), io.ErrShortBuffer)
 	}
 	if err != nil {
-		e.damaged(k, err)
+		e.damaged(k, err, Damage{Size: -1, Head: head[:n]})
 		return nil, fmt.Errorf("%s: %v: %v: %w", e.name, k, err, tier.ErrCorrupt)
 	}
+	r.head = head[:n]
 	return r, nil
 }
 
@@ -136,6 +138,7 @@ type piecedRange struct {
 	key  chunk.Key
 	dst  []byte
 	p    codec.Pieces
+	head []byte                       // the header and piece table as OpenRange read them
 	have [codec.MaxPieces / 64]uint64 // verified pieces
 }
 
@@ -170,13 +173,32 @@ func (r *piecedRange) ReadRange(ctx context.Context, from, to int) error {
 	}
 	for i := first; i < end; i++ {
 		if n != hi-lo || !r.p.Check(i, r.dst[i*pl:min((i+1)*pl, len(r.dst))]) {
-			r.e.damaged(r.key, codec.ErrCorrupt)
-			return fmt.Errorf("%s: %v: piece %d of %d: %w", r.e.name, r.key, i, r.p.Count, tier.ErrCorrupt)
+			return r.failed(ctx, i, lo, n)
 		}
 		r.have[i/64] |= 1 << (i % 64)
 	}
 	r.e.verified()
 	return nil
+}
+
+// failed handles piece i of the range read at lo (n bytes of it) failing
+// its check. The object may have been replaced since OpenRange (expired,
+// then stored again, perhaps with another codec), and the piece table is
+// the old object's: so the header is read again first, and a header that
+// changed, or is gone, makes the read a miss, not damage. Otherwise the
+// object is damaged, and is removed only if the store still holds the
+// header and the bytes that failed.
+func (r *piecedRange) failed(ctx context.Context, i, lo, n int) error {
+	head := make([]byte, len(r.head))
+	got, err := r.e.ranged.GetRange(ctx, r.key, 0, head)
+	if err != nil {
+		return err
+	}
+	if got != len(r.head) || !bytes.Equal(head, r.head) {
+		return fmt.Errorf("%s: %v: replaced since its header was read: %w", r.e.name, r.key, tier.ErrNotFound)
+	}
+	r.e.damaged(r.key, codec.ErrCorrupt, Damage{Size: -1, Head: r.head, Off: codec.PiecedHeaderSize + lo, Part: r.dst[lo : lo+n]})
+	return fmt.Errorf("%s: %v: piece %d of %d: %w", r.e.name, r.key, i, r.p.Count, tier.ErrCorrupt)
 }
 
 func (r *piecedRange) verified(i int) bool { return r.have[i/64]&(1<<(i%64)) != 0 }

@@ -193,3 +193,19 @@ func noLeak(t *testing.T) {
 		})
 	})
 }
+
+// RemoveDamaged implements DamageRemover: the object goes only while it
+// matches d.
+func (f *fake) RemoveDamaged(k chunk.Key, d Damage) bool {
+	if f.enter(nil) != nil {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	v, ok := f.data[k]
+	if !ok || !d.Matches(v) {
+		return false
+	}
+	delete(f.data, k)
+	return true
+}

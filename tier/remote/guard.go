@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"kvtier/chunk"
+	"kvtier/codec"
 	"kvtier/tier"
 )
 
@@ -117,8 +118,10 @@ func (o GuardOptions) withDefaults() GuardOptions {
 	if o.CorruptBackoff <= 0 {
 		o.CorruptBackoff = DefaultCorruptBackoff
 	}
-	if o.CorruptBackoffMax < o.CorruptBackoff {
+	if o.CorruptBackoffMax <= 0 {
 		o.CorruptBackoffMax = max(o.CorruptBackoff, DefaultCorruptBackoffMax)
+	} else if o.CorruptBackoffMax < o.CorruptBackoff {
+		o.CorruptBackoffMax = o.CorruptBackoff // no doubling: the cap is the back-off
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -319,14 +322,22 @@ func (g *Guarded) Get(ctx context.Context, key chunk.Key, dst []byte) (int, erro
 
 // verdict tells the corruption count what an inner read's error says of
 // the bytes: ErrCorrupt that they failed verification, no error that
-// they passed, when the inner tier checks its reads.
+// they passed, when the inner tier checks its reads. A foreign value
+// (ErrCorrupt wrapping codec.ErrForeign: a Redis list under an object's
+// key) is someone else's, not damage, and says nothing of the store.
 func (g *Guarded) verdict(err error) {
 	switch {
-	case errors.Is(err, tier.ErrCorrupt):
+	case isDamage(err):
 		g.ReportCorrupt()
 	case err == nil && g.o.ReadsVerified:
 		g.ReportVerified()
 	}
+}
+
+// isDamage reports whether err says bytes failed verification, as
+// opposed to a foreign value.
+func isDamage(err error) bool {
+	return errors.Is(err, tier.ErrCorrupt) && !errors.Is(err, codec.ErrForeign)
 }
 
 // Put implements tier.Tier.
@@ -390,10 +401,11 @@ const (
 	opStageWrite
 	opStagePublish
 	opStageDiscard
+	opRemoveDamaged // damage.go
 )
 
 var opNames = [...]string{"prefix-contains", "size", "get", "put", "remove", "ping", "get-range",
-	"stage", "stage-write", "stage-publish", "stage-discard"}
+	"stage", "stage-write", "stage-publish", "stage-discard", "remove-damaged"}
 
 func (o op) String() string { return opNames[o] }
 
@@ -421,6 +433,7 @@ type call struct {
 	buf    []byte
 	off    int    // GetRange, a staged write: where in the object buf starts
 	stage  Staged // a staged object's calls (stage.go)
+	dmg    Damage // RemoveDamaged's condition, over buf (damage.go)
 
 	n   int
 	ok  bool
@@ -601,6 +614,8 @@ func (g *Guarded) execPlain(c *call) {
 		c.err = g.inner.Put(c.ctx, c.key, c.buf)
 	case opRemove:
 		c.ok = tier.Remove(g.inner, c.key)
+	case opRemoveDamaged:
+		c.ok = removeDamaged(g.inner, c.key, c.dmg)
 	case opPing:
 		c.err = g.ping.Ping(c.ctx)
 	case opGetRange:
@@ -629,7 +644,7 @@ func (g *Guarded) recycle(c *call) {
 	if c.cancel != nil {
 		c.cancel()
 	}
-	c.ctx, c.cancel, c.err, c.stage = nil, nil, nil, nil
+	c.ctx, c.cancel, c.err, c.stage, c.dmg = nil, nil, nil, nil, Damage{}
 	c.n, c.ok, c.trial = 0, false, false
 	g.calls.Put(c)
 }

@@ -2,7 +2,6 @@ package remote
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"kvtier/chunk"
@@ -95,7 +94,7 @@ func (g *Guarded) Report(ctx context.Context, err error, trial bool) {
 	if trial { // as finish does, before the outcome moves the state
 		g.trial.Store(false)
 	}
-	if errors.Is(err, tier.ErrCorrupt) {
+	if isDamage(err) {
 		g.ReportCorrupt() // a verified read the caller reports itself
 	}
 	switch classify(ctx, err) {

@@ -1,0 +1,66 @@
+package fs
+
+import (
+	"bytes"
+	"io"
+	"os"
+
+	"kvtier/chunk"
+	"kvtier/tier/remote"
+)
+
+var _ remote.DamageRemover = (*Tier)(nil)
+
+// RemoveDamaged implements remote.DamageRemover: it removes key's file only
+// if it still holds the damaged bytes a reader found, and is the very file
+// it compared (same device and inode on an Lstat just before the unlink).
+// Another reader may have removed the damaged file already and a writer
+// published a good one under the same name (link(2) never replaces a
+// file, so a name changes content only through an unlink): that file
+// stays.
+func (t *Tier) RemoveDamaged(key chunk.Key, d remote.Damage) bool {
+	if t.closed.Load() || len(d.Head) == 0 {
+		return false
+	}
+	p := t.path(key)
+	f, err := os.Open(p)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil || !holds(f, fi.Size(), d) {
+		return false
+	}
+	if t.beforeUnlinkDamaged != nil {
+		t.beforeUnlinkDamaged()
+	}
+	if now, err := os.Lstat(p); err != nil || !os.SameFile(fi, now) {
+		return false
+	}
+	if os.Remove(p) != nil {
+		return false
+	}
+	t.removes.Add(1)
+	t.used.Add(-fi.Size())
+	t.objects.Add(-1)
+	return true
+}
+
+// holds reports whether f, size bytes long, holds what d describes.
+func holds(f *os.File, size int64, d remote.Damage) bool {
+	if d.Size >= 0 && size != int64(d.Size) {
+		return false
+	}
+	if !readsAs(f, 0, d.Head) {
+		return false
+	}
+	return len(d.Part) == 0 || readsAs(f, int64(d.Off), d.Part)
+}
+
+// readsAs reports whether f's bytes at off are want.
+func readsAs(f *os.File, off int64, want []byte) bool {
+	got := make([]byte, len(want))
+	n, err := f.ReadAt(got, off)
+	return n == len(want) && (err == nil || err == io.EOF) && bytes.Equal(got, want)
+}

@@ -1,0 +1,88 @@
+package remote
+
+import (
+	"bytes"
+
+	"kvtier/chunk"
+	"kvtier/tier"
+)
+
+// Damage is what a reader found damaged in an object: the bytes it read,
+// so that the store removes the object only while it still holds those
+// bytes. Between the read and the removal another reader may have removed
+// the object and a writer stored a good one under the same key; an
+// unconditional delete would then remove the good object.
+type Damage struct {
+	// Size is the object's length when the read learnt it, else -1.
+	Size int
+	// Head is the object's first bytes as read (the whole object after a
+	// whole read).
+	Head []byte
+	// Part is further bytes read at Off (the pieces a range read found
+	// damaged), or nil.
+	Off  int
+	Part []byte
+}
+
+// Matches reports whether obj, a whole object, holds what d describes.
+func (d Damage) Matches(obj []byte) bool {
+	if d.Size >= 0 && len(obj) != d.Size {
+		return false
+	}
+	if len(obj) < len(d.Head) || !bytes.Equal(obj[:len(d.Head)], d.Head) {
+		return false
+	}
+	if len(d.Part) == 0 {
+		return true
+	}
+	return d.Off >= 0 && d.Off <= len(obj)-len(d.Part) && bytes.Equal(obj[d.Off:d.Off+len(d.Part)], d.Part)
+}
+
+// DamageRemover is implemented by a store that can remove an object on
+// the condition that it still holds the damaged bytes a reader found
+// (Redis: a compare-and-delete script; the shared filesystem: the same
+// file, compared and unlinked). Encoded removes damaged objects only from
+// such stores: where the condition cannot be checked (S3 without
+// conditional deletes) the object stays, and the breaker is what stops
+// the reads.
+type DamageRemover interface {
+	// RemoveDamaged removes key's object if it still matches d and reports
+	// whether it did.
+	RemoveDamaged(key chunk.Key, d Damage) bool
+}
+
+var _ DamageRemover = (*Guarded)(nil)
+
+// removeDamaged removes key's damaged object from t when t can do so on
+// condition.
+func removeDamaged(t tier.Tier, key chunk.Key, d Damage) bool {
+	if r, ok := t.(DamageRemover); ok {
+		return r.RemoveDamaged(key, d)
+	}
+	return false
+}
+
+// RemoveDamaged implements DamageRemover through the breaker, like Remove;
+// it is false when the store cannot remove on condition.
+func (g *Guarded) RemoveDamaged(key chunk.Key, d Damage) bool {
+	if _, ok := g.inner.(DamageRemover); !ok {
+		return false
+	}
+	c, err := g.begin(opRemoveDamaged)
+	if err != nil {
+		return false
+	}
+	c.key = key
+	// Private copies: an abandoned call may still read them.
+	c.buf = append(append(c.buf[:0], d.Head...), d.Part...)
+	c.dmg = Damage{Size: d.Size, Head: c.buf[:len(d.Head)], Off: d.Off}
+	if len(d.Part) > 0 {
+		c.dmg.Part = c.buf[len(d.Head):]
+	}
+	if g.run(nil, c, g.deadline(len(c.buf))) != nil {
+		return false
+	}
+	ok := c.ok
+	g.finish(c, outcomeNeutral)
+	return ok
+}

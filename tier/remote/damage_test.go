@@ -1,0 +1,196 @@
+package remote
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"kvtier/chunk"
+	"kvtier/codec"
+	"kvtier/kvformat"
+	"kvtier/tier"
+)
+
+// damagedObject stores a good object for k through e, then flips a byte
+// of its payload in f, and returns the damaged bytes.
+func damagedObject(t *testing.T, e *Encoded, f *fake, k chunk.Key, data []byte) []byte {
+	t.Helper()
+	if err := e.Put(context.Background(), k, data); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.data[k][len(f.data[k])-1] ^= 1
+	return append([]byte(nil), f.data[k]...)
+}
+
+func (f *fake) holds(k chunk.Key) ([]byte, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	v, ok := f.data[k]
+	return v, ok
+}
+
+// TestDamagedObjectOnProbationIsRemoved: a damaged object read while the
+// circuit is closed on probation reopens it, and is removed all the same,
+// so that after the back-off the same key is a plain miss that leaves the
+// circuit closed (was: the removal went through the circuit the report had
+// just opened, was refused, and the object reopened the circuit at every
+// read after each back-off, forever).
+func TestDamagedObjectOnProbationIsRemoved(t *testing.T) {
+	f := newFake()
+	g := guard(t, pingFake{f}, GuardOptions{Threshold: 2, CorruptBackoff: time.Minute})
+	advance := testClock(g)
+	e := Encode(g, "fake", nil, nil)
+	ctx := context.Background()
+	k := key(7)
+	damagedObject(t, e, f, k, []byte("a chunk of KV, damaged in the store"))
+
+	g.ReportCorrupt()
+	g.ReportCorrupt() // open for corruption
+	advance(time.Minute)
+	g.probe()
+	g.probe()
+	if h := g.Health(); h.State != StateClosed {
+		t.Fatalf("after the back-off and two probes: %+v", h)
+	}
+	if _, err := e.Get(ctx, k, make([]byte, 64)); !errors.Is(err, tier.ErrCorrupt) {
+		t.Fatalf("read of the damaged object on probation: %v", err)
+	}
+	if h := g.Health(); h.State != StateOpen || h.CorruptOpens != 2 {
+		t.Fatalf("a corrupt read on probation: %+v, want open again", h)
+	}
+	if _, ok := f.holds(k); ok {
+		t.Fatal("the damaged object that reopened the circuit is still in the store")
+	}
+	advance(2 * time.Minute)
+	g.probe()
+	g.probe()
+	if _, err := e.Get(ctx, k, make([]byte, 64)); !errors.Is(err, tier.ErrNotFound) {
+		t.Fatalf("the same key after the back-off: %v, want a miss", err)
+	}
+	if h := g.Health(); h.State != StateClosed || h.CorruptOpens != 2 {
+		t.Fatalf("after the miss: %+v, want closed", h)
+	}
+}
+
+// TestDamagedReadSparesANewerObject: a reader that found an object
+// damaged removes it only if the store still holds those bytes. Here the
+// damaged object was read by Size (kept for the Get, as with any codec
+// but raw), then replaced in the store by a good one (another reader
+// removed the damaged object, a writer stored the chunk again): the Get
+// that finds the kept bytes damaged leaves the good object alone.
+func TestDamagedReadSparesANewerObject(t *testing.T) {
+	f := newFake()
+	g := guard(t, pingFake{f}, GuardOptions{Threshold: 5})
+	zstd, _ := codec.Lookup("zstd")
+	e := Encode(g, "fake", zstd, nil)
+	ctx := context.Background()
+	k := key(8)
+	data := []byte("a chunk of KV that compresses: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa")
+	damagedObject(t, e, f, k, data)
+	size, ok := e.Size(k) // fetches the damaged object and keeps it
+	if !ok {
+		t.Fatal("Size of the damaged object (its header is intact)")
+	}
+	good, err := codec.Seal(nil, zstd, kvformat.Spec{}, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	f.data[k] = good // removed by another reader, stored again by a writer
+	f.mu.Unlock()
+
+	if _, err := e.Get(ctx, k, make([]byte, size)); !errors.Is(err, tier.ErrCorrupt) {
+		t.Fatalf("Get of the kept damaged bytes: %v", err)
+	}
+	if v, ok := f.holds(k); !ok || string(v) != string(good) {
+		t.Fatal("the good object stored since the damaged read was removed")
+	}
+	dst := make([]byte, size)
+	if n, err := e.Get(ctx, k, dst); err != nil || string(dst[:n]) != string(data) {
+		t.Fatalf("the good object: %q, %v", dst[:n], err)
+	}
+
+	// The damaged object itself, still there, is removed.
+	k2 := key(9)
+	damagedObject(t, e, f, k2, data)
+	if _, err := e.Get(ctx, k2, make([]byte, size)); !errors.Is(err, tier.ErrCorrupt) {
+		t.Fatalf("Get of a damaged object: %v", err)
+	}
+	if _, ok := f.holds(k2); ok {
+		t.Fatal("the damaged object was not removed")
+	}
+}
+
+// TestForeignErrorIsNotDamage: ErrCorrupt from the store that wraps
+// codec.ErrForeign (a Redis list under an object's key) counts neither as
+// a corrupt read nor towards opening the circuit.
+func TestForeignErrorIsNotDamage(t *testing.T) {
+	g := guard(t, foreignFake{newFake()}, GuardOptions{Threshold: 2})
+	for range 10 {
+		if _, err := g.Get(context.Background(), key(1), make([]byte, 4)); !errors.Is(err, tier.ErrCorrupt) {
+			t.Fatalf("foreign value: %v", err)
+		}
+	}
+	if h := g.Health(); h.State != StateClosed || h.Corrupt != 0 || h.CorruptOpens != 0 {
+		t.Fatalf("after 10 reads of a foreign value: %+v, want closed, nothing corrupt", h)
+	}
+}
+
+// foreignFake answers every Get with a foreign value's error, as the Redis
+// tier does for a key that holds a list.
+type foreignFake struct{ *fake }
+
+func (c foreignFake) Get(context.Context, chunk.Key, []byte) (int, error) {
+	return 0, errors.Join(tier.ErrCorrupt, codec.ErrForeign)
+}
+
+// TestLateCorruptReportIsNoOpening: a corrupt read reported while the
+// circuit is open already (for failures) holds the probes, but is no
+// opening: neither opening count moves.
+func TestLateCorruptReportIsNoOpening(t *testing.T) {
+	g := guard(t, pingFake{newFake()}, GuardOptions{Threshold: 1})
+	g.transition(StateClosed, StateOpen, "test")
+	g.ReportCorrupt()
+	if h := g.Health(); h.State != StateOpen || h.Opens != 1 || h.CorruptOpens != 0 {
+		t.Fatalf("corrupt report while open: %+v, want one opening, none for corruption", h)
+	}
+}
+
+// TestCorruptBackoffMaxBelowBackoff: a cap set below the back-off is the
+// back-off (was: the default 10 minutes).
+func TestCorruptBackoffMaxBelowBackoff(t *testing.T) {
+	o := GuardOptions{CorruptBackoff: time.Minute, CorruptBackoffMax: time.Second}.withDefaults()
+	if o.CorruptBackoffMax != time.Minute {
+		t.Fatalf("CorruptBackoffMax = %v, want the back-off, 1m", o.CorruptBackoffMax)
+	}
+	if o := (GuardOptions{}).withDefaults(); o.CorruptBackoff != DefaultCorruptBackoff || o.CorruptBackoffMax != DefaultCorruptBackoffMax {
+		t.Fatalf("defaults: %v, %v", o.CorruptBackoff, o.CorruptBackoffMax)
+	}
+}
+
+// TestProbationEndRacesAnOpening: a circuit opened for corruption between
+// a verified read's look at the probation and its end of it stays on
+// probation with its doubled back-off (was: open for corruption, off
+// probation, back-off reset).
+func TestProbationEndRacesAnOpening(t *testing.T) {
+	g := guard(t, pingFake{newFake()}, GuardOptions{Threshold: 1, CorruptBackoff: time.Minute, CorruptBackoffMax: time.Hour})
+	advance := testClock(g)
+	g.ReportCorrupt()
+	advance(time.Minute)
+	g.probe()
+	g.probe() // closed, on probation, next back-off 2 min
+	g.cor.racing = func() { g.cor.racing = nil; g.ReportCorrupt() }
+	g.ReportVerified()
+	if h := g.Health(); h.State != StateOpen || !g.cor.probation.Load() {
+		t.Fatalf("opened for corruption during a verified read: %+v, probation %v", h, g.cor.probation.Load())
+	}
+	g.cor.mu.Lock()
+	next := g.cor.backoff
+	g.cor.mu.Unlock()
+	if next != 4*time.Minute {
+		t.Fatalf("next back-off %v, want 4m (the back-off was reset)", next)
+	}
+}
