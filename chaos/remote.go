@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -113,6 +114,30 @@ func pushOut(t testing.TB, c *conn, from, sick, sickN int, r *Report) {
 	}
 }
 
+// verifyRemote verifies every chunk remoteRig stored (each durable) and
+// notes how many calls to the remote tier name missed their deadline
+// meanwhile: each such read is a miss that verify reads again.
+func verifyRemote(t testing.TB, d *servetest.Daemon, c *conn, name string, r *Report) {
+	t.Helper()
+	before := remoteTimeouts(t, d, name)
+	verify(t, c, allRemote(), func(int) bool { return true }, r)
+	if n := remoteTimeouts(t, d, name) - before; n > 0 {
+		r.Note("%d calls to %s missed their deadline while reading back", n, name)
+	}
+}
+
+// remoteTimeouts is the daemon's count of calls to the remote tier name
+// that missed their deadline (kvtier_remote_timeouts_total).
+func remoteTimeouts(t testing.TB, d *servetest.Daemon, name string) int {
+	t.Helper()
+	v := d.Metric(t, `kvtier_remote_timeouts_total{tier="`+name+`"}`)
+	n, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		t.Fatalf("kvtier_remote_timeouts_total{tier=%q} = %q: %v", name, v, err)
+	}
+	return int(n)
+}
+
 func allRemote() []int {
 	ids := make([]int, remoteTargets+remoteFillers)
 	for i := range ids {
@@ -126,7 +151,7 @@ func allRemote() []int {
 func redisHung(t testing.TB, o Options, r *Report) {
 	r.Checked = "with Redis hung (SIGSTOP) chunks held only there read as misses, never errors, stores are still acknowledged, and after SIGCONT every durable chunk reads back"
 	srv := redistest.Start(t)
-	_, c := remoteRig(t, srv.URL())
+	d, c := remoteRig(t, srv.URL())
 	r.Stored, r.Durable = remoteTargets+remoteFillers, remoteTargets+remoteFillers
 	if err := srv.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
@@ -138,7 +163,7 @@ func redisHung(t testing.TB, o Options, r *Report) {
 		t.Fatal(err)
 	}
 	r.Recovery = recovered(t, c)
-	verify(t, c, allRemote(), func(int) bool { return true }, r)
+	verifyRemote(t, d, c, "redis", r)
 }
 
 // redisKilled kills Redis, which keeps an append-only file fsync'ed
@@ -147,7 +172,7 @@ func redisKilled(t testing.TB, o Options, r *Report) {
 	r.Checked = "with Redis killed (SIGKILL) reads are misses, never errors; restarted on its append-only file, every chunk it acknowledged reads back"
 	dir := t.TempDir()
 	srv := redistest.StartDurable(t, 0, dir)
-	_, c := remoteRig(t, srv.URL())
+	d, c := remoteRig(t, srv.URL())
 	r.Stored, r.Durable = remoteTargets+remoteFillers, remoteTargets+remoteFillers
 	srv.Stop()
 	sickReads(t, c, "dead", r)
@@ -155,5 +180,5 @@ func redisKilled(t testing.TB, o Options, r *Report) {
 	time.Sleep(o.load())
 	redistest.StartDurable(t, srv.Port(), dir)
 	r.Recovery = recovered(t, c)
-	verify(t, c, allRemote(), func(int) bool { return true }, r)
+	verifyRemote(t, d, c, "redis", r)
 }
