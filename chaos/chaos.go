@@ -55,8 +55,13 @@ type Report struct {
 	Verified int
 	// WrongBytes counts bytes read back that differ from what was stored.
 	WrongBytes int
-	// Lost counts acknowledged-durable chunks that did not come back.
+	// Lost counts acknowledged-durable chunks that did not come back:
+	// every read of them missed, for as long as verify reads again.
 	Lost int
+	// Reread counts durable chunks that missed a read and came back on a
+	// later one: the read failed (a remote store past its deadline is a
+	// miss), not the store. Allowed, shown.
+	Reread int
 	// Dropped counts chunks the fault destroyed on purpose or that were
 	// acknowledged but not yet durable and did not come back: allowed,
 	// reported so the figure is visible.
@@ -126,8 +131,8 @@ func (r *Report) Row() string {
 func (r *Report) Summary() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: checked %s\n", r.Fault, r.Checked)
-	fmt.Fprintf(&b, "  stored %d, durable %d, verified %d, wrong bytes %d, durable lost %d, dropped %d, recovery %v\n",
-		r.Stored, r.Durable, r.Verified, r.WrongBytes, r.Lost, r.Dropped, r.Recovery.Round(time.Millisecond))
+	fmt.Fprintf(&b, "  stored %d, durable %d, verified %d (re-read %d), wrong bytes %d, durable lost %d, dropped %d, recovery %v\n",
+		r.Stored, r.Durable, r.Verified, r.Reread, r.WrongBytes, r.Lost, r.Dropped, r.Recovery.Round(time.Millisecond))
 	for _, n := range r.Notes {
 		fmt.Fprintf(&b, "  %s\n", n)
 	}

@@ -78,7 +78,7 @@ func (s *s3Server) url(bucket string) string {
 func s3HungKilled(t testing.TB, o Options, r *Report) {
 	r.Checked = "with the S3 server hung (SIGSTOP) and then killed (SIGKILL) chunks held only there read as misses, never errors, stores are still acknowledged, and once it is back every chunk it acknowledged reads back"
 	s := startS3(t)
-	_, c := remoteRig(t, s.url(fmt.Sprintf("chaos-%d", newRun()%1_000_000)))
+	d, c := remoteRig(t, s.url(fmt.Sprintf("chaos-%d", newRun()%1_000_000)))
 	r.Stored, r.Durable = remoteTargets+remoteFillers, remoteTargets+remoteFillers
 
 	if err := procstop.Stop(s.cmd.Process.Pid, 10*time.Second); err != nil {
@@ -91,7 +91,7 @@ func s3HungKilled(t testing.TB, o Options, r *Report) {
 		t.Fatal(err)
 	}
 	hung := recovered(t, c)
-	verify(t, c, allRemote(), func(int) bool { return true }, r)
+	verifyRemote(t, d, c, "s3", r)
 
 	// Reading back promoted the targets into RAM; push them out again,
 	// so the reads below go to the store, then kill it.
@@ -103,5 +103,5 @@ func s3HungKilled(t testing.TB, o Options, r *Report) {
 	killed := recovered(t, c)
 	r.Note("recovery after SIGCONT %v, after the restart %v", hung.Round(time.Millisecond), killed.Round(time.Millisecond))
 	r.Recovery = max(hung, killed)
-	verify(t, c, allRemote(), func(int) bool { return true }, r)
+	verifyRemote(t, d, c, "s3", r)
 }

@@ -83,8 +83,19 @@ func startFaultRig(t *testing.T, redis *redistest.Server, remoteURL string) *fau
 			t.Fatalf("store %d: %d, %v", i, n, err)
 		}
 		// A queued write keeps its chunk in RAM; let it land before the
-		// next store needs the space.
-		r.waitFor(t, "the chunk to reach Redis", func() bool { return r.redisStat(t).Puts > uint64(i) })
+		// next store needs the space. A write that misses the remote
+		// deadline (50 ms in TestRemoteSilentIsAMiss, easily missed on a
+		// loaded machine) is refused and not retried; FLUSH writes it
+		// again.
+		r.waitFor(t, "the chunk to reach Redis", func() bool {
+			if r.redisStat(t).Puts > uint64(i) {
+				return true
+			}
+			fctx, cancel := context.WithTimeout(ctx, hang)
+			defer cancel()
+			rep, err := c.Flush(fctx)
+			return err == nil && rep.Durable()
+		})
 	}
 	for i := range faultTargets {
 		hit, err := c.Lookup(ctx, r.keys(i), 0)

@@ -139,6 +139,14 @@ func streamLayers(t *testing.T, d *servetest.Daemon, keys []chunk.Key) int {
 	return usable
 }
 
+// streamerConf is daemon A's configuration: B as its peer, with a
+// deadline that only guards against a hang. At the default 100 ms, a
+// loaded machine made A's calls to B miss it, and the streams came out
+// with no usable chunk.
+func streamerConf(b *servetest.Daemon) string {
+	return "chunk_size: 16\nmax_local_cpu_size: 0.0625\nremote_timeout: 10s\np2p_peers: [" + b.TCP + "]"
+}
+
 // TestLayerwiseFromPeerDisk: daemon B holds four chunks on its disk only;
 // daemon A (p2p_peers: B) streams them layer by layer to a local client,
 // every layer with B's bytes; B served the ranges from its disk and never
@@ -146,7 +154,7 @@ func streamLayers(t *testing.T, d *servetest.Daemon, keys []chunk.Key) int {
 func TestLayerwiseFromPeerDisk(t *testing.T) {
 	keys := keysOf(4)
 	b := diskPeer(t, len(keys), nil)
-	a := startProc(t, "chunk_size: 16\nmax_local_cpu_size: 0.0625\np2p_peers: ["+b.TCP+"]")
+	a := startProc(t, streamerConf(b))
 	if got := streamLayers(t, a.Daemon, keys); got != len(keys) {
 		t.Fatalf("%d usable chunks, want %d", got, len(keys))
 	}
@@ -179,7 +187,7 @@ func TestLayerwiseFromPeerDiskDamaged(t *testing.T) {
 	keys := keysOf(4)
 	from, _, _ := streamGeo.Range(streamChunk, 3, 0)
 	b := diskPeer(t, len(keys), func(dir string) { flipIn(t, dir, noisy(2, streamChunk)[from+100:from+164]) })
-	a := startProc(t, "chunk_size: 16\nmax_local_cpu_size: 0.0625\np2p_peers: ["+b.TCP+"]")
+	a := startProc(t, streamerConf(b))
 	if got := streamLayers(t, a.Daemon, keys); got != 2 {
 		t.Fatalf("%d usable chunks, want 2 (a damaged piece in chunk 2)", got)
 	}

@@ -152,9 +152,13 @@ func TestPeerDyingMidTransferIsAMissForTheRest(t *testing.T) {
 	retrieve(t, d2, n, size)
 }
 
+// TestLeasesAreReleased: every read through the peer releases its lease.
+// The peer's deadline only guards against a hang here: at the default
+// 100 ms, a loaded machine turned reads into misses and the test had
+// nothing to check.
 func TestLeasesAreReleased(t *testing.T) {
 	d1 := startDaemon(t, "127.0.0.1:0", engine.Options{})
-	d2 := startDaemon(t, "127.0.0.1:0", engine.Options{P2PPeers: []string{d1.addr}, P2PToken: token})
+	d2 := startDaemon(t, "127.0.0.1:0", engine.Options{P2PPeers: []string{d1.addr}, P2PToken: token, RemoteTimeout: 10 * time.Second})
 	store(t, d1, 6, 10_000)
 	if got := retrieve(t, d2, 6, 10_000); got != 6 {
 		t.Fatalf("retrieved %d of 6", got)
