@@ -313,7 +313,7 @@ func (s *Stream) fill(ctx context.Context, c int) {
 		// Every layer the window allows in one range per part: the
 		// layers of a part are adjacent, and a store that pays a round
 		// trip per range (S3) reads three layers for the price of one.
-		last := s.reach(layer)
+		last := s.widen(layer, s.reach(layer), len(buf))
 		for part := range s.geo.Parts {
 			// Range's ok is known: the size fits the geometry (checked
 			// above), so every layer and part has its range.
@@ -340,6 +340,28 @@ func (s *Stream) reach(layer int) int {
 		return layer
 	}
 	return min(max(layer, s.ready+streamAhead), s.geo.Layers-1)
+}
+
+// minRangeBytes is the least a read of a chunk's part covers when the
+// part has that many bytes. A geometry may state up to 65,535 layers, and
+// a read per layer (or per window of three) of spans a few bytes long
+// would cost a tier request (a range read, a RETRIEVE_RANGES to a peer)
+// and a progress update, with a wake of every waiter, per few bytes:
+// thousands per chunk. Reads of at least a disk block cost the tiers no
+// more I/O than reads of one layer, and bound that work by the chunk's
+// size rather than its layer count; LAYER_WAIT counts layers as stated
+// all the same, a read's layers becoming ready together.
+const minRangeBytes = 4 << 10
+
+// widen returns the last layer of a read from layer that ends at last or
+// later, so that it covers at least minRangeBytes of each part of an
+// n-byte chunk (or the rest of the part).
+func (s *Stream) widen(layer, last, n int) int {
+	span := n / (s.geo.Layers * s.geo.Parts)
+	if span <= 0 || span >= minRangeBytes {
+		return last
+	}
+	return min(max(last, layer+(minRangeBytes+span-1)/span-1), s.geo.Layers-1)
 }
 
 // pipelineAhead is how much further than streamAhead a chunk read by a
@@ -375,7 +397,7 @@ func (s *Stream) fillPipelined(ctx context.Context, c int, r PipelinedRead, size
 				near = true
 			}
 			if near {
-				last := s.sendReach(layer)
+				last := s.widen(layer, s.sendReach(layer), size)
 				for part := range s.geo.Parts {
 					// Range's ok is known: fill checked that size fits
 					// the geometry before reading by ranges.
