@@ -55,9 +55,10 @@ func (t scopeTag) conflict(g tier.LayerGeometry) tagConflict {
 	return tagAgrees
 }
 
-// tagOf returns what the format tag of keys' scope id says: the engine's
-// cache, or for a scope it does not know, format when sc says every key
-// is of that scope (parsed, then cached).
+// tagOf returns what the format tag of scope id says: the engine's
+// cache, or for a scope it does not know, sc's format when sc says every
+// key is of that scope (parsed, not cached: a caller's word for scope id
+// is not the engine's).
 func (e *Engine) tagOf(id uint64, sc Scoped) (scopeTag, bool) {
 	if t, ok := e.specs.tag(id); ok {
 		return t, true
@@ -65,8 +66,7 @@ func (e *Engine) tagOf(id uint64, sc Scoped) (scopeTag, bool) {
 	if !sc.Known {
 		return scopeTag{}, false
 	}
-	e.specs.note(id, sc.Format)
-	return e.specs.tag(id)
+	return parseScopeTag(sc.Format, e.chunkSize)
 }
 
 // firstConflict holds g against the format tag of every distinct scope of

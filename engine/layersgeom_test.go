@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,6 +63,9 @@ func testPendingMisfitRefused(t *testing.T, diskDir string) {
 		if !errors.Is(err, engine.ErrGeometry) || id != 0 || len(slots) != 0 {
 			t.Fatalf("%+v: %+v, lease %d, %v; want ErrGeometry", g, slots, id, err)
 		}
+		if g.Layers == 8 && !strings.Contains(err.Error(), "chunk 1 of the hit") { // numbered in the hit, not the pending run
+			t.Fatalf("%+v: %v; want the pending chunk named as chunk 1 of the hit", g, err)
+		}
 		if src.taken != 0 || e.Stats().Arena.PinnedBytes != pinned {
 			t.Fatalf("%+v: refused, yet the push counts %d readers and %d bytes are pinned (%d before)", g, src.taken, e.Stats().Arena.PinnedBytes, pinned)
 		}
@@ -105,7 +109,8 @@ func TestStatedGeometryDoesNotAllocate(t *testing.T) {
 		t.Errorf("a layerwise lease: %.1f allocations with a stated geometry, %.1f without; want 0", a, b)
 	}
 	// A refusal allocates its message, and leaves nothing behind.
-	if _, _, err := e.PrepareRetrieveLayers(ctx, keys, engine.Layers{Layers: 1, Parts: 1}, 0, slots[:0]); !errors.Is(err, engine.ErrGeometry) {
+	if _, _, err := e.PrepareRetrieveLayers(ctx, keys, engine.Layers{Layers: 1, Parts: 1}, 0, slots[:0]); !errors.Is(err, engine.ErrGeometry) ||
+		err.Error() != "stated layer geometry refused: 1 part per layer; the scope's layout KV_2LTD has 2 parts" {
 		t.Fatalf("one part in a KV_2LTD scope: %v", err)
 	}
 	if p := e.Stats().Arena.PinnedBytes; p != 0 {
