@@ -62,7 +62,7 @@ type Engine struct {
 
 	pend pendingTable // chunks pushed layer by layer, still arriving (pending.go)
 
-	specs *scopeSpecs // chunk formats by scope, for remote codecs; nil without Open
+	specs *scopeSpecs // what scopes' format tags say, for remote codecs and layer geometries
 
 	leases *leaseTable // every lease clients hold, and their reaper
 	book   *scopeBook  // scopes clients registered, by id
@@ -83,7 +83,8 @@ func New(mgr *tier.Manager, chunkSize int, saveUnfull bool, log *slog.Logger) (*
 	}
 	return &Engine{chunkSize: chunkSize, saveUnfull: saveUnfull, mgr: mgr, log: log,
 		chunkers: make(map[chunk.Scope]*chunk.Chunker),
-		leases:   newLeaseTable(mgr.RAM().Arena()), book: newScopeBook()}, nil
+		leases:   newLeaseTable(mgr.RAM().Arena()), book: newScopeBook(),
+		specs: &scopeSpecs{chunkTokens: chunkSize}}, nil
 }
 
 // ChunkSize returns the number of tokens per chunk.
@@ -113,9 +114,7 @@ func (e *Engine) Chunker(scope chunk.Scope) (*chunk.Chunker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	if e.specs != nil {
-		e.specs.note(c.Scope(), scope.Format)
-	}
+	e.specs.note(c.Scope(), scope.Format)
 	e.mu.Lock()
 	if prev, ok := e.chunkers[scope]; ok {
 		c = prev

@@ -44,20 +44,27 @@ func (e *Engine) StoreLayer(id LeaseID, layer int, given Layers) bool {
 	return true
 }
 
-// saveGeometry is the layer geometry a save of keys writes by: the scope's
-// tag rules where it has one, since a geometry that differs from the
-// chunks' real layout would put on disk a record whose bytes differ from
-// the RAM copy, served later as KV. A tag whose layout interleaves layers
-// with tokens (KV_T2D, KV_2TD), or a given geometry that differs from the
-// tag's, starts no save; a scope without a tag takes the given one.
+// saveGeometry is the layer geometry a save of keys writes by: the one
+// given, or without one the scope's complete tag's, held against the
+// format tag of every scope of keys as a stated retrieve's is
+// (firstConflict). A tag's layout and parts rule even when the tag has no
+// layer count (dtype/layout): a save by spans other than the chunks' real
+// ones would write, for "layer 0 final", ranges that also cover layers not
+// yet written, and the disk record would then differ from the RAM copy it
+// is served for. A tag whose layout interleaves layers with tokens
+// (KV_T2D, KV_2TD), or a given geometry that differs from the tag's,
+// starts no save (the chunks are written whole at the commit); a scope
+// without a tag takes the given one. It allocates nothing.
 func (e *Engine) saveGeometry(keys []chunk.Key, given Layers) (tier.LayerGeometry, bool) {
-	want := tier.LayerGeometry{Layers: given.Layers, Parts: given.Parts}
-	if spec := e.scopeSpec(keys); spec.Layers > 0 {
-		tag, ok := LayerGeometryOf(spec)
-		if !ok || (given.Layers != 0 && want != tag) {
-			return tier.LayerGeometry{}, false
-		}
-		return tag, true
+	geo := tier.LayerGeometry{Layers: given.Layers, Parts: given.Parts}
+	if given.Layers == 0 {
+		geo, _ = e.geometry(keys)
 	}
-	return want, want.Valid()
+	if !geo.Valid() {
+		return tier.LayerGeometry{}, false
+	}
+	if _, c := e.firstConflict(keys, geo, Scoped{}); c != tagAgrees {
+		return tier.LayerGeometry{}, false
+	}
+	return geo, true
 }

@@ -157,6 +157,10 @@ func TestStoreLayerGeometryFromTag(t *testing.T) {
 		{"tag, other parts", saveSpec.Tag(), engine.Layers{Layers: 4, Parts: 1}, false},
 		{"KV_T2D tag", t2d.Tag(), engine.Layers{Layers: 4, Parts: 2}, false},
 		{"KV_T2D tag, none given", t2d.Tag(), engine.Layers{}, false},
+		{"short tag, parts given", "float16/KV_2LTD", engine.Layers{Layers: 4, Parts: 2}, true},
+		{"short tag, other parts", "float16/KV_2LTD", engine.Layers{Layers: 4, Parts: 1}, false},
+		{"short tag, none given", "float16/KV_2LTD", engine.Layers{}, false},
+		{"short KV_T2D tag", "float16/KV_T2D", engine.Layers{Layers: 4, Parts: 2}, false},
 		{"no tag", "", engine.Layers{Layers: 4, Parts: 2}, true},
 		{"no tag, none given", "", engine.Layers{}, false},
 	} {
@@ -188,6 +192,36 @@ func TestStoreLayerGeometryFromTag(t *testing.T) {
 			checkOnDisk(t, disk, keys, chunks)
 		})
 	}
+}
+
+// TestStoreLayerShortTagWrongParts: a client that says its chunks are one
+// part per layer in a scope whose short tag (dtype/layout, no layer
+// count) says KV_2LTD gets no per-layer save. Saved by its spans, "layer
+// 0 final" would write K_0 and K_1, the latter not written yet, and the
+// disk record, whose pieces are checksummed as they are written and not
+// rewritten at the commit, would differ from the RAM copy. The chunks are
+// written whole at the commit: the disk tier alone reads back RAM's bytes.
+func TestStoreLayerShortTagWrongParts(t *testing.T) {
+	e, disk, keys, slots, id, chunks := saveFixtureTagged(t, 2, "float16/KV_2LTD")
+	real := tier.LayerGeometry{Layers: 4, Parts: 2}
+	for layer := range real.Layers {
+		fillSlotLayer(t, e, slots, chunks, real, layer)
+		before := e.Stats().Queues[0].LayerBytes
+		e.StoreLayer(id, layer, engine.Layers{Layers: 4, Parts: 1})
+		if e.HasLayerSave(id) { // let the save write what it was told is final
+			waitQueue(t, e, "the layer written", func(q engine.QueueStats) bool { return q.LayerBytes > before })
+		}
+	}
+	if e.HasLayerSave(id) {
+		t.Error("a per-layer save started with 1 part per layer in a KV_2LTD scope")
+	}
+	if n, err := e.CommitStore(id, 2); n != 2 || err != nil {
+		t.Fatalf("commit: %d %v", n, err)
+	}
+	if err := e.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	checkOnDisk(t, disk, keys, chunks)
 }
 
 // TestStoreLayerLeaseExpiresDuringIO: leases that lapse while their layers

@@ -24,6 +24,11 @@ const AllLayers = 1<<32 - 1
 type Layers struct {
 	Layers int
 	Parts  int
+	// Scope, for a request whose keys are all of one scope the client
+	// registered (a handle's), is that scope's format tag: a stated
+	// geometry is held against it even when the engine's registry has
+	// forgotten the scope.
+	Scope Scoped
 }
 
 // PrepareRetrieveLayers is PrepareRetrieve for a client that reads chunks
@@ -47,8 +52,9 @@ func (e *Engine) PrepareRetrieveLayers(ctx context.Context, keys []chunk.Key, gi
 	var n int
 	var s *tier.Stream
 	var err error
-	if given.Layers > 0 { // a claim about the chunks: checked before any read
-		if err = e.checkStated(keys, stated); err == nil {
+	exact := given.Layers > 0
+	if exact { // a claim about the chunks: checked before any read
+		if err = e.checkStated(keys, stated, given.Scope); err == nil {
 			n, s, err = e.mgr.AcquireStreamExact(ctx, keys, l.ids, stated, time.Now().Add(ttl))
 		}
 	} else {
@@ -56,7 +62,7 @@ func (e *Engine) PrepareRetrieveLayers(ctx context.Context, keys []chunk.Key, gi
 	}
 	if s == nil && err == nil && n < len(keys) {
 		var got int
-		got, err = e.pendingInto(l, keys[n:], n, geo, given.Layers > 0)
+		got, err = e.pendingInto(l, keys[n:], n, geo, exact)
 		n += got
 		if err != nil { // the RAM chunks before the pending ones go back
 			l.ids = l.ids[:n]
@@ -70,8 +76,16 @@ func (e *Engine) PrepareRetrieveLayers(ctx context.Context, keys []chunk.Key, gi
 		return slots, 0, err
 	}
 	a := e.arenaOf()
-	for _, id := range l.ids {
-		slots = append(slots, Slot{Offset: uint64(a.Offset(id)), Len: uint32(a.Size(id))})
+	for j, id := range l.ids {
+		size := a.Size(id)
+		if exact && s == nil && !stated.Fits(size) {
+			// A RAM hit is checked here, where its sizes are read anyway
+			// (AcquireStreamExact); a misfit is refused before anything
+			// else is taken (pendingInto checks RAM chunks first).
+			e.leases.discard(i)
+			return slots[:len(slots)-j], 0, tier.GeometryError(stated, j, size)
+		}
+		slots = append(slots, Slot{Offset: uint64(a.Offset(id)), Len: uint32(size)})
 	}
 	if n == 0 {
 		e.leases.discard(i)
@@ -108,27 +122,14 @@ func (e *Engine) LayerWait(ctx context.Context, id LeaseID, layer int) (usable, 
 }
 
 // geometry returns the layer geometry of keys' scope, when its format tag
-// is complete and its layout keeps each layer in a few ranges.
+// is complete and its layout keeps each layer in a few ranges. It
+// allocates nothing: the tag was parsed when the scope's chunker was made.
 func (e *Engine) geometry(keys []chunk.Key) (tier.LayerGeometry, bool) {
-	return LayerGeometryOf(e.scopeSpec(keys))
-}
-
-// scopeSpec returns the spec of keys' scope's format tag; zero when it
-// has none or it is incomplete.
-func (e *Engine) scopeSpec(keys []chunk.Key) kvformat.Spec {
 	if len(keys) == 0 {
-		return kvformat.Spec{}
+		return tier.LayerGeometry{}, false
 	}
-	var spec kvformat.Spec
-	if e.specs != nil {
-		spec = e.specs.get(keys[0].Scope)
-	}
-	if spec.Layers == 0 { // an engine built by New, without Open's spec cache
-		if sc, ok := e.book.lookup(keys[0].Scope); ok {
-			spec, _ = kvformat.ParseTag(sc.Format, e.chunkSize)
-		}
-	}
-	return spec
+	t, _ := e.specs.tag(keys[0].Scope)
+	return LayerGeometryOf(t.spec)
 }
 
 // LayerGeometryOf returns where the layers of a chunk in spec's format
@@ -179,7 +180,15 @@ func (e *Engine) pendingInto(l *lease, keys []chunk.Key, at int, geo func() tier
 	if !g.Valid() {
 		return 0, nil
 	}
-	n, srcs, err := e.takePending(keys, l.ids[at:at+len(keys)], l.pending[:0], g, exact)
+	if exact { // the RAM chunks before them first: a refusal takes no push
+		a := e.arenaOf()
+		for j, id := range l.ids[:at] {
+			if size := a.Size(id); !g.Fits(size) {
+				return 0, tier.GeometryError(g, j, size)
+			}
+		}
+	}
+	n, srcs, err := e.takePending(keys, l.ids[at:at+len(keys)], l.pending[:0], at, g, exact)
 	l.pending, l.pgeo = srcs, g
 	return n, err
 }

@@ -232,22 +232,22 @@ func cmpOr(s, def string) string {
 	return s
 }
 
-// scopeSpecs remembers the chunk format of each scope whose Format is a
-// full tag (kvformat.ParseTag), for the codecs of remote tiers.
+// scopeSpecs remembers what the format tag of each scope whose tag names
+// a layout says (scopeTag): the chunk format of a full tag
+// (kvformat.ParseTag), for the codecs of remote tiers, and the layout, for
+// layerwise geometries (scopes_tags.go). It never forgets a scope.
 type scopeSpecs struct {
 	chunkTokens int
-	m           sync.Map // uint64 → kvformat.Spec
+	m           sync.Map // uint64 → scopeTag
 }
 
 func (s *scopeSpecs) note(id uint64, format string) {
-	if spec, err := kvformat.ParseTag(format, s.chunkTokens); err == nil {
-		s.m.Store(id, spec)
+	if t, ok := parseScopeTag(format, s.chunkTokens); ok {
+		s.m.Store(id, t)
 	}
 }
 
 func (s *scopeSpecs) get(id uint64) kvformat.Spec {
-	if v, ok := s.m.Load(id); ok {
-		return v.(kvformat.Spec)
-	}
-	return kvformat.Spec{}
+	t, _ := s.tag(id)
+	return t.spec
 }

@@ -75,12 +75,12 @@ func (e *Engine) IsPending(key chunk.Key) bool {
 // given back before it was unpublished) ends the run there. With exact,
 // a leading pending chunk that does not split into geo makes it take none
 // (misfitPending).
-func (e *Engine) takePending(keys []chunk.Key, ids []arena.ID, srcs []PendingChunk, geo tier.LayerGeometry, exact bool) (int, []PendingChunk, error) {
+func (e *Engine) takePending(keys []chunk.Key, ids []arena.ID, srcs []PendingChunk, at int, geo tier.LayerGeometry, exact bool) (int, []PendingChunk, error) {
 	e.pend.mu.Lock()
 	defer e.pend.mu.Unlock()
 	a := e.arenaOf()
 	if exact {
-		if err := e.misfitPending(keys, geo); err != nil {
+		if err := e.misfitPending(keys, at, geo); err != nil {
 			return 0, srcs, err
 		}
 	}

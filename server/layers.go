@@ -25,6 +25,9 @@ func (s *session) handlePrepareRetrieveLayers(h wire.Header, body []byte) *reque
 		return rerr
 	}
 	given := engine.Layers{Layers: int(m.Layers), Parts: int(m.Parts)}
+	if m.Keys.Kind != wire.KindRaw { // a handle's keys: its registered scope's tag
+		given.Scope = engine.Scoped{Format: s.scopes[m.Keys.Scope-1].scope.Format, Known: true}
+	}
 	slots, id, err := s.svc.eng.PrepareRetrieveLayers(context.Background(), r.keys[r.first:], given, leaseAsked(m.LeaseMS), s.eslots[:0])
 	s.eslots = slots
 	if errors.Is(err, engine.ErrGeometry) { // refused before any read

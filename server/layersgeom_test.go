@@ -90,7 +90,7 @@ func testLayersGeometryRefused(t *testing.T, tc geoCase) {
 		if b, a := before.Tiers[1].BytesRead, after.Tiers[1].BytesRead; a != b {
 			t.Errorf("%s: the refused request read %d disk bytes", where, a-b)
 		}
-		if b, a := before.Arena, after.Arena; a.UsedBytes != b.UsedBytes || a.Leases != b.Leases {
+		if b, a := before.Arena, after.Arena; a.UsedBytes != b.UsedBytes || a.PinnedBytes != b.PinnedBytes || a.Leases != b.Leases {
 			t.Errorf("%s: arena before %+v, after %+v", where, b, a)
 		}
 		// The connection serves the prompt still, read whole.

@@ -85,25 +85,26 @@ func (m *Manager) AcquireStream(ctx context.Context, keys []chunk.Key, ids []are
 }
 
 // AcquireStreamExact is AcquireStream for a geometry a reader stated:
-// every chunk of the hit, in RAM or below, must split into geo's spans.
-// When one does not, nothing is read, held or reserved, and the error
-// wraps ErrGeometry (streamcheck.go).
+// every chunk of the hit must split into geo's spans. When the hit reaches
+// below RAM, every chunk's size — in RAM, or as the lower tier that holds
+// it records it — is checked before anything is reserved or read, and on a
+// misfit nothing is held and the error wraps ErrGeometry
+// (streamcheck.go). A hit wholly in RAM is returned referenced, without
+// the check: the caller reads those chunks' sizes for their slots anyway,
+// and must hold them against geo (Fits) and drop the references on a
+// misfit.
 func (m *Manager) AcquireStreamExact(ctx context.Context, keys []chunk.Key, ids []arena.ID, geo LayerGeometry, deadline time.Time) (int, *Stream, error) {
 	if !geo.Valid() {
-		return 0, nil, geometryError(geo, -1, 0)
+		return 0, nil, GeometryError(geo, -1, 0)
 	}
 	return m.acquireStream(ctx, keys, ids, func() LayerGeometry { return geo }, true, deadline)
 }
 
-// acquireStream is AcquireStream; with exact, every chunk's size is held
-// against the geometry before anything is reserved or read.
+// acquireStream is AcquireStream; with exact, when the hit reaches below
+// RAM, every chunk's size is held against the geometry (checkHit) before
+// anything is reserved or read.
 func (m *Manager) acquireStream(ctx context.Context, keys []chunk.Key, ids []arena.ID, geometry func() LayerGeometry, exact bool, deadline time.Time) (int, *Stream, error) {
 	n := m.ram.Acquire(keys, ids)
-	if exact {
-		if err := m.refuseMisfits(ids[:n], geometry()); err != nil {
-			return 0, nil, err
-		}
-	}
 	if n == len(keys) || len(m.lower) == 0 {
 		return n, nil, nil
 	}
@@ -116,6 +117,16 @@ func (m *Manager) acquireStream(ctx context.Context, keys []chunk.Key, ids []are
 		got, err := m.promote(ctx, first, keys[n:], ids[n:], len(m.lower)) // not layered: whole chunks
 		return n + got, nil, err
 	}
+	var below []hitChunk
+	if exact {
+		var err error
+		if below, err = m.checkHit(keys, ids[:n], geo); err != nil {
+			for _, id := range ids[:n] {
+				m.arena.Unref(id)
+			}
+			return 0, nil, err
+		}
+	}
 	s := &Stream{m: m, geo: geo, changed: make(chan struct{}), whole: make(chan struct{}, m.opts.FetchParallel)}
 	if n > 0 {
 		s.first = link{keys[n-1], true}
@@ -125,24 +136,28 @@ func (m *Manager) acquireStream(ctx context.Context, keys []chunk.Key, ids []are
 	for ; i < len(keys); i++ {
 		if i > n && m.ram.Acquire(keys[i:i+1], ids[i:i+1]) == 1 {
 			s.add(keys[i], 0, -1)
-			if exact && !geo.Fits(m.arena.Size(ids[i])) {
-				err = geometryError(geo, i, m.arena.Size(ids[i]))
+			if exact && !geo.Fits(m.arena.Size(ids[i])) { // in RAM since checkHit looked
+				err = GeometryError(geo, i, m.arena.Size(ids[i]))
 				i++
 				break
 			}
 			continue
 		}
-		t := m.holder(keys[i], len(m.lower))
-		if t < 0 {
-			break
-		}
-		size, ok := m.lower[t].Size(keys[i])
-		if !ok {
-			break
-		}
-		if exact && !geo.Fits(size) { // before its reservation: nothing to undo for it
-			err = geometryError(geo, i, size)
-			break
+		var t, size int
+		if c := i - n; c < len(below) && below[c].tier >= 0 { // as checkHit found it
+			t, size = below[c].tier, below[c].size
+		} else {
+			if t = m.holder(keys[i], len(m.lower)); t < 0 {
+				break
+			}
+			var ok bool
+			if size, ok = m.lower[t].Size(keys[i]); !ok {
+				break
+			}
+			if exact && !geo.Fits(size) { // before its reservation: nothing to undo for it
+				err = GeometryError(geo, i, size)
+				break
+			}
 		}
 		id, _, rerr := m.ram.Reserve(size)
 		if rerr != nil {
@@ -155,7 +170,7 @@ func (m *Manager) acquireStream(ctx context.Context, keys []chunk.Key, ids []are
 		m.arena.Ref(id) // the stream's own, so the fill outlives an early release
 		s.add(keys[i], id, t)
 	}
-	if errors.Is(err, ErrGeometry) { // before any read: give everything back
+	if errors.Is(err, ErrGeometry) { // a chunk changed since checkHit: give everything back
 		s.undo(ids[:i])
 		return 0, nil, err
 	}
@@ -298,7 +313,7 @@ func (s *Stream) fill(ctx context.Context, c int) {
 		// Every layer the window allows in one range per part: the
 		// layers of a part are adjacent, and a store that pays a round
 		// trip per range (S3) reads three layers for the price of one.
-		last := s.reach(layer)
+		last := s.widen(layer, s.reach(layer), len(buf))
 		for part := range s.geo.Parts {
 			// Range's ok is known: the size fits the geometry (checked
 			// above), so every layer and part has its range.
@@ -325,6 +340,28 @@ func (s *Stream) reach(layer int) int {
 		return layer
 	}
 	return min(max(layer, s.ready+streamAhead), s.geo.Layers-1)
+}
+
+// minRangeBytes is the least a read of a chunk's part covers when the
+// part has that many bytes. A geometry may state up to 65,535 layers, and
+// a read per layer (or per window of three) of spans a few bytes long
+// would cost a tier request (a range read, a RETRIEVE_RANGES to a peer)
+// and a progress update, with a wake of every waiter, per few bytes:
+// thousands per chunk. Reads of at least a disk block cost the tiers no
+// more I/O than reads of one layer, and bound that work by the chunk's
+// size rather than its layer count; LAYER_WAIT counts layers as stated
+// all the same, a read's layers becoming ready together.
+const minRangeBytes = 4 << 10
+
+// widen returns the last layer of a read from layer that ends at last or
+// later, so that it covers at least minRangeBytes of each part of an
+// n-byte chunk (or the rest of the part).
+func (s *Stream) widen(layer, last, n int) int {
+	span := n / (s.geo.Layers * s.geo.Parts)
+	if span <= 0 || span >= minRangeBytes {
+		return last
+	}
+	return min(max(last, layer+(minRangeBytes+span-1)/span-1), s.geo.Layers-1)
 }
 
 // pipelineAhead is how much further than streamAhead a chunk read by a
@@ -360,7 +397,7 @@ func (s *Stream) fillPipelined(ctx context.Context, c int, r PipelinedRead, size
 				near = true
 			}
 			if near {
-				last := s.sendReach(layer)
+				last := s.widen(layer, s.sendReach(layer), size)
 				for part := range s.geo.Parts {
 					// Range's ok is known: fill checked that size fits
 					// the geometry before reading by ranges.

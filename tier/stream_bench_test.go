@@ -2,6 +2,7 @@ package tier_test
 
 import (
 	"context"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -118,5 +119,64 @@ func evict(ram *mem.Tier, keys []chunk.Key, a *arena.Arena, ids []arena.ID) {
 	}
 	for _, k := range keys {
 		ram.Remove(k)
+	}
+}
+
+// BenchmarkStreamLayerCount reads 32 chunks of 256 KiB from a real disk
+// tier layer by layer, stated as 8 layers and as 32,768 (4-byte spans),
+// waiting for each layer in order as the connector does, and reports the
+// process's CPU time per prefix: what a geometry of many tiny layers
+// costs the daemon beyond the I/O.
+func BenchmarkStreamLayerCount(b *testing.B) {
+	const chunks, size = 32, 256 << 10
+	a, err := arena.New(arena.Options{Capacity: 4 * chunks * size})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { a.Close() })
+	ram, err := mem.New(a, "LRU")
+	if err != nil {
+		b.Fatal(err)
+	}
+	d := newDisk(&testing.T{}, b.TempDir(), 4*chunks*size)
+	b.Cleanup(func() { d.Close() })
+	keys := make([]chunk.Key, chunks)
+	for i := range keys {
+		keys[i] = key(i)
+		if err := d.Put(context.Background(), keys[i], payload(i, size)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	m, err := tier.NewManager(ram, []tier.Tier{d}, tier.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { m.Close() })
+	ids := make([]arena.ID, chunks)
+	for _, layers := range []int{8, 32768} {
+		geo := tier.LayerGeometry{Layers: layers, Parts: 2}
+		b.Run(strconv.Itoa(layers), func(b *testing.B) {
+			var u0 syscall.Rusage
+			syscall.Getrusage(syscall.RUSAGE_SELF, &u0)
+			for b.Loop() {
+				n, s, err := m.AcquireStreamExact(context.Background(), keys, ids, geo, time.Now().Add(time.Minute))
+				if n != chunks || s == nil || err != nil {
+					b.Fatalf("acquired %d chunks, stream %v: %v", n, s != nil, err)
+				}
+				for layer := 0; layer < layers; {
+					_, ready, err := s.Wait(context.Background(), layer)
+					if err != nil {
+						b.Fatal(err)
+					}
+					layer = ready
+				}
+				s.Wait(context.Background(), layers)
+				evict(ram, keys, a, ids)
+			}
+			var u1 syscall.Rusage
+			syscall.Getrusage(syscall.RUSAGE_SELF, &u1)
+			cpu := time.Duration(u1.Utime.Nano() + u1.Stime.Nano() - u0.Utime.Nano() - u0.Stime.Nano())
+			b.ReportMetric(float64(cpu.Microseconds())/1e3/float64(b.N), "cpu-ms/op")
+		})
 	}
 }

@@ -377,3 +377,71 @@ func TestStreamReadsTheWindowInOneRange(t *testing.T) {
 		m.RAM().Arena().Unref(id)
 	}
 }
+
+// TestStreamTinyLayersReadInBlocks: a chunk stated as 16,384 layers of
+// 4-byte spans is read in ranges of at least 4 KiB of each part, not in
+// one range per window of three layers (some 11,000 tier requests, each
+// with its progress update): the reads cover the chunk once, each within
+// one part, and every layer of every chunk holds the stored bytes when
+// Wait says it is ready.
+func TestStreamTinyLayersReadInBlocks(t *testing.T) {
+	l := loggedDisk{mu: new(sync.Mutex), ranges: map[chunk.Key][][2]int{}}
+	m, _, _, keys, chunks := streamFixture(t, 3, map[int]bool{1: true}, func(d *disk.Tier) tier.Tier {
+		l.Tier = d
+		return l
+	})
+	geo := tier.LayerGeometry{Layers: geoChunk / 8, Parts: 2}
+	ids := make([]arena.ID, len(keys))
+	_, s, err := m.AcquireStreamExact(context.Background(), keys, ids, geo, time.Now().Add(time.Minute))
+	if err != nil || s == nil {
+		t.Fatalf("AcquireStreamExact: %v, %v", s, err)
+	}
+	a := m.RAM().Arena()
+	if usable, ready, err := s.Wait(context.Background(), 0); err != nil || usable != len(keys) || ready < 1 {
+		t.Fatalf("Wait(0) = %d usable, %d ready, %v", usable, ready, err)
+	} else {
+		for c, id := range ids {
+			b := a.Bytes(id)
+			for layer := range ready {
+				for part := range geo.Parts {
+					from, to, _ := geo.Range(len(b), layer, part)
+					if !bytes.Equal(b[from:to], chunks[c][from:to]) {
+						t.Fatalf("chunk %d layer %d part %d: wrong bytes once ready", c, layer, part)
+					}
+				}
+			}
+		}
+	}
+	if usable, _, err := s.Wait(context.Background(), geo.Layers-1); err != nil || usable != len(keys) {
+		t.Fatalf("Wait = %d usable, %v", usable, err)
+	}
+	for c, id := range ids {
+		if !bytes.Equal(a.Bytes(id), chunks[c]) {
+			t.Fatalf("chunk %d: wrong bytes", c)
+		}
+	}
+	l.mu.Lock()
+	for c, k := range keys {
+		if c == 1 {
+			continue // in RAM
+		}
+		rs := l.ranges[k]
+		covered := 0
+		for _, r := range rs {
+			if r[0]/(geoChunk/geo.Parts) != (r[1]-1)/(geoChunk/geo.Parts) {
+				t.Fatalf("chunk %d: range %v spans two parts", c, r)
+			}
+			covered += r[1] - r[0]
+		}
+		if most := geoChunk / (4 << 10); covered != geoChunk || len(rs) > most {
+			t.Fatalf("chunk %d: %d ranges covering %d bytes, want at most %d covering %d", c, len(rs), covered, most, geoChunk)
+		}
+	}
+	l.mu.Unlock()
+	for !s.Done() {
+		time.Sleep(time.Millisecond)
+	}
+	for _, id := range ids {
+		a.Unref(id)
+	}
+}

@@ -120,3 +120,66 @@ func testExactMisfit(t *testing.T, misfit int, inRAM map[int]bool) {
 		t.Fatalf("three parts: %v", err)
 	}
 }
+
+// TestAcquireStreamExactChecksBeforeReserving: RAM is full of other
+// users' chunks; a hit of one RAM chunk then disk chunks whose last one
+// does not split into the stated geometry is refused before the first
+// reservation: no other chunk is evicted to make room for chunks that are
+// given back at once, the RAM chunks between the disk ones are not
+// counted as hits or read bytes, nor moved in the eviction order.
+func TestAcquireStreamExactChecksBeforeReserving(t *testing.T) {
+	ctx := context.Background()
+	const others = 8
+	ram := newRAM(t, (others+2)*geoChunk)
+	d := newDisk(t, t.TempDir(), 64<<20)
+	keys := make([]chunk.Key, 6)
+	inRAM := map[int]bool{0: true, 2: true}
+	for i := range keys {
+		keys[i] = key(i)
+		size := geoChunk
+		if i == len(keys)-1 {
+			size = geoChunk + 8
+		}
+		b := payload(i, size)
+		if err := d.Put(ctx, keys[i], b); err != nil {
+			t.Fatal(err)
+		}
+		if inRAM[i] {
+			if err := ram.Put(ctx, keys[i], b); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var hot []chunk.Key // fill RAM: any reservation evicts one of them
+	for i := range others {
+		k := key(1000 + i)
+		if err := ram.Put(ctx, k, payload(1000+i, geoChunk)); err != nil {
+			t.Fatal(err)
+		}
+		hot = append(hot, k)
+	}
+	var reads atomic.Int64
+	m, err := tier.NewManager(ram, []tier.Tier{countingDisk{d, &reads}}, tier.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	before := m.RAM().Stats()
+	ids := make([]arena.ID, len(keys))
+	n, s, err := m.AcquireStreamExact(ctx, keys, ids, testGeo, time.Now().Add(time.Minute))
+	if !errors.Is(err, tier.ErrGeometry) || n != 0 || s != nil {
+		t.Fatalf("AcquireStreamExact = %d, %v, %v; want ErrGeometry", n, s, err)
+	}
+	after := m.RAM().Stats()
+	for _, k := range hot {
+		if !m.RAM().Contains(k) {
+			t.Fatalf("%v evicted for a refused hit: %+v", k, after)
+		}
+	}
+	// The leading RAM chunk is taken before the geometry is looked at;
+	// the one between the disk chunks must not be.
+	if after.Evictions != before.Evictions || after.Hits > before.Hits+1 || after.BytesRead > before.BytesRead+geoChunk ||
+		after.Used != before.Used || after.Pinned != 0 || reads.Load() != 0 {
+		t.Fatalf("refused hit: RAM before %+v, after %+v, %d disk reads", before, after, reads.Load())
+	}
+}
