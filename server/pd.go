@@ -3,8 +3,6 @@ package server
 import (
 	"context"
 	"crypto/tls"
-	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -201,77 +199,9 @@ func (p *pd) close() {
 // readers, within the pd_receive_bytes budget.
 func (s *Service) HeldBytes() int64 { return s.pd.budget.used() }
 
-// budget bounds the bytes of pushed chunks being received or held. A
-// receiver over it waits for readers to free some, which stalls the
-// pushing daemon through TCP's own flow control.
-type budget struct {
-	limit int64
-
-	mu    sync.Mutex
-	inUse int64
-	freed signal
-}
-
-var errBudget = errors.New("pd_receive_bytes is full")
-
-// acquire takes n bytes, waiting until deadline for them; wake is the
-// caller's own channel of capacity 1, for the wait.
-func (b *budget) acquire(ctx context.Context, n int64, deadline time.Time, wake chan struct{}) error {
-	if n > b.limit {
-		return fmt.Errorf("a chunk of %d bytes is larger than pd_receive_bytes (%d)", n, b.limit)
-	}
-	if b.take(n) {
-		return nil
-	}
-	b.freed.add(wake)
-	defer b.freed.remove(wake)
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	for {
-		if b.take(n) {
-			return nil
-		}
-		ch := wake
-		if timer == nil {
-			timer = time.NewTimer(time.Until(deadline))
-		}
-		select {
-		case <-ch:
-		case <-timer.C:
-			return fmt.Errorf("%w: no room for %d more bytes before the transfer's deadline", errBudget, n)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-// take takes n bytes if they are free.
-func (b *budget) take(n int64) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.inUse+n > b.limit {
-		return false
-	}
-	b.inUse += n
-	return true
-}
-
-func (b *budget) release(n int64) {
-	b.mu.Lock()
-	b.inUse -= n
-	b.mu.Unlock()
-	b.freed.broadcast()
-}
-
-func (b *budget) used() int64 {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.inUse
-}
+// ReceiveWaiting returns how many pushed chunks (RECEIVE) and batches
+// (RECEIVE_LAYERS) wait for room in the pd_receive_bytes budget.
+func (s *Service) ReceiveWaiting() int { return s.pd.budget.waiting() }
 
 // signal wakes waiters, each on a channel of its own made once (a
 // session's), so that waking them for every chunk allocates nothing.

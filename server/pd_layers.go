@@ -1,9 +1,7 @@
 package server
 
 import (
-	"context"
 	"encoding/binary"
-	"errors"
 	"time"
 
 	"github.com/zeebo/xxh3"
@@ -131,14 +129,8 @@ func (s *session) takeBatchBudget(m *wire.ReceiveLayers, deadline time.Time) *re
 		}
 		return fail(wire.StatusNoSpace, "%s: a batch of %d chunks, %d bytes, is larger than pd_receive_bytes (%d); send fewer at once", errBudget, len(m.Sizes), total, p.budget.limit)
 	}
-	if err := p.budget.acquire(p.ctx, total, deadline, s.wakeChan()); err != nil {
-		switch {
-		case errors.Is(err, errBudget):
-			return fail(wire.StatusNoSpace, "%v", err)
-		case errors.Is(err, context.Canceled):
-			return fail(wire.StatusShuttingDown, "the daemon is shutting down")
-		}
-		return fail(wire.StatusTooLarge, "%v", err)
+	if rerr := s.takeBudget(total, deadline); rerr != nil {
+		return rerr
 	}
 	s.pdl.pool = total
 	return nil

@@ -29,9 +29,12 @@ type pdScratch struct {
 	wake         chan struct{} // this session's wake-ups, capacity 1 (see signal)
 	hasher       *xxh3.Hasher  // checks received chunks as they arrive
 	// recvID is the transfer of this connection's latest RECEIVE, and
-	// recvStart when its first RECEIVE came (see budgetDeadline).
-	recvID    uint64
-	recvStart time.Time
+	// recvStart when its first RECEIVE came (see budgetDeadline);
+	// recvAdmitted says it has taken budget since (see budget).
+	recvID       uint64
+	recvStart    time.Time
+	recvAdmitted bool
+	budgetWait   waiter // this session's place in the budget's queue
 }
 
 // wakeChan returns the session's wake-up channel, made on first use.
@@ -40,6 +43,27 @@ func (s *session) wakeChan() chan struct{} {
 		s.pd.wake = make(chan struct{}, 1)
 	}
 	return s.pd.wake
+}
+
+// takeBudget takes n bytes of the receive budget for the connection's
+// transfer, waiting for them until deadline, or says why it cannot. A
+// transfer that took budget before on this connection may take free bytes
+// past the waiters (see budget).
+func (s *session) takeBudget(n int64, deadline time.Time) *requestError {
+	p := s.svc.pd
+	w := &s.pd.budgetWait
+	w.wake = s.wakeChan()
+	if err := p.budget.acquire(p.ctx, n, deadline, w, s.pd.recvAdmitted); err != nil {
+		switch {
+		case errors.Is(err, errBudget):
+			return fail(wire.StatusNoSpace, "%v", err)
+		case errors.Is(err, context.Canceled):
+			return fail(wire.StatusShuttingDown, "the daemon is shutting down")
+		}
+		return fail(wire.StatusTooLarge, "%v", err)
+	}
+	s.pd.recvAdmitted = true
+	return nil
 }
 
 // handleReceive serves RECEIVE: chunks another daemon pushes. Each chunk
@@ -108,7 +132,7 @@ func (s *session) handleReceive(h wire.Header) *requestError {
 // connection (a pooled one, reused) starts anew.
 func (sc *pdScratch) budgetDeadline(id uint64, ttl time.Duration, now time.Time) time.Time {
 	if id != sc.recvID || sc.recvStart.IsZero() {
-		sc.recvID, sc.recvStart = id, now
+		sc.recvID, sc.recvStart, sc.recvAdmitted = id, now, false
 	}
 	return sc.recvStart.Add(ttl)
 }
@@ -123,14 +147,8 @@ func (s *session) receiveOne(dh wire.Header, key chunk.Key, ttl time.Duration, d
 	if size == 0 {
 		return fail(wire.StatusBadRequest, "an empty chunk: a chunk has at least one byte")
 	}
-	if err := p.budget.acquire(p.ctx, size, deadline, s.wakeChan()); err != nil {
-		switch {
-		case errors.Is(err, errBudget):
-			return fail(wire.StatusNoSpace, "%v", err)
-		case errors.Is(err, context.Canceled):
-			return fail(wire.StatusShuttingDown, "the daemon is shutting down")
-		}
-		return fail(wire.StatusTooLarge, "%v", err)
+	if rerr := s.takeBudget(size, deadline); rerr != nil {
+		return rerr
 	}
 	eng := s.svc.eng
 	if s.pd.refs.AcquireRAMKey(eng, key) {
