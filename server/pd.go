@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"kvtier/chunk"
-	"kvtier/client"
 	"kvtier/engine"
 	"kvtier/internal/ratelog"
 	"kvtier/netallow"
@@ -60,11 +59,11 @@ type pd struct {
 	pushMu    sync.Mutex
 	transfers map[uint64]*transfer
 	active    int
-	activeTo  map[string]int              // active transfers by destination
-	conns     map[string][]*client.Client // idle connections by destination
-	noLayers  map[string]time.Time        // destinations found without RECEIVE_LAYERS, and when (pd_feed.go)
-	ended     []endedTransfer             // oldest first
-	done      atomic.Uint64               // transfers that ended, by outcome
+	activeTo  map[string]int        // active transfers by destination
+	conns     map[string][]pushConn // idle connections by destination
+	noLayers  map[string]time.Time  // destinations found without RECEIVE_LAYERS, and when (pd_feed.go)
+	ended     []endedTransfer       // oldest first
+	done      atomic.Uint64         // transfers that ended, by outcome
 	failed    atomic.Uint64
 
 	ctx    context.Context // cancelled at shutdown: ends every push
@@ -97,7 +96,7 @@ func newPD(eng *engine.Engine, budgetBytes int64, token string, allow *netallow.
 	ctx, cancel := context.WithCancel(context.Background())
 	return &pd{eng: eng, log: log, token: token, allow: allow, budget: budget{limit: budgetBytes},
 		holds: make(map[chunk.Key]hold), transfers: make(map[uint64]*transfer), activeTo: make(map[string]int),
-		conns: make(map[string][]*client.Client), noLayers: make(map[string]time.Time), ctx: ctx, cancel: cancel}
+		conns: make(map[string][]pushConn), noLayers: make(map[string]time.Time), ctx: ctx, cancel: cancel}
 }
 
 // keep holds key's chunk, referenced by h, for ttl, charging size bytes
@@ -183,7 +182,7 @@ func (p *pd) close() {
 	p.pushMu.Lock()
 	for dest, cs := range p.conns {
 		for _, c := range cs {
-			c.Close()
+			c.c.Close()
 		}
 		delete(p.conns, dest)
 	}
