@@ -31,6 +31,17 @@ func queued(t *testing.T, b *budget, n int) {
 	}
 }
 
+// budgetHolding returns a budget of 4 bytes of which held took n, on
+// its first request.
+func budgetHolding(t *testing.T, n int64) (*budget, *waiter) {
+	t.Helper()
+	b, held := &budget{limit: 4}, &waiter{wake: make(chan struct{}, 1)}
+	if err := b.acquire(context.Background(), n, time.Now().Add(time.Hour), held, false); err != nil {
+		t.Fatal(err)
+	}
+	return b, held
+}
+
 // pending reports whether r has not returned yet.
 func (r *budgetRequest) pending() bool { return len(r.done) == 0 }
 
@@ -49,12 +60,8 @@ func (r *budgetRequest) result(t *testing.T) error {
 // later request that would fit waits behind it, and gets its turn once the
 // first is served.
 func TestBudgetServesInArrivalOrder(t *testing.T) {
-	b := &budget{limit: 4}
+	b, _ := budgetHolding(t, 3)
 	ctx, far := context.Background(), time.Now().Add(time.Hour)
-	held := &waiter{wake: make(chan struct{}, 1)}
-	if err := b.acquire(ctx, 3, far, held, false); err != nil {
-		t.Fatal(err)
-	}
 	large := waitBudget(b, ctx, 4, far, false)
 	queued(t, b, 1)
 	small := waitBudget(b, ctx, 1, far, false)
@@ -76,12 +83,8 @@ func TestBudgetServesInArrivalOrder(t *testing.T) {
 // took budget before takes free bytes past the waiters; one that gives up
 // (shutdown) leaves the queue and lets those behind it that fit go.
 func TestBudgetLetsTransfersInProgressPass(t *testing.T) {
-	b := &budget{limit: 4}
+	b, first := budgetHolding(t, 1)
 	ctx, far := context.Background(), time.Now().Add(time.Hour)
-	first := &waiter{wake: make(chan struct{}, 1)}
-	if err := b.acquire(ctx, 1, far, first, false); err != nil {
-		t.Fatal(err)
-	}
 	lctx, cancel := context.WithCancel(ctx)
 	large := waitBudget(b, lctx, 4, far, false)
 	queued(t, b, 1)

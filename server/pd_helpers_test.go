@@ -95,15 +95,21 @@ func prepareFeed(t *testing.T, c *client.Client, n int, salt byte) *storeLease {
 	if err != nil || len(slots.Slots) != n || slots.Lease == 0 {
 		t.Fatalf("prepare store: %+v, %v", slots, err)
 	}
-	s := &storeLease{c: c, keys: keys, salt: uint32(salt), lease: slots.Lease}
-	for _, sl := range slots.Slots {
+	return &storeLease{c: c, keys: keys, salt: uint32(salt), lease: slots.Lease, slots: mapSlots(t, c, slots.Slots)}
+}
+
+// mapSlots returns the arena bytes of each slot, mapped through c.
+func mapSlots(t *testing.T, c *client.Client, slots []wire.Slot) [][]byte {
+	t.Helper()
+	out := make([][]byte, len(slots))
+	for j, sl := range slots {
 		b, err := c.Slot(sl)
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.slots = append(s.slots, b)
+		out[j] = b
 	}
-	return s
+	return out
 }
 
 // layer writes K_i and V_i of every chunk, then says so with STORE_LAYER
@@ -145,15 +151,7 @@ func takeInProgress(t *testing.T, c *client.Client, s *storeLease, n int) *layer
 	if err != nil || len(slots.Slots) != n || slots.Lease == 0 {
 		t.Fatalf("prepare retrieve layers: %+v, %v", slots, err)
 	}
-	r := &layerReader{t: t, c: c, lease: slots.Lease}
-	for _, sl := range slots.Slots {
-		b, err := c.Slot(sl)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.slots = append(r.slots, b)
-	}
-	return r
+	return &layerReader{t: t, c: c, lease: slots.Lease, slots: mapSlots(t, c, slots.Slots)}
 }
 
 // layerAsync starts LAYER_WAIT for layer on a goroutine.
