@@ -156,3 +156,53 @@ func TestReceiveBudgetIsFirstComeFirstServed(t *testing.T) {
 		})
 	}
 }
+
+// TestReceiveBudgetLetsATransferInProgressGoOn: the next chunk of a
+// transfer that has taken budget on its connection takes free room past a
+// waiting request (its reader may be waiting for the rest before it reads
+// anything); a new transfer's chunk that would fit waits its turn.
+func TestReceiveBudgetLetsATransferInProgressGoOn(t *testing.T) {
+	const u = feedSize
+	cons := startService(t, 64<<20, server.ServiceOptions{PDReceiveBytes: 4 * u})
+	cc, ctx := cons.local(t), context.Background()
+	b := &budgetStream{t: t, cons: cons, want: map[chunk.Key][]byte{}}
+	first := cons.remote(t) // the transfer in progress, on its connection
+	for k := range 2 {
+		keys, chunks := pdKeys(1, byte(120+k)), [][]byte{chunkData(0, uint32(120+k), u)}
+		b.send(keys, chunks, func() (int, error) { return first.Receive(ctx, 1, 60000, keys, chunks, nil) })
+		b.settle()
+	}
+	lk, lch := pdKeys(1, 122), [][]byte{chunkData(0, 122, 4*u)}
+	lc := cons.remote(t)
+	large := b.send(lk, lch, func() (int, error) { return lc.Receive(ctx, 2, 60000, lk, lch, nil) })
+	b.settle()
+	if !large.pending() || cons.svc.ReceiveWaiting() != 1 {
+		t.Fatalf("the large request: pending %v, %d waiting", large.pending(), cons.svc.ReceiveWaiting())
+	}
+	nk, nch := pdKeys(1, 123), [][]byte{chunkData(0, 123, u)}
+	next := b.send(nk, nch, func() (int, error) { return first.Receive(ctx, 1, 60000, nk, nch, nil) })
+	b.settle()
+	if next.pending() || next.err != nil || cons.svc.HeldBytes() != 3*u {
+		t.Fatalf("the transfer in progress, past the waiter: pending %v, %v, %d bytes held", next.pending(), next.err, cons.svc.HeldBytes())
+	}
+	ok, och := pdKeys(1, 124), [][]byte{chunkData(0, 124, u)}
+	oc := cons.remote(t)
+	other := b.send(ok, och, func() (int, error) { return oc.Receive(ctx, 3, 60000, ok, och, nil) })
+	b.settle()
+	if !other.pending() || cons.svc.ReceiveWaiting() != 2 {
+		t.Fatalf("a new transfer that would fit: pending %v, %d waiting; want it behind the large request", other.pending(), cons.svc.ReceiveWaiting())
+	}
+	for len(b.held) > 0 {
+		b.readOldest(cc)
+		b.settle()
+	}
+	for _, p := range b.reqs {
+		if p.pending() || p.err != nil {
+			t.Fatalf("a transfer of %d chunks: pending %v, %v", len(p.keys), p.pending(), p.err)
+		}
+	}
+	waitFreed(t, cons, cc, 0)
+}
+
+// pending reports whether p has not been answered.
+func (p *pushed) pending() bool { return !p.collected }

@@ -79,9 +79,9 @@ type pushConn struct {
 // store lease in progress, and returns how many it sent and how many the
 // consumer stored. A batch by layers is cut to the consumer's receive
 // budget, which it takes all at once; whole chunks stream one by one. A
-// pooled connection trusted on its earlier answer and found closed (the
-// consumer restarted, or closed it while idle) is replaced once, and the
-// new one asked again.
+// connection used on its earlier answer, without asking, and found closed
+// (the consumer restarted, or closed it while it sat in the pool) is
+// replaced once, and the new one asked again.
 func (p *pd) receiveFed(t *transfer, ps *pusher, n int) (int, int, error) {
 	for attempt := 0; ; attempt++ {
 		sent, stored, trusted, err := p.receiveFedOnce(t, ps, n)
