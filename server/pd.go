@@ -52,9 +52,12 @@ type pd struct {
 	budget  budget
 	arrived signal // a pushed chunk became visible
 
-	mu    sync.Mutex
-	holds map[chunk.Key]hold
-	nheld atomic.Int64
+	mu        sync.Mutex
+	holds     map[chunk.Key]hold
+	nheld     atomic.Int64
+	expecting map[chunk.Key]int // holds announced and not yet kept (pd_expect.go)
+	readEarly map[chunk.Key]int // reads of those meanwhile
+	nexpect   atomic.Int64
 
 	pushMu    sync.Mutex
 	transfers map[uint64]*transfer
@@ -104,28 +107,38 @@ func newPD(eng *engine.Engine, budgetBytes int64, token string, allow *netallow.
 // keeps its one hold, now for one more reader and until the later of the
 // two deadlines; the new reference and bytes are given back.
 func (p *pd) keep(key chunk.Key, h engine.Held, size int64, ttl time.Duration) {
-	deadline := time.Now().Add(ttl)
 	p.mu.Lock()
+	held := p.keepLocked(key, h, size, ttl)
+	p.mu.Unlock()
+	if held {
+		p.eng.Unhold(h)
+		p.budget.release(size)
+	}
+}
+
+// keepLocked is keep under p.mu; it reports whether the chunk was held
+// already, when the caller gives h and size back.
+func (p *pd) keepLocked(key chunk.Key, h engine.Held, size int64, ttl time.Duration) bool {
+	deadline := time.Now().Add(ttl)
 	old, ok := p.holds[key]
 	if !ok {
 		p.holds[key] = hold{ref: h, size: size, deadline: deadline, readers: 1}
 		p.nheld.Add(1)
-		p.mu.Unlock()
-		return
+		return false
 	}
 	old.readers++
 	if deadline.After(old.deadline) {
 		old.deadline = deadline
 	}
 	p.holds[key] = old
-	p.mu.Unlock()
-	p.eng.Unhold(h)
-	p.budget.release(size)
+	return true
 }
 
 // consumed ends the holds of keys a client has just read.
 func (p *pd) consumed(keys []chunk.Key) {
-	if p.nheld.Load() == 0 {
+	// Announcements first: keepExpected adds the hold before it ends the
+	// announcement, so one of the two counts is seen.
+	if p.nexpect.Load() == 0 && p.nheld.Load() == 0 {
 		return
 	}
 	p.mu.Lock()
@@ -134,6 +147,7 @@ func (p *pd) consumed(keys []chunk.Key) {
 		h, ok := p.holds[k]
 		switch {
 		case !ok:
+			p.readEarlyLocked(k)
 		case h.readers > 1:
 			h.readers--
 			p.holds[k] = h

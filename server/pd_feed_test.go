@@ -176,7 +176,9 @@ func TestPushAsksTheConsumerOncePerConnection(t *testing.T) {
 			s.layer(t, i, true)
 		}
 		if err := <-errs; err != nil {
-			t.Fatalf("transfer %d: %v", k, err)
+			st, serr := pd.pc.PushStatus(ctx, id)
+			t.Logf("consumer: %d bytes held, %d requests waiting for budget", pd.cons.svc.HeldBytes(), pd.cons.svc.ReceiveWaiting())
+			t.Fatalf("transfer %d: %v (status %+v, %v)", k, err, st, serr)
 		}
 		if n, err := pd.pc.CommitStore(ctx, s.lease, tc.n); err != nil || n != tc.n {
 			t.Fatalf("commit %d: %d, %v", k, n, err)

@@ -245,9 +245,11 @@ func (s *session) completeChunk(c *recvChunk, key chunk.Key, ttl time.Duration) 
 	// stored meanwhile, and no reader may take it then. No reader takes
 	// it after this either, so c.inf's count of those that did is final.
 	s.svc.eng.Unpublish(key)
+	p.expect(key) // visible from the commit on, held only after it
 	held, n, err := c.w.CommitHeld(s.pd.held[:0])
 	s.pd.held = held
 	if err != nil || n == 0 {
+		p.unexpect(key)
 		c.recycle(c.inf.end(false))
 		p.budget.release(c.size)
 		c.started = false // not stored: the reply's count stops before it
@@ -256,7 +258,7 @@ func (s *session) completeChunk(c *recvChunk, key chunk.Key, ttl time.Duration) 
 		}
 		return fail(wire.StatusNoSpace, "the chunk was dropped before it could be held")
 	}
-	p.keep(key, held[0], c.size, ttl)
+	p.keepExpected(key, held[0], c.size, ttl)
 	// Readers that took it in progress hold their own reference: their
 	// reads end its hold, as a read of the held chunk would.
 	taken := c.inf.end(true)

@@ -190,16 +190,18 @@ func (s *session) receiveOne(dh wire.Header, key chunk.Key, ttl time.Duration, d
 	}
 	// The hold is taken before Commit lets the reservation's reference
 	// go, so a store in between cannot evict the chunk first.
+	p.expect(key) // visible from the commit on, held only after it
 	held, n, err := w.CommitHeld(s.pd.held[:0])
 	s.pd.held = held
 	if err != nil || n == 0 {
+		p.unexpect(key)
 		p.budget.release(size)
 		if err != nil {
 			return statusOf(err)
 		}
 		return fail(wire.StatusNoSpace, "the chunk was dropped before it could be held")
 	}
-	p.keep(key, held[0], size, ttl)
+	p.keepExpected(key, held[0], size, ttl)
 	p.arrived.broadcast()
 	return nil
 }
