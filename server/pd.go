@@ -3,15 +3,12 @@ package server
 import (
 	"context"
 	"crypto/tls"
-	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"kvtier/chunk"
-	"kvtier/client"
 	"kvtier/engine"
 	"kvtier/internal/ratelog"
 	"kvtier/netallow"
@@ -55,18 +52,21 @@ type pd struct {
 	budget  budget
 	arrived signal // a pushed chunk became visible
 
-	mu    sync.Mutex
-	holds map[chunk.Key]hold
-	nheld atomic.Int64
+	mu        sync.Mutex
+	holds     map[chunk.Key]hold
+	nheld     atomic.Int64
+	expecting map[chunk.Key]int // holds announced and not yet kept (pd_expect.go)
+	readEarly map[chunk.Key]int // reads of those meanwhile
+	nexpect   atomic.Int64
 
 	pushMu    sync.Mutex
 	transfers map[uint64]*transfer
 	active    int
-	activeTo  map[string]int              // active transfers by destination
-	conns     map[string][]*client.Client // idle connections by destination
-	noLayers  map[string]time.Time        // destinations found without RECEIVE_LAYERS, and when (pd_feed.go)
-	ended     []endedTransfer             // oldest first
-	done      atomic.Uint64               // transfers that ended, by outcome
+	activeTo  map[string]int        // active transfers by destination
+	conns     map[string][]pushConn // idle connections by destination
+	noLayers  map[string]time.Time  // destinations found without RECEIVE_LAYERS, and when (pd_feed.go)
+	ended     []endedTransfer       // oldest first
+	done      atomic.Uint64         // transfers that ended, by outcome
 	failed    atomic.Uint64
 
 	ctx    context.Context // cancelled at shutdown: ends every push
@@ -99,7 +99,7 @@ func newPD(eng *engine.Engine, budgetBytes int64, token string, allow *netallow.
 	ctx, cancel := context.WithCancel(context.Background())
 	return &pd{eng: eng, log: log, token: token, allow: allow, budget: budget{limit: budgetBytes},
 		holds: make(map[chunk.Key]hold), transfers: make(map[uint64]*transfer), activeTo: make(map[string]int),
-		conns: make(map[string][]*client.Client), noLayers: make(map[string]time.Time), ctx: ctx, cancel: cancel}
+		conns: make(map[string][]pushConn), noLayers: make(map[string]time.Time), ctx: ctx, cancel: cancel}
 }
 
 // keep holds key's chunk, referenced by h, for ttl, charging size bytes
@@ -107,28 +107,38 @@ func newPD(eng *engine.Engine, budgetBytes int64, token string, allow *netallow.
 // keeps its one hold, now for one more reader and until the later of the
 // two deadlines; the new reference and bytes are given back.
 func (p *pd) keep(key chunk.Key, h engine.Held, size int64, ttl time.Duration) {
-	deadline := time.Now().Add(ttl)
 	p.mu.Lock()
+	held := p.keepLocked(key, h, size, ttl)
+	p.mu.Unlock()
+	if held {
+		p.eng.Unhold(h)
+		p.budget.release(size)
+	}
+}
+
+// keepLocked is keep under p.mu; it reports whether the chunk was held
+// already, when the caller gives h and size back.
+func (p *pd) keepLocked(key chunk.Key, h engine.Held, size int64, ttl time.Duration) bool {
+	deadline := time.Now().Add(ttl)
 	old, ok := p.holds[key]
 	if !ok {
 		p.holds[key] = hold{ref: h, size: size, deadline: deadline, readers: 1}
 		p.nheld.Add(1)
-		p.mu.Unlock()
-		return
+		return false
 	}
 	old.readers++
 	if deadline.After(old.deadline) {
 		old.deadline = deadline
 	}
 	p.holds[key] = old
-	p.mu.Unlock()
-	p.eng.Unhold(h)
-	p.budget.release(size)
+	return true
 }
 
 // consumed ends the holds of keys a client has just read.
 func (p *pd) consumed(keys []chunk.Key) {
-	if p.nheld.Load() == 0 {
+	// Announcements first: keepExpected adds the hold before it ends the
+	// announcement, so one of the two counts is seen.
+	if p.nexpect.Load() == 0 && p.nheld.Load() == 0 {
 		return
 	}
 	p.mu.Lock()
@@ -137,6 +147,7 @@ func (p *pd) consumed(keys []chunk.Key) {
 		h, ok := p.holds[k]
 		switch {
 		case !ok:
+			p.readEarlyLocked(k)
 		case h.readers > 1:
 			h.readers--
 			p.holds[k] = h
@@ -185,7 +196,7 @@ func (p *pd) close() {
 	p.pushMu.Lock()
 	for dest, cs := range p.conns {
 		for _, c := range cs {
-			c.Close()
+			c.c.Close()
 		}
 		delete(p.conns, dest)
 	}
@@ -201,77 +212,9 @@ func (p *pd) close() {
 // readers, within the pd_receive_bytes budget.
 func (s *Service) HeldBytes() int64 { return s.pd.budget.used() }
 
-// budget bounds the bytes of pushed chunks being received or held. A
-// receiver over it waits for readers to free some, which stalls the
-// pushing daemon through TCP's own flow control.
-type budget struct {
-	limit int64
-
-	mu    sync.Mutex
-	inUse int64
-	freed signal
-}
-
-var errBudget = errors.New("pd_receive_bytes is full")
-
-// acquire takes n bytes, waiting until deadline for them; wake is the
-// caller's own channel of capacity 1, for the wait.
-func (b *budget) acquire(ctx context.Context, n int64, deadline time.Time, wake chan struct{}) error {
-	if n > b.limit {
-		return fmt.Errorf("a chunk of %d bytes is larger than pd_receive_bytes (%d)", n, b.limit)
-	}
-	if b.take(n) {
-		return nil
-	}
-	b.freed.add(wake)
-	defer b.freed.remove(wake)
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	for {
-		if b.take(n) {
-			return nil
-		}
-		ch := wake
-		if timer == nil {
-			timer = time.NewTimer(time.Until(deadline))
-		}
-		select {
-		case <-ch:
-		case <-timer.C:
-			return fmt.Errorf("%w: no room for %d more bytes before the transfer's deadline", errBudget, n)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-// take takes n bytes if they are free.
-func (b *budget) take(n int64) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.inUse+n > b.limit {
-		return false
-	}
-	b.inUse += n
-	return true
-}
-
-func (b *budget) release(n int64) {
-	b.mu.Lock()
-	b.inUse -= n
-	b.mu.Unlock()
-	b.freed.broadcast()
-}
-
-func (b *budget) used() int64 {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.inUse
-}
+// ReceiveWaiting returns how many pushed chunks (RECEIVE) and batches
+// (RECEIVE_LAYERS) wait for room in the pd_receive_bytes budget.
+func (s *Service) ReceiveWaiting() int { return s.pd.budget.waiting() }
 
 // signal wakes waiters, each on a channel of its own made once (a
 // session's), so that waking them for every chunk allocates nothing.

@@ -62,21 +62,52 @@ func (p *pd) noLayersLen() int {
 	return len(p.noLayers)
 }
 
+// pushConn is a connection to a consumer with what the consumer answered
+// to an empty RECEIVE_LAYERS on it. The answer — op 27 known, and the
+// budget — is the consumer process's, fixed for its life, so it holds for
+// the connection's: it is asked once per connection and kept with it in
+// the pool, and a batch costs no extra round trip. A restarted consumer
+// is a new connection, asked anew; a connection whose request failed or
+// got an error reply is closed, never pooled.
+type pushConn struct {
+	c        *client.Client
+	answered bool  // it answered an empty RECEIVE_LAYERS: it takes op 27
+	budget   int64 // the receive budget it named (0: none)
+}
+
 // receiveFed sends the leading chunks of the batch in ps, chunks of one
 // store lease in progress, and returns how many it sent and how many the
 // consumer stored. A batch by layers is cut to the consumer's receive
-// budget, which it takes all at once; whole chunks stream one by one.
+// budget, which it takes all at once; whole chunks stream one by one. A
+// connection used on its earlier answer, without asking, and found closed
+// (the consumer restarted, or closed it while it sat in the pool) is
+// replaced once, and the new one asked again.
 func (p *pd) receiveFed(t *transfer, ps *pusher, n int) (int, int, error) {
+	for attempt := 0; ; attempt++ {
+		sent, stored, trusted, err := p.receiveFedOnce(t, ps, n)
+		if err == nil || !trusted || attempt > 0 || !errors.Is(err, client.ErrClosed) || t.ctx.Err() != nil {
+			return sent, stored, err
+		}
+		if ps.c != nil {
+			ps.dropConn()
+		}
+		p.dropConns(t.dest)
+	}
+}
+
+// receiveFedOnce is one attempt of receiveFed; trusted says it sent by
+// layers on a connection's earlier answer, without asking.
+func (p *pd) receiveFedOnce(t *transfer, ps *pusher, n int) (sent, stored int, trusted bool, err error) {
 	feed := ps.fed[0].Feed
 	geo, err := feed.Geometry(t.ctx)
 	if err != nil {
-		return n, 0, err
+		return n, 0, false, err
 	}
 	layered := geo.Valid()
 	if layered {
 		var budget int64
-		if layered, budget, err = p.takesLayers(t, ps); err != nil {
-			return n, 0, err
+		if layered, budget, trusted, err = p.takesLayers(t, ps); err != nil {
+			return n, 0, false, err
 		}
 		if layered && budget > 0 {
 			n = fitBudget(ps.bufs[:n], budget)
@@ -93,26 +124,25 @@ func (p *pd) receiveFed(t *transfer, ps *pusher, n int) (int, int, error) {
 		// Whole chunks, once the lease committed them.
 		for _, f := range ps.fed[:n] {
 			if err := feed.WaitLayer(t.ctx, f.Index, tier.MaxLayers+1); err != nil {
-				return n, 0, err
+				return n, 0, false, err
 			}
 		}
-		stored, err := p.receive(t, ps, n)
-		return n, stored, err
+		stored, err = p.receive(t, ps, n)
+		return n, stored, false, err
 	}
 	perLayer := n * geo.Parts
 	ready := func(i int) error {
 		return feed.WaitLayer(t.ctx, ps.fed[m.Ranges[i].Key].Index, i/perLayer+1)
 	}
 	stop := context.AfterFunc(t.ctx, ps.c.Interrupt)
-	stored, err := ps.c.ReceiveLayers(t.ctx, m, ps.bufs[:n], ready, nil)
+	stored, err = ps.c.ReceiveLayers(t.ctx, m, ps.bufs[:n], ready, nil)
 	if !stop() {
-		ps.c.Close()
-		ps.c, ps.pooled = nil, false
+		ps.dropConn()
 		if err == nil {
 			err = t.ctx.Err()
 		}
 	}
-	return n, stored, err
+	return n, stored, trusted, err
 }
 
 // fitBudget returns how many leading chunks of bufs fit in budget bytes
@@ -129,44 +159,45 @@ func fitBudget(bufs [][]byte, budget int64) int {
 }
 
 // takesLayers makes sure ps has a connection to t's destination and
-// reports whether the destination takes RECEIVE_LAYERS, asking it (a
-// request of no chunks) when it is not known, with the receive budget its
-// answer names (0: none named). A pooled connection found closed is
-// dialled again once.
-func (p *pd) takesLayers(t *transfer, ps *pusher) (bool, int64, error) {
+// reports whether the destination takes RECEIVE_LAYERS, with the receive
+// budget it names (0: none named): the connection's earlier answer
+// (cached), or else the answer to a request of no chunks. A pooled
+// connection found closed by that request is dialled again once.
+func (p *pd) takesLayers(t *transfer, ps *pusher) (layers bool, budget int64, cached bool, err error) {
 	p.pushMu.Lock()
 	at, found := p.noLayers[t.dest]
 	p.pushMu.Unlock()
 	if found && time.Since(at) < layerProbeTTL {
-		return false, 0, nil
+		return false, 0, false, nil
 	}
 	for attempt := 0; ; attempt++ {
 		if ps.c == nil {
-			var err error
-			if ps.c, ps.pooled, err = p.conn(t); err != nil {
-				return false, 0, err
+			if err := ps.dial(p, t); err != nil {
+				return false, 0, false, err
 			}
+		}
+		if ps.answered {
+			return true, ps.budget, true, nil
 		}
 		stop := context.AfterFunc(t.ctx, ps.c.Interrupt)
 		budget, err := ps.c.ReceiveLayersBudget(t.ctx, t.id)
 		interrupted := !stop()
 		switch {
 		case err == nil && !interrupted:
-			return true, budget, nil
+			ps.answered, ps.budget = true, budget
+			return true, budget, false, nil
 		case client.IsUnknownOp(err):
 			p.noteNoLayers(t.dest, time.Now())
-			ps.c.Close() // an older daemon may have closed it; dial anew for RECEIVE
-			ps.c, ps.pooled = nil, false
-			return false, 0, nil
+			ps.dropConn() // an older daemon may have closed it; dial anew for RECEIVE
+			return false, 0, false, nil
 		}
 		pooled := ps.pooled
-		ps.c.Close()
-		ps.c, ps.pooled = nil, false
+		ps.dropConn()
 		if err == nil {
 			err = t.ctx.Err()
 		}
 		if !pooled || attempt > 0 || !errors.Is(err, client.ErrClosed) || t.ctx.Err() != nil {
-			return false, 0, err
+			return false, 0, false, err
 		}
 		p.dropConns(t.dest)
 	}

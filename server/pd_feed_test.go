@@ -1,202 +1,25 @@
 package server_test
 
 import (
-	"bufio"
 	"context"
-	"encoding/binary"
-	"io"
-	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"kvtier/chunk"
 	"kvtier/client"
 	"kvtier/server"
 	"kvtier/wire"
 )
-
-// frameProxy forwards a producer's connections to a consumer daemon on
-// loopback and counts the frames it forwards by op; with old set it
-// answers op 27 as a daemon built before RECEIVE_LAYERS does (its header
-// parser refuses the op: BAD_REQUEST on op PING, connection closed).
-type frameProxy struct {
-	addr string
-	old  bool
-	mu   sync.Mutex
-	ops  map[wire.Op]int
-}
-
-func (p *frameProxy) count(op wire.Op) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.ops[op]
-}
-
-func startFrameProxy(t *testing.T, daemon string, old bool) *frameProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &frameProxy{addr: ln.Addr().String(), old: old, ops: map[wire.Op]int{}}
-	var wg sync.WaitGroup
-	var conns []net.Conn // closed at the end: the producer pools its connections
-	t.Cleanup(func() {
-		ln.Close()
-		p.mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		p.mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			p.mu.Lock()
-			conns = append(conns, c)
-			p.mu.Unlock()
-			wg.Go(func() { p.serve(c, daemon) })
-		}
-	})
-	return p
-}
-
-func (p *frameProxy) serve(c net.Conn, daemon string) {
-	defer c.Close()
-	d, err := net.Dial("tcp", daemon)
-	if err != nil {
-		return
-	}
-	defer d.Close()
-	var wmu sync.Mutex
-	go func() {
-		defer c.Close()
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := d.Read(buf)
-			if n > 0 {
-				wmu.Lock()
-				_, werr := c.Write(buf[:n])
-				wmu.Unlock()
-				if werr != nil {
-					return
-				}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	br := bufio.NewReaderSize(c, 64<<10)
-	var h [wire.HeaderSize]byte
-	for {
-		if _, err := io.ReadFull(br, h[:]); err != nil {
-			return
-		}
-		op, id, n := wire.Op(h[4]), binary.LittleEndian.Uint32(h[8:]), binary.LittleEndian.Uint32(h[0:])
-		if op == wire.OpReceiveLayers && p.old {
-			msg := []byte("wire: malformed frame: unknown op 27")
-			var r [wire.HeaderSize]byte
-			wire.Header{Len: uint32(len(msg)), Op: wire.OpPing, Flags: wire.FlagReply, ID: id, Status: wire.StatusBadRequest}.Put(r[:])
-			wmu.Lock()
-			c.Write(append(r[:], msg...))
-			wmu.Unlock()
-			p.note(op)
-			return
-		}
-		if _, err := d.Write(h[:]); err != nil {
-			return
-		}
-		if _, err := io.CopyN(d, br, int64(n)); err != nil {
-			return
-		}
-		p.note(op) // counted once forwarded whole
-	}
-}
-
-func (p *frameProxy) note(op wire.Op) {
-	p.mu.Lock()
-	p.ops[op]++
-	p.mu.Unlock()
-}
-
-// Chunks of these tests: 4 layers × 2 parts (K, V) of 512 bytes.
-const (
-	feedLayers = 4
-	feedSize   = 4096
-	feedSpan   = feedSize / (2 * feedLayers)
-)
-
-// storeLease is a store lease of the producer's being filled layer by
-// layer with chunkData(j, salt, feedSize).
-type storeLease struct {
-	c     *client.Client
-	keys  []chunk.Key
-	salt  uint32
-	lease uint64
-	slots [][]byte
-}
-
-func prepareFeed(t *testing.T, c *client.Client, n int, salt byte) *storeLease {
-	t.Helper()
-	keys := pdKeys(n, salt)
-	sizes := make([]uint32, n)
-	for j := range sizes {
-		sizes[j] = feedSize
-	}
-	slots, err := c.PrepareStore(context.Background(), client.Raw(keys), sizes, 20000)
-	if err != nil || len(slots.Slots) != n || slots.Lease == 0 {
-		t.Fatalf("prepare store: %+v, %v", slots, err)
-	}
-	s := &storeLease{c: c, keys: keys, salt: uint32(salt), lease: slots.Lease}
-	for _, sl := range slots.Slots {
-		b, err := c.Slot(sl)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.slots = append(s.slots, b)
-	}
-	return s
-}
-
-// layer writes K_i and V_i of every chunk, then says so with STORE_LAYER
-// when notice is set.
-func (s *storeLease) layer(t *testing.T, i int, notice bool) {
-	t.Helper()
-	for j, slot := range s.slots {
-		want := chunkData(j, s.salt, feedSize)
-		for part := range 2 {
-			from := (part*feedLayers + i) * feedSpan
-			copy(slot[from:from+feedSpan], want[from:from+feedSpan])
-		}
-	}
-	if notice {
-		if err := s.c.StoreLayer(context.Background(), s.lease, i, feedLayers, 2); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
 
 // TestPushFollowsStoreLayers: a PUSH of a store lease in progress sends
 // each layer of every chunk once STORE_LAYER says it is final, and not
 // before; the consumer has the chunks, byte-exact, once the last layer
 // arrived, before the producer even commits.
 func TestPushFollowsStoreLayers(t *testing.T) {
-	prod := startService(t, 64<<20, server.ServiceOptions{})
-	cons := startService(t, 64<<20, server.ServiceOptions{})
-	px := startFrameProxy(t, cons.tcp, false)
-	pc, cc := prod.local(t), cons.local(t)
-	ctx := context.Background()
-	s := prepareFeed(t, pc, 3, 41)
-	if n, err := pc.PushStore(ctx, 21, px.addr, client.Raw(s.keys), 20000, true, s.lease); err != nil || n != 3 {
-		t.Fatalf("push of a store in progress: %d, %v", n, err)
-	}
+	pd := startPDPair(t, server.ServiceOptions{})
+	px := startFrameProxy(t, pd.cons.tcp, false)
+	pc, cc, ctx := pd.pc, pd.cc, context.Background()
+	s := pushStore(t, pc, px.addr, 3, 41, 21)
 	perLayer := 3 * 2 // ranges: chunks × (K, V)
 	for i := range feedLayers {
 		time.Sleep(20 * time.Millisecond) // time for a wrong early send to show
@@ -227,21 +50,16 @@ func TestPushFollowsStoreLayers(t *testing.T) {
 	if px.count(wire.OpReceive) != 0 {
 		t.Fatalf("%d RECEIVE frames: the chunks went whole", px.count(wire.OpReceive))
 	}
-	waitFreed(t, prod, pc, 0)
+	waitFreed(t, pd.prod, pc, 0)
 }
 
 // TestPushOfAbortedStore: a store given up mid-save fails its push; the
 // consumer never shows the chunks and gives back what it reserved, and
 // the producer lets its references go.
 func TestPushOfAbortedStore(t *testing.T) {
-	prod := startService(t, 64<<20, server.ServiceOptions{})
-	cons := startService(t, 64<<20, server.ServiceOptions{})
-	pc, cc := prod.local(t), cons.local(t)
-	ctx := context.Background()
-	s := prepareFeed(t, pc, 3, 42)
-	if _, err := pc.PushStore(ctx, 22, cons.tcp, client.Raw(s.keys), 20000, true, s.lease); err != nil {
-		t.Fatal(err)
-	}
+	pd := startPDPair(t, server.ServiceOptions{})
+	prod, cons, pc, cc, ctx := pd.prod, pd.cons, pd.pc, pd.cc, context.Background()
+	s := pushStore(t, pc, cons.tcp, 3, 42, 22)
 	s.layer(t, 0, true)
 	s.layer(t, 1, true)
 	waitFor(t, "the consumer reserving the chunks", func() bool { return cons.svc.HeldBytes() == 3*feedSize })
@@ -268,23 +86,18 @@ func TestPushOfAbortedStore(t *testing.T) {
 // the chunks whole with RECEIVE, once committed; so does a save that
 // sends no STORE_LAYER notices, to a consumer of today.
 func TestPushStoreToOlderConsumer(t *testing.T) {
-	prod := startService(t, 64<<20, server.ServiceOptions{})
-	cons := startService(t, 64<<20, server.ServiceOptions{})
-	pc, cc := prod.local(t), cons.local(t)
-	ctx := context.Background()
+	pd := startPDPair(t, server.ServiceOptions{})
+	pc, cc, ctx := pd.pc, pd.cc, context.Background()
 	for _, tc := range []struct {
 		old, notice bool
 	}{{old: true, notice: true}, {old: false, notice: false}} {
-		px := startFrameProxy(t, cons.tcp, tc.old)
+		px := startFrameProxy(t, pd.cons.tcp, tc.old)
 		salt := byte(50)
 		if tc.old {
 			salt = 51
 		}
-		s := prepareFeed(t, pc, 2, salt)
 		id := uint64(salt)
-		if _, err := pc.PushStore(ctx, id, px.addr, client.Raw(s.keys), 20000, true, s.lease); err != nil {
-			t.Fatal(err)
-		}
+		s := pushStore(t, pc, px.addr, 2, salt, id)
 		for i := range feedLayers {
 			s.layer(t, i, tc.notice)
 		}
@@ -313,14 +126,9 @@ func TestPushStoreToOlderConsumer(t *testing.T) {
 // the consumer, with the bytes the notices declared final, and the
 // transfer done; the producer never shows that chunk.
 func TestPushOfStoreCommittedShortAfterItsLayers(t *testing.T) {
-	prod := startService(t, 64<<20, server.ServiceOptions{})
-	cons := startService(t, 64<<20, server.ServiceOptions{})
-	pc, cc := prod.local(t), cons.local(t)
-	ctx := context.Background()
-	s := prepareFeed(t, pc, 2, 44)
-	if _, err := pc.PushStore(ctx, 24, cons.tcp, client.Raw(s.keys), 20000, true, s.lease); err != nil {
-		t.Fatal(err)
-	}
+	pd := startPDPair(t, server.ServiceOptions{})
+	pc, cc, ctx := pd.pc, pd.cc, context.Background()
+	s := pushStore(t, pc, pd.cons.tcp, 2, 44, 24)
 	for i := range feedLayers {
 		s.layer(t, i, true)
 	}
@@ -338,5 +146,51 @@ func TestPushOfStoreCommittedShortAfterItsLayers(t *testing.T) {
 		t.Fatalf("the producer shows %d chunks, %v", l.Chunks, err)
 	}
 	checkRaw(t, cc, s.keys, s.salt, feedSize)
-	waitFreed(t, prod, pc, 0)
+	waitFreed(t, pd.prod, pc, 0)
+}
+
+// TestPushAsksTheConsumerOncePerConnection: the producer asks a consumer
+// whether it takes RECEIVE_LAYERS, and its budget, once per connection,
+// not before every batch: a transfer cut into three batches by a budget of
+// two chunks, then a second transfer on the pooled connection, ask once in
+// all. Once the connections are cut (as when the consumer restarts), the
+// next transfer finds its pooled connection closed, dials anew and asks
+// again. Every chunk arrives byte-exact, by layers.
+func TestPushAsksTheConsumerOncePerConnection(t *testing.T) {
+	pd := startPDPair(t, server.ServiceOptions{PDReceiveBytes: 2 * feedSize})
+	px := startFrameProxy(t, pd.cons.tcp, false)
+	ctx := context.Background()
+	for k, tc := range []struct {
+		n      int
+		cut    bool
+		probes int
+	}{{n: 6, probes: 1}, {n: 2, probes: 1}, {n: 2, cut: true, probes: 2}} {
+		if tc.cut {
+			px.cut()
+		}
+		id := uint64(90 + k)
+		s := pushStore(t, pd.pc, px.addr, tc.n, byte(90+k), id)
+		errs := make(chan error, 1)
+		go readEachAsItLands(pd.cons.remote(t), s, 0, 1, errs)
+		for i := range feedLayers {
+			s.layer(t, i, true)
+		}
+		if err := <-errs; err != nil {
+			st, serr := pd.pc.PushStatus(ctx, id)
+			t.Logf("consumer: %d bytes held, %d requests waiting for budget", pd.cons.svc.HeldBytes(), pd.cons.svc.ReceiveWaiting())
+			t.Fatalf("transfer %d: %v (status %+v, %v)", k, err, st, serr)
+		}
+		if n, err := pd.pc.CommitStore(ctx, s.lease, tc.n); err != nil || n != tc.n {
+			t.Fatalf("commit %d: %d, %v", k, n, err)
+		}
+		if st := waitPushed(t, pd.pc, id); st.State != wire.TransferDone || st.Pushed != uint32(tc.n) {
+			t.Fatalf("transfer %d: status %+v", k, st)
+		}
+		if got := px.probeCount(); got != tc.probes {
+			t.Fatalf("after transfer %d: %d empty RECEIVE_LAYERS sent, want %d", k, got, tc.probes)
+		}
+	}
+	if px.count(wire.OpReceive) != 0 {
+		t.Fatalf("%d RECEIVE frames: chunks went whole", px.count(wire.OpReceive))
+	}
 }

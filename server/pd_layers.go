@@ -1,9 +1,7 @@
 package server
 
 import (
-	"context"
 	"encoding/binary"
-	"errors"
 	"time"
 
 	"github.com/zeebo/xxh3"
@@ -132,14 +130,8 @@ func (s *session) takeBatchBudget(m *wire.ReceiveLayers, deadline time.Time) *re
 		}
 		return fail(wire.StatusNoSpace, "%s: a batch of %d chunks, %d bytes, is larger than pd_receive_bytes (%d); send fewer at once", errBudget, len(m.Sizes), total, p.budget.limit)
 	}
-	if err := p.budget.acquire(p.ctx, total, deadline, s.wakeChan()); err != nil {
-		switch {
-		case errors.Is(err, errBudget):
-			return fail(wire.StatusNoSpace, "%v", err)
-		case errors.Is(err, context.Canceled):
-			return fail(wire.StatusShuttingDown, "the daemon is shutting down")
-		}
-		return fail(wire.StatusTooLarge, "%v", err)
+	if rerr := s.takeBudget(total, deadline); rerr != nil {
+		return rerr
 	}
 	s.pdl.pool = total
 	return nil
@@ -255,9 +247,11 @@ func (s *session) completeChunk(c *recvChunk, key chunk.Key, ttl time.Duration) 
 	// stored meanwhile, and no reader may take it then. No reader takes
 	// it after this either, so c.inf's count of those that did is final.
 	s.svc.eng.Unpublish(key)
+	p.expect(key) // visible from the commit on, held only after it
 	held, n, err := c.w.CommitHeld(s.pd.held[:0])
 	s.pd.held = held
 	if err != nil || n == 0 {
+		p.unexpect(key)
 		c.recycle(c.inf.end(false))
 		p.budget.release(c.size)
 		c.started = false // not stored: the reply's count stops before it
@@ -266,7 +260,7 @@ func (s *session) completeChunk(c *recvChunk, key chunk.Key, ttl time.Duration) 
 		}
 		return fail(wire.StatusNoSpace, "the chunk was dropped before it could be held")
 	}
-	p.keep(key, held[0], c.size, ttl)
+	p.keepExpected(key, held[0], c.size, ttl)
 	// Readers that took it in progress hold their own reference: their
 	// reads end its hold, as a read of the held chunk would.
 	taken := c.inf.end(true)

@@ -40,14 +40,9 @@ func readEachAsItLands(c *client.Client, s *storeLease, first, step int, errs ch
 // TestPushLayersOverBudget: 4 chunks pushed per layer to a consumer whose
 // budget holds 2, two readers each reading its chunks as they land.
 func TestPushLayersOverBudget(t *testing.T) {
-	prod := startService(t, 64<<20, server.ServiceOptions{})
-	cons := startService(t, 64<<20, server.ServiceOptions{PDReceiveBytes: 2 * feedSize})
-	pc := prod.local(t)
-	ctx := context.Background()
-	s := prepareFeed(t, pc, 4, 81)
-	if _, err := pc.PushStore(ctx, 81, cons.tcp, client.Raw(s.keys), 20000, true, s.lease); err != nil {
-		t.Fatal(err)
-	}
+	pd := startPDPair(t, server.ServiceOptions{PDReceiveBytes: 2 * feedSize})
+	cons, pc, ctx := pd.cons, pd.pc, context.Background()
+	s := pushStore(t, pc, cons.tcp, 4, 81, 81)
 	errs := make(chan error, 2)
 	for r := range 2 {
 		go readEachAsItLands(cons.remote(t), s, r, 2, errs)
@@ -73,17 +68,13 @@ func TestPushLayersOverBudget(t *testing.T) {
 // larger than the consumer's budget, at once; neither holds part of the
 // budget while it waits for more, so both complete as they are read.
 func TestPushLayersConcurrentOverBudget(t *testing.T) {
-	prod := startService(t, 64<<20, server.ServiceOptions{})
-	cons := startService(t, 64<<20, server.ServiceOptions{PDReceiveBytes: 3 * feedSize})
-	ctx := context.Background()
+	pd := startPDPair(t, server.ServiceOptions{PDReceiveBytes: 3 * feedSize})
+	prod, cons, ctx := pd.prod, pd.cons, context.Background()
 	errs := make(chan error, 2)
 	var leases []*storeLease
 	for k := range 2 {
-		pc := prod.local(t) // a store lease is its connection's
-		s := prepareFeed(t, pc, 4, byte(82+k))
-		if _, err := pc.PushStore(ctx, uint64(82+k), cons.tcp, client.Raw(s.keys), 20000, true, s.lease); err != nil {
-			t.Fatal(err)
-		}
+		// A store lease is its connection's.
+		s := pushStore(t, prod.local(t), cons.tcp, 4, byte(82+k), uint64(82+k))
 		leases = append(leases, s)
 		go readEachAsItLands(cons.remote(t), s, 0, 1, errs)
 	}

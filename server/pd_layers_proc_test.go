@@ -13,25 +13,10 @@ import (
 // for the layers that never came, never bytes, and the consumer keeps
 // nothing of them.
 
-func (p *proc) dialLocal(t *testing.T) *client.Client {
-	t.Helper()
-	c, err := client.DialUnix(context.Background(), p.Sock, client.Options{Name: t.Name(), Timeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
 func TestProcessesLayerPushProducerKilled(t *testing.T) {
-	prod := startProc(t, t.TempDir(), pdProcConf)
-	cons := startProc(t, t.TempDir(), pdProcConf)
-	pc, cc := prod.dialLocal(t), cons.dialLocal(t)
+	prod, cons, pc, cc := startPDProcs(t)
 	ctx := context.Background()
-	s := prepareFeed(t, pc, 4, 70)
-	if _, err := pc.PushStore(ctx, 400, cons.TCP, client.Raw(s.keys), 20000, true, s.lease); err != nil {
-		t.Fatal(err)
-	}
+	s := pushStore(t, pc, cons.TCP, 4, 70, 400)
 	s.layer(t, 0, true)
 	s.layer(t, 1, true)
 	r := takeInProgress(t, cc, s, 4)
@@ -67,31 +52,12 @@ func TestProcessesLayerPushProducerKilled(t *testing.T) {
 // producer has saved it, byte-exact, and every chunk before the producer
 // commits.
 func TestProcessesLayerPushReadInOrder(t *testing.T) {
-	prod := startProc(t, t.TempDir(), pdProcConf)
-	cons := startProc(t, t.TempDir(), pdProcConf)
-	pc, cc := prod.dialLocal(t), cons.dialLocal(t)
+	_, cons, pc, cc := startPDProcs(t)
 	ctx := context.Background()
-	s := prepareFeed(t, pc, 4, 71)
-	if _, err := pc.PushStore(ctx, 401, cons.TCP, client.Raw(s.keys), 20000, true, s.lease); err != nil {
-		t.Fatal(err)
-	}
+	s := pushStore(t, pc, cons.TCP, 4, 71, 401)
 	s.layer(t, 0, true)
 	r := takeInProgress(t, cc, s, 4)
-	for i := range feedLayers {
-		ch := r.layerAsync(i)
-		if i > 0 {
-			select {
-			case got := <-ch:
-				t.Fatalf("layer %d ready (%+v) before the producer saved it", i, got)
-			case <-time.After(50 * time.Millisecond):
-			}
-			s.layer(t, i, true)
-		}
-		if got := <-ch; got.Usable != 4 {
-			t.Fatalf("layer %d: %+v", i, got)
-		}
-		r.checkLayer(s, i)
-	}
+	r.readInOrder(s, 4, 50*time.Millisecond)
 	if l, err := cc.Lookup(ctx, client.Raw(s.keys), 0); err != nil || l.Chunks != 4 {
 		t.Fatalf("before the producer's commit: %d chunks on the consumer, %v", l.Chunks, err)
 	}

@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"bytes"
 	"context"
 	"testing"
 	"time"
@@ -12,98 +11,18 @@ import (
 	"kvtier/wire"
 )
 
-// layerReader is a decode's layerwise load of chunks still being pushed.
-type layerReader struct {
-	t     *testing.T
-	c     *client.Client
-	lease uint64
-	slots [][]byte
-}
-
-// takeInProgress waits until n chunks are on the consumer, complete or
-// arriving, and takes them with PREPARE_RETRIEVE_LAYERS.
-func takeInProgress(t *testing.T, c *client.Client, s *storeLease, n int) *layerReader {
-	t.Helper()
-	ctx := context.Background()
-	w, err := c.WaitInProgress(ctx, client.Raw(s.keys), uint32(n), 10000)
-	if err != nil || int(w.Chunks) != n {
-		t.Fatalf("wait for chunks in progress: %+v, %v", w, err)
-	}
-	slots, err := c.PrepareRetrieveLayers(ctx, client.Raw(s.keys), feedLayers, 2, 20000)
-	if err != nil || len(slots.Slots) != n || slots.Lease == 0 {
-		t.Fatalf("prepare retrieve layers: %+v, %v", slots, err)
-	}
-	r := &layerReader{t: t, c: c, lease: slots.Lease}
-	for _, sl := range slots.Slots {
-		b, err := c.Slot(sl)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.slots = append(r.slots, b)
-	}
-	return r
-}
-
-// layerAsync starts LAYER_WAIT for layer on a goroutine.
-func (r *layerReader) layerAsync(layer int) <-chan wire.LayerReady {
-	ch := make(chan wire.LayerReady, 1)
-	go func() {
-		got, err := r.c.LayerWait(context.Background(), r.lease, layer)
-		if err != nil {
-			r.t.Errorf("layer wait %d: %v", layer, err)
-		}
-		ch <- got
-	}()
-	return ch
-}
-
-// checkLayer compares K_i and V_i of every slot with what the producer
-// saved.
-func (r *layerReader) checkLayer(s *storeLease, i int) {
-	r.t.Helper()
-	for j, slot := range r.slots {
-		want := chunkData(j, s.salt, feedSize)
-		for part := range 2 {
-			from := (part*feedLayers + i) * feedSpan
-			if !bytes.Equal(slot[from:from+feedSpan], want[from:from+feedSpan]) {
-				r.t.Fatalf("chunk %d layer %d part %d: the bytes read differ from those saved", j, i, part)
-			}
-		}
-	}
-}
-
 // TestLayerwiseReadOfAPushInProgress: on the consumer, a layerwise load
 // takes chunks whose push is still arriving; LAYER_WAIT returns layer i
 // once the producer has saved it and its ranges arrived, not before, and
 // its bytes are those saved. The chunks end as ordinary RAM chunks, and
 // the reader's read ends their hold.
 func TestLayerwiseReadOfAPushInProgress(t *testing.T) {
-	prod := startService(t, 64<<20, server.ServiceOptions{})
-	cons := startService(t, 64<<20, server.ServiceOptions{})
-	pc, cc := prod.local(t), cons.local(t)
-	ctx := context.Background()
-	s := prepareFeed(t, pc, 3, 60)
-	if _, err := pc.PushStore(ctx, 31, cons.tcp, client.Raw(s.keys), 20000, true, s.lease); err != nil {
-		t.Fatal(err)
-	}
+	pd := startPDPair(t, server.ServiceOptions{})
+	pc, cc, ctx := pd.pc, pd.cc, context.Background()
+	s := pushStore(t, pc, pd.cons.tcp, 3, 60, 31)
 	s.layer(t, 0, true)
 	r := takeInProgress(t, cc, s, 3)
-	for i := range feedLayers {
-		ch := r.layerAsync(i)
-		if i > 0 {
-			select {
-			case got := <-ch:
-				t.Fatalf("layer %d ready (%+v) before the producer saved it", i, got)
-			case <-time.After(30 * time.Millisecond):
-			}
-			s.layer(t, i, true)
-		}
-		got := <-ch
-		if got.Usable != 3 || got.Ready < uint32(i+1) {
-			t.Fatalf("layer %d: %+v", i, got)
-		}
-		r.checkLayer(s, i)
-	}
+	r.readInOrder(s, 3, 30*time.Millisecond)
 	if l, err := cc.Lookup(ctx, client.Raw(s.keys), 0); err != nil || l.Chunks != 3 {
 		t.Fatalf("after every layer: %d chunks in RAM, %v", l.Chunks, err)
 	}
@@ -116,21 +35,16 @@ func TestLayerwiseReadOfAPushInProgress(t *testing.T) {
 	if err := cc.Release(ctx, r.lease); err != nil {
 		t.Fatal(err)
 	}
-	waitFreed(t, cons, cc, 0) // the read ended the holds
+	waitFreed(t, pd.cons, cc, 0) // the read ended the holds
 }
 
 // TestLayerwiseReadOfAFailedPush: a push that stops mid-chunk (the store
 // given up on the producer) makes the reader's chunks unusable from the
 // layer that never came; nothing stays reserved or charged.
 func TestLayerwiseReadOfAFailedPush(t *testing.T) {
-	prod := startService(t, 64<<20, server.ServiceOptions{})
-	cons := startService(t, 64<<20, server.ServiceOptions{})
-	pc, cc := prod.local(t), cons.local(t)
-	ctx := context.Background()
-	s := prepareFeed(t, pc, 3, 61)
-	if _, err := pc.PushStore(ctx, 32, cons.tcp, client.Raw(s.keys), 20000, true, s.lease); err != nil {
-		t.Fatal(err)
-	}
+	pd := startPDPair(t, server.ServiceOptions{})
+	pc, cc, ctx := pd.pc, pd.cc, context.Background()
+	s := pushStore(t, pc, pd.cons.tcp, 3, 61, 32)
 	s.layer(t, 0, true)
 	r := takeInProgress(t, cc, s, 3)
 	if got := <-r.layerAsync(0); got.Usable != 3 {
@@ -147,7 +61,7 @@ func TestLayerwiseReadOfAFailedPush(t *testing.T) {
 	if err := cc.Release(ctx, r.lease); err != nil {
 		t.Fatal(err)
 	}
-	waitFreed(t, cons, cc, 0)
+	waitFreed(t, pd.cons, cc, 0)
 	if l, err := cc.Lookup(ctx, client.Raw(s.keys), 0); err != nil || l.Chunks != 0 {
 		t.Fatalf("%d chunks of a failed push in RAM, %v", l.Chunks, err)
 	}

@@ -186,12 +186,12 @@ func (t *transfer) pastDeadline() bool {
 
 // pusher is the scratch of one transfer's sending goroutine.
 type pusher struct {
-	c      *client.Client
-	pooled bool
-	keys   []chunk.Key
-	bufs   [][]byte
-	fed    []engine.Fed
-	layers wire.ReceiveLayers // a fed batch's request
+	pushConn      // to the destination; no client until dialled
+	pooled   bool // the connection came from the pool
+	keys     []chunk.Key
+	bufs     [][]byte
+	fed      []engine.Fed
+	layers   wire.ReceiveLayers // a fed batch's request
 }
 
 // run sends t's queued chunks as they come until t is done or fails, then
@@ -202,9 +202,9 @@ func (p *pd) run(t *transfer) {
 	err := p.send(t, &ps)
 	if ps.c != nil {
 		if err == nil {
-			p.putConn(t.dest, ps.c)
+			p.putConn(t.dest, ps.pushConn)
 		} else {
-			ps.c.Close() // mid-request, or the consumer is gone
+			ps.c.Close() // mid-request, or the consumer is gone; not pooled, so not trusted again
 		}
 	}
 	t.mu.Lock()
@@ -284,8 +284,7 @@ func (p *pd) receive(t *transfer, ps *pusher, n int) (int, error) {
 	for attempt := 0; ; attempt++ {
 		fresh := ps.c == nil
 		if fresh {
-			var err error
-			if ps.c, ps.pooled, err = p.conn(t); err != nil {
+			if err := ps.dial(p, t); err != nil {
 				return 0, err
 			}
 			fresh = !ps.pooled
@@ -295,8 +294,7 @@ func (p *pd) receive(t *transfer, ps *pusher, n int) (int, error) {
 		stop := context.AfterFunc(t.ctx, ps.c.Interrupt)
 		stored, err := ps.c.Receive(t.ctx, t.id, hold, ps.keys[:n], ps.bufs[:n], nil)
 		if !stop() { // interrupted, or about to be: the connection is done
-			ps.c.Close()
-			ps.c, ps.pooled = nil, false
+			ps.dropConn()
 			if err == nil {
 				err = t.ctx.Err()
 			}
@@ -305,18 +303,18 @@ func (p *pd) receive(t *transfer, ps *pusher, n int) (int, error) {
 		if err == nil || fresh || attempt > 0 || !errors.Is(err, client.ErrClosed) || t.ctx.Err() != nil {
 			return stored, err
 		}
-		ps.c.Close()
-		ps.c, ps.pooled = nil, false
+		ps.dropConn()
 		p.dropConns(t.dest)
 	}
 }
 
-// conn returns a connection to t's destination: an idle pooled one, or
-// a new one.
-func (p *pd) conn(t *transfer) (*client.Client, bool, error) {
+// conn returns a connection to t's destination: an idle pooled one, with
+// what it answered before, or a new one.
+func (p *pd) conn(t *transfer) (pushConn, bool, error) {
 	p.pushMu.Lock()
 	if cs := p.conns[t.dest]; len(cs) > 0 {
 		c := cs[len(cs)-1]
+		cs[len(cs)-1] = pushConn{}
 		p.conns[t.dest] = cs[:len(cs)-1]
 		p.pushMu.Unlock()
 		return c, true, nil
@@ -324,10 +322,23 @@ func (p *pd) conn(t *transfer) (*client.Client, bool, error) {
 	p.pushMu.Unlock()
 	tc, err := p.tlsFor(t.dest)
 	if err != nil {
-		return nil, false, err
+		return pushConn{}, false, err
 	}
 	c, err := client.DialTCP(t.ctx, t.dest, client.Options{Token: p.token, Name: "kvtier-pd", Timeout: t.timeout, TLS: tc})
-	return c, false, err
+	return pushConn{c: c}, false, err
+}
+
+// dial gives ps a connection to t's destination (see conn).
+func (ps *pusher) dial(p *pd, t *transfer) error {
+	c, pooled, err := p.conn(t)
+	ps.pushConn, ps.pooled = c, pooled
+	return err
+}
+
+// dropConn closes ps's connection and forgets what it answered.
+func (ps *pusher) dropConn() {
+	ps.c.Close()
+	ps.pushConn, ps.pooled = pushConn{}, false
 }
 
 // tlsFor returns the TLS configuration to dial dest with: none without
@@ -348,15 +359,15 @@ func (p *pd) tlsFor(dest string) (*tls.Config, error) {
 
 // putConn keeps a healthy connection for the next transfer to its
 // destination, up to a few per destination.
-func (p *pd) putConn(dest string, c *client.Client) {
+func (p *pd) putConn(dest string, c pushConn) {
 	p.pushMu.Lock()
 	if p.ctx.Err() == nil && len(p.conns[dest]) < pushConnsPerDest {
 		p.conns[dest] = append(p.conns[dest], c)
-		c = nil
+		c.c = nil
 	}
 	p.pushMu.Unlock()
-	if c != nil {
-		c.Close()
+	if c.c != nil {
+		c.c.Close()
 	}
 }
 
@@ -368,7 +379,7 @@ func (p *pd) dropConns(dest string) {
 	delete(p.conns, dest)
 	p.pushMu.Unlock()
 	for _, c := range cs {
-		c.Close()
+		c.c.Close()
 	}
 }
 

@@ -29,10 +29,13 @@ type pdScratch struct {
 	wake         chan struct{} // this session's wake-ups, capacity 1 (see signal)
 	hasher       *xxh3.Hasher  // checks received chunks as they arrive
 	// recvID is the transfer of this connection's latest RECEIVE, and
-	// recvStart when its first RECEIVE came (see budgetDeadline).
-	recvID    uint64
-	recvStart time.Time
-	chain     engine.PushChain // the received chunks' parents (engine/chain.go)
+	// recvStart when its first RECEIVE came (see budgetDeadline);
+	// recvAdmitted says it has taken budget since (see budget).
+	recvID       uint64
+	recvStart    time.Time
+	recvAdmitted bool
+	budgetWait   waiter           // this session's place in the budget's queue
+	chain        engine.PushChain // the received chunks' parents (engine/chain.go)
 }
 
 // wakeChan returns the session's wake-up channel, made on first use.
@@ -41,6 +44,27 @@ func (s *session) wakeChan() chan struct{} {
 		s.pd.wake = make(chan struct{}, 1)
 	}
 	return s.pd.wake
+}
+
+// takeBudget takes n bytes of the receive budget for the connection's
+// transfer, waiting for them until deadline, or says why it cannot. A
+// transfer that took budget before on this connection may take free bytes
+// past the waiters (see budget).
+func (s *session) takeBudget(n int64, deadline time.Time) *requestError {
+	p := s.svc.pd
+	w := &s.pd.budgetWait
+	w.wake = s.wakeChan()
+	if err := p.budget.acquire(p.ctx, n, deadline, w, s.pd.recvAdmitted); err != nil {
+		switch {
+		case errors.Is(err, errBudget):
+			return fail(wire.StatusNoSpace, "%v", err)
+		case errors.Is(err, context.Canceled):
+			return fail(wire.StatusShuttingDown, "the daemon is shutting down")
+		}
+		return fail(wire.StatusTooLarge, "%v", err)
+	}
+	s.pd.recvAdmitted = true
+	return nil
 }
 
 // handleReceive serves RECEIVE: chunks another daemon pushes. Each chunk
@@ -110,7 +134,7 @@ func (s *session) handleReceive(h wire.Header) *requestError {
 // connection (a pooled one, reused) starts anew.
 func (sc *pdScratch) budgetDeadline(id uint64, ttl time.Duration, now time.Time) time.Time {
 	if id != sc.recvID || sc.recvStart.IsZero() {
-		sc.recvID, sc.recvStart = id, now
+		sc.recvID, sc.recvStart, sc.recvAdmitted = id, now, false
 	}
 	return sc.recvStart.Add(ttl)
 }
@@ -126,14 +150,8 @@ func (s *session) receiveOne(dh wire.Header, key chunk.Key, ttl time.Duration, d
 	if size == 0 {
 		return fail(wire.StatusBadRequest, "an empty chunk: a chunk has at least one byte")
 	}
-	if err := p.budget.acquire(p.ctx, size, deadline, s.wakeChan()); err != nil {
-		switch {
-		case errors.Is(err, errBudget):
-			return fail(wire.StatusNoSpace, "%v", err)
-		case errors.Is(err, context.Canceled):
-			return fail(wire.StatusShuttingDown, "the daemon is shutting down")
-		}
-		return fail(wire.StatusTooLarge, "%v", err)
+	if rerr := s.takeBudget(size, deadline); rerr != nil {
+		return rerr
 	}
 	eng := s.svc.eng
 	if s.pd.refs.AcquireRAMKey(eng, key) {
@@ -176,16 +194,18 @@ func (s *session) receiveOne(dh wire.Header, key chunk.Key, ttl time.Duration, d
 	}
 	// The hold is taken before Commit lets the reservation's reference
 	// go, so a store in between cannot evict the chunk first.
+	p.expect(key) // visible from the commit on, held only after it
 	held, n, err := w.CommitHeld(s.pd.held[:0])
 	s.pd.held = held
 	if err != nil || n == 0 {
+		p.unexpect(key)
 		p.budget.release(size)
 		if err != nil {
 			return statusOf(err)
 		}
 		return fail(wire.StatusNoSpace, "the chunk was dropped before it could be held")
 	}
-	p.keep(key, held[0], size, ttl)
+	p.keepExpected(key, held[0], size, ttl)
 	p.arrived.broadcast()
 	return nil
 }
