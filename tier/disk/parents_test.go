@@ -154,6 +154,60 @@ func TestParentWrittenLaterIsAdopted(t *testing.T) {
 	checkGet(t, d, up, testPayload(up, chainRec))
 }
 
+// TestParentNotYetReservedIsAdopted: a record published before its
+// parent's Put has even reserved a slot (that writer still waits for
+// room, or has not taken the lock yet) becomes its child once the parent
+// is published, as when the parent's record was being written.
+func TestParentNotYetReservedIsAdopted(t *testing.T) {
+	ctx := context.Background()
+	d := openTier(t, t.TempDir(), Options{Capacity: 3 * recordSize(chainRec), Headroom: -1, Policy: policy.TREELRU})
+	defer d.Close()
+	up, child := chainKey(0, 0), chainKey(0, 1)
+	if err := d.PutAfter(ctx, child, up, testPayload(child, chainRec)); err != nil {
+		t.Fatal(err)
+	}
+	mustPut(t, d, up, testPayload(up, chainRec))
+	checkGet(t, d, child, testPayload(child, chainRec))
+	mustPut(t, d, testKey(5), testPayload(testKey(5), chainRec))
+	mustPut(t, d, testKey(6), testPayload(testKey(6), chainRec))
+	if !d.Contains(up) || d.Contains(child) {
+		t.Fatalf("parent held %v, child held %v; want the child evicted", d.Contains(up), d.Contains(child))
+	}
+}
+
+// TestWaitingChildrenAreBounded: children whose parent never comes are
+// forgotten past maxWaitUp, oldest first, and the rest are still linked
+// when their parent comes.
+func TestWaitingChildrenAreBounded(t *testing.T) {
+	var w waitUps
+	up := func(i int) chunk.Key { return testKey(uint64(1_000_000 + i)) }
+	for i := range maxWaitUp + 10 {
+		w.note(testKey(uint64(i)), up(i))
+	}
+	if len(w.kids) != maxWaitUp || len(w.ring) != maxWaitUp {
+		t.Fatalf("%d parents, %d notes held; want %d", len(w.kids), len(w.ring), maxWaitUp)
+	}
+	for i := range 10 {
+		if k := w.take(up(i)); k != nil {
+			t.Fatalf("wait %d kept past the bound", i)
+		}
+	}
+	if k := w.take(up(maxWaitUp + 9)); len(k) != 1 || k[0].key != testKey(maxWaitUp+9) {
+		t.Fatalf("newest wait: %v", k)
+	}
+	// Two children of one parent, the older forgotten by the bound, the
+	// newer kept.
+	w = waitUps{}
+	w.note(testKey(1), up(0))
+	for i := 1; i < maxWaitUp; i++ {
+		w.note(testKey(uint64(100+i)), up(i))
+	}
+	w.note(testKey(2), up(0))
+	if k := w.take(up(0)); len(k) != 1 || k[0].key != testKey(2) {
+		t.Fatalf("parent 0's waits after the bound: %v", k)
+	}
+}
+
 // checkpointV1 rewrites a checkpoint as the version 1 writer wrote it:
 // 40-byte record entries, no parents.
 func checkpointV1(t testing.TB, cp []byte) []byte {

@@ -279,7 +279,7 @@ func (t *Tier) recoverRecord(seg *segment, f found) error {
 	}
 	t.idx.noteRestored(f.key, f.up)
 	i := t.idx.add(slot{key: f.key, seg: seg.id, off: f.off, size: f.size})
-	t.idx.publishAfter(i, f.up)
+	t.idx.publishLive(i, f.up)
 	t.used += recordSize(f.size)
 	seg.live++
 	return nil
