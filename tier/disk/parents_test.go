@@ -208,6 +208,51 @@ func TestWaitingChildrenAreBounded(t *testing.T) {
 	}
 }
 
+// TestLateRecordsLinkedBeforePolicyReady: the records a checkpoint
+// restores before their parents are linked on the policy goroutine,
+// before it reports the policy ready, not by the first operation that
+// takes the tier's lock afterwards (pol), which would stall every read
+// behind a walk up each chain.
+func TestLateRecordsLinkedBeforePolicyReady(t *testing.T) {
+	dir := t.TempDir()
+	opts := Options{Capacity: 20 * recordSize(chainRec), Headroom: -1, Policy: policy.TREELRU,
+		SegmentSize: 64 << 10, CheckpointRecords: 1 << 30, CheckpointInterval: -1}
+	d := openTier(t, dir, opts)
+	for c := range 2 {
+		for j := chainLen - 1; j >= 0; j-- { // tail first: every record before its parent
+			putChainRecord(t, d, c, j)
+		}
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	d = openTier(t, dir, opts)
+	defer d.Close()
+	if !d.Recovered().Checkpoint {
+		t.Fatal("the checkpoint was not used")
+	}
+	d.mu.Lock()
+	w := d.idx.warm
+	d.mu.Unlock()
+	if w == nil {
+		t.Fatal("no policy goroutine ran")
+	}
+	<-w.done // without pol: what is left for the tier's lock
+	if len(w.late) != 0 {
+		t.Fatalf("%d restored records left to link under the tier's lock", len(w.late))
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ad := d.idx.pol().(policy.Adopter[chunk.Key])
+	for c := range 2 {
+		for j := 1; j < chainLen; j++ { // linked: adopting again fails
+			if ad.Adopt(chainKey(c, j), chainKey(c, j-1)) {
+				t.Fatalf("record %d of chain %d was a root", j, c)
+			}
+		}
+	}
+}
+
 // checkpointV1 rewrites a checkpoint as the version 1 writer wrote it:
 // 40-byte record entries, no parents.
 func checkpointV1(t testing.TB, cp []byte) []byte {

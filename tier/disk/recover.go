@@ -146,7 +146,7 @@ func (t *Tier) restoreAll(segs []*segment, cp *checkpoint, w *worker, sum *scanR
 	listed := cp.count()
 	t.idx.slots = make([]slot, 1, listed+listed/8+1)
 	rs := restorer{cp: cp, first: make(map[uint64][2]int, len(cp.segs)), w: w,
-		kept: make([]int32, 0, listed), keys: make([]warmRec, 0, listed)}
+		kept: make([]int32, 0, listed)}
 	n := 0
 	for _, e := range cp.segs {
 		rs.first[e.id] = [2]int{n, len(rs.first)}
@@ -163,7 +163,7 @@ func (t *Tier) restoreAll(segs []*segment, cp *checkpoint, w *worker, sum *scanR
 		}
 		plans[i] = p
 	}
-	t.idx.startWarm(listed, len(segs))
+	t.idx.startWarm(cp, listed, len(segs))
 	logs := t.readLogs(segs, plans)
 	var err error
 	for i, seg := range segs {
