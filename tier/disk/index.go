@@ -130,6 +130,28 @@ func (x *index) publishLive(i int32, up parent) {
 	x.quota.Admit(s.key)
 }
 
+// move points live slot i at another copy of its record (recovery: a key
+// found twice in the log), with the parent that copy's header names. The
+// policy keeps the key where it is, children and all; a parent it did not
+// know is linked with the records restored before their parents.
+func (x *index) move(i int32, seg uint64, off, size int64, up parent) {
+	s := &x.slots[i]
+	if s.size != size {
+		x.quota.Release(s.key)
+		x.quota.Charge(s.key, recordSize(size))
+		x.quota.Admit(s.key)
+	}
+	s.seg, s.off, s.size = seg, off, size
+	s.up, s.hasUp = chunk.Hash{}, false
+	if up.ok && up.key.Scope == s.key.Scope {
+		s.up, s.hasUp = up.key.Hash, true
+		if x.chains {
+			x.relink = append(x.relink, warmRec{key: s.key, up: up.key.Hash, hasUp: true})
+		}
+	}
+	x.hdrs.forget(i)
+}
+
 // drop forgets slot i entirely. A live record leaves the policy as removed
 // (no history kept); an evicted one already left it as evicted.
 func (x *index) drop(i int32) {

@@ -253,6 +253,72 @@ func TestLateRecordsLinkedBeforePolicyReady(t *testing.T) {
 	}
 }
 
+// TestKeyFoundTwiceKeepsItsChildren: a chain's head found twice in the
+// log (a crash cut short the punch of its older copy) keeps the later
+// copy and its place in the policy, so its child stays its child; before,
+// the key left the policy and came back as a root, and its children
+// became roots. From the log alone and from a checkpoint listing the
+// older copy.
+func TestKeyFoundTwiceKeepsItsChildren(t *testing.T) {
+	for _, mode := range []string{"log only", "checkpoint and log"} {
+		t.Run(mode, func(t *testing.T) {
+			dir := t.TempDir()
+			opts := Options{Capacity: 20 * recordSize(chainRec), Headroom: -1, Policy: policy.TREELRU,
+				SegmentSize: 64 << 10, CheckpointRecords: 1 << 30, CheckpointInterval: -1}
+			if mode == "log only" {
+				opts.CheckpointRecords = -1
+			}
+			d := openTier(t, dir, opts)
+			for j := range chainLen {
+				putChainRecord(t, d, 0, j)
+			}
+			head := chainKey(0, 0)
+			path, off := location(t, d, head)
+			n := recordSize(chainRec)
+			saved := make([]byte, n)
+			f, err := os.OpenFile(path, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if _, err := f.ReadAt(saved, off); err != nil {
+				t.Fatal(err)
+			}
+			if mode != "log only" {
+				if err := d.Checkpoint(); err != nil { // lists the older copy
+					t.Fatal(err)
+				}
+			}
+			d.Remove(head)
+			putChainRecord(t, d, 0, 0) // the later copy
+			abandon(d)
+			if _, err := f.WriteAt(saved, off); err != nil { // the punch "never happened"
+				t.Fatal(err)
+			}
+
+			d = openTier(t, dir, opts)
+			defer d.Close()
+			if rec := d.Recovered(); (mode == "log only") == rec.Checkpoint {
+				t.Fatalf("recovered %+v", rec)
+			}
+			for j := range chainLen {
+				checkGet(t, d, chainKey(0, j), testPayload(chainKey(0, j), chainRec))
+			}
+			if st := d.Stats(); st.Objects != chainLen || st.Used != chainLen*n {
+				t.Fatalf("stats %+v: want %d records of %d bytes", st, chainLen, n)
+			}
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			ad := d.idx.pol().(policy.Adopter[chunk.Key])
+			for j := 1; j < chainLen; j++ {
+				if ad.Adopt(chainKey(0, j), chainKey(0, j-1)) { // linked: adopting again fails
+					t.Fatalf("record %d of the chain was a root", j)
+				}
+			}
+		})
+	}
+}
+
 // checkpointV1 rewrites a checkpoint as the version 1 writer wrote it:
 // 40-byte record entries, no parents.
 func checkpointV1(t testing.TB, cp []byte) []byte {
