@@ -1,6 +1,16 @@
 package engine
 
-import "kvtier/chunk"
+import (
+	"time"
+
+	"kvtier/chunk"
+)
+
+// MaxTransferTime is the longest a prefill/decode transfer lasts (the
+// server's longest transfer timeout and hold): a batch that comes later
+// than that after the first batch PushChain saw of its transfer belongs to
+// another transfer, whatever its ID says.
+const MaxTransferTime = 10 * time.Minute
 
 // PushChain follows the chunks that one connection receives for a
 // prefill/decode transfer (RECEIVE, RECEIVE_LAYERS), so that each can be
@@ -12,15 +22,27 @@ import "kvtier/chunk"
 // transfer on a connection names no parent: the connector pushes a
 // prompt from its first chunk, which is a root; a producer that pushes
 // only a tail leaves that tail's first chunk a root of its own, as every
-// pushed chunk was before. The zero value is ready.
+// pushed chunk was before.
+//
+// Transfer IDs are the producer's to choose and may come back: the
+// producer forgets an ended transfer after ten minutes or 4,096 later
+// ones, and a pooled connection outlives both. So a batch follows the
+// previous one only when it names the same transfer and comes within
+// MaxTransferTime of the first batch of that transfer on the connection;
+// otherwise the chain starts again, and the batch's first chunk is a
+// root. (A RECEIVE frame names keys, not their positions in the prompt,
+// so a batch that starts a prompt cannot be told from one that goes on.)
+// The zero value is ready.
 type PushChain struct {
 	keys     []chunk.Key // the current batch, for Next
 	next     int         // the batch's chunk Next is asked about
 	transfer uint64
+	start    time.Time // the transfer's first batch on this connection
 	last     chunk.Key // the previous batch's last key, for transfer
 	first    chunk.Key // the parent of the current batch's first key
 	hasLast  bool
 	hasFirst bool
+	now      func() time.Time // time.Now; tests replace it
 }
 
 // Begin starts a batch of keys for transfer. A batch of no keys (a
@@ -29,7 +51,16 @@ func (c *PushChain) Begin(transfer uint64, keys []chunk.Key) {
 	if len(keys) == 0 {
 		return
 	}
-	c.first, c.hasFirst = c.last, c.hasLast && c.transfer == transfer && transfer != 0
+	now := time.Now
+	if c.now != nil {
+		now = c.now
+	}
+	t := now()
+	follows := c.hasLast && c.transfer == transfer && transfer != 0 && t.Sub(c.start) <= MaxTransferTime
+	c.first, c.hasFirst = c.last, follows
+	if !follows {
+		c.start = t
+	}
 	c.transfer, c.last, c.hasLast = transfer, keys[len(keys)-1], true
 	c.keys, c.next = keys, 0
 }

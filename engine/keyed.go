@@ -233,6 +233,16 @@ func (w *Writes) Reserve(key chunk.Key, size int) ([]byte, error) {
 	return buf, nil
 }
 
+// Skip notes, in a chained batch (After), that key's chunk is in the run
+// but is not written (it is cached already): it reserves nothing and stays
+// the parent of the chunk after it. In a batch of unrelated chunks it does
+// nothing.
+func (w *Writes) Skip(key chunk.Key) {
+	if w.chained {
+		w.keys, w.ids = append(w.keys, key), append(w.ids, 0) // id 0: CommitRun skips it
+	}
+}
+
 // Commit makes the reserved chunks visible and queues them for the tiers
 // below RAM. The batch is empty afterwards, whatever happens.
 func (w *Writes) Commit() error {
@@ -256,7 +266,9 @@ func (w *Writes) commit() error {
 func (w *Writes) Abort() {
 	a := w.e.arenaOf()
 	for _, id := range w.ids {
-		a.Unref(id)
+		if id != 0 { // Skip
+			a.Unref(id)
+		}
 	}
 	w.keys, w.ids = w.keys[:0], w.ids[:0]
 }

@@ -94,18 +94,27 @@ func (e *Engine) Unhold(h Held) { e.arenaOf().Unref(h.id) }
 // it makes visible, taken before Commit drops the batch's own, so that no
 // store in between can evict the chunk before it is held. A key whose
 // chunk was in RAM already is held on the object there, if it still is.
-// It appends one Held per key to dst for the leading keys it holds and
-// returns how many those are; the batch is empty afterwards.
+// A key the batch skipped (Writes.Skip) is held on the object in RAM, if
+// it still is. It appends one Held per key to dst for the leading keys it
+// holds and returns how many those are; the batch is empty afterwards.
 func (w *Writes) CommitHeld(dst []Held) ([]Held, int, error) {
 	a := w.e.arenaOf()
 	for _, id := range w.ids {
-		a.Ref(id) // the caller's hold, beside the batch's reference
+		if id != 0 {
+			a.Ref(id) // the caller's hold, beside the batch's reference
+		}
 	}
 	keys, ids := w.keys, w.ids
 	err := w.commit()
 	w.keys, w.ids = w.keys[:0], w.ids[:0]
 	n := 0
 	for i, id := range ids {
+		if id == 0 {
+			if err == nil && n == i && w.heldInRAM(keys[i], &dst) {
+				n++
+			}
+			continue
+		}
 		if err == nil && n == i && w.heldVisible(a, keys[i], id, &dst) {
 			n++
 			continue
@@ -113,6 +122,17 @@ func (w *Writes) CommitHeld(dst []Held) ([]Held, int, error) {
 		a.Unref(id)
 	}
 	return dst, n, err
+}
+
+// heldInRAM holds the object stored under key in RAM, if there is one,
+// appending the hold to dst.
+func (w *Writes) heldInRAM(key chunk.Key, dst *[]Held) bool {
+	var one [1]arena.ID
+	if w.e.mgr.RAM().Acquire([]chunk.Key{key}, one[:]) != 1 {
+		return false
+	}
+	*dst = append(*dst, Held{one[0]})
+	return true
 }
 
 // heldVisible reports whether key's chunk can be held: id, referenced
@@ -124,12 +144,10 @@ func (w *Writes) heldVisible(a *arena.Arena, key chunk.Key, id arena.ID, dst *[]
 		*dst = append(*dst, Held{id})
 		return true
 	}
-	var one [1]arena.ID
-	if w.e.mgr.RAM().Acquire([]chunk.Key{key}, one[:]) != 1 {
+	if !w.heldInRAM(key, dst) {
 		return false
 	}
 	a.Unref(id)
-	*dst = append(*dst, Held{one[0]})
 	return true
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 
+	"kvtier/chunk"
 	"kvtier/engine"
 	"kvtier/wire"
 )
@@ -40,6 +41,17 @@ func (s *session) handleStore(h wire.Header) *requestError {
 	eng := s.svc.eng
 	w := &s.writes
 	w.Begin(eng)
+	if m.Keys.Kind != wire.KindRaw {
+		// Tokens and engine hashes name a prompt's prefix chain: commit
+		// it as a run, each chunk its predecessor's child, so that the
+		// prefix-aware policies evict it from its tail. Raw keys may
+		// be anything.
+		if r.first > 0 {
+			w.After(r.keys[r.first-1], true)
+		} else {
+			w.After(chunk.Key{}, false)
+		}
+	}
 	stored, full := 0, false
 	var quota error // a tenant's quota refused a chunk: the reply says so
 	for j, size := range m.Sizes {
@@ -69,6 +81,7 @@ func (s *session) handleStore(h wire.Header) *requestError {
 			}
 			if !full {
 				stored++ // already cached
+				w.Skip(keys[j])
 			}
 			continue
 		}

@@ -203,8 +203,15 @@ func checkRecs(c *checkpoint, first int, s ckptSeg) error {
 	var prevEnd int64
 	for i := first; i < first+s.recs; i++ {
 		_, off, size := c.rec(i)
-		if c.recLen == ckptRecLenV1 && binary.LittleEndian.Uint64(c.recs[i*c.recLen+32:])&ckptHasUp != 0 {
+		e := c.recs[i*c.recLen : (i+1)*c.recLen]
+		hasUp := binary.LittleEndian.Uint64(e[32:])&ckptHasUp != 0
+		if c.recLen == ckptRecLenV1 && hasUp {
 			return fmt.Errorf("%w: record entry %d: a version 1 entry names a parent", errCheckpoint, i)
+		}
+		if c.recLen == ckptRecLen && !hasUp && !allZero(e[40:56]) {
+			// The writer leaves the parent's bytes zero when it names
+			// none: one encoding per entry.
+			return fmt.Errorf("%w: record entry %d: parent bytes without a parent", errCheckpoint, i)
 		}
 		if off < prevEnd || off%blockSize != 0 || size < 0 || size > maxPayload || off > s.scanFrom ||
 			recordSize(size) > s.scanFrom-off {
@@ -213,6 +220,16 @@ func checkRecs(c *checkpoint, first int, s ckptSeg) error {
 		prevEnd = off + recordSize(size)
 	}
 	return nil
+}
+
+// allZero reports whether every byte of b is zero.
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // ckptSnapshot is what a checkpoint copies from the tier under its lock.

@@ -213,6 +213,16 @@ func TestBadCheckpointFallsBack(t *testing.T) {
 			cp[len(cp)-ckptTrailerLen-len(c.recs)] ^= 1 // the first record's key
 			writeFile(t, filepath.Join(dir, checkpointName), resum(cp))
 		},
+		"parent bytes without a parent": func(t *testing.T, dir string, cp []byte) {
+			// The records name no parent; the first entry's parent
+			// bytes are set all the same.
+			c, err := decodeCheckpoint(cp)
+			if err != nil || len(c.recs) == 0 || c.recLen != ckptRecLen {
+				t.Fatal(err)
+			}
+			cp[len(cp)-ckptTrailerLen-len(c.recs)+40] = 1
+			writeFile(t, filepath.Join(dir, checkpointName), resum(cp))
+		},
 		"key listed twice": func(t *testing.T, dir string, cp []byte) {
 			// Well-formed, and the headers checked match, but the
 			// second record entry repeats the first one's key.
@@ -404,8 +414,16 @@ func FuzzDecodeCheckpoint(f *testing.F) {
 			t.Fatal("record count")
 		}
 		for j := range n {
-			if _, ok := c.parent(j); ok && c.recLen != ckptRecLen {
+			e := c.recs[j*c.recLen : (j+1)*c.recLen]
+			bit := binary.LittleEndian.Uint64(e[32:])&ckptHasUp != 0
+			if c.recLen == ckptRecLenV1 && bit {
 				t.Fatalf("a version 1 entry %d names a parent", j)
+			}
+			if c.recLen == ckptRecLen && !bit && !allZero(e[40:56]) {
+				t.Fatalf("entry %d has parent bytes without a parent", j)
+			}
+			if _, ok := c.parent(j); ok != (bit && c.recLen == ckptRecLen) {
+				t.Fatalf("entry %d: parent %v with the bit %v", j, ok, bit)
 			}
 		}
 	})

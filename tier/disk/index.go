@@ -60,15 +60,18 @@ type index struct {
 	quotaBusy func(chunk.Key) bool // pinnedNow, allocated once
 
 	// Records whose parent the policy took in after them (adopt.go):
-	// relink, restored before their parents, are linked once the policy
-	// has every restored record; waitUp, published while their parent's
-	// record was still being written, when that one is published.
+	// relink, found in the log before their parents at Open, are linked
+	// once the policy has every restored record; waitUp, published before
+	// their parent's record, when that one is published. Only for a
+	// prefix-aware policy (chains).
 	relink []warmRec
-	waitUp []upLink
+	waitUp waitUps
+	chains bool
 }
 
 func newIndex(order policy.Policy[chunk.Key]) *index {
 	x := &index{keys: newKeyTab(0), slots: make([]slot, 1, 64), order: order}
+	_, x.chains = order.(policy.Adopter[chunk.Key])
 	x.pinned = x.isPinned
 	return x
 }
@@ -109,6 +112,14 @@ func (x *index) publish(i int32) { x.publishAfter(i, parent{}) }
 // publishAfter is publish naming the record's parent, when known, for a
 // prefix-aware policy.
 func (x *index) publishAfter(i int32, up parent) {
+	x.publishLive(i, up)
+	x.noteParent(x.slots[i].key, up)
+}
+
+// publishLive is publishAfter without linking the record's waiting
+// children or noting it as waiting: recovery keeps its own list
+// (noteRestored).
+func (x *index) publishLive(i int32, up parent) {
 	s := &x.slots[i]
 	if up.ok && up.key.Scope == s.key.Scope { // as the header records it
 		s.up, s.hasUp = up.key.Hash, true
@@ -117,7 +128,28 @@ func (x *index) publishAfter(i int32, up parent) {
 	x.live++
 	x.admit(s.key, up)
 	x.quota.Admit(s.key)
-	x.noteParent(s.key, up)
+}
+
+// move points live slot i at another copy of its record (recovery: a key
+// found twice in the log), with the parent that copy's header names. The
+// policy keeps the key where it is, children and all; a parent it did not
+// know is linked with the records restored before their parents.
+func (x *index) move(i int32, seg uint64, off, size int64, up parent) {
+	s := &x.slots[i]
+	if s.size != size {
+		x.quota.Release(s.key)
+		x.quota.Charge(s.key, recordSize(size))
+		x.quota.Admit(s.key)
+	}
+	s.seg, s.off, s.size = seg, off, size
+	s.up, s.hasUp = chunk.Hash{}, false
+	if up.ok && up.key.Scope == s.key.Scope {
+		s.up, s.hasUp = up.key.Hash, true
+		if x.chains {
+			x.relink = append(x.relink, warmRec{key: s.key, up: up.key.Hash, hasUp: true})
+		}
+	}
+	x.hdrs.forget(i)
 }
 
 // drop forgets slot i entirely. A live record leaves the policy as removed
@@ -128,7 +160,7 @@ func (x *index) drop(i int32) {
 		x.remove(s.key)
 		x.live--
 	}
-	if s.state == slotWriting && len(x.waitUp) > 0 {
+	if s.state == slotWriting && len(x.waitUp.kids) > 0 {
 		x.forgetWaiting(s.key)
 	}
 	x.keys.del(s.key, i)

@@ -154,6 +154,171 @@ func TestParentWrittenLaterIsAdopted(t *testing.T) {
 	checkGet(t, d, up, testPayload(up, chainRec))
 }
 
+// TestParentNotYetReservedIsAdopted: a record published before its
+// parent's Put has even reserved a slot (that writer still waits for
+// room, or has not taken the lock yet) becomes its child once the parent
+// is published, as when the parent's record was being written.
+func TestParentNotYetReservedIsAdopted(t *testing.T) {
+	ctx := context.Background()
+	d := openTier(t, t.TempDir(), Options{Capacity: 3 * recordSize(chainRec), Headroom: -1, Policy: policy.TREELRU})
+	defer d.Close()
+	up, child := chainKey(0, 0), chainKey(0, 1)
+	if err := d.PutAfter(ctx, child, up, testPayload(child, chainRec)); err != nil {
+		t.Fatal(err)
+	}
+	mustPut(t, d, up, testPayload(up, chainRec))
+	checkGet(t, d, child, testPayload(child, chainRec))
+	mustPut(t, d, testKey(5), testPayload(testKey(5), chainRec))
+	mustPut(t, d, testKey(6), testPayload(testKey(6), chainRec))
+	if !d.Contains(up) || d.Contains(child) {
+		t.Fatalf("parent held %v, child held %v; want the child evicted", d.Contains(up), d.Contains(child))
+	}
+}
+
+// TestWaitingChildrenAreBounded: children whose parent never comes are
+// forgotten past maxWaitUp, oldest first, and the rest are still linked
+// when their parent comes.
+func TestWaitingChildrenAreBounded(t *testing.T) {
+	var w waitUps
+	up := func(i int) chunk.Key { return testKey(uint64(1_000_000 + i)) }
+	for i := range maxWaitUp + 10 {
+		w.note(testKey(uint64(i)), up(i))
+	}
+	if len(w.kids) != maxWaitUp || len(w.ring) != maxWaitUp {
+		t.Fatalf("%d parents, %d notes held; want %d", len(w.kids), len(w.ring), maxWaitUp)
+	}
+	for i := range 10 {
+		if k := w.take(up(i)); k != nil {
+			t.Fatalf("wait %d kept past the bound", i)
+		}
+	}
+	if k := w.take(up(maxWaitUp + 9)); len(k) != 1 || k[0].key != testKey(maxWaitUp+9) {
+		t.Fatalf("newest wait: %v", k)
+	}
+	// Two children of one parent, the older forgotten by the bound, the
+	// newer kept.
+	w = waitUps{}
+	w.note(testKey(1), up(0))
+	for i := 1; i < maxWaitUp; i++ {
+		w.note(testKey(uint64(100+i)), up(i))
+	}
+	w.note(testKey(2), up(0))
+	if k := w.take(up(0)); len(k) != 1 || k[0].key != testKey(2) {
+		t.Fatalf("parent 0's waits after the bound: %v", k)
+	}
+}
+
+// TestLateRecordsLinkedBeforePolicyReady: the records a checkpoint
+// restores before their parents are linked on the policy goroutine,
+// before it reports the policy ready, not by the first operation that
+// takes the tier's lock afterwards (pol), which would stall every read
+// behind a walk up each chain.
+func TestLateRecordsLinkedBeforePolicyReady(t *testing.T) {
+	dir := t.TempDir()
+	opts := Options{Capacity: 20 * recordSize(chainRec), Headroom: -1, Policy: policy.TREELRU,
+		SegmentSize: 64 << 10, CheckpointRecords: 1 << 30, CheckpointInterval: -1}
+	d := openTier(t, dir, opts)
+	for c := range 2 {
+		for j := chainLen - 1; j >= 0; j-- { // tail first: every record before its parent
+			putChainRecord(t, d, c, j)
+		}
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	d = openTier(t, dir, opts)
+	defer d.Close()
+	if !d.Recovered().Checkpoint {
+		t.Fatal("the checkpoint was not used")
+	}
+	d.mu.Lock()
+	w := d.idx.warm
+	d.mu.Unlock()
+	if w == nil {
+		t.Fatal("no policy goroutine ran")
+	}
+	<-w.done // without pol: what is left for the tier's lock
+	if len(w.late) != 0 {
+		t.Fatalf("%d restored records left to link under the tier's lock", len(w.late))
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ad := d.idx.pol().(policy.Adopter[chunk.Key])
+	for c := range 2 {
+		for j := 1; j < chainLen; j++ { // linked: adopting again fails
+			if ad.Adopt(chainKey(c, j), chainKey(c, j-1)) {
+				t.Fatalf("record %d of chain %d was a root", j, c)
+			}
+		}
+	}
+}
+
+// TestKeyFoundTwiceKeepsItsChildren: a chain's head found twice in the
+// log (a crash cut short the punch of its older copy) keeps the later
+// copy and its place in the policy, so its child stays its child; before,
+// the key left the policy and came back as a root, and its children
+// became roots. From the log alone and from a checkpoint listing the
+// older copy.
+func TestKeyFoundTwiceKeepsItsChildren(t *testing.T) {
+	for _, mode := range []string{"log only", "checkpoint and log"} {
+		t.Run(mode, func(t *testing.T) {
+			dir := t.TempDir()
+			opts := Options{Capacity: 20 * recordSize(chainRec), Headroom: -1, Policy: policy.TREELRU,
+				SegmentSize: 64 << 10, CheckpointRecords: 1 << 30, CheckpointInterval: -1}
+			if mode == "log only" {
+				opts.CheckpointRecords = -1
+			}
+			d := openTier(t, dir, opts)
+			for j := range chainLen {
+				putChainRecord(t, d, 0, j)
+			}
+			head := chainKey(0, 0)
+			path, off := location(t, d, head)
+			n := recordSize(chainRec)
+			saved := make([]byte, n)
+			f, err := os.OpenFile(path, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if _, err := f.ReadAt(saved, off); err != nil {
+				t.Fatal(err)
+			}
+			if mode != "log only" {
+				if err := d.Checkpoint(); err != nil { // lists the older copy
+					t.Fatal(err)
+				}
+			}
+			d.Remove(head)
+			putChainRecord(t, d, 0, 0) // the later copy
+			abandon(d)
+			if _, err := f.WriteAt(saved, off); err != nil { // the punch "never happened"
+				t.Fatal(err)
+			}
+
+			d = openTier(t, dir, opts)
+			defer d.Close()
+			if rec := d.Recovered(); (mode == "log only") == rec.Checkpoint {
+				t.Fatalf("recovered %+v", rec)
+			}
+			for j := range chainLen {
+				checkGet(t, d, chainKey(0, j), testPayload(chainKey(0, j), chainRec))
+			}
+			if st := d.Stats(); st.Objects != chainLen || st.Used != chainLen*n {
+				t.Fatalf("stats %+v: want %d records of %d bytes", st, chainLen, n)
+			}
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			ad := d.idx.pol().(policy.Adopter[chunk.Key])
+			for j := 1; j < chainLen; j++ {
+				if ad.Adopt(chainKey(0, j), chainKey(0, j-1)) { // linked: adopting again fails
+					t.Fatalf("record %d of the chain was a root", j)
+				}
+			}
+		})
+	}
+}
+
 // checkpointV1 rewrites a checkpoint as the version 1 writer wrote it:
 // 40-byte record entries, no parents.
 func checkpointV1(t testing.TB, cp []byte) []byte {

@@ -146,7 +146,7 @@ func (t *Tier) restoreAll(segs []*segment, cp *checkpoint, w *worker, sum *scanR
 	listed := cp.count()
 	t.idx.slots = make([]slot, 1, listed+listed/8+1)
 	rs := restorer{cp: cp, first: make(map[uint64][2]int, len(cp.segs)), w: w,
-		kept: make([]int32, 0, listed), keys: make([]warmRec, 0, listed)}
+		kept: make([]int32, 0, listed)}
 	n := 0
 	for _, e := range cp.segs {
 		rs.first[e.id] = [2]int{n, len(rs.first)}
@@ -163,7 +163,7 @@ func (t *Tier) restoreAll(segs []*segment, cp *checkpoint, w *worker, sum *scanR
 		}
 		plans[i] = p
 	}
-	t.idx.startWarm(listed, len(segs))
+	t.idx.startWarm(cp, listed, len(segs))
 	logs := t.readLogs(segs, plans)
 	var err error
 	for i, seg := range segs {
@@ -263,23 +263,32 @@ func (t *Tier) resetIndex() error {
 // recoverRecord indexes a record found by a scan. A key found twice means
 // the punch of the other copy was lost in a crash: the copy later in the
 // log stays, as in a scan of every segment in order, and the other is
-// punched.
+// punched. The key keeps its place in the policy, which orders keys, not
+// copies: removing it there would make its children roots.
 func (t *Tier) recoverRecord(seg *segment, f found) error {
 	if i, ok := t.idx.get(f.key); ok {
-		if s := t.idx.slots[i]; s.seg > seg.id || (s.seg == seg.id && s.off > f.off) {
+		s := t.idx.slots[i]
+		if s.seg > seg.id || (s.seg == seg.id && s.off > f.off) {
 			// Only a checkpointed copy can lie later in the log.
 			if err := punch(seg.fd, f.off, recordSize(f.size)); err != nil {
 				return fmt.Errorf("punch %s at %d: %w", seg.path, f.off, err)
 			}
 			return nil
 		}
-		if err := t.dropNow(i); err != nil {
-			return err
+		old := t.segs[s.seg]
+		if err := punch(old.fd, s.off, recordSize(s.size)); err != nil {
+			return fmt.Errorf("punch %s at %d: %w", old.path, s.off, err)
 		}
+		t.used -= recordSize(s.size)
+		old.live--
+		t.idx.move(i, seg.id, f.off, f.size, f.up)
+		t.used += recordSize(f.size)
+		seg.live++
+		return nil
 	}
 	t.idx.noteRestored(f.key, f.up)
 	i := t.idx.add(slot{key: f.key, seg: seg.id, off: f.off, size: f.size})
-	t.idx.publishAfter(i, f.up)
+	t.idx.publishLive(i, f.up)
 	t.used += recordSize(f.size)
 	seg.live++
 	return nil

@@ -70,8 +70,7 @@ type restorer struct {
 	first map[uint64][2]int // segment number: first record entry, segment entry
 	w     *worker
 	exts  [][2]int64 // data extents below scan-from of every planned segment
-	kept  []int32    // record entries whose bytes are all there, every segment
-	keys  []warmRec  // the kept records' keys and parents, handed to the policy by segment
+	kept  []int32    // record entries whose bytes are all there, every segment; handed to the policy by segment
 }
 
 // segPlan is what the checkpoint vouches for in one segment file.
@@ -135,8 +134,8 @@ func (rs *restorer) plan(seg *segment) (segPlan, error) {
 }
 
 // restore adds the records of seg that p keeps to the index's slots (the
-// caller then maps their keys), hands their keys to the
-// policy goroutine and punches what else lies below the checkpoint's
+// caller then maps their keys), hands their entries to the policy
+// goroutine (which decodes the keys and parents from the checkpoint) and punches what else lies below the checkpoint's
 // scan-from offset: a copy whose punch a crash cut short, or garbage, as a
 // scan would.
 func (t *Tier) restore(rs *restorer, seg *segment, p segPlan, sum *scanReport) error {
@@ -154,21 +153,18 @@ func (t *Tier) restore(rs *restorer, seg *segment, p segPlan, sum *scanReport) e
 		return punch(seg.fd, lo, hi-lo)
 	}
 	kept := rs.kept[p.kept[0]:p.kept[1]]
-	keys := rs.keys[len(rs.keys) : len(rs.keys)+len(kept)]
-	rs.keys = rs.keys[:len(rs.keys)+len(kept)]
-	for j, i := range kept {
+	for _, i := range kept {
 		key, off, size := rs.cp.rec(int(i))
 		if err := gap(prevEnd, off); err != nil {
 			return err
 		}
 		up, hasUp := rs.cp.parent(int(i))
-		keys[j] = warmRec{key: key, up: up, hasUp: hasUp}
 		t.idx.slots = append(t.idx.slots, slot{key: key, seg: seg.id, off: off, size: size, up: up, hasUp: hasUp, state: slotLive})
 		t.used += recordSize(size)
 		seg.live++
 		prevEnd = off + recordSize(size)
 	}
-	t.idx.feedWarm(keys)
+	t.idx.feedWarm(kept)
 	t.idx.live += len(kept)
 	t.rec.FromCheckpoint += len(kept)
 	return gap(prevEnd, p.e.scanFrom)

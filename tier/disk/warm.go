@@ -1,6 +1,7 @@
 package disk
 
 import (
+	"slices"
 	"time"
 
 	"kvtier/chunk"
@@ -49,7 +50,7 @@ const (
 const maxQueuedOps = 1 << 16
 
 // warmRec is a restored record as the policy takes it in: its key and,
-// when its checkpoint entry names one, its parent's key hash (same scope).
+// when it names one, its parent's key hash (same scope).
 type warmRec struct {
 	key   chunk.Key
 	up    chunk.Hash
@@ -58,12 +59,13 @@ type warmRec struct {
 
 // warmer is the goroutine admitting restored keys, and the queue.
 type warmer struct {
-	batches chan []warmRec // restored keys, one batch per segment, in log order
-	feeding bool           // batches is still open: Open is restoring
-	done    chan struct{}  // closed once every batch is admitted
-	end     time.Time      // when; written before done is closed
-	queued  []polOp        // under the tier's lock
-	late    []warmRec      // restored before their parents; written before done is closed
+	cp      *checkpoint   // the records restored, read by the goroutine only (never changed after decoding)
+	batches chan []int32  // entries of cp restored, one batch per segment, in log order
+	feeding bool          // batches is still open: Open is restoring
+	done    chan struct{} // closed once every batch is admitted and linked
+	end     time.Time     // when; written before done is closed
+	queued  []polOp       // under the tier's lock
+	late    []warmRec     // restored before their parents and not linked by the goroutine; written before done is closed
 }
 
 // ready reports whether the policy goroutine is done.
@@ -85,9 +87,10 @@ var warmHold func()
 var warmWaiting func()
 
 // startWarm starts admitting restored keys on another goroutine, after
-// sizing the policy for grow keys; at most segs batches will come.
-func (x *index) startWarm(grow, segs int) {
-	w := &warmer{batches: make(chan []warmRec, segs), feeding: true, done: make(chan struct{})}
+// sizing the policy for grow keys; at most segs batches of cp's entries
+// will come.
+func (x *index) startWarm(cp *checkpoint, grow, segs int) {
+	w := &warmer{cp: cp, batches: make(chan []int32, segs), feeding: true, done: make(chan struct{})}
 	order, hold := x.order, warmHold
 	go func() {
 		defer func() {
@@ -98,37 +101,62 @@ func (x *index) startWarm(grow, segs int) {
 			hold()
 		}
 		policy.Grow(order, grow) // a map grown step by step rehashes some twenty times
-		w.late = admitRestored(order, w.batches)
+		late := admitRestored(order, cp, w.batches)
+		w.late = adoptLate(order, cp, late)
 	}()
 	x.warm = w
 }
 
 // admitRestored admits the restored records in log order, each as its
 // parent's child where the policy follows prefixes, and returns those
-// that came before their parents (adopt.go): pol links them once the
-// records found in the log past the checkpoint are in too.
-func admitRestored(order policy.Policy[chunk.Key], batches <-chan []warmRec) []warmRec {
+// that came before their parents (adopt.go).
+func admitRestored(order policy.Policy[chunk.Key], cp *checkpoint, batches <-chan []int32) []int32 {
 	ad, chains := order.(policy.Adopter[chunk.Key])
-	var late []warmRec
+	var late []int32
 	for b := range batches {
-		for _, r := range b {
-			if !chains || !r.hasUp {
-				order.Admit(r.key)
+		for _, i := range b {
+			key, _, _ := cp.rec(int(i))
+			up, hasUp := cp.parent(int(i))
+			if !chains || !hasUp {
+				order.Admit(key)
 				continue
 			}
-			if !ad.AdmitChildLinked(r.key, chunk.Key{Scope: r.key.Scope, Hash: r.up}) {
-				late = append(late, r)
+			if !ad.AdmitChildLinked(key, chunk.Key{Scope: key.Scope, Hash: up}) {
+				late = append(late, i)
 			}
 		}
 	}
 	return late
 }
 
-// feedWarm hands the policy goroutine one segment's restored keys, which
-// the caller must not change afterwards.
-func (x *index) feedWarm(keys []warmRec) {
-	if len(keys) > 0 {
-		x.warm.batches <- keys
+// adoptLate links the restored records that came before their parents,
+// on the policy goroutine once it has admitted every restored record
+// (before done closes, so that no caller of pol waits for it with the
+// tier's lock held). It walks them from the end, as adoptAll does, and
+// returns those it could not link: their parent may be among the records
+// found in the log past the checkpoint, which pol links with the rest.
+func adoptLate(order policy.Policy[chunk.Key], cp *checkpoint, late []int32) []warmRec {
+	ad, ok := order.(policy.Adopter[chunk.Key])
+	if !ok {
+		return nil
+	}
+	var failed []warmRec
+	for j := len(late) - 1; j >= 0; j-- {
+		key, _, _ := cp.rec(int(late[j]))
+		up, _ := cp.parent(int(late[j]))
+		if !ad.Adopt(key, chunk.Key{Scope: key.Scope, Hash: up}) {
+			failed = append(failed, warmRec{key: key, up: up, hasUp: true})
+		}
+	}
+	slices.Reverse(failed)
+	return failed
+}
+
+// feedWarm hands the policy goroutine one segment's restored entries of
+// the checkpoint, which the caller must not change afterwards.
+func (x *index) feedWarm(recs []int32) {
+	if len(recs) > 0 {
+		x.warm.batches <- recs
 	}
 }
 
@@ -155,6 +183,10 @@ func (x *index) pol() policy.Policy[chunk.Key] {
 		for _, op := range w.queued {
 			op.apply(x.order)
 		}
+		// What the goroutine could not link (a parent found in the log
+		// past the checkpoint, or not on disk: two map probes each to
+		// try again) and the log's own late records, fewer than the
+		// records written since the last checkpoint.
 		x.relink = append(w.late, x.relink...)
 		x.adoptRestored()
 	}
@@ -254,9 +286,10 @@ func (t *Tier) waitQueueRoom() {
 }
 
 // WaitPolicy waits until the eviction policy has taken in the records Open
-// restored from a checkpoint and returns how long after Open began that
-// was: Open itself returns once reads can be served (Recovery.Duration);
-// evictions wait for the policy.
+// restored from a checkpoint, and linked those that came before their
+// parents, and returns how long after Open began that was: Open itself
+// returns once reads can be served (Recovery.Duration); evictions wait for
+// the policy.
 func (t *Tier) WaitPolicy() time.Duration {
 	t.mu.Lock()
 	defer t.mu.Unlock()

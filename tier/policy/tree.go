@@ -142,15 +142,19 @@ const maxAdoptWalk = 1 << 16
 func (t *tree[K]) Adopt(k, parent K) bool {
 	i, ok := t.index[k]
 	p, pok := t.index[parent]
-	if !ok || !pok || t.nodes[i].parent != none {
+	if !ok || !pok || t.nodes[i].parent != none || p == i {
 		return false
 	}
-	steps := 0
-	for q := p; q != none; q = t.nodes[q].parent {
-		if q == i || steps == maxAdoptWalk {
-			return false
+	// k can be parent's ancestor only if it has children: a childless
+	// k (a chain restored tail first) needs no walk.
+	if t.nodes[i].child != none {
+		steps := 0
+		for q := p; q != none; q = t.nodes[q].parent {
+			if q == i || steps == maxAdoptWalk {
+				return false
+			}
+			steps++
 		}
-		steps++
 	}
 	t.link(p, i)
 	// The depth of k's own descendants stays as it was: TREERP's classes
