@@ -277,13 +277,25 @@ func TestSharedRegistryDropsSilentDaemon(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// d2 beats until both replicas have its chunk: three missed beats of
+	// 50 ms drop it, and a loaded machine can take longer than that to
+	// subscribe, which would drop d2 before there is anything to test.
+	alive := func() {
+		if err := c.Heartbeat(ctx, "d2", got.Session); err != nil {
+			t.Fatalf("d2's heartbeat: %v", err)
+		}
+	}
 	// Entries as d2's stream would write them, through b's followed stream.
 	waitEqual(t, "b follows d2", func() string {
+		alive()
 		stream.Keepalive()
 		return fmt.Sprint(b.reg.sub.Stats()[cluster.HolderPrefix+"d2"].Messages > 0)
 	}, "true")
 	stream.Admitted("mem", testKey(5))
-	waitEqual(t, "d2's chunk", func() string { return strings.Join(holdersAt(t, a.url, testKey(5)), "") }, "d2/cpu")
+	waitEqual(t, "d2's chunk", func() string {
+		alive()
+		return strings.Join(holdersAt(t, a.url, testKey(5)), "")
+	}, "d2/cpu")
 	// Silent now: dropped within a few beats, by one replica.
 	for _, r := range []*sharedReplica{a, b} {
 		waitEqual(t, "d2 dropped at "+r.url, func() string {
