@@ -81,6 +81,11 @@ class Runtime:
         """A context under which work is queued on ``stream``."""
         return torch.cuda.stream(stream)
 
+    def keep(self, tensor: torch.Tensor, stream: Any) -> None:
+        """Marks ``tensor`` as used by ``stream``: its memory is not reused before the work
+        queued on ``stream`` so far has finished, whenever it is freed."""
+        tensor.record_stream(stream)
+
     def record(self, stream: Any = None) -> Any:
         """An event recorded on ``stream`` (the calling thread's current stream when None)."""
         ev = torch.cuda.Event()

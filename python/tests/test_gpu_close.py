@@ -70,7 +70,8 @@ class Recorder:
         self.on_register = None  # called inside register, before it returns
         self.on_stream_enter = None  # called on entering on_stream(stream), with the stream
         self.load_stream = "load-stream"
-        self.compute_stream = "compute-stream"
+        self.compute_stream = "compute-stream"  # the forward pass's (the main thread's) current stream
+        self.default_stream = "default-stream"  # any other thread's, as in torch
         self._n = 0
         self._lock = threading.Lock()
         self._local = threading.local()  # the calling thread's stack of current streams
@@ -105,7 +106,9 @@ class Recorder:
     def current(self):
         """The stream the calling thread queues work on now."""
         stack = getattr(self._local, "stack", None)
-        return stack[-1] if stack else self.compute_stream
+        if stack:
+            return stack[-1]
+        return self.compute_stream if threading.current_thread() is threading.main_thread() else self.default_stream
 
     def current_stream(self, device):
         return self.current()
@@ -122,6 +125,9 @@ class Recorder:
         finally:
             stack.pop()
             self._add("exit", stream)
+
+    def keep(self, tensor, stream):
+        self._add("keep", tensor, stream)
 
     def record(self, stream=None):
         with self._lock:
@@ -435,9 +441,11 @@ def test_layerwise_loader_thread_never_fences(own_daemon, cuda, monkeypatch):
 @pytest.mark.parametrize("mode", ["plain", "cross_layer", "layerwise", "inline"])
 def test_scatter_runs_whole_on_the_load_stream(own_daemon, cuda, monkeypatch, mode):
     """Every load's scatter — staging tensor, host copy, index write into the KV — runs on
-    the load stream, after an event of the caller's stream it waits for; the loads are waited
-    for before the forward pass's saves (whole: sync_loads) or per layer (the compute
-    stream waits on the layer's event)."""
+    the load stream, which waits once per step for an event the forward pass's thread
+    records on its compute stream (not a loader thread's default stream, not once per
+    scatter); each scatter marks the index tensors it reads as used by the load stream. The
+    loads are waited for before their leases are released (whole: sync_loads) and per layer
+    (the compute stream waits on the layer's event)."""
     kw = {"plain": {}, "cross_layer": {"layout_kind": "BLHNC", "cross_layer": True},
           "layerwise": {"layerwise": True}, "inline": {"layerwise": True, "layer_inline": True}}[mode]
     name = f"gpuclose-scatter-{mode}"
@@ -450,22 +458,40 @@ def test_scatter_runs_whole_on_the_load_stream(own_daemon, cuda, monkeypatch, mo
         _to_disk_only(own_daemon)  # streamed layer by layer, not copied at once
     streams = []
 
-    def on(fn):
+    def on(fn, at):
         def wrapped(*a, **k):
             streams.append(cuda.current())
-            cuda._add("scatter")
+            index = a[at]
+            cuda._add("scatter", index if isinstance(index, tuple) else (index,))
             fn(*a, **k)
             streams.append(cuda.current())
         return wrapped
-    monkeypatch.setattr(vllm_kv, "scatter_layer", on(vllm_kv.scatter_layer))
-    monkeypatch.setattr(vllm_kv.CrossLayer, "scatter", on(vllm_kv.CrossLayer.scatter))
+    monkeypatch.setattr(vllm_kv, "scatter_layer", on(vllm_kv.scatter_layer, 5))
+    monkeypatch.setattr(vllm_kv.CrossLayer, "scatter", on(vllm_kv.CrossLayer.scatter, 3))
     cuda.calls.clear()
     e = engine(own_daemon.socket_path, name, prefix_caching=False, **kw)
-    e.worker_connector.copier = copier()
+    conn = e.worker_connector
+    conn.copier = copier()
+    real_release = conn._release_quietly
+
+    def release(link, lease):
+        if lease:
+            cuda._add("release", lease)
+        return real_release(link, lease)
+    conn._release_quietly = release
     assert_close(e.prefill(p), reference(p))
     assert any(s.external_tokens for s in e.steps) and not any(s.load_error_blocks for s in e.steps)
     assert streams and set(streams) == {cuda.load_stream}, streams
     calls = cuda.calls
+    main = threading.main_thread()
+    # The load stream's one wait: for an event of the compute stream, recorded on the forward
+    # pass's thread, before the first scatter.
+    waits = [i for i, c in enumerate(calls) if c[0] == "wait" and c[2] == cuda.load_stream]
+    first_scatter = min(i for i, c in enumerate(calls) if c[0] == "scatter")
+    assert len(waits) == 1 and waits[0] < first_scatter, [calls[i] for i in waits]
+    ev = calls[waits[0]][1]
+    assert ev.stream == cuda.compute_stream and calls[waits[0]][-1] is main
+    assert [c[-1] for c in calls if c[0] == "record" and c[1] is ev] == [main]
     for t in {c[-1] for c in calls}:
         mine, open_ = [c for c in calls if c[-1] is t], []
         for i, c in enumerate(mine):
@@ -474,22 +500,60 @@ def test_scatter_runs_whole_on_the_load_stream(own_daemon, cuda, monkeypatch, mo
             elif c[0] == "exit":
                 open_.pop()
             elif c[0] == "scatter":
-                # the outermost context: record(caller's stream), enter(load stream), wait(that event)
                 first = open_[0] if open_ else None
                 assert first is not None, "a scatter outside on_load_stream"
-                rec, enter, wait = mine[first - 1], mine[first], mine[first + 1]
-                assert rec[0] == "record" and rec[1].stream == cuda.compute_stream, mine[first - 1:i + 1]
-                assert enter[:2] == ("enter", cuda.load_stream), mine[first - 1:i + 1]
-                assert wait[:3] == ("wait", rec[1], cuda.load_stream), mine[first - 1:i + 1]
+                assert mine[first][:2] == ("enter", cuda.load_stream), mine[first:i + 1]
+                kept = [k[1] for k in mine[first:i] if k[0] == "keep" and k[2] == cuda.load_stream]
+                assert all(any(x is y for y in kept) for x in c[1]), \
+                    "an index tensor read on the load stream was not marked as used by it"
+    # Each load lease is released only after the load stream has finished with its slots.
     last = max(i for i, c in enumerate(calls) if c[0] == "scatter")
-    first_save = next((i for i, c in enumerate(calls) if c[0] == "record" and c[1].stream is None), len(calls))
-    if mode in ("plain", "cross_layer"):
-        assert any(c[:2] == ("synchronize", cuda.load_stream) for c in calls[last:first_save]), \
-            "the forward pass went on before the loads finished"
-    else:
+    release_at = next(i for i, c in enumerate(calls) if c[0] == "release" and i > last)
+    assert any(c[:2] == ("synchronize", cuda.load_stream) for c in calls[last:release_at]), \
+        "a load's lease was released before the load stream finished reading its slots"
+    if mode in ("layerwise", "inline"):
         layer_events = [c[1] for c in calls if c[0] == "record" and c[1].stream == cuda.load_stream]
         waited = [c[1] for c in calls if c[0] == "wait" and c[2] == cuda.compute_stream]
         assert layer_events and set(layer_events) <= set(waited), "a layer's load was not waited for"
+    e.close()
+
+
+def test_a_failed_scatter_waits_for_the_load_stream_before_releasing(own_daemon, cuda, monkeypatch):
+    """A scatter that raises after others were issued (the plain path) fails the load, and
+    the lease is released only after the load stream has finished the copies already issued
+    out of its slots."""
+    name = "gpuclose-scatter-fails"
+    p = prompt(71, 70)
+    e = engine(own_daemon.socket_path, name, prefix_caching=False)
+    e.worker_connector.copier = copier()
+    e.prefill(p)
+    e.close()
+    real, n = vllm_kv.scatter_layer, []
+
+    def scatter(*a, **k):
+        n.append(1)
+        if len(n) == 3:
+            raise RuntimeError("test: a scatter fails")
+        cuda._add("scatter")
+        return real(*a, **k)
+    monkeypatch.setattr(vllm_kv, "scatter_layer", scatter)
+    e = engine(own_daemon.socket_path, name, prefix_caching=False)
+    conn = e.worker_connector
+    conn.copier = copier()
+    real_release = conn._release_quietly
+
+    def release(link, lease):
+        if lease:
+            cuda._add("release", lease)
+        return real_release(link, lease)
+    conn._release_quietly = release
+    cuda.calls.clear()
+    assert_close(e.prefill(p), reference(p))
+    assert any(s.load_error_blocks for s in e.steps)
+    calls = cuda.calls
+    last = max(i for i, c in enumerate(calls) if c[0] == "scatter")
+    release_at = next(i for i, c in enumerate(calls) if c[0] == "release" and i > last)
+    assert any(c[:2] == ("synchronize", cuda.load_stream) for c in calls[last:release_at]), calls[last:release_at]
     e.close()
 
 
@@ -518,7 +582,10 @@ def test_close_on_another_thread_during_a_loads_scatter(own_daemon, cuda):
     state = {}
 
     def on_enter(stream):
-        if stream == cuda.load_stream and "closer" not in state:
+        if stream != cuda.load_stream or "closer" in state:
+            return
+        state["enters"] = state.get("enters", 0) + 1
+        if state["enters"] == 2:  # the first scatter's (the first is begin_loads's wait)
             state["scatter"] = len(cuda.calls) - 1  # the scatter's own enter
             _closer(conn, cuda, state)
     cuda.on_stream_enter = on_enter
