@@ -712,6 +712,7 @@ def test_failed_register_and_unregister_clear_the_cuda_error(monkeypatch):
             self.calls.append("cudaHostUnregister")
             return self.rc
 
+    monkeypatch.setattr(cuda_host, "_loaded_libraries", lambda stem: [])
     rt = cuda_host.Runtime()
     for rc, ok in ((0, True), (2, False)):
         fake = Cudart(rc)
@@ -719,20 +720,39 @@ def test_failed_register_and_unregister_clear_the_cuda_error(monkeypatch):
         assert rt.register(1 << 20, 4096) is ok
         if ok:
             rt.unregister(1 << 20)
-            assert fake.calls == [("cudaHostRegister", cuda_host.HOST_REGISTER_PORTABLE), "cudaHostUnregister"]
+            assert fake.calls == [("cudaHostRegister", 1), "cudaHostUnregister"]
         else:
             with pytest.raises(RuntimeError, match="cudaHostUnregister"):
                 rt.unregister(1 << 20)
-            assert fake.calls == [("cudaHostRegister", cuda_host.HOST_REGISTER_PORTABLE), "cudaGetLastError",
+            assert fake.calls == [("cudaHostRegister", 1), "cudaGetLastError",
                                   "cudaHostUnregister", "cudaGetLastError"]
 
     fake = Cudart(2, with_get=False)  # torch's bindings (1.13 and later) lack cudaGetLastError
     monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    # Two CUDA runtimes mapped (torch's and, say, cupy's), in an order that says nothing of
+    # which one torch uses, and HIP's: each one's pending error is cleared.
+    maps = {"libcudart": ["/opt/cupy/libcudart.so.12", "/torch/lib/libcudart.so.12"],
+            "libamdhip64": ["/opt/rocm/lib/libamdhip64.so.6"]}
+    monkeypatch.setattr(cuda_host, "_loaded_libraries", lambda stem: maps.get(stem, []))
+    monkeypatch.setattr(cuda_host, "_get_last_error", {})
     cleared = []
-    monkeypatch.setattr(cuda_host, "_libcudart_get_last_error", lambda: lambda: cleared.append(1) or 0)
+
+    class Lib:
+        def __init__(self, path):
+            self.path = path
+
+        def __getattr__(self, name):
+            return lambda: cleared.append((self.path.rsplit("/", 1)[-1], name)) or 0
+    monkeypatch.setattr(cuda_host.ctypes, "CDLL", Lib)
     assert rt.register(1 << 20, 4096) is False
-    assert cleared == [1]
-    monkeypatch.setattr(cuda_host, "_libcudart_get_last_error", lambda: None)
+    assert sorted(cleared) == [("libamdhip64.so.6", "hipGetLastError"), ("libcudart.so.12", "cudaGetLastError"),
+                               ("libcudart.so.12", "cudaGetLastError")], cleared
+    assert {p for p in cuda_host._get_last_error} == {p for v in maps.values() for p in v}
+    cleared.clear()
+    maps["libcudart"].append("/later/libcudart.so.11")  # loaded after the first refusal
+    assert rt.register(1 << 20, 4096) is False
+    assert len(cleared) == 4, cleared
+    monkeypatch.setattr(cuda_host, "_loaded_libraries", lambda stem: [])
     assert rt.register(1 << 20, 4096) is False  # nothing to clear it with: logged, no exception
 
 
