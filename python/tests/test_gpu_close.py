@@ -866,3 +866,77 @@ def test_peer_push_reads_slots_under_the_copy_lock(daemon, monkeypatch):
     assert state["waited"], "the close did not wait for the slots being read"
     assert peer.got == [bytes(x.numpy()) for x in chunks]
     link.close()
+
+
+def _push_setup(daemon, name, toks):
+    from kvtier import vllm_pd as pd
+    from kvtier.link import Link
+    link = Link(daemon.socket_path, (name, "uint8/KV_2LTD", 1, 0), timeout=5.0)
+    c = link.get()
+    s = c.scope(name, "uint8/KV_2LTD")
+    chunks = [pattern(4096, seed=21 + i) for i in range(len(toks) // CHUNK)]
+    c.store(c.tokens(s, toks), chunks)
+
+    class Peer:
+        closed = False
+
+        def __init__(self):
+            self.calls = []
+
+        def scope(self, *a):
+            return 1
+
+        def tokens(self, scope, tokens, skip=0):
+            return c.tokens(scope, tokens, skip)
+
+        def store(self, keys, data):
+            self.calls.append((keys.skip if hasattr(keys, "skip") else None, [bytes(d) for d in data]))
+            return len(data)
+    return pd, link, c, chunks, Peer()
+
+
+def test_peer_push_copies_and_sends_a_batch_at_a_time(daemon, monkeypatch):
+    """A push copies its chunks out of the arena and sends them a batch at a time (here one
+    chunk each), so it never holds a second copy of the whole transfer; each batch is keyed
+    from where the previous one ended."""
+    import array
+    from kvtier.vllm_keys import TokenKeys
+    toks = list(range(500, 500 + 3 * CHUNK))
+    pd, link, c, chunks, peer = _push_setup(daemon, "gpuclose-push-batches", toks)
+    monkeypatch.setattr(pd, "PUSH_BATCH_BYTES", 4096)
+    t = pd.PeerTransport(link)
+    monkeypatch.setattr(t, "_peer", lambda addr: peer)
+    built = []
+    keys = TokenKeys(array.array("I", toks))
+    real_build = TokenKeys.build
+    monkeypatch.setattr(TokenKeys, "build", lambda self, cl, scope, end, skip: (
+        built.append((cl is peer, end, skip)), real_build(self, cl, scope, end, skip))[1])
+    assert t._push_one(pd.Job("t-batches", "", keys, 3 * CHUNK, "peer:1"))
+    assert [d for _, d in peer.calls] == [[bytes(x.numpy())] for x in chunks]
+    assert [b[1:] for b in built if b[0]] == [(CHUNK, 0), (2 * CHUNK, CHUNK), (3 * CHUNK, 2 * CHUNK)]
+    link.close()
+
+
+def test_peer_push_on_a_closed_local_connection_keeps_the_peer(daemon, monkeypatch):
+    """The local connection closing before a push copies its slots fails that push alone: the
+    peer's connection, healthy, is kept for the next push."""
+    import array
+    from kvtier.vllm_keys import TokenKeys
+    toks = list(range(700, 700 + 2 * CHUNK))
+    pd, link, c, chunks, peer = _push_setup(daemon, "gpuclose-push-local-closed", toks)
+    t = pd.PeerTransport(link)
+    t._peers["peer:1"] = peer
+    real = kclient.Client.prepare_retrieve
+
+    def prepare_then_close(self, *a, **k):
+        got = real(self, *a, **k)
+        self.close()
+        return got
+    monkeypatch.setattr(kclient.Client, "prepare_retrieve", prepare_then_close)
+    t.push(pd.Job("t-local-closed", "", TokenKeys(array.array("I", toks)), 2 * CHUNK, "peer:1"))
+    t._queue.put(None)
+    t._thread.join(timeout=30)
+    assert t.state("t-local-closed") == pd.FAILED
+    assert t._peers.get("peer:1") is peer, "a healthy peer connection was dropped for a local close"
+    assert not peer.calls
+    link.close()
