@@ -15,13 +15,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
 log = logging.getLogger("kvtier")
 
-HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: pinned for every CUDA context, any thread
+HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: pinned for every CUDA context, not only the current one
 
 
 class Runtime:
@@ -30,8 +30,11 @@ class Runtime:
     def register(self, ptr: int, nbytes: int, device: Any = None) -> bool:
         """Pins ``nbytes`` of host memory at ``ptr`` for direct DMA; False if CUDA refuses.
 
-        Portable, and made with ``device`` current, so that unregistering it from another
-        thread (a close) is valid whatever that thread's current device is. A refusal
+        Made with ``device`` current, as :meth:`unregister` is: every thread uses the
+        device's shared primary context, so a close on another thread unregisters it in the
+        context that registered it, the ``torch.cuda.device`` guard making that device
+        current whatever the thread's own is. Portable registration is about other CUDA
+        contexts (a library creating its own): the range is pinned for them too. A refusal
         leaves no pending error behind (:meth:`clear_error`)."""
         with _on_device(device):
             rc = _code(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, HOST_REGISTER_PORTABLE))
@@ -57,14 +60,21 @@ class Runtime:
         the next kernel launch checked on this thread (vLLM's forward pass) would raise it
         as its own. torch's cudart() module binds cudaGetLastError in no version we know
         (torch 1.13 binds cudaHostRegister, cudaHostUnregister, cudaGetErrorString, the
-        profiler and stream calls); it is used when present, else the libcudart torch has
-        loaded is called through ctypes. Without either, the error is logged once."""
-        get = getattr(torch.cuda.cudart(), "cudaGetLastError", None) or _libcudart_get_last_error()
-        if get is None:
+        profiler and stream calls); it is used when present. Every runtime library mapped
+        in the process is cleared too, through ctypes: each libcudart (there may be more
+        than one, e.g. cupy's next to torch's, and which one torch uses cannot be told from
+        the mappings) and, on ROCm, libamdhip64's hipGetLastError. Clearing a runtime with
+        no error pending does nothing. Without any of them, the error is logged once."""
+        fns = list(_mapped_get_last_errors())
+        get = getattr(torch.cuda.cudart(), "cudaGetLastError", None)
+        if get is not None:
+            fns.insert(0, get)
+        if not fns:
             _log_once("kvtier: cannot clear a CUDA error (no cudaGetLastError reachable); "
                       "the next CUDA call on this thread may report it")
             return
-        get()
+        for fn in fns:
+            fn()
 
     def synchronize(self, what: Any) -> None:
         """Waits until the work recorded in an event, or queued on a stream, has finished."""
@@ -80,6 +90,11 @@ class Runtime:
     def on_stream(self, stream: Any) -> Any:
         """A context under which work is queued on ``stream``."""
         return torch.cuda.stream(stream)
+
+    def keep(self, tensor: torch.Tensor, stream: Any) -> None:
+        """Marks ``tensor`` as used by ``stream``: its memory is not reused before the work
+        queued on ``stream`` so far has finished, whenever it is freed."""
+        tensor.record_stream(stream)
 
     def record(self, stream: Any = None) -> Any:
         """An event recorded on ``stream`` (the calling thread's current stream when None)."""
@@ -106,26 +121,29 @@ def _on_device(device: Any) -> Any:
     return torch.cuda.device(device)
 
 
-_get_last_error: Optional[Callable[[], int]] = None
-_looked = False
+# (library file name stem, its "get last error" function): CUDA's runtime, and HIP's on ROCm.
+_RUNTIMES = (("libcudart", "cudaGetLastError"), ("libamdhip64", "hipGetLastError"))
+_get_last_error: Dict[str, Optional[Callable[[], int]]] = {}  # by library path; None: not callable
 _logged = False
 
 
-def _libcudart_get_last_error() -> Optional[Callable[[], int]]:
-    """cudaGetLastError of the libcudart already loaded in this process (torch's), or None."""
-    global _get_last_error, _looked
-    if _looked:
-        return _get_last_error
-    _looked = True
-    for path in _loaded_libraries("libcudart"):
-        try:
-            fn = ctypes.CDLL(path).cudaGetLastError  # already loaded: the same library torch uses
-        except (OSError, AttributeError):
-            continue
-        fn.restype, fn.argtypes = ctypes.c_int, []
-        _get_last_error = fn
-        break
-    return _get_last_error
+def _mapped_get_last_errors() -> List[Callable[[], int]]:
+    """The get-last-error function of every CUDA (or HIP) runtime library mapped in this
+    process now. Looked up again on each call (only after a refused call, so rarely): a
+    library loaded later (cupy's) is found too; each is opened once."""
+    fns = []
+    for stem, name in _RUNTIMES:
+        for path in _loaded_libraries(stem):
+            if path not in _get_last_error:
+                try:
+                    fn = getattr(ctypes.CDLL(path), name)  # already loaded: the same library
+                    fn.restype, fn.argtypes = ctypes.c_int, []
+                except (OSError, AttributeError):
+                    fn = None
+                _get_last_error[path] = fn
+            if _get_last_error[path] is not None:
+                fns.append(_get_last_error[path])
+    return fns
 
 
 def _loaded_libraries(stem: str) -> list:

@@ -940,6 +940,9 @@ class KVTierConnector(KVConnectorBase_V1):
             for load in loads:
                 self._await_layer(link, load, 0)
             layered = any(load.ready != p.ALL_LAYERS for load in loads)
+        # Once, on this thread, whose stream made the index tensors: the load stream waits
+        # for it here, and the scatters (here, on the loader thread or inline) only enter it.
+        self.copier.begin_loads()
         if not layered:
             self._copy_layers(loads, link, self.copier, [])
             return
@@ -1048,6 +1051,7 @@ class KVTierConnector(KVConnectorBase_V1):
             log.error("kvtier: copying loaded KV: %s", e)
             for load in loads:
                 self._fail_blocks(load.req, load.req.load_start, load.req.load_end)
+            _sync_loads_quietly(copier)  # scatters issued before the error still read the slots
         finally:
             for ev in ready:
                 ev.set()
@@ -1064,7 +1068,7 @@ class KVTierConnector(KVConnectorBase_V1):
         had queued; the compute stream waits for it through the layer's event
         (``wait_layer``) or, once the loads are all issued, ``sync_loads``."""
         try:
-            with _copies(load.client), copier.on_load_stream():
+            with _copies(load.client), copier.on_load_stream(*_indexes(load.parts)):
                 for view, index, first in load.parts:
                     if kv is None:
                         self._cross.scatter(copier, view, index, first)
@@ -1143,6 +1147,7 @@ class KVTierConnector(KVConnectorBase_V1):
             log.error("kvtier: copying loaded KV: %s", e)
             for load in st.loads:
                 self._fail_blocks(load.req, load.req.load_start, load.req.load_end)
+            _sync_loads_quietly(self.copier)  # scatters issued before the error still read the slots
         self._stream = None
         for load in st.loads:
             self._release_quietly(st.link, load.lease)
@@ -1193,6 +1198,7 @@ class KVTierConnector(KVConnectorBase_V1):
             if self._async_copier is None:
                 self._async_copier = kvl.copier_for(self._device)
             with self._async_copy_lock:  # one asynchronous load copies at a time through its copier
+                self._async_copier.begin_loads()  # after this thread's index tensors
                 self._copy_layers([load], link, self._async_copier, [])
 
     def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
@@ -1518,6 +1524,23 @@ class KVTierConnector(KVConnectorBase_V1):
             self._async_link.close()
         if self._layer_link is not None:
             self._layer_link.close()
+
+
+def _indexes(parts: Iterable[Tuple[Any, Any, int]]) -> List[torch.Tensor]:
+    """The index tensors of a load's parts (a (blocks, offsets) pair, or cross-layer's block index)."""
+    out: List[torch.Tensor] = []
+    for _, index, _ in parts:
+        out.extend(index if isinstance(index, tuple) else (index,))
+    return out
+
+
+def _sync_loads_quietly(copier: kvl.HostCopier) -> None:
+    """Waits for the load stream before a failed load's leases are released (its slots may
+    still be read by copies issued before the failure); a device fault is logged."""
+    try:
+        copier.sync_loads()
+    except Exception as e:  # noqa: BLE001 - the leases are released all the same
+        log.error("kvtier: waiting for the loads of a failed copy: %s", e)
 
 
 def _copies(client: Optional[Client]) -> Any:

@@ -238,8 +238,14 @@ class HostCopier:
     def pin(self, client: Any) -> None:
         """Offers a client's arena for direct DMA (CUDA pins it when it can); no-op here."""
 
-    def on_load_stream(self) -> Any:
-        """A context that queues the copies and index ops of a load on the copier's load stream."""
+    def begin_loads(self) -> None:
+        """Orders the step's loads after the work queued so far on the calling thread's
+        stream (the index tensors it made, earlier use of the blocks the loads overwrite).
+        Called once per batch of loads, on the thread that prepared them."""
+
+    def on_load_stream(self, *index: torch.Tensor) -> Any:
+        """A context that queues the copies and index ops of a load on the copier's load
+        stream; ``index`` are the index tensors they read."""
         return contextlib.nullcontext()
 
 
@@ -348,16 +354,30 @@ class CudaCopier(HostCopier):  # CUDA calls go through cuda_host.runtime (a reco
         except (AttributeError, RuntimeError, TypeError) as e:
             log.error("kvtier: unpinning the arena of a closed connection: %s", e)
 
-    @contextlib.contextmanager
-    def on_load_stream(self) -> Any:
-        """Queues what runs under it on the load stream, after the work already queued on
-        the calling thread's current stream (the index tensors it made, earlier use of the
-        blocks a load overwrites). Tensors allocated under it (staging) belong to the load
-        stream's pool, so freeing them never lets another stream reuse them early."""
+    def begin_loads(self) -> None:
+        """Makes the load stream wait, once, for an event of the calling thread's current
+        stream: the forward pass's (or an asynchronous load's own thread) after it made the
+        loads' index tensors and before any scatter. Recorded here and not per scatter: a
+        loader thread's current stream is the default stream, not the compute stream, and
+        a wait per scatter would hold each layer's copy up until the compute queued before
+        it had run (a synchronous copy then blocks the host for it as well)."""
         rt = cuda_host.runtime
         before = rt.record(rt.current_stream(self.device))
         with rt.on_stream(self.load_stream):
             rt.wait(self.device, before)
+
+    @contextlib.contextmanager
+    def on_load_stream(self, *index: torch.Tensor) -> Any:
+        """Queues what runs under it on the load stream (after :meth:`begin_loads`).
+        Tensors allocated under it (staging) belong to the load stream's pool, so freeing
+        them never lets another stream reuse them early; the ``index`` tensors, made on
+        another stream, are marked as used by the load stream (``record_stream``), so that
+        dropping them (a load cut short, or lost, before its scatters ran) never lets the
+        allocator hand their memory out while the load stream still reads it."""
+        rt = cuda_host.runtime
+        with rt.on_stream(self.load_stream):
+            for t in index:
+                rt.keep(t, self.load_stream)
             yield
 
     def _bounce_for(self, like: torch.Tensor) -> Optional[torch.Tensor]:

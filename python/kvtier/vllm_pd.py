@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, FrozenSet, Optional, Tuple
 
 from . import protocol as p
-from .client import BadRequest, KVTierError, NotFound, StatusError
+from .client import BadRequest, ConnectionLost, KVTierError, NotFound, StatusError
 from .link import Link
 from .peer import Peer, parse_addr
 
@@ -61,6 +61,7 @@ _PD_ROLES = {"sender": PRODUCER, "receiver": CONSUMER}
 
 # Failures a transfer absorbs: a peer gone, a bad reply, a bad address.
 _ABSORBED = (KVTierError, OSError, p.ProtocolError, ValueError, RuntimeError)
+PUSH_BATCH_BYTES = 64 << 20  # a push copies and sends at most this much of its chunks at a time (or one chunk)
 
 
 def _truthy(v: Any, key: str = "enable_pd") -> bool:
@@ -421,13 +422,32 @@ class PeerTransport(Transport):
         try:
             if len(slots.slots) < n:
                 log.warning("kvtier: push %s: the daemon holds %d of %d chunks", job.transfer_id, len(slots.slots), n)
-            # Copied out under the copy lock: a close on another thread would otherwise turn
-            # the slots into zeros mid-read (the detached arena), and the peer would keep them.
-            with c.copies:
-                views = [bytes(memoryview(c.slot_tensor(s).numpy())) for s in slots.slots]
-            peer = self._peer(job.peer)
-            remote = peer.scope(model, fmt, world, rank, job.namespace)
-            stored = peer.store(job.keys.build(peer, remote, len(views) * chunk, 0), views) if views else 0
+            stored, i, peer, remote = 0, 0, None, 0
+            while i < len(slots.slots):
+                # A batch of chunks at a time (at least one), so a push never holds a second
+                # copy of the whole transfer. Copied out under the copy lock: a close on another
+                # thread would otherwise turn the slots into zeros mid-read (the detached
+                # arena), and the peer would keep them.
+                j, size = i + 1, slots.slots[i].length
+                while j < len(slots.slots) and size + slots.slots[j].length <= PUSH_BATCH_BYTES:
+                    size += slots.slots[j].length
+                    j += 1
+                try:
+                    with c.copies:
+                        views = [bytes(memoryview(c.slot_tensor(s).numpy())) for s in slots.slots[i:j]]
+                except ConnectionLost:  # this side's connection closed, not the peer's
+                    log.warning("kvtier: push %s: the local connection closed; %d of %d chunks pushed",
+                                job.transfer_id, stored, n)
+                    return False
+                if peer is None:
+                    peer = self._peer(job.peer)
+                    remote = peer.scope(model, fmt, world, rank, job.namespace)
+                kept = peer.store(job.keys.build(peer, remote, j * chunk, i * chunk), views)
+                del views
+                stored += kept
+                if kept < j - i:  # the peer kept no more: later chunks would have no parent
+                    break
+                i = j
         finally:
             if slots.lease and not c.closed:  # closed: the lease ended with the connection
                 c.release(slots.lease)

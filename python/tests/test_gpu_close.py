@@ -70,7 +70,8 @@ class Recorder:
         self.on_register = None  # called inside register, before it returns
         self.on_stream_enter = None  # called on entering on_stream(stream), with the stream
         self.load_stream = "load-stream"
-        self.compute_stream = "compute-stream"
+        self.compute_stream = "compute-stream"  # the forward pass's (the main thread's) current stream
+        self.default_stream = "default-stream"  # any other thread's, as in torch
         self._n = 0
         self._lock = threading.Lock()
         self._local = threading.local()  # the calling thread's stack of current streams
@@ -105,7 +106,9 @@ class Recorder:
     def current(self):
         """The stream the calling thread queues work on now."""
         stack = getattr(self._local, "stack", None)
-        return stack[-1] if stack else self.compute_stream
+        if stack:
+            return stack[-1]
+        return self.compute_stream if threading.current_thread() is threading.main_thread() else self.default_stream
 
     def current_stream(self, device):
         return self.current()
@@ -122,6 +125,9 @@ class Recorder:
         finally:
             stack.pop()
             self._add("exit", stream)
+
+    def keep(self, tensor, stream):
+        self._add("keep", tensor, stream)
 
     def record(self, stream=None):
         with self._lock:
@@ -435,9 +441,11 @@ def test_layerwise_loader_thread_never_fences(own_daemon, cuda, monkeypatch):
 @pytest.mark.parametrize("mode", ["plain", "cross_layer", "layerwise", "inline"])
 def test_scatter_runs_whole_on_the_load_stream(own_daemon, cuda, monkeypatch, mode):
     """Every load's scatter — staging tensor, host copy, index write into the KV — runs on
-    the load stream, after an event of the caller's stream it waits for; the loads are waited
-    for before the forward pass's saves (whole: sync_loads) or per layer (the compute
-    stream waits on the layer's event)."""
+    the load stream, which waits once per step for an event the forward pass's thread
+    records on its compute stream (not a loader thread's default stream, not once per
+    scatter); each scatter marks the index tensors it reads as used by the load stream. The
+    loads are waited for before their leases are released (whole: sync_loads) and per layer
+    (the compute stream waits on the layer's event)."""
     kw = {"plain": {}, "cross_layer": {"layout_kind": "BLHNC", "cross_layer": True},
           "layerwise": {"layerwise": True}, "inline": {"layerwise": True, "layer_inline": True}}[mode]
     name = f"gpuclose-scatter-{mode}"
@@ -450,22 +458,40 @@ def test_scatter_runs_whole_on_the_load_stream(own_daemon, cuda, monkeypatch, mo
         _to_disk_only(own_daemon)  # streamed layer by layer, not copied at once
     streams = []
 
-    def on(fn):
+    def on(fn, at):
         def wrapped(*a, **k):
             streams.append(cuda.current())
-            cuda._add("scatter")
+            index = a[at]
+            cuda._add("scatter", index if isinstance(index, tuple) else (index,))
             fn(*a, **k)
             streams.append(cuda.current())
         return wrapped
-    monkeypatch.setattr(vllm_kv, "scatter_layer", on(vllm_kv.scatter_layer))
-    monkeypatch.setattr(vllm_kv.CrossLayer, "scatter", on(vllm_kv.CrossLayer.scatter))
+    monkeypatch.setattr(vllm_kv, "scatter_layer", on(vllm_kv.scatter_layer, 5))
+    monkeypatch.setattr(vllm_kv.CrossLayer, "scatter", on(vllm_kv.CrossLayer.scatter, 3))
     cuda.calls.clear()
     e = engine(own_daemon.socket_path, name, prefix_caching=False, **kw)
-    e.worker_connector.copier = copier()
+    conn = e.worker_connector
+    conn.copier = copier()
+    real_release = conn._release_quietly
+
+    def release(link, lease):
+        if lease:
+            cuda._add("release", lease)
+        return real_release(link, lease)
+    conn._release_quietly = release
     assert_close(e.prefill(p), reference(p))
     assert any(s.external_tokens for s in e.steps) and not any(s.load_error_blocks for s in e.steps)
     assert streams and set(streams) == {cuda.load_stream}, streams
     calls = cuda.calls
+    main = threading.main_thread()
+    # The load stream's one wait: for an event of the compute stream, recorded on the forward
+    # pass's thread, before the first scatter.
+    waits = [i for i, c in enumerate(calls) if c[0] == "wait" and c[2] == cuda.load_stream]
+    first_scatter = min(i for i, c in enumerate(calls) if c[0] == "scatter")
+    assert len(waits) == 1 and waits[0] < first_scatter, [calls[i] for i in waits]
+    ev = calls[waits[0]][1]
+    assert ev.stream == cuda.compute_stream and calls[waits[0]][-1] is main
+    assert [c[-1] for c in calls if c[0] == "record" and c[1] is ev] == [main]
     for t in {c[-1] for c in calls}:
         mine, open_ = [c for c in calls if c[-1] is t], []
         for i, c in enumerate(mine):
@@ -474,22 +500,60 @@ def test_scatter_runs_whole_on_the_load_stream(own_daemon, cuda, monkeypatch, mo
             elif c[0] == "exit":
                 open_.pop()
             elif c[0] == "scatter":
-                # the outermost context: record(caller's stream), enter(load stream), wait(that event)
                 first = open_[0] if open_ else None
                 assert first is not None, "a scatter outside on_load_stream"
-                rec, enter, wait = mine[first - 1], mine[first], mine[first + 1]
-                assert rec[0] == "record" and rec[1].stream == cuda.compute_stream, mine[first - 1:i + 1]
-                assert enter[:2] == ("enter", cuda.load_stream), mine[first - 1:i + 1]
-                assert wait[:3] == ("wait", rec[1], cuda.load_stream), mine[first - 1:i + 1]
+                assert mine[first][:2] == ("enter", cuda.load_stream), mine[first:i + 1]
+                kept = [k[1] for k in mine[first:i] if k[0] == "keep" and k[2] == cuda.load_stream]
+                assert all(any(x is y for y in kept) for x in c[1]), \
+                    "an index tensor read on the load stream was not marked as used by it"
+    # Each load lease is released only after the load stream has finished with its slots.
     last = max(i for i, c in enumerate(calls) if c[0] == "scatter")
-    first_save = next((i for i, c in enumerate(calls) if c[0] == "record" and c[1].stream is None), len(calls))
-    if mode in ("plain", "cross_layer"):
-        assert any(c[:2] == ("synchronize", cuda.load_stream) for c in calls[last:first_save]), \
-            "the forward pass went on before the loads finished"
-    else:
+    release_at = next(i for i, c in enumerate(calls) if c[0] == "release" and i > last)
+    assert any(c[:2] == ("synchronize", cuda.load_stream) for c in calls[last:release_at]), \
+        "a load's lease was released before the load stream finished reading its slots"
+    if mode in ("layerwise", "inline"):
         layer_events = [c[1] for c in calls if c[0] == "record" and c[1].stream == cuda.load_stream]
         waited = [c[1] for c in calls if c[0] == "wait" and c[2] == cuda.compute_stream]
         assert layer_events and set(layer_events) <= set(waited), "a layer's load was not waited for"
+    e.close()
+
+
+def test_a_failed_scatter_waits_for_the_load_stream_before_releasing(own_daemon, cuda, monkeypatch):
+    """A scatter that raises after others were issued (the plain path) fails the load, and
+    the lease is released only after the load stream has finished the copies already issued
+    out of its slots."""
+    name = "gpuclose-scatter-fails"
+    p = prompt(71, 70)
+    e = engine(own_daemon.socket_path, name, prefix_caching=False)
+    e.worker_connector.copier = copier()
+    e.prefill(p)
+    e.close()
+    real, n = vllm_kv.scatter_layer, []
+
+    def scatter(*a, **k):
+        n.append(1)
+        if len(n) == 3:
+            raise RuntimeError("test: a scatter fails")
+        cuda._add("scatter")
+        return real(*a, **k)
+    monkeypatch.setattr(vllm_kv, "scatter_layer", scatter)
+    e = engine(own_daemon.socket_path, name, prefix_caching=False)
+    conn = e.worker_connector
+    conn.copier = copier()
+    real_release = conn._release_quietly
+
+    def release(link, lease):
+        if lease:
+            cuda._add("release", lease)
+        return real_release(link, lease)
+    conn._release_quietly = release
+    cuda.calls.clear()
+    assert_close(e.prefill(p), reference(p))
+    assert any(s.load_error_blocks for s in e.steps)
+    calls = cuda.calls
+    last = max(i for i, c in enumerate(calls) if c[0] == "scatter")
+    release_at = next(i for i, c in enumerate(calls) if c[0] == "release" and i > last)
+    assert any(c[:2] == ("synchronize", cuda.load_stream) for c in calls[last:release_at]), calls[last:release_at]
     e.close()
 
 
@@ -518,7 +582,10 @@ def test_close_on_another_thread_during_a_loads_scatter(own_daemon, cuda):
     state = {}
 
     def on_enter(stream):
-        if stream == cuda.load_stream and "closer" not in state:
+        if stream != cuda.load_stream or "closer" in state:
+            return
+        state["enters"] = state.get("enters", 0) + 1
+        if state["enters"] == 2:  # the first scatter's (the first is begin_loads's wait)
             state["scatter"] = len(cuda.calls) - 1  # the scatter's own enter
             _closer(conn, cuda, state)
     cuda.on_stream_enter = on_enter
@@ -645,6 +712,7 @@ def test_failed_register_and_unregister_clear_the_cuda_error(monkeypatch):
             self.calls.append("cudaHostUnregister")
             return self.rc
 
+    monkeypatch.setattr(cuda_host, "_loaded_libraries", lambda stem: [])
     rt = cuda_host.Runtime()
     for rc, ok in ((0, True), (2, False)):
         fake = Cudart(rc)
@@ -652,20 +720,39 @@ def test_failed_register_and_unregister_clear_the_cuda_error(monkeypatch):
         assert rt.register(1 << 20, 4096) is ok
         if ok:
             rt.unregister(1 << 20)
-            assert fake.calls == [("cudaHostRegister", cuda_host.HOST_REGISTER_PORTABLE), "cudaHostUnregister"]
+            assert fake.calls == [("cudaHostRegister", 1), "cudaHostUnregister"]
         else:
             with pytest.raises(RuntimeError, match="cudaHostUnregister"):
                 rt.unregister(1 << 20)
-            assert fake.calls == [("cudaHostRegister", cuda_host.HOST_REGISTER_PORTABLE), "cudaGetLastError",
+            assert fake.calls == [("cudaHostRegister", 1), "cudaGetLastError",
                                   "cudaHostUnregister", "cudaGetLastError"]
 
     fake = Cudart(2, with_get=False)  # torch's bindings (1.13 and later) lack cudaGetLastError
     monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    # Two CUDA runtimes mapped (torch's and, say, cupy's), in an order that says nothing of
+    # which one torch uses, and HIP's: each one's pending error is cleared.
+    maps = {"libcudart": ["/opt/cupy/libcudart.so.12", "/torch/lib/libcudart.so.12"],
+            "libamdhip64": ["/opt/rocm/lib/libamdhip64.so.6"]}
+    monkeypatch.setattr(cuda_host, "_loaded_libraries", lambda stem: maps.get(stem, []))
+    monkeypatch.setattr(cuda_host, "_get_last_error", {})
     cleared = []
-    monkeypatch.setattr(cuda_host, "_libcudart_get_last_error", lambda: lambda: cleared.append(1) or 0)
+
+    class Lib:
+        def __init__(self, path):
+            self.path = path
+
+        def __getattr__(self, name):
+            return lambda: cleared.append((self.path.rsplit("/", 1)[-1], name)) or 0
+    monkeypatch.setattr(cuda_host.ctypes, "CDLL", Lib)
     assert rt.register(1 << 20, 4096) is False
-    assert cleared == [1]
-    monkeypatch.setattr(cuda_host, "_libcudart_get_last_error", lambda: None)
+    assert sorted(cleared) == [("libamdhip64.so.6", "hipGetLastError"), ("libcudart.so.12", "cudaGetLastError"),
+                               ("libcudart.so.12", "cudaGetLastError")], cleared
+    assert {p for p in cuda_host._get_last_error} == {p for v in maps.values() for p in v}
+    cleared.clear()
+    maps["libcudart"].append("/later/libcudart.so.11")  # loaded after the first refusal
+    assert rt.register(1 << 20, 4096) is False
+    assert len(cleared) == 4, cleared
+    monkeypatch.setattr(cuda_host, "_loaded_libraries", lambda stem: [])
     assert rt.register(1 << 20, 4096) is False  # nothing to clear it with: logged, no exception
 
 
@@ -778,4 +865,78 @@ def test_peer_push_reads_slots_under_the_copy_lock(daemon, monkeypatch):
     state["closer"].join(timeout=30)
     assert state["waited"], "the close did not wait for the slots being read"
     assert peer.got == [bytes(x.numpy()) for x in chunks]
+    link.close()
+
+
+def _push_setup(daemon, name, toks):
+    from kvtier import vllm_pd as pd
+    from kvtier.link import Link
+    link = Link(daemon.socket_path, (name, "uint8/KV_2LTD", 1, 0), timeout=5.0)
+    c = link.get()
+    s = c.scope(name, "uint8/KV_2LTD")
+    chunks = [pattern(4096, seed=21 + i) for i in range(len(toks) // CHUNK)]
+    c.store(c.tokens(s, toks), chunks)
+
+    class Peer:
+        closed = False
+
+        def __init__(self):
+            self.calls = []
+
+        def scope(self, *a):
+            return 1
+
+        def tokens(self, scope, tokens, skip=0):
+            return c.tokens(scope, tokens, skip)
+
+        def store(self, keys, data):
+            self.calls.append((keys.skip if hasattr(keys, "skip") else None, [bytes(d) for d in data]))
+            return len(data)
+    return pd, link, c, chunks, Peer()
+
+
+def test_peer_push_copies_and_sends_a_batch_at_a_time(daemon, monkeypatch):
+    """A push copies its chunks out of the arena and sends them a batch at a time (here one
+    chunk each), so it never holds a second copy of the whole transfer; each batch is keyed
+    from where the previous one ended."""
+    import array
+    from kvtier.vllm_keys import TokenKeys
+    toks = list(range(500, 500 + 3 * CHUNK))
+    pd, link, c, chunks, peer = _push_setup(daemon, "gpuclose-push-batches", toks)
+    monkeypatch.setattr(pd, "PUSH_BATCH_BYTES", 4096)
+    t = pd.PeerTransport(link)
+    monkeypatch.setattr(t, "_peer", lambda addr: peer)
+    built = []
+    keys = TokenKeys(array.array("I", toks))
+    real_build = TokenKeys.build
+    monkeypatch.setattr(TokenKeys, "build", lambda self, cl, scope, end, skip: (
+        built.append((cl is peer, end, skip)), real_build(self, cl, scope, end, skip))[1])
+    assert t._push_one(pd.Job("t-batches", "", keys, 3 * CHUNK, "peer:1"))
+    assert [d for _, d in peer.calls] == [[bytes(x.numpy())] for x in chunks]
+    assert [b[1:] for b in built if b[0]] == [(CHUNK, 0), (2 * CHUNK, CHUNK), (3 * CHUNK, 2 * CHUNK)]
+    link.close()
+
+
+def test_peer_push_on_a_closed_local_connection_keeps_the_peer(daemon, monkeypatch):
+    """The local connection closing before a push copies its slots fails that push alone: the
+    peer's connection, healthy, is kept for the next push."""
+    import array
+    from kvtier.vllm_keys import TokenKeys
+    toks = list(range(700, 700 + 2 * CHUNK))
+    pd, link, c, chunks, peer = _push_setup(daemon, "gpuclose-push-local-closed", toks)
+    t = pd.PeerTransport(link)
+    t._peers["peer:1"] = peer
+    real = kclient.Client.prepare_retrieve
+
+    def prepare_then_close(self, *a, **k):
+        got = real(self, *a, **k)
+        self.close()
+        return got
+    monkeypatch.setattr(kclient.Client, "prepare_retrieve", prepare_then_close)
+    t.push(pd.Job("t-local-closed", "", TokenKeys(array.array("I", toks)), 2 * CHUNK, "peer:1"))
+    t._queue.put(None)
+    t._thread.join(timeout=30)
+    assert t.state("t-local-closed") == pd.FAILED
+    assert t._peers.get("peer:1") is peer, "a healthy peer connection was dropped for a local close"
+    assert not peer.calls
     link.close()
