@@ -385,3 +385,64 @@ func TestVersion1CheckpointOpens(t *testing.T) {
 		}
 	}
 }
+
+// TestLogParentsLinkedWhenPolicyReadyEarly: after a crash, the policy
+// goroutine may be done before Open indexes the records written after the
+// checkpoint, and the first of those then applies what the goroutine
+// could not link. A checkpointed record whose parent lies in that log, and
+// a record of that log found before its parent, are still linked once
+// Open returns: before, they were tried at the first record of the log,
+// before their parents were admitted, and left roots.
+func TestLogParentsLinkedWhenPolicyReadyEarly(t *testing.T) {
+	beforeLogTail = func(x *index) { <-x.warm.done }
+	defer func() { beforeLogTail = nil }()
+	for _, name := range []string{"checkpointed child", "log child"} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			opts := Options{Capacity: 40 * recordSize(chainRec), Headroom: -1, Policy: policy.TREELRU,
+				SegmentSize: 1 << 20, CheckpointRecords: 1 << 30, CheckpointInterval: -1}
+			d := openTier(t, dir, opts)
+			k0 := testKey(70000)
+			mustPut(t, d, k0, testPayload(k0, chainRec))
+			up, child := chainKey(0, 0), chainKey(0, 1)
+			putChild := func() {
+				if err := d.PutAfter(context.Background(), child, up, testPayload(child, chainRec)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if name == "checkpointed child" {
+				putChild()
+			}
+			if err := d.Checkpoint(); err != nil {
+				t.Fatal(err)
+			}
+			if name == "log child" {
+				putChild()
+			}
+			for i := range 3 { // log records indexed before the parent
+				k := testKey(uint64(50000 + i))
+				mustPut(t, d, k, testPayload(k, chainRec))
+			}
+			mustPut(t, d, up, testPayload(up, chainRec))
+			abandon(d)
+
+			d = openTier(t, dir, opts)
+			defer d.Close()
+			if rec := d.Recovered(); !rec.Checkpoint || rec.Scanned == 0 {
+				t.Fatalf("recovered %+v: want a checkpoint and a log past it", rec)
+			}
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			if d.idx.warm != nil {
+				t.Fatal("the policy goroutine was not done before the log was indexed")
+			}
+			p := d.idx.pol()
+			if p.Len() != 6 {
+				t.Fatalf("policy holds %d keys, want 6", p.Len())
+			}
+			if p.(policy.Adopter[chunk.Key]).Adopt(child, up) { // linked: adopting again fails
+				t.Fatal("the child was left a root")
+			}
+		})
+	}
+}

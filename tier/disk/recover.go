@@ -49,7 +49,10 @@ func (t *Tier) recover() error {
 	}
 	t.rec.Checkpoint = cp != nil
 	if t.idx.warm == nil {
-		t.idx.adoptRestored() // else pol does, once the policy has every record
+		// No policy goroutine, or it was done before the log past the
+		// checkpoint was indexed (pol left the links to here); else pol
+		// links them, once the policy has every record.
+		t.idx.adoptRestored()
 	}
 	evicted := 0
 	for t.used > t.opts.Capacity {
@@ -143,6 +146,8 @@ type found struct {
 func (t *Tier) restoreAll(segs []*segment, cp *checkpoint, w *worker, sum *scanReport) error {
 	// Size the slots for what the checkpoint lists (the key table is
 	// sized by its fill).
+	t.idx.restoring = true
+	defer func() { t.idx.restoring = false }()
 	listed := cp.count()
 	t.idx.slots = make([]slot, 1, listed+listed/8+1)
 	rs := restorer{cp: cp, first: make(map[uint64][2]int, len(cp.segs)), w: w,
@@ -184,6 +189,9 @@ func (t *Tier) restoreAll(segs []*segment, cp *checkpoint, w *worker, sum *scanR
 	if err != nil {
 		return err
 	}
+	if beforeLogTail != nil {
+		beforeLogTail(t.idx)
+	}
 	for i, seg := range segs {
 		if !plans[i].ok || plans[i].e.scanFrom == 0 {
 			t.rec.FullScans++
@@ -198,6 +206,10 @@ func (t *Tier) restoreAll(segs []*segment, cp *checkpoint, w *worker, sum *scanR
 	}
 	return nil
 }
+
+// beforeLogTail, when set (tests), is called by restoreAll before it
+// indexes the records found in the log past the checkpoint.
+var beforeLogTail func(x *index)
 
 // logReads is what readLogs found, valid once done has delivered.
 type logReads struct {

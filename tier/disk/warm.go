@@ -186,9 +186,13 @@ func (x *index) pol() policy.Policy[chunk.Key] {
 		// What the goroutine could not link (a parent found in the log
 		// past the checkpoint, or not on disk: two map probes each to
 		// try again) and the log's own late records, fewer than the
-		// records written since the last checkpoint.
+		// records written since the last checkpoint. While Open still
+		// indexes the log, their parents may be yet to come: recover
+		// links them once it has (restoring).
 		x.relink = append(w.late, x.relink...)
-		x.adoptRestored()
+		if !x.restoring {
+			x.adoptRestored()
+		}
 	}
 	return x.order
 }
