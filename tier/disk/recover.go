@@ -64,6 +64,7 @@ func (t *Tier) recover() error {
 		evicted++
 		t.st.Evictions++
 	}
+	deleted := false
 	for id, seg := range t.segs {
 		if seg.live > 0 {
 			// Make the punches above durable: an older copy of a key
@@ -78,6 +79,15 @@ func (t *Tier) recover() error {
 			return fmt.Errorf("disk: delete empty segment: %w", err)
 		}
 		delete(t.segs, id)
+		deleted = true
+	}
+	if deleted {
+		// The same for a segment emptied by punching an older copy: its
+		// punch was not synced, so its deletion must be durable before any
+		// Remove is acknowledged, or a crash could bring the copy back.
+		if err := syncDir(t.dir); err != nil {
+			return fmt.Errorf("disk: sync directory %s: %w", t.dir, err)
+		}
 	}
 	if sum.garbage > 0 || sum.truncated > 0 {
 		t.log.Warn("repaired segments", "garbage_runs", sum.garbage, "truncated_bytes", sum.truncated)
