@@ -6,10 +6,13 @@ import (
 	"kvtier/chunk"
 )
 
-// MaxTransferTime is the longest a prefill/decode transfer lasts (the
-// server's longest transfer timeout and hold): a batch that comes later
-// than that after the first batch PushChain saw of its transfer belongs to
-// another transfer, whatever its ID says.
+// MaxTransferTime is the longest a prefill/decode transfer lasts: a batch
+// that comes later than that after the first batch PushChain saw of its
+// transfer belongs to another transfer, whatever its ID says. It must be
+// no shorter than the server's longest transfer timeout (maxPDTimeout in
+// server/pd.go, which a producer's transfer cannot outlive), or a long
+// transfer's later batches would start chains of their own; a test in the
+// server package checks it (engine cannot import server).
 const MaxTransferTime = 10 * time.Minute
 
 // PushChain follows the chunks that one connection receives for a
@@ -32,6 +35,15 @@ const MaxTransferTime = 10 * time.Minute
 // otherwise the chain starts again, and the batch's first chunk is a
 // root. (A RECEIVE frame names keys, not their positions in the prompt,
 // so a batch that starts a prompt cannot be told from one that goes on.)
+//
+// The window narrows reuse, it does not rule it out: a producer that ends
+// 4,096 transfers within MaxTransferTime forgets an ID sooner, and if the
+// connector reuses it on the same connection while the window is open,
+// the new transfer's first chunk is stored as the old transfer's last
+// chunk's child. That costs eviction order only, never bytes: a
+// prefix-aware policy keeps the stray parent while the new chain lives.
+// Ruling it out takes a frame that says where a prompt starts.
+//
 // The zero value is ready.
 type PushChain struct {
 	keys     []chunk.Key // the current batch, for Next

@@ -293,3 +293,68 @@ func runCrashChildUntil(t *testing.T, dir string, base uint64, mode DirectMode, 
 	}
 	return seen
 }
+
+// TestEmptiedSegmentDeletionIsDurable: a key found twice at Open (a crash
+// cut short the punch of its older copy) keeps the later copy, and the
+// punch of the older one empties its segment, which Open deletes. That
+// deletion must be durable before Open returns: the punch itself is not
+// synced, and if a crash after a later, acknowledged Remove of the key
+// brought the segment back, the older copy would be served again.
+func TestEmptiedSegmentDeletionIsDurable(t *testing.T) {
+	dir := t.TempDir()
+	opts := Options{Capacity: 20 * recordSize(chainRec), Headroom: -1,
+		SegmentSize: 64 << 10, CheckpointRecords: -1, CheckpointInterval: -1}
+	d := openTier(t, dir, opts)
+	k := testKey(1)
+	mustPut(t, d, k, testPayload(k, chainRec))
+	for i := range 8 { // the later copy goes to a later segment
+		x := testKey(uint64(60000 + i))
+		mustPut(t, d, x, testPayload(x, chainRec))
+	}
+	path, off := location(t, d, k)
+	saved := make([]byte, recordSize(chainRec))
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.ReadAt(saved, off)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Remove(k)
+	newer := testPayload(testKey(2), chainRec)
+	mustPut(t, d, k, newer)
+	if p, _ := location(t, d, k); p == path {
+		t.Fatal("the later copy is in the older copy's segment")
+	}
+	abandon(d)
+	// The older copy's segment as a crash may leave it: holding that copy
+	// alone, its punch lost.
+	os.Remove(path)
+	f, err = os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(saved, off); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	synced := false
+	dirSynced = func(string) {
+		if _, err := os.Stat(path); os.IsNotExist(err) {
+			synced = true
+		}
+	}
+	defer func() { dirSynced = nil }()
+	d = openTier(t, dir, opts)
+	defer d.Close()
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("the emptied segment is still there: %v", err)
+	}
+	if !synced {
+		t.Fatal("Open returned before the emptied segment's deletion was synced")
+	}
+	checkGet(t, d, k, newer)
+}

@@ -67,6 +67,12 @@ type index struct {
 	relink []warmRec
 	waitUp waitUps
 	chains bool
+	// restoring is set while Open indexes the segments from a checkpoint
+	// and the log past it (restoreAll): the policy may be ready before the
+	// log's records are indexed, and a parent found there is admitted
+	// only when its record is, so pol then leaves the late records in
+	// relink for recover to link once every record is in.
+	restoring bool
 }
 
 func newIndex(order policy.Policy[chunk.Key]) *index {

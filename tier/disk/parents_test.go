@@ -243,7 +243,11 @@ func TestLateRecordsLinkedBeforePolicyReady(t *testing.T) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	ad := d.idx.pol().(policy.Adopter[chunk.Key])
+	p := d.idx.pol()
+	if p.Len() != 2*chainLen { // Adopt also fails for a key the policy lost
+		t.Fatalf("policy holds %d keys, want %d", p.Len(), 2*chainLen)
+	}
+	ad := p.(policy.Adopter[chunk.Key])
 	for c := range 2 {
 		for j := 1; j < chainLen; j++ { // linked: adopting again fails
 			if ad.Adopt(chainKey(c, j), chainKey(c, j-1)) {
@@ -290,7 +294,8 @@ func TestKeyFoundTwiceKeepsItsChildren(t *testing.T) {
 				}
 			}
 			d.Remove(head)
-			putChainRecord(t, d, 0, 0) // the later copy
+			newer := testPayload(testKey(999), chainRec) // not the older copy's bytes
+			mustPut(t, d, head, newer)                   // the later copy
 			abandon(d)
 			if _, err := f.WriteAt(saved, off); err != nil { // the punch "never happened"
 				t.Fatal(err)
@@ -301,7 +306,8 @@ func TestKeyFoundTwiceKeepsItsChildren(t *testing.T) {
 			if rec := d.Recovered(); (mode == "log only") == rec.Checkpoint {
 				t.Fatalf("recovered %+v", rec)
 			}
-			for j := range chainLen {
+			checkGet(t, d, head, newer)
+			for j := 1; j < chainLen; j++ {
 				checkGet(t, d, chainKey(0, j), testPayload(chainKey(0, j), chainRec))
 			}
 			if st := d.Stats(); st.Objects != chainLen || st.Used != chainLen*n {
@@ -309,7 +315,11 @@ func TestKeyFoundTwiceKeepsItsChildren(t *testing.T) {
 			}
 			d.mu.Lock()
 			defer d.mu.Unlock()
-			ad := d.idx.pol().(policy.Adopter[chunk.Key])
+			p := d.idx.pol()
+			if p.Len() != chainLen { // Adopt also fails for a key the policy lost
+				t.Fatalf("policy holds %d keys, want %d", p.Len(), chainLen)
+			}
+			ad := p.(policy.Adopter[chunk.Key])
 			for j := 1; j < chainLen; j++ {
 				if ad.Adopt(chainKey(0, j), chainKey(0, j-1)) { // linked: adopting again fails
 					t.Fatalf("record %d of the chain was a root", j)
@@ -383,5 +393,66 @@ func TestVersion1CheckpointOpens(t *testing.T) {
 		if !slices.Equal(got.order, keys) {
 			t.Fatalf("parents %v: eviction order %v, want the log order of roots %v", withParents, got.order, keys)
 		}
+	}
+}
+
+// TestLogParentsLinkedWhenPolicyReadyEarly: after a crash, the policy
+// goroutine may be done before Open indexes the records written after the
+// checkpoint, and the first of those then applies what the goroutine
+// could not link. A checkpointed record whose parent lies in that log, and
+// a record of that log found before its parent, are still linked once
+// Open returns: before, they were tried at the first record of the log,
+// before their parents were admitted, and left roots.
+func TestLogParentsLinkedWhenPolicyReadyEarly(t *testing.T) {
+	beforeLogTail = func(x *index) { <-x.warm.done }
+	defer func() { beforeLogTail = nil }()
+	for _, name := range []string{"checkpointed child", "log child"} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			opts := Options{Capacity: 40 * recordSize(chainRec), Headroom: -1, Policy: policy.TREELRU,
+				SegmentSize: 1 << 20, CheckpointRecords: 1 << 30, CheckpointInterval: -1}
+			d := openTier(t, dir, opts)
+			k0 := testKey(70000)
+			mustPut(t, d, k0, testPayload(k0, chainRec))
+			up, child := chainKey(0, 0), chainKey(0, 1)
+			putChild := func() {
+				if err := d.PutAfter(context.Background(), child, up, testPayload(child, chainRec)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if name == "checkpointed child" {
+				putChild()
+			}
+			if err := d.Checkpoint(); err != nil {
+				t.Fatal(err)
+			}
+			if name == "log child" {
+				putChild()
+			}
+			for i := range 3 { // log records indexed before the parent
+				k := testKey(uint64(50000 + i))
+				mustPut(t, d, k, testPayload(k, chainRec))
+			}
+			mustPut(t, d, up, testPayload(up, chainRec))
+			abandon(d)
+
+			d = openTier(t, dir, opts)
+			defer d.Close()
+			if rec := d.Recovered(); !rec.Checkpoint || rec.Scanned == 0 {
+				t.Fatalf("recovered %+v: want a checkpoint and a log past it", rec)
+			}
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			if d.idx.warm != nil {
+				t.Fatal("the policy goroutine was not done before the log was indexed")
+			}
+			p := d.idx.pol()
+			if p.Len() != 6 {
+				t.Fatalf("policy holds %d keys, want 6", p.Len())
+			}
+			if p.(policy.Adopter[chunk.Key]).Adopt(child, up) { // linked: adopting again fails
+				t.Fatal("the child was left a root")
+			}
+		})
 	}
 }

@@ -49,7 +49,10 @@ func (t *Tier) recover() error {
 	}
 	t.rec.Checkpoint = cp != nil
 	if t.idx.warm == nil {
-		t.idx.adoptRestored() // else pol does, once the policy has every record
+		// No policy goroutine, or it was done before the log past the
+		// checkpoint was indexed (pol left the links to here); else pol
+		// links them, once the policy has every record.
+		t.idx.adoptRestored()
 	}
 	evicted := 0
 	for t.used > t.opts.Capacity {
@@ -61,6 +64,7 @@ func (t *Tier) recover() error {
 		evicted++
 		t.st.Evictions++
 	}
+	deleted := false
 	for id, seg := range t.segs {
 		if seg.live > 0 {
 			// Make the punches above durable: an older copy of a key
@@ -75,6 +79,15 @@ func (t *Tier) recover() error {
 			return fmt.Errorf("disk: delete empty segment: %w", err)
 		}
 		delete(t.segs, id)
+		deleted = true
+	}
+	if deleted {
+		// The same for a segment emptied by punching an older copy: its
+		// punch was not synced, so its deletion must be durable before any
+		// Remove is acknowledged, or a crash could bring the copy back.
+		if err := syncDir(t.dir); err != nil {
+			return fmt.Errorf("disk: sync directory %s: %w", t.dir, err)
+		}
 	}
 	if sum.garbage > 0 || sum.truncated > 0 {
 		t.log.Warn("repaired segments", "garbage_runs", sum.garbage, "truncated_bytes", sum.truncated)
@@ -143,6 +156,8 @@ type found struct {
 func (t *Tier) restoreAll(segs []*segment, cp *checkpoint, w *worker, sum *scanReport) error {
 	// Size the slots for what the checkpoint lists (the key table is
 	// sized by its fill).
+	t.idx.restoring = true
+	defer func() { t.idx.restoring = false }()
 	listed := cp.count()
 	t.idx.slots = make([]slot, 1, listed+listed/8+1)
 	rs := restorer{cp: cp, first: make(map[uint64][2]int, len(cp.segs)), w: w,
@@ -184,6 +199,9 @@ func (t *Tier) restoreAll(segs []*segment, cp *checkpoint, w *worker, sum *scanR
 	if err != nil {
 		return err
 	}
+	if beforeLogTail != nil {
+		beforeLogTail(t.idx)
+	}
 	for i, seg := range segs {
 		if !plans[i].ok || plans[i].e.scanFrom == 0 {
 			t.rec.FullScans++
@@ -198,6 +216,10 @@ func (t *Tier) restoreAll(segs []*segment, cp *checkpoint, w *worker, sum *scanR
 	}
 	return nil
 }
+
+// beforeLogTail, when set (tests), is called by restoreAll before it
+// indexes the records found in the log past the checkpoint.
+var beforeLogTail func(x *index)
 
 // logReads is what readLogs found, valid once done has delivered.
 type logReads struct {

@@ -198,8 +198,17 @@ func syncDir(dir string) error {
 		return err
 	}
 	defer unix.Close(fd)
-	return unix.Fsync(fd)
+	if err := unix.Fsync(fd); err != nil {
+		return err
+	}
+	if dirSynced != nil {
+		dirSynced(dir)
+	}
+	return nil
 }
+
+// dirSynced, when set (tests), is called after each directory sync.
+var dirSynced func(dir string)
 
 // scanReport counts what a segment scan found.
 type scanReport struct {

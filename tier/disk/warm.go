@@ -59,8 +59,7 @@ type warmRec struct {
 
 // warmer is the goroutine admitting restored keys, and the queue.
 type warmer struct {
-	cp      *checkpoint   // the records restored, read by the goroutine only (never changed after decoding)
-	batches chan []int32  // entries of cp restored, one batch per segment, in log order
+	batches chan []int32  // entries of the checkpoint restored, one batch per segment, in log order
 	feeding bool          // batches is still open: Open is restoring
 	done    chan struct{} // closed once every batch is admitted and linked
 	end     time.Time     // when; written before done is closed
@@ -90,7 +89,9 @@ var warmWaiting func()
 // sizing the policy for grow keys; at most segs batches of cp's entries
 // will come.
 func (x *index) startWarm(cp *checkpoint, grow, segs int) {
-	w := &warmer{cp: cp, batches: make(chan []int32, segs), feeding: true, done: make(chan struct{})}
+	// The checkpoint is the goroutine's alone (never changed after
+	// decoding), and not kept past it: 56 bytes a record.
+	w := &warmer{batches: make(chan []int32, segs), feeding: true, done: make(chan struct{})}
 	order, hold := x.order, warmHold
 	go func() {
 		defer func() {
@@ -186,9 +187,13 @@ func (x *index) pol() policy.Policy[chunk.Key] {
 		// What the goroutine could not link (a parent found in the log
 		// past the checkpoint, or not on disk: two map probes each to
 		// try again) and the log's own late records, fewer than the
-		// records written since the last checkpoint.
+		// records written since the last checkpoint. While Open still
+		// indexes the log, their parents may be yet to come: recover
+		// links them once it has (restoring).
 		x.relink = append(w.late, x.relink...)
-		x.adoptRestored()
+		if !x.restoring {
+			x.adoptRestored()
+		}
 	}
 	return x.order
 }
