@@ -79,9 +79,10 @@ type pushConn struct {
 // store lease in progress, and returns how many it sent and how many the
 // consumer stored. A batch by layers is cut to the consumer's receive
 // budget, which it takes all at once; whole chunks stream one by one. A
-// connection used on its earlier answer, without asking, and found closed
-// (the consumer restarted, or closed it while it sat in the pool) is
-// replaced once, and the new one asked again.
+// pooled connection used on its earlier answer, without asking, and found
+// closed by its first request (the consumer restarted, or closed it while
+// it sat in the pool) is replaced once, and the new one asked again; one
+// closed mid-transfer fails the transfer (see pusher.pooled).
 func (p *pd) receiveFed(t *transfer, ps *pusher, n int) (int, int, error) {
 	for attempt := 0; ; attempt++ {
 		sent, stored, trusted, err := p.receiveFedOnce(t, ps, n)
@@ -96,7 +97,8 @@ func (p *pd) receiveFed(t *transfer, ps *pusher, n int) (int, int, error) {
 }
 
 // receiveFedOnce is one attempt of receiveFed; trusted says it sent by
-// layers on a connection's earlier answer, without asking.
+// layers on a pooled connection's earlier answer, without asking, as the
+// connection's first request of this transfer.
 func (p *pd) receiveFedOnce(t *transfer, ps *pusher, n int) (sent, stored int, trusted bool, err error) {
 	feed := ps.fed[0].Feed
 	geo, err := feed.Geometry(t.ctx)
@@ -134,6 +136,8 @@ func (p *pd) receiveFedOnce(t *transfer, ps *pusher, n int) (sent, stored int, t
 	ready := func(i int) error {
 		return feed.WaitLayer(t.ctx, ps.fed[m.Ranges[i].Key].Index, i/perLayer+1)
 	}
+	trusted = trusted && ps.pooled
+	ps.pooled = false // it carries a request of this transfer now
 	stop := context.AfterFunc(t.ctx, ps.c.Interrupt)
 	stored, err = ps.c.ReceiveLayers(t.ctx, m, ps.bufs[:n], ready, nil)
 	if !stop() {
@@ -179,6 +183,8 @@ func (p *pd) takesLayers(t *transfer, ps *pusher) (layers bool, budget int64, ca
 		if ps.answered {
 			return true, ps.budget, true, nil
 		}
+		pooled := ps.pooled
+		ps.pooled = false // it carries a request of this transfer now
 		stop := context.AfterFunc(t.ctx, ps.c.Interrupt)
 		budget, err := ps.c.ReceiveLayersBudget(t.ctx, t.id)
 		interrupted := !stop()
@@ -191,7 +197,6 @@ func (p *pd) takesLayers(t *transfer, ps *pusher) (layers bool, budget int64, ca
 			ps.dropConn() // an older daemon may have closed it; dial anew for RECEIVE
 			return false, 0, false, nil
 		}
-		pooled := ps.pooled
 		ps.dropConn()
 		if err == nil {
 			err = t.ctx.Err()

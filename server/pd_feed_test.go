@@ -194,3 +194,42 @@ func TestPushAsksTheConsumerOncePerConnection(t *testing.T) {
 		t.Fatalf("%d RECEIVE frames: chunks went whole", px.count(wire.OpReceive))
 	}
 }
+
+// TestPushMidTransferCloseIsNotResent: a connection the consumer closes
+// mid-transfer (after a batch of the transfer went over it) fails the
+// transfer; only a pooled connection's first request is sent again on a
+// new one. Resent mid-transfer, the consumer would take the batch as a
+// new transfer's: queued behind new transfers, and chunks it has already
+// held for a second reader who never comes.
+func TestPushMidTransferCloseIsNotResent(t *testing.T) {
+	pd := startPDPair(t, server.ServiceOptions{})
+	px := startFrameProxy(t, pd.cons.tcp, false)
+	ctx := context.Background()
+	keys := pdKeys(4, 96)
+	storeRaw(t, pd.prod.remote(t), keys, 97, 4096)
+	const id = 96
+	if _, err := pd.pc.Push(ctx, id, px.addr, client.Raw(keys[:2]), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		st, err := pd.pc.PushStatus(ctx, id)
+		if err != nil || st.State != wire.TransferPending {
+			t.Fatalf("the first batch: %+v, %v", st, err)
+		}
+		if st.Pushed == 2 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	sent := px.count(wire.OpReceive)
+	px.cut()
+	if _, err := pd.pc.Push(ctx, id, px.addr, client.Raw(keys[2:]), 0, true); err != nil {
+		t.Fatal(err)
+	}
+	if st := waitPushed(t, pd.pc, id); st.State != wire.TransferFailed || st.Pushed != 2 {
+		t.Fatalf("after a mid-transfer close: %+v, want failed with 2 pushed", st)
+	}
+	if n := px.count(wire.OpReceive); n != sent {
+		t.Fatalf("%d RECEIVE frames reached the consumer, %d before the close; want no more (no resend)", n, sent)
+	}
+}

@@ -186,12 +186,17 @@ func (t *transfer) pastDeadline() bool {
 
 // pusher is the scratch of one transfer's sending goroutine.
 type pusher struct {
-	pushConn      // to the destination; no client until dialled
-	pooled   bool // the connection came from the pool
-	keys     []chunk.Key
-	bufs     [][]byte
-	fed      []engine.Fed
-	layers   wire.ReceiveLayers // a fed batch's request
+	pushConn // to the destination; no client until dialled
+	// pooled says the connection came from the pool and has carried no
+	// request of this transfer yet: only then is one found closed replaced
+	// and the request sent again. Mid-transfer, the consumer may have
+	// taken part of the batch already, and a new connection would start
+	// the transfer anew there (its queue, its holds).
+	pooled bool
+	keys   []chunk.Key
+	bufs   [][]byte
+	fed    []engine.Fed
+	layers wire.ReceiveLayers // a fed batch's request
 }
 
 // run sends t's queued chunks as they come until t is done or fails, then
@@ -277,18 +282,19 @@ func (p *pd) send(t *transfer, ps *pusher) error {
 }
 
 // receive sends the batch in ps with one RECEIVE. A pooled connection
-// the consumer has closed since (restarted, idle too long) is replaced
-// once: chunks it may have stored already are taken again harmlessly.
+// the consumer has closed since (restarted, idle too long), found so by
+// its first request, is replaced once; a connection closed mid-transfer
+// fails the transfer.
 func (p *pd) receive(t *transfer, ps *pusher, n int) (int, error) {
 	hold := uint32(t.timeout / time.Millisecond)
 	for attempt := 0; ; attempt++ {
-		fresh := ps.c == nil
-		if fresh {
+		if ps.c == nil {
 			if err := ps.dial(p, t); err != nil {
 				return 0, err
 			}
-			fresh = !ps.pooled
 		}
+		retry := ps.pooled
+		ps.pooled = false // it carries a request of this transfer now
 		// The client applies t.ctx's deadline only: a transfer failed or
 		// cancelled by shutdown must not wait for the consumer's budget.
 		stop := context.AfterFunc(t.ctx, ps.c.Interrupt)
@@ -300,7 +306,7 @@ func (p *pd) receive(t *transfer, ps *pusher, n int) (int, error) {
 			}
 			return stored, err
 		}
-		if err == nil || fresh || attempt > 0 || !errors.Is(err, client.ErrClosed) || t.ctx.Err() != nil {
+		if err == nil || !retry || attempt > 0 || !errors.Is(err, client.ErrClosed) || t.ctx.Err() != nil {
 			return stored, err
 		}
 		ps.dropConn()
