@@ -112,7 +112,7 @@ func (p *pd) receiveFedOnce(t *transfer, ps *pusher, n int) (sent, stored int, t
 			return n, 0, false, err
 		}
 		if layered && budget > 0 {
-			n = fitBudget(ps.bufs[:n], budget)
+			n = fitBudget(ps.bufs[:n], batchBudget(budget))
 		}
 	}
 	m := &ps.layers
@@ -147,6 +147,16 @@ func (p *pd) receiveFedOnce(t *transfer, ps *pusher, n int) (sent, stored int, t
 		}
 	}
 	return n, stored, trusted, err
+}
+
+// batchBudget is how many bytes of a consumer's receive budget of limit
+// bytes one batch by layers may take: half. The consumer serves a batch
+// only once all its bytes are free; one sized to the whole budget would
+// wait until nothing at all is held there (holds nobody reads included),
+// and every new transfer would queue behind it with nearly all of the
+// budget free.
+func batchBudget(limit int64) int64 {
+	return max(limit/2, 1)
 }
 
 // fitBudget returns how many leading chunks of bufs fit in budget bytes
