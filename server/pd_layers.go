@@ -211,9 +211,8 @@ func (s *session) startChunk(c *recvChunk, m *wire.ReceiveLayers, j int, ttl tim
 	s.pdl.pool -= c.size
 	c.started, c.left = true, c.size
 	key, eng := m.Keys.Raw[j], s.svc.eng
-	if s.pd.refs.AcquireRAMKey(eng, key) {
-		s.pd.held = s.pd.refs.Detach(s.pd.held[:0])
-		p.keep(key, s.pd.held[0], c.size, ttl)
+	if s.holdResident(key, ttl) { // its budget goes back: see holdResident
+		p.budget.release(c.size)
 		c.left = 0
 		return nil
 	}

@@ -150,24 +150,26 @@ func (s *session) receiveOne(dh wire.Header, key chunk.Key, ttl time.Duration, d
 	if size == 0 {
 		return fail(wire.StatusBadRequest, "an empty chunk: a chunk has at least one byte")
 	}
-	if rerr := s.takeBudget(size, deadline); rerr != nil {
-		return rerr
+	resident := s.holdResident(key, ttl)
+	if !resident {
+		if rerr := s.takeBudget(size, deadline); rerr != nil {
+			return rerr
+		}
+		if resident = s.holdResident(key, ttl); resident { // stored while it waited
+			p.budget.release(size)
+		}
 	}
-	eng := s.svc.eng
-	if s.pd.refs.AcquireRAMKey(eng, key) {
-		// Stored here already, and now referenced so that it stays: drop
-		// the bytes, hold the chunk we have.
-		s.pd.held = s.pd.refs.Detach(s.pd.held[:0])
+	if resident {
+		// Stored here already and held: drop the bytes. A failed read
+		// leaves the hold, charged nothing, to its reader or its deadline.
 		s.armFrame(dh.Len)
 		s.pd.consumedData = true
 		if err := s.rd.Discard(dh.Len); err != nil {
-			eng.Unhold(s.pd.held[0])
-			p.budget.release(size)
 			return fatal(wire.StatusBadRequest, "%v", frameErr(err))
 		}
-		p.keep(key, s.pd.held[0], size, ttl)
 		return nil
 	}
+	eng := s.svc.eng
 	w := &s.writes
 	w.Begin(eng)
 	w.After(up, hasUp)
