@@ -71,8 +71,9 @@ func (p *pd) noLayersLen() int {
 // got an error reply is closed, never pooled.
 type pushConn struct {
 	c        *client.Client
-	answered bool  // it answered an empty RECEIVE_LAYERS: it takes op 27
-	budget   int64 // the receive budget it named (0: none)
+	answered bool   // it answered an empty RECEIVE_LAYERS: it takes op 27
+	budget   int64  // the receive budget it named (0: none)
+	lastID   uint64 // the transfer it carried last, set as it is pooled
 }
 
 // receiveFed sends the leading chunks of the batch in ps, chunks of one

@@ -207,6 +207,7 @@ func (p *pd) run(t *transfer) {
 	err := p.send(t, &ps)
 	if ps.c != nil {
 		if err == nil {
+			ps.lastID = t.id
 			p.putConn(t.dest, ps.pushConn)
 		} else {
 			ps.c.Close() // mid-request, or the consumer is gone; not pooled, so not trusted again
@@ -315,15 +316,21 @@ func (p *pd) receive(t *transfer, ps *pusher, n int) (int, error) {
 }
 
 // conn returns a connection to t's destination: an idle pooled one, with
-// what it answered before, or a new one.
+// what it answered before, or a new one. A pooled connection whose last
+// transfer had t's id is not taken: the consumer would take t for that
+// transfer continued (its deadline, its place past the budget's queue).
 func (p *pd) conn(t *transfer) (pushConn, bool, error) {
 	p.pushMu.Lock()
-	if cs := p.conns[t.dest]; len(cs) > 0 {
-		c := cs[len(cs)-1]
-		cs[len(cs)-1] = pushConn{}
-		p.conns[t.dest] = cs[:len(cs)-1]
-		p.pushMu.Unlock()
-		return c, true, nil
+	cs := p.conns[t.dest]
+	for i := len(cs) - 1; i >= 0; i-- {
+		if c := cs[i]; c.lastID != t.id {
+			last := len(cs) - 1
+			copy(cs[i:], cs[i+1:])
+			cs[last] = pushConn{}
+			p.conns[t.dest] = cs[:last]
+			p.pushMu.Unlock()
+			return c, true, nil
+		}
 	}
 	p.pushMu.Unlock()
 	tc, err := p.tlsFor(t.dest)

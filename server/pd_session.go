@@ -131,9 +131,14 @@ func (s *session) handleReceive(h wire.Header) *requestError {
 // connection for a transfer, whose first RECEIVE came after the transfer
 // began; so that deadline is at most ttl after this connection's first
 // RECEIVE of it, not ttl after each batch. A new transfer id on the
-// connection (a pooled one, reused) starts anew.
+// connection (a pooled one, reused) starts anew, and so does the same id
+// once that deadline has passed: the producer gave that transfer up by
+// then, so this is a new one reusing its id, which must neither inherit
+// a deadline already past nor pass the budget's queue as a transfer in
+// progress. (The producer also never sends a transfer over a pooled
+// connection that carried the same id last: see pd.conn.)
 func (sc *pdScratch) budgetDeadline(id uint64, ttl time.Duration, now time.Time) time.Time {
-	if id != sc.recvID || sc.recvStart.IsZero() {
+	if id != sc.recvID || sc.recvStart.IsZero() || !now.Before(sc.recvStart.Add(ttl)) {
 		sc.recvID, sc.recvStart, sc.recvAdmitted = id, now, false
 	}
 	return sc.recvStart.Add(ttl)
