@@ -96,3 +96,29 @@ func (s *session) holdResident(key chunk.Key, ttl time.Duration) bool {
 	p.keepExpected(key, s.pd.held[0], 0, ttl)
 	return true
 }
+
+// consumedInProgress ends key's hold once for each of the taken readers
+// that took the chunk while it was arriving (their reads end its hold, as
+// a read of the held chunk would). Unlike consumed it notes no early read
+// when the hold is gone: these readers were counted at their prepare
+// already, and an early read noted now would be taken by another push of
+// the same key in its commit window, ending that push's hold unread.
+func (p *pd) consumedInProgress(key chunk.Key, taken int) {
+	if taken == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for range taken {
+		h, ok := p.holds[key]
+		switch {
+		case !ok:
+			return
+		case h.readers > 1:
+			h.readers--
+			p.holds[key] = h
+		default:
+			p.dropLocked(key, h)
+		}
+	}
+}

@@ -42,8 +42,7 @@ type recvChunk struct {
 type layerScratch struct {
 	msg    wire.ReceiveLayers
 	chunks []recvChunk
-	one    [1]chunk.Key // pd.consumed's argument for one key
-	pool   int64        // budget the request took and no chunk has yet
+	pool   int64 // budget the request took and no chunk has yet
 }
 
 // maxLayerScratch and maxRangeScratch bound the tables a session keeps
@@ -264,10 +263,7 @@ func (s *session) completeChunk(c *recvChunk, key chunk.Key, ttl time.Duration) 
 	// reads end its hold, as a read of the held chunk would.
 	taken := c.inf.end(true)
 	c.recycle(taken)
-	for range taken {
-		s.pdl.one[0] = key
-		p.consumed(s.pdl.one[:])
-	}
+	p.consumedInProgress(key, taken)
 	p.arrived.broadcast()
 	return nil
 }
