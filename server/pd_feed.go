@@ -78,8 +78,9 @@ type pushConn struct {
 
 // receiveFed sends the leading chunks of the batch in ps, chunks of one
 // store lease in progress, and returns how many it sent and how many the
-// consumer stored. A batch by layers is cut to the consumer's receive
-// budget, which it takes all at once; whole chunks stream one by one. A
+// consumer stored. A batch by layers is cut to half the consumer's
+// receive budget (batchBudget), which it takes all at once; whole chunks
+// stream one by one. A
 // pooled connection used on its earlier answer, without asking, and found
 // closed by its first request (the consumer restarted, or closed it while
 // it sat in the pool) is replaced once, and the new one asked again; one
