@@ -25,8 +25,11 @@ import (
 // take free bytes past the queue. Its earlier chunks are held until read,
 // and their reader may wait for the rest of the transfer before it reads
 // any; queued behind a request that needs those very bytes, both would
-// wait until the other's deadline. Transfers in progress end, and new
-// ones queue, so the head still gets its turn.
+// wait until the other's deadline. For the same reason bytes freed go to
+// such requests first, even when the head would fit: a new transfer
+// taking them would leave the one in progress waiting for bytes only the
+// new one's reader frees. Transfers in progress end, and new ones queue,
+// so the head still gets its turn.
 type budget struct {
 	limit int64
 
@@ -121,19 +124,25 @@ func (b *budget) leave(w *waiter) bool {
 	return true
 }
 
-// grantLocked serves the queue: in order while each fits, then only the
-// early requests that fit.
+// grantLocked serves the queue: first the early requests that fit, in
+// order, then the queue in order while each fits. Early requests go first
+// because a new transfer at the head that fits would otherwise take bytes
+// that a transfer in progress behind it needs to finish, while both
+// readers wait for bytes only the other frees.
 func (b *budget) grantLocked() {
-	blocked := false
-	kept := b.queue[:0]
 	for _, w := range b.queue {
-		if (!blocked || w.early) && b.inUse+w.n <= b.limit {
-			b.inUse += w.n
-			w.granted = true
-			select {
-			case w.wake <- struct{}{}:
-			default: // it has one pending already
-			}
+		if w.early && b.inUse+w.n <= b.limit {
+			b.grant(w)
+		}
+	}
+	kept := b.queue[:0]
+	blocked := false
+	for _, w := range b.queue {
+		if w.granted {
+			continue
+		}
+		if !blocked && b.inUse+w.n <= b.limit {
+			b.grant(w)
 			continue
 		}
 		blocked = true
@@ -141,6 +150,15 @@ func (b *budget) grantLocked() {
 	}
 	clear(b.queue[len(kept):])
 	b.queue = kept
+}
+
+func (b *budget) grant(w *waiter) {
+	b.inUse += w.n
+	w.granted = true
+	select {
+	case w.wake <- struct{}{}:
+	default: // it has one pending already
+	}
 }
 
 func (b *budget) release(n int64) {

@@ -144,3 +144,37 @@ func TestBudgetWaitAllocs(t *testing.T) {
 		t.Fatalf("%.1f allocations per wait for budget", allocs)
 	}
 }
+
+// TestBudgetServesTransfersInProgressFirst: bytes freed go to a queued
+// request of a transfer in progress before a new transfer at the head
+// that would fit too. Budget 10: transfer A holds 6 and its reader waits
+// for all of A's bytes; finished transfer C holds 3; new transfer B's 4
+// queue as head and A's next 3 behind it. When C is read, A must get its
+// 3: given to B, A and B would each wait for bytes only the other's
+// reader frees.
+func TestBudgetServesTransfersInProgressFirst(t *testing.T) {
+	b := &budget{limit: 10}
+	ctx, far := context.Background(), time.Now().Add(time.Hour)
+	a, c := &waiter{wake: make(chan struct{}, 1)}, &waiter{wake: make(chan struct{}, 1)}
+	if err := b.acquire(ctx, 6, far, a, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.acquire(ctx, 3, far, c, false); err != nil {
+		t.Fatal(err)
+	}
+	newB := waitBudget(b, ctx, 4, far, false)
+	queued(t, b, 1)
+	nextA := waitBudget(b, ctx, 3, far, true)
+	queued(t, b, 2)
+	b.release(3) // C is read
+	if err := nextA.result(t); err != nil {
+		t.Fatalf("the transfer in progress: %v", err)
+	}
+	if !newB.pending() || b.used() != 9 || b.waiting() != 1 {
+		t.Fatalf("after C's release: new transfer pending %v, %d used, %d waiting; want A's 3 served and B waiting", newB.pending(), b.used(), b.waiting())
+	}
+	b.release(9) // A is read
+	if err := newB.result(t); err != nil || b.used() != 4 || b.waiting() != 0 {
+		t.Fatalf("the new transfer: %v, %d used, %d waiting", err, b.used(), b.waiting())
+	}
+}

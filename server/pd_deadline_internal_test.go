@@ -28,6 +28,34 @@ func TestBudgetDeadlineFollowsTheTransfer(t *testing.T) {
 	}
 }
 
+// TestBudgetDeadlineOfAReusedID: a RECEIVE of the connection's last
+// transfer id after that transfer's deadline is a new transfer reusing
+// the id: its own clock, and not admitted past the budget's queue.
+func TestBudgetDeadlineOfAReusedID(t *testing.T) {
+	var sc pdScratch
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ttl := time.Minute
+	sc.budgetDeadline(5, ttl, t0)
+	sc.recvAdmitted = true // it took budget
+	t1 := t0.Add(ttl + time.Second)
+	if got := sc.budgetDeadline(5, ttl, t1); !got.Equal(t1.Add(ttl)) || sc.recvAdmitted {
+		t.Fatalf("id 5 reused past its deadline: waits until %v (want %v), admitted %v", got, t1.Add(ttl), sc.recvAdmitted)
+	}
+}
+
+// TestPooledConnNotReusedForTheSameID: the producer does not send a
+// transfer over a pooled connection whose last transfer had its id; it
+// takes another, or dials.
+func TestPooledConnNotReusedForTheSameID(t *testing.T) {
+	p := newPD(nil, 1<<20, "", nil, nil)
+	const dest = "127.0.0.1:1"
+	p.conns[dest] = []pushConn{{lastID: 7, budget: 1}, {lastID: 5, budget: 2}}
+	c, pooled, err := p.conn(&transfer{id: 5, dest: dest})
+	if err != nil || !pooled || c.budget != 1 || len(p.conns[dest]) != 1 || p.conns[dest][0].lastID != 5 {
+		t.Fatalf("transfer 5 got %+v (pooled %v, %v); left %+v", c, pooled, err, p.conns[dest])
+	}
+}
+
 // TestNoLayersIsBounded: destinations found without RECEIVE_LAYERS are
 // forgotten once their answer is past its time, and never more than
 // maxNoLayers are kept.

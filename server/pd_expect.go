@@ -76,3 +76,49 @@ func (p *pd) endExpectLocked(key chunk.Key) {
 	}
 	p.nexpect.Add(-1)
 }
+
+// holdResident holds key's chunk for its reader if it is in RAM already
+// (a push of a chunk the consumer has), and reports whether it did. The
+// hold is announced before the chunk is looked up and registered before
+// the pushed bytes are dropped, so a read from the lookup on ends it. A
+// read before the push came cannot be told from a read of an earlier
+// copy, so such a hold may wait for its deadline; it charges nothing to
+// the receive budget, whose bytes bound what pushes add to RAM: this
+// chunk was there before the push.
+func (s *session) holdResident(key chunk.Key, ttl time.Duration) bool {
+	p := s.svc.pd
+	p.expect(key)
+	if !s.pd.refs.AcquireRAMKey(s.svc.eng, key) {
+		p.unexpect(key)
+		return false
+	}
+	s.pd.held = s.pd.refs.Detach(s.pd.held[:0])
+	p.keepExpected(key, s.pd.held[0], 0, ttl)
+	return true
+}
+
+// consumedInProgress ends key's hold once for each of the taken readers
+// that took the chunk while it was arriving (their reads end its hold, as
+// a read of the held chunk would). Unlike consumed it notes no early read
+// when the hold is gone: these readers were counted at their prepare
+// already, and an early read noted now would be taken by another push of
+// the same key in its commit window, ending that push's hold unread.
+func (p *pd) consumedInProgress(key chunk.Key, taken int) {
+	if taken == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for range taken {
+		h, ok := p.holds[key]
+		switch {
+		case !ok:
+			return
+		case h.readers > 1:
+			h.readers--
+			p.holds[key] = h
+		default:
+			p.dropLocked(key, h)
+		}
+	}
+}

@@ -63,3 +63,19 @@ func TestReadBeforeTheHoldEndsIt(t *testing.T) {
 		t.Fatalf("%d early reads remembered for chunks no hold was announced for", len(p.readEarly))
 	}
 }
+
+// TestInProgressReadersNoteNoEarlyRead: the readers that took a chunk
+// while it arrived end its hold when it completes, but, its hold gone,
+// note no early read for another push of the key in its commit window:
+// that push's hold stays for its own reader.
+func TestInProgressReadersNoteNoEarlyRead(t *testing.T) {
+	p := newPD(nil, 1<<20, "", nil, nil)
+	defer p.close()
+	key := chunk.Key{Scope: 1, Hash: chunk.Hash{4}}
+	p.expect(key) // another push of key, between its commit and its hold
+	p.consumedInProgress(key, 1)
+	if len(p.readEarly) != 0 {
+		t.Fatalf("a reader of the chunk in progress noted %d early reads for another push", len(p.readEarly))
+	}
+	p.unexpect(key)
+}

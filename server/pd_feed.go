@@ -71,17 +71,20 @@ func (p *pd) noLayersLen() int {
 // got an error reply is closed, never pooled.
 type pushConn struct {
 	c        *client.Client
-	answered bool  // it answered an empty RECEIVE_LAYERS: it takes op 27
-	budget   int64 // the receive budget it named (0: none)
+	answered bool   // it answered an empty RECEIVE_LAYERS: it takes op 27
+	budget   int64  // the receive budget it named (0: none)
+	lastID   uint64 // the transfer it carried last, set as it is pooled
 }
 
 // receiveFed sends the leading chunks of the batch in ps, chunks of one
 // store lease in progress, and returns how many it sent and how many the
-// consumer stored. A batch by layers is cut to the consumer's receive
-// budget, which it takes all at once; whole chunks stream one by one. A
-// connection used on its earlier answer, without asking, and found closed
-// (the consumer restarted, or closed it while it sat in the pool) is
-// replaced once, and the new one asked again.
+// consumer stored. A batch by layers is cut to half the consumer's
+// receive budget (batchBudget), which it takes all at once; whole chunks
+// stream one by one. A
+// pooled connection used on its earlier answer, without asking, and found
+// closed by its first request (the consumer restarted, or closed it while
+// it sat in the pool) is replaced once, and the new one asked again; one
+// closed mid-transfer fails the transfer (see pusher.pooled).
 func (p *pd) receiveFed(t *transfer, ps *pusher, n int) (int, int, error) {
 	for attempt := 0; ; attempt++ {
 		sent, stored, trusted, err := p.receiveFedOnce(t, ps, n)
@@ -96,7 +99,8 @@ func (p *pd) receiveFed(t *transfer, ps *pusher, n int) (int, int, error) {
 }
 
 // receiveFedOnce is one attempt of receiveFed; trusted says it sent by
-// layers on a connection's earlier answer, without asking.
+// layers on a pooled connection's earlier answer, without asking, as the
+// connection's first request of this transfer.
 func (p *pd) receiveFedOnce(t *transfer, ps *pusher, n int) (sent, stored int, trusted bool, err error) {
 	feed := ps.fed[0].Feed
 	geo, err := feed.Geometry(t.ctx)
@@ -110,7 +114,7 @@ func (p *pd) receiveFedOnce(t *transfer, ps *pusher, n int) (sent, stored int, t
 			return n, 0, false, err
 		}
 		if layered && budget > 0 {
-			n = fitBudget(ps.bufs[:n], budget)
+			n = fitBudget(ps.bufs[:n], batchBudget(budget))
 		}
 	}
 	m := &ps.layers
@@ -134,6 +138,8 @@ func (p *pd) receiveFedOnce(t *transfer, ps *pusher, n int) (sent, stored int, t
 	ready := func(i int) error {
 		return feed.WaitLayer(t.ctx, ps.fed[m.Ranges[i].Key].Index, i/perLayer+1)
 	}
+	trusted = trusted && ps.pooled
+	ps.pooled = false // it carries a request of this transfer now
 	stop := context.AfterFunc(t.ctx, ps.c.Interrupt)
 	stored, err = ps.c.ReceiveLayers(t.ctx, m, ps.bufs[:n], ready, nil)
 	if !stop() {
@@ -143,6 +149,16 @@ func (p *pd) receiveFedOnce(t *transfer, ps *pusher, n int) (sent, stored int, t
 		}
 	}
 	return n, stored, trusted, err
+}
+
+// batchBudget is how many bytes of a consumer's receive budget of limit
+// bytes one batch by layers may take: half. The consumer serves a batch
+// only once all its bytes are free; one sized to the whole budget would
+// wait until nothing at all is held there (holds nobody reads included),
+// and every new transfer would queue behind it with nearly all of the
+// budget free.
+func batchBudget(limit int64) int64 {
+	return max(limit/2, 1)
 }
 
 // fitBudget returns how many leading chunks of bufs fit in budget bytes
@@ -179,6 +195,8 @@ func (p *pd) takesLayers(t *transfer, ps *pusher) (layers bool, budget int64, ca
 		if ps.answered {
 			return true, ps.budget, true, nil
 		}
+		pooled := ps.pooled
+		ps.pooled = false // it carries a request of this transfer now
 		stop := context.AfterFunc(t.ctx, ps.c.Interrupt)
 		budget, err := ps.c.ReceiveLayersBudget(t.ctx, t.id)
 		interrupted := !stop()
@@ -191,7 +209,6 @@ func (p *pd) takesLayers(t *transfer, ps *pusher) (layers bool, budget int64, ca
 			ps.dropConn() // an older daemon may have closed it; dial anew for RECEIVE
 			return false, 0, false, nil
 		}
-		pooled := ps.pooled
 		ps.dropConn()
 		if err == nil {
 			err = t.ctx.Err()

@@ -194,3 +194,73 @@ func TestPushAsksTheConsumerOncePerConnection(t *testing.T) {
 		t.Fatalf("%d RECEIVE frames: chunks went whole", px.count(wire.OpReceive))
 	}
 }
+
+// TestPushMidTransferCloseIsNotResent: a connection the consumer closes
+// mid-transfer (after a batch of the transfer went over it) fails the
+// transfer; only a pooled connection's first request is sent again on a
+// new one. Resent mid-transfer, the consumer would take the batch as a
+// new transfer's: queued behind new transfers, and chunks it has already
+// held for a second reader who never comes.
+func TestPushMidTransferCloseIsNotResent(t *testing.T) {
+	pd := startPDPair(t, server.ServiceOptions{})
+	px := startFrameProxy(t, pd.cons.tcp, false)
+	ctx := context.Background()
+	keys := pdKeys(4, 96)
+	storeRaw(t, pd.prod.remote(t), keys, 97, 4096)
+	const id = 96
+	if _, err := pd.pc.Push(ctx, id, px.addr, client.Raw(keys[:2]), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		st, err := pd.pc.PushStatus(ctx, id)
+		if err != nil || st.State != wire.TransferPending {
+			t.Fatalf("the first batch: %+v, %v", st, err)
+		}
+		if st.Pushed == 2 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	sent := px.count(wire.OpReceive)
+	px.cut()
+	if _, err := pd.pc.Push(ctx, id, px.addr, client.Raw(keys[2:]), 0, true); err != nil {
+		t.Fatal(err)
+	}
+	if st := waitPushed(t, pd.pc, id); st.State != wire.TransferFailed || st.Pushed != 2 {
+		t.Fatalf("after a mid-transfer close: %+v, want failed with 2 pushed", st)
+	}
+	if n := px.count(wire.OpReceive); n != sent {
+		t.Fatalf("%d RECEIVE frames reached the consumer, %d before the close; want no more (no resend)", n, sent)
+	}
+}
+
+// TestPushBatchesTakeHalfTheBudget: the producer cuts a batch by layers
+// to half the budget the consumer names, not all of it. The consumer
+// serves a batch only once all its bytes are free, so one sized to the
+// whole budget waits until nothing at all is held there, with every new
+// transfer queued behind it. Four chunks to a budget of four: two batches
+// at least.
+func TestPushBatchesTakeHalfTheBudget(t *testing.T) {
+	pd := startPDPair(t, server.ServiceOptions{PDReceiveBytes: 4 * feedSize})
+	px := startFrameProxy(t, pd.cons.tcp, false)
+	ctx := context.Background()
+	const id, n = 98, 4
+	s := pushStore(t, pd.pc, px.addr, n, 98, id)
+	errs := make(chan error, 1)
+	go readEachAsItLands(pd.cons.remote(t), s, 0, 1, errs)
+	for i := range feedLayers {
+		s.layer(t, i, true)
+	}
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	if got, err := pd.pc.CommitStore(ctx, s.lease, n); err != nil || got != n {
+		t.Fatalf("commit: %d, %v", got, err)
+	}
+	if st := waitPushed(t, pd.pc, id); st.State != wire.TransferDone || st.Pushed != n {
+		t.Fatalf("status %+v", st)
+	}
+	if batches := px.requests(wire.OpReceiveLayers) - px.probeCount(); batches < 2 {
+		t.Fatalf("%d RECEIVE_LAYERS batches of %d chunks to a budget of %d chunks; want each at most half of it", batches, n, n)
+	}
+}

@@ -296,3 +296,27 @@ func TestReceivedChunksStayWhileStoresEvict(t *testing.T) {
 		checkRawAt(t, c, []chunk.Key{k}, j, 62)
 	}
 }
+
+// TestPushOfAResidentChunkChargesNothing: a pushed chunk the consumer has
+// in RAM already is held for its reader but charges nothing to the
+// receive budget (it adds nothing to RAM): with a budget of one chunk, a
+// RECEIVE of that chunk and a new one stores both at once, the new one
+// charged alone. Before, the resident chunk took the whole budget until
+// read, and the new one waited until the transfer's deadline.
+func TestPushOfAResidentChunkChargesNothing(t *testing.T) {
+	cons := startService(t, 16<<20, server.ServiceOptions{PDReceiveBytes: pChunkBytes})
+	c, ctx := cons.remote(t), context.Background()
+	keys := pdKeys(2, 99)
+	storeRaw(t, c, keys[:1], 99, pChunkBytes)
+	data := [][]byte{chunkData(0, 99, pChunkBytes), chunkData(1, 99, pChunkBytes)}
+	if n, err := c.Receive(ctx, 1, 2_000, keys, data, nil); n != 2 || err != nil {
+		t.Fatalf("RECEIVE of a resident chunk and a new one: %d, %v", n, err)
+	}
+	if held := cons.svc.HeldBytes(); held != pChunkBytes {
+		t.Fatalf("held %d bytes, want the new chunk alone charged (%d)", held, pChunkBytes)
+	}
+	checkRaw(t, c, keys, 99, pChunkBytes)
+	if held := cons.svc.HeldBytes(); held != 0 {
+		t.Fatalf("held %d bytes after the read", held)
+	}
+}

@@ -215,6 +215,7 @@ type frameProxy struct {
 	old    bool
 	mu     sync.Mutex
 	ops    map[wire.Op]int
+	reqs   map[wire.Op]int // requests: frames that continue none before
 	probes int
 	conns  []net.Conn // both sides of every connection, closed at the end
 }
@@ -225,13 +226,21 @@ func (p *frameProxy) count(op wire.Op) int {
 	return p.ops[op]
 }
 
+// requests returns how many requests of op were forwarded (a request's
+// data frames not counted).
+func (p *frameProxy) requests(op wire.Op) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.reqs[op]
+}
+
 func startFrameProxy(t *testing.T, daemon string, old bool) *frameProxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &frameProxy{addr: ln.Addr().String(), old: old, ops: map[wire.Op]int{}}
+	p := &frameProxy{addr: ln.Addr().String(), old: old, ops: map[wire.Op]int{}, reqs: map[wire.Op]int{}}
 	var wg sync.WaitGroup
 	t.Cleanup(func() {
 		ln.Close()
@@ -309,7 +318,8 @@ func (p *frameProxy) serve(c net.Conn, daemon string) {
 			return
 		}
 		op, id, n := wire.Op(h[4]), binary.LittleEndian.Uint32(h[8:]), binary.LittleEndian.Uint32(h[0:])
-		probe := op == wire.OpReceiveLayers && !more && wire.Flags(h[5])&wire.FlagMore == 0
+		first := !more
+		probe := op == wire.OpReceiveLayers && first && wire.Flags(h[5])&wire.FlagMore == 0
 		more = wire.Flags(h[5])&wire.FlagMore != 0
 		if op == wire.OpReceiveLayers && p.old {
 			msg := []byte("wire: malformed frame: unknown op 27")
@@ -318,7 +328,7 @@ func (p *frameProxy) serve(c net.Conn, daemon string) {
 			wmu.Lock()
 			c.Write(append(r[:], msg...))
 			wmu.Unlock()
-			p.note(op, false)
+			p.note(op, true, false)
 			return
 		}
 		if _, err := d.Write(h[:]); err != nil {
@@ -327,13 +337,16 @@ func (p *frameProxy) serve(c net.Conn, daemon string) {
 		if _, err := io.CopyN(d, br, int64(n)); err != nil {
 			return
 		}
-		p.note(op, probe) // counted once forwarded whole
+		p.note(op, first, probe) // counted once forwarded whole
 	}
 }
 
-func (p *frameProxy) note(op wire.Op, probe bool) {
+func (p *frameProxy) note(op wire.Op, first, probe bool) {
 	p.mu.Lock()
 	p.ops[op]++
+	if first {
+		p.reqs[op]++
+	}
 	if probe {
 		p.probes++
 	}

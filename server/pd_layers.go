@@ -42,8 +42,7 @@ type recvChunk struct {
 type layerScratch struct {
 	msg    wire.ReceiveLayers
 	chunks []recvChunk
-	one    [1]chunk.Key // pd.consumed's argument for one key
-	pool   int64        // budget the request took and no chunk has yet
+	pool   int64 // budget the request took and no chunk has yet
 }
 
 // maxLayerScratch and maxRangeScratch bound the tables a session keeps
@@ -211,9 +210,8 @@ func (s *session) startChunk(c *recvChunk, m *wire.ReceiveLayers, j int, ttl tim
 	s.pdl.pool -= c.size
 	c.started, c.left = true, c.size
 	key, eng := m.Keys.Raw[j], s.svc.eng
-	if s.pd.refs.AcquireRAMKey(eng, key) {
-		s.pd.held = s.pd.refs.Detach(s.pd.held[:0])
-		p.keep(key, s.pd.held[0], c.size, ttl)
+	if s.holdResident(key, ttl) { // its budget goes back: see holdResident
+		p.budget.release(c.size)
 		c.left = 0
 		return nil
 	}
@@ -265,10 +263,7 @@ func (s *session) completeChunk(c *recvChunk, key chunk.Key, ttl time.Duration) 
 	// reads end its hold, as a read of the held chunk would.
 	taken := c.inf.end(true)
 	c.recycle(taken)
-	for range taken {
-		s.pdl.one[0] = key
-		p.consumed(s.pdl.one[:])
-	}
+	p.consumedInProgress(key, taken)
 	p.arrived.broadcast()
 	return nil
 }

@@ -186,12 +186,17 @@ func (t *transfer) pastDeadline() bool {
 
 // pusher is the scratch of one transfer's sending goroutine.
 type pusher struct {
-	pushConn      // to the destination; no client until dialled
-	pooled   bool // the connection came from the pool
-	keys     []chunk.Key
-	bufs     [][]byte
-	fed      []engine.Fed
-	layers   wire.ReceiveLayers // a fed batch's request
+	pushConn // to the destination; no client until dialled
+	// pooled says the connection came from the pool and has carried no
+	// request of this transfer yet: only then is one found closed replaced
+	// and the request sent again. Mid-transfer, the consumer may have
+	// taken part of the batch already, and a new connection would start
+	// the transfer anew there (its queue, its holds).
+	pooled bool
+	keys   []chunk.Key
+	bufs   [][]byte
+	fed    []engine.Fed
+	layers wire.ReceiveLayers // a fed batch's request
 }
 
 // run sends t's queued chunks as they come until t is done or fails, then
@@ -202,6 +207,7 @@ func (p *pd) run(t *transfer) {
 	err := p.send(t, &ps)
 	if ps.c != nil {
 		if err == nil {
+			ps.lastID = t.id
 			p.putConn(t.dest, ps.pushConn)
 		} else {
 			ps.c.Close() // mid-request, or the consumer is gone; not pooled, so not trusted again
@@ -277,18 +283,19 @@ func (p *pd) send(t *transfer, ps *pusher) error {
 }
 
 // receive sends the batch in ps with one RECEIVE. A pooled connection
-// the consumer has closed since (restarted, idle too long) is replaced
-// once: chunks it may have stored already are taken again harmlessly.
+// the consumer has closed since (restarted, idle too long), found so by
+// its first request, is replaced once; a connection closed mid-transfer
+// fails the transfer.
 func (p *pd) receive(t *transfer, ps *pusher, n int) (int, error) {
 	hold := uint32(t.timeout / time.Millisecond)
 	for attempt := 0; ; attempt++ {
-		fresh := ps.c == nil
-		if fresh {
+		if ps.c == nil {
 			if err := ps.dial(p, t); err != nil {
 				return 0, err
 			}
-			fresh = !ps.pooled
 		}
+		retry := ps.pooled
+		ps.pooled = false // it carries a request of this transfer now
 		// The client applies t.ctx's deadline only: a transfer failed or
 		// cancelled by shutdown must not wait for the consumer's budget.
 		stop := context.AfterFunc(t.ctx, ps.c.Interrupt)
@@ -300,7 +307,7 @@ func (p *pd) receive(t *transfer, ps *pusher, n int) (int, error) {
 			}
 			return stored, err
 		}
-		if err == nil || fresh || attempt > 0 || !errors.Is(err, client.ErrClosed) || t.ctx.Err() != nil {
+		if err == nil || !retry || attempt > 0 || !errors.Is(err, client.ErrClosed) || t.ctx.Err() != nil {
 			return stored, err
 		}
 		ps.dropConn()
@@ -309,15 +316,21 @@ func (p *pd) receive(t *transfer, ps *pusher, n int) (int, error) {
 }
 
 // conn returns a connection to t's destination: an idle pooled one, with
-// what it answered before, or a new one.
+// what it answered before, or a new one. A pooled connection whose last
+// transfer had t's id is not taken: the consumer would take t for that
+// transfer continued (its deadline, its place past the budget's queue).
 func (p *pd) conn(t *transfer) (pushConn, bool, error) {
 	p.pushMu.Lock()
-	if cs := p.conns[t.dest]; len(cs) > 0 {
-		c := cs[len(cs)-1]
-		cs[len(cs)-1] = pushConn{}
-		p.conns[t.dest] = cs[:len(cs)-1]
-		p.pushMu.Unlock()
-		return c, true, nil
+	cs := p.conns[t.dest]
+	for i := len(cs) - 1; i >= 0; i-- {
+		if c := cs[i]; c.lastID != t.id {
+			last := len(cs) - 1
+			copy(cs[i:], cs[i+1:])
+			cs[last] = pushConn{}
+			p.conns[t.dest] = cs[:last]
+			p.pushMu.Unlock()
+			return c, true, nil
+		}
 	}
 	p.pushMu.Unlock()
 	tc, err := p.tlsFor(t.dest)

@@ -131,9 +131,14 @@ func (s *session) handleReceive(h wire.Header) *requestError {
 // connection for a transfer, whose first RECEIVE came after the transfer
 // began; so that deadline is at most ttl after this connection's first
 // RECEIVE of it, not ttl after each batch. A new transfer id on the
-// connection (a pooled one, reused) starts anew.
+// connection (a pooled one, reused) starts anew, and so does the same id
+// once that deadline has passed: the producer gave that transfer up by
+// then, so this is a new one reusing its id, which must neither inherit
+// a deadline already past nor pass the budget's queue as a transfer in
+// progress. (The producer also never sends a transfer over a pooled
+// connection that carried the same id last: see pd.conn.)
 func (sc *pdScratch) budgetDeadline(id uint64, ttl time.Duration, now time.Time) time.Time {
-	if id != sc.recvID || sc.recvStart.IsZero() {
+	if id != sc.recvID || sc.recvStart.IsZero() || !now.Before(sc.recvStart.Add(ttl)) {
 		sc.recvID, sc.recvStart, sc.recvAdmitted = id, now, false
 	}
 	return sc.recvStart.Add(ttl)
@@ -150,24 +155,26 @@ func (s *session) receiveOne(dh wire.Header, key chunk.Key, ttl time.Duration, d
 	if size == 0 {
 		return fail(wire.StatusBadRequest, "an empty chunk: a chunk has at least one byte")
 	}
-	if rerr := s.takeBudget(size, deadline); rerr != nil {
-		return rerr
+	resident := s.holdResident(key, ttl)
+	if !resident {
+		if rerr := s.takeBudget(size, deadline); rerr != nil {
+			return rerr
+		}
+		if resident = s.holdResident(key, ttl); resident { // stored while it waited
+			p.budget.release(size)
+		}
 	}
-	eng := s.svc.eng
-	if s.pd.refs.AcquireRAMKey(eng, key) {
-		// Stored here already, and now referenced so that it stays: drop
-		// the bytes, hold the chunk we have.
-		s.pd.held = s.pd.refs.Detach(s.pd.held[:0])
+	if resident {
+		// Stored here already and held: drop the bytes. A failed read
+		// leaves the hold, charged nothing, to its reader or its deadline.
 		s.armFrame(dh.Len)
 		s.pd.consumedData = true
 		if err := s.rd.Discard(dh.Len); err != nil {
-			eng.Unhold(s.pd.held[0])
-			p.budget.release(size)
 			return fatal(wire.StatusBadRequest, "%v", frameErr(err))
 		}
-		p.keep(key, s.pd.held[0], size, ttl)
 		return nil
 	}
+	eng := s.svc.eng
 	w := &s.writes
 	w.Begin(eng)
 	w.After(up, hasUp)
