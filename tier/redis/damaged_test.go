@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"kvtier/chunk"
 	"kvtier/tier"
 	"kvtier/tier/remote"
 )
@@ -44,6 +45,48 @@ func TestForeignValueLeavesRedisServing(t *testing.T) {
 	}
 	if n, _ := srv.rawClient().Exists(ctx, rt.keyName(k)).Result(); n != 1 {
 		t.Fatal("the foreign value was removed")
+	}
+}
+
+// TestForeignValueInLookupsLeavesRedisServing: whole reads (Encoded.Get,
+// which asks Size first) and prefix lookups of a key holding a list find
+// it not stored and count it in the tier's Corrupt, never as a failure of
+// Redis (was: STRLEN's WRONGTYPE counted as a failure, and two of them
+// opened the circuit).
+func TestForeignValueInLookupsLeavesRedisServing(t *testing.T) {
+	srv := sharedServer(t)
+	rt := openTier(t, srv.url(""))
+	ctx := context.Background()
+	scope := uniqueScope()
+	good, foreign := testKey(scope, 1), testKey(scope, 2)
+	if err := rt.Put(ctx, good, payload(1000, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.rawClient().RPush(ctx, rt.keyName(foreign), "someone", "else's").Err(); err != nil {
+		t.Fatal(err)
+	}
+	g := remote.Guard(rt, remote.GuardOptions{Timeout: 10 * time.Second, Threshold: 2, ProbeInterval: time.Hour})
+	e := remote.Encode(g, "redis", nil, nil)
+	t.Cleanup(func() { e.Close() })
+	for range 4 {
+		if _, err := e.Get(ctx, foreign, make([]byte, 4096)); err == nil {
+			t.Fatal("Get of a list succeeded")
+		}
+		if n := g.PrefixContains([]chunk.Key{good, foreign, good}); n != 1 {
+			t.Fatalf("PrefixContains = %d, want 1", n)
+		}
+		if n, ok, err := rt.SizeErr(foreign); ok || n != 0 || err != nil {
+			t.Fatalf("SizeErr of a list = %d, %v, %v; want not stored, no error", n, ok, err)
+		}
+		if _, err := rt.PrefixContainsErr([]chunk.Key{foreign}); err != nil {
+			t.Fatalf("PrefixContainsErr of a list: %v", err)
+		}
+	}
+	if h := g.Health(); h.State != remote.StateClosed || h.Failures != 0 {
+		t.Fatalf("after lookups of a foreign value: %+v, want closed, no failure", h)
+	}
+	if rt.Stats().Corrupt == 0 {
+		t.Fatal("the foreign value was not counted")
 	}
 }
 
