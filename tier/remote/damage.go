@@ -41,10 +41,12 @@ func (d Damage) Matches(obj []byte) bool {
 // DamageRemover is implemented by a store that can remove an object on
 // the condition that it still holds the damaged bytes a reader found
 // (Redis: a compare-and-delete script; the shared filesystem: the same
-// file, compared and unlinked). Encoded removes damaged objects only from
-// such stores: where the condition cannot be checked (S3 without
-// conditional deletes) the object stays, and the breaker is what stops
-// the reads.
+// file, compared and unlinked; S3, which has no conditional delete, only
+// an object of the damaged length, and may take a good object stored
+// since with it: content-hash keys make that one more store of the same
+// KV). Encoded removes damaged objects only from such stores: elsewhere
+// (a kvtier daemon, a P2P peer) the object stays, and the breaker is what
+// stops the reads.
 type DamageRemover interface {
 	// RemoveDamaged removes key's object if it still matches d and reports
 	// whether it did.
