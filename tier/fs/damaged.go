@@ -2,7 +2,9 @@ package fs
 
 import (
 	"bytes"
+	"errors"
 	"io"
+	"io/fs"
 	"os"
 
 	"kvtier/chunk"
@@ -18,33 +20,44 @@ var _ remote.DamageRemover = (*Tier)(nil)
 // published a good one under the same name (link(2) never replaces a
 // file, so a name changes content only through an unlink): that file
 // stays.
-func (t *Tier) RemoveDamaged(key chunk.Key, d remote.Damage) bool {
+func (t *Tier) RemoveDamaged(key chunk.Key, d remote.Damage) remote.Removal {
 	if t.closed.Load() || len(d.Head) == 0 {
-		return false
+		return remote.DamageKept
 	}
 	p := t.path(key)
 	f, err := os.Open(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return remote.DamageGone
+	}
 	if err != nil {
-		return false
+		return remote.DamageKept
 	}
 	defer f.Close()
 	fi, err := f.Stat()
-	if err != nil || !holds(f, fi.Size(), d) {
-		return false
+	if err != nil {
+		return remote.DamageKept
+	}
+	if !holds(f, fi.Size(), d) {
+		return remote.DamageGone
 	}
 	if t.beforeUnlinkDamaged != nil {
 		t.beforeUnlinkDamaged()
 	}
-	if now, err := os.Lstat(p); err != nil || !os.SameFile(fi, now) {
-		return false
+	if now, err := os.Lstat(p); errors.Is(err, fs.ErrNotExist) || (err == nil && !os.SameFile(fi, now)) {
+		return remote.DamageGone
+	} else if err != nil {
+		return remote.DamageKept
 	}
-	if os.Remove(p) != nil {
-		return false
+	if err := os.Remove(p); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return remote.DamageGone
+		}
+		return remote.DamageKept
 	}
 	t.removes.Add(1)
 	t.used.Add(-fi.Size())
 	t.objects.Add(-1)
-	return true
+	return remote.DamageRemoved
 }
 
 // holds reports whether f, size bytes long, holds what d describes.

@@ -111,27 +111,27 @@ func TestRemoveDamagedComparesTheValue(t *testing.T) {
 		"other part":   {Size: -1, Head: v[:100], Off: 5990, Part: other[5990:6010]},
 		"past the end": {Size: -1, Head: v[:100], Off: 9990, Part: v[:20]},
 	} {
-		if rt.RemoveDamaged(k, d) {
-			t.Fatalf("%s: removed", name)
+		if r := rt.RemoveDamaged(k, d); r != remote.DamageGone {
+			t.Fatalf("%s: %v, want DamageGone (replaced)", name, r)
 		}
 		if n, _ := srv.rawClient().Exists(ctx, rt.keyName(k)).Result(); n != 1 {
 			t.Fatalf("%s: the value is gone", name)
 		}
 	}
-	if !rt.RemoveDamaged(k, remote.Damage{Size: -1, Head: v[:100], Off: 5990, Part: v[5990:6010]}) {
+	if rt.RemoveDamaged(k, remote.Damage{Size: -1, Head: v[:100], Off: 5990, Part: v[5990:6010]}) != remote.DamageRemoved {
 		t.Fatal("the matching value was not removed")
 	}
 	if err := rt.Put(ctx, k, v); err != nil {
 		t.Fatal(err)
 	}
-	if !rt.RemoveDamaged(k, remote.Damage{Size: len(v), Head: v}) {
+	if rt.RemoveDamaged(k, remote.Damage{Size: len(v), Head: v}) != remote.DamageRemoved {
 		t.Fatal("the matching whole value was not removed")
 	}
 	if n, _ := srv.rawClient().Exists(ctx, rt.keyName(k)).Result(); n != 0 || rt.Stats().Removes != 2 {
 		t.Fatalf("after two removals: exists %d, removes %d", n, rt.Stats().Removes)
 	}
-	if rt.RemoveDamaged(k, remote.Damage{Size: -1, Head: v[:100]}) {
-		t.Fatal("removed a missing key")
+	if r := rt.RemoveDamaged(k, remote.Damage{Size: -1, Head: v[:100]}); r != remote.DamageGone {
+		t.Fatalf("a missing key: %v, want DamageGone", r)
 	}
 }
 

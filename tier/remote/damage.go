@@ -49,30 +49,46 @@ func (d Damage) Matches(obj []byte) bool {
 // stops the reads.
 type DamageRemover interface {
 	// RemoveDamaged removes key's object if it still matches d and reports
-	// whether it did.
-	RemoveDamaged(key chunk.Key, d Damage) bool
+	// what it did.
+	RemoveDamaged(key chunk.Key, d Damage) Removal
 }
+
+// Removal is what RemoveDamaged did with a damaged object.
+type Removal int
+
+const (
+	// DamageKept: the object was not removed (the store cannot remove on
+	// condition, refused, or failed); it may still be there.
+	DamageKept Removal = iota
+	// DamageRemoved: the damaged object was removed.
+	DamageRemoved
+	// DamageGone: there was no damaged object left to remove: gone, or
+	// replaced by another. Another reader of the same damaged object
+	// has removed it, and counted it.
+	DamageGone
+)
 
 var _ DamageRemover = (*Guarded)(nil)
 
 // removeDamaged removes key's damaged object from t when t can do so on
 // condition.
-func removeDamaged(t tier.Tier, key chunk.Key, d Damage) bool {
+func removeDamaged(t tier.Tier, key chunk.Key, d Damage) Removal {
 	if r, ok := t.(DamageRemover); ok {
 		return r.RemoveDamaged(key, d)
 	}
-	return false
+	return DamageKept
 }
 
 // RemoveDamaged implements DamageRemover through the breaker, like Remove;
-// it is false when the store cannot remove on condition.
-func (g *Guarded) RemoveDamaged(key chunk.Key, d Damage) bool {
+// it is DamageKept when the store cannot remove on condition, or the call
+// was refused or failed.
+func (g *Guarded) RemoveDamaged(key chunk.Key, d Damage) Removal {
 	if _, ok := g.inner.(DamageRemover); !ok {
-		return false
+		return DamageKept
 	}
 	c, err := g.begin(opRemoveDamaged)
 	if err != nil {
-		return false
+		return DamageKept
 	}
 	c.key = key
 	// Private copies: an abandoned call may still read them.
@@ -82,9 +98,9 @@ func (g *Guarded) RemoveDamaged(key chunk.Key, d Damage) bool {
 		c.dmg.Part = c.buf[len(d.Head):]
 	}
 	if g.run(nil, c, g.deadline(len(c.buf))) != nil {
-		return false
+		return DamageKept
 	}
-	ok := c.ok
+	r := Removal(c.n)
 	g.finish(c, outcomeNeutral)
-	return ok
+	return r
 }

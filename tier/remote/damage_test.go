@@ -194,3 +194,29 @@ func TestProbationEndRacesAnOpening(t *testing.T) {
 		t.Fatalf("next back-off %v, want 4m (the back-off was reset)", next)
 	}
 }
+
+// TestReadersOfOneDamagedObjectCountOnce: several readers that found one
+// object damaged at once (a hot chunk read by concurrent requests) each
+// come to remove it; the first does and counts the read against the
+// store, the others find it gone and do not (was: all five counted, and
+// the circuit opened for corruption over one damaged object). All five
+// count in the tier's own Corrupt.
+func TestReadersOfOneDamagedObjectCountOnce(t *testing.T) {
+	f := newFake()
+	g := guard(t, pingFake{f}, GuardOptions{Threshold: 2})
+	e := Encode(g, "fake", nil, nil)
+	k := key(4)
+	bad := damagedObject(t, e, f, k, []byte("a hot chunk of KV, damaged in the store"))
+	for range 5 {
+		e.damaged(k, codec.ErrCorrupt, Damage{Size: len(bad), Head: bad})
+	}
+	if _, ok := f.holds(k); ok {
+		t.Fatal("the damaged object was not removed")
+	}
+	if h := g.Health(); h.State != StateClosed || h.Corrupt != 1 {
+		t.Fatalf("after five readers of one damaged object: %+v, want closed, one corrupt read", h)
+	}
+	if got := e.corrupt.Load(); got != 5 {
+		t.Fatalf("tier Corrupt = %d, want 5", got)
+	}
+}

@@ -196,16 +196,16 @@ func noLeak(t *testing.T) {
 
 // RemoveDamaged implements DamageRemover: the object goes only while it
 // matches d.
-func (f *fake) RemoveDamaged(k chunk.Key, d Damage) bool {
+func (f *fake) RemoveDamaged(k chunk.Key, d Damage) Removal {
 	if f.enter(nil) != nil {
-		return false
+		return DamageKept
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	v, ok := f.data[k]
 	if !ok || !d.Matches(v) {
-		return false
+		return DamageGone
 	}
 	delete(f.data, k)
-	return true
+	return DamageRemoved
 }

@@ -434,24 +434,29 @@ var _ remote.DamageRemover = (*Tier)(nil)
 // same KV: that costs at most one more store of identical bytes, while a
 // damaged object that stayed would never heal (Put keeps an existing
 // object) and would keep counting against the store.
-func (t *Tier) RemoveDamaged(key chunk.Key, d remote.Damage) bool {
+func (t *Tier) RemoveDamaged(key chunk.Key, d remote.Damage) remote.Removal {
 	if t.closed.Load() {
-		return false
+		return remote.DamageKept
 	}
 	t.known.forget(key)
 	ctx, cancel := t.bound(context.Background(), 0)
 	defer cancel()
 	name := objectName(t.cfg.Prefix, key)
 	info, err := t.client.StatObject(ctx, t.cfg.Bucket, name, minio.StatObjectOptions{})
-	if err != nil || (d.Size >= 0 && info.Size != int64(d.Size)) {
-		return false
+	switch {
+	case isNotFound(err):
+		return remote.DamageGone
+	case err != nil:
+		return remote.DamageKept
+	case d.Size >= 0 && info.Size != int64(d.Size):
+		return remote.DamageGone // replaced
 	}
 	if err := t.client.RemoveObject(ctx, t.cfg.Bucket, name, minio.RemoveObjectOptions{}); err != nil {
 		t.logs.Log(t.log, slog.LevelWarn, "s3 remove of a damaged object failed", "object", name, "err", err)
-		return false
+		return remote.DamageKept
 	}
 	t.removes.Add(1)
-	return true
+	return remote.DamageRemoved
 }
 
 // Stats implements tier.StatsReporter. Capacity, Used and Objects are unknown to a
