@@ -81,10 +81,11 @@ func New(mgr *tier.Manager, chunkSize int, saveUnfull bool, log *slog.Logger) (*
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	book := newScopeBook()
 	return &Engine{chunkSize: chunkSize, saveUnfull: saveUnfull, mgr: mgr, log: log,
 		chunkers: make(map[chunk.Scope]*chunk.Chunker),
-		leases:   newLeaseTable(mgr.RAM().Arena()), book: newScopeBook(),
-		specs: &scopeSpecs{chunkTokens: chunkSize}}, nil
+		leases:   newLeaseTable(mgr.RAM().Arena()), book: book,
+		specs: &scopeSpecs{chunkTokens: chunkSize, book: book}}, nil
 }
 
 // ChunkSize returns the number of tokens per chunk.
@@ -114,15 +115,21 @@ func (e *Engine) Chunker(scope chunk.Scope) (*chunk.Chunker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	e.specs.note(c.Scope(), scope.Format)
+	t, tagged := parseScopeTag(scope.Format, e.chunkSize)
 	e.mu.Lock()
 	if prev, ok := e.chunkers[scope]; ok {
 		c = prev
 	} else {
 		if len(e.chunkers) >= maxCachedScopes {
-			clear(e.chunkers) // scopes come from requests: keep the cache bounded
+			// Scopes come from requests: keep the caches bounded. The
+			// parsed tags go with the chunkers, so that every cached
+			// chunker's scope has its tag held (under e.mu, so that a
+			// clear cannot fall between the two).
+			clear(e.chunkers)
+			e.specs.clear()
 		}
 		e.chunkers[scope] = c
+		e.specs.store(c.Scope(), t, tagged)
 	}
 	e.mu.Unlock()
 	return c, nil
