@@ -140,7 +140,7 @@ func pushOut(t testing.TB, c *conn, from, sick, sickN int, r *Report) {
 func verifyRemote(t testing.TB, d *servetest.Daemon, c *conn, name string, r *Report) {
 	t.Helper()
 	failed, late := remoteFailures(t, d, name)
-	verify(t, c, allRemote(), func(int) bool { return true }, r)
+	verifyRereading(t, c, allRemote(), func(int) bool { return true }, r)
 	failed2, late2 := remoteFailures(t, d, name)
 	if failed2 > failed {
 		r.Note("%d calls to %s failed while reading back, %d of them past their deadline", failed2-failed, name, late2-late)
