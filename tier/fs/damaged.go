@@ -60,20 +60,31 @@ func (t *Tier) RemoveDamaged(key chunk.Key, d remote.Damage) remote.Removal {
 	return remote.DamageRemoved
 }
 
-// holds reports whether f, size bytes long, holds what d describes.
+// compareBlock is how much of a file holds reads at a time.
+const compareBlock = 64 << 10
+
+// holds reports whether f, size bytes long, holds what d describes. It
+// reads the file a block at a time into one buffer, whatever d holds.
 func holds(f *os.File, size int64, d remote.Damage) bool {
 	if d.Size >= 0 && size != int64(d.Size) {
 		return false
 	}
-	if !readsAs(f, 0, d.Head) {
+	buf := make([]byte, min(compareBlock, max(len(d.Head), len(d.Part))))
+	if !readsAs(f, 0, d.Head, buf) {
 		return false
 	}
-	return len(d.Part) == 0 || readsAs(f, int64(d.Off), d.Part)
+	return len(d.Part) == 0 || readsAs(f, int64(d.Off), d.Part, buf)
 }
 
-// readsAs reports whether f's bytes at off are want.
-func readsAs(f *os.File, off int64, want []byte) bool {
-	got := make([]byte, len(want))
-	n, err := f.ReadAt(got, off)
-	return n == len(want) && (err == nil || err == io.EOF) && bytes.Equal(got, want)
+// readsAs reports whether f's bytes at off are want, read through buf.
+func readsAs(f *os.File, off int64, want, buf []byte) bool {
+	for len(want) > 0 {
+		b := buf[:min(len(buf), len(want))]
+		n, err := f.ReadAt(b, off)
+		if n != len(b) || (err != nil && err != io.EOF) || !bytes.Equal(b, want[:n]) {
+			return false
+		}
+		want, off = want[n:], off+int64(n)
+	}
+	return true
 }

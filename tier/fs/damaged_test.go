@@ -62,3 +62,22 @@ func TestRemoveDamagedSparesAnotherFile(t *testing.T) {
 		t.Fatalf("counts after the removal: %+v", st)
 	}
 }
+
+// TestRemoveDamagedComparesInBlocks: a condition longer than the block
+// holds reads at a time is compared block by block, to its last byte.
+func TestRemoveDamagedComparesInBlocks(t *testing.T) {
+	tr := newTier(t, Config{})
+	ctx := context.Background()
+	k, data := key(4), randomBytes(3*compareBlock+100, 4)
+	if err := tr.Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	other := append([]byte(nil), data...)
+	other[len(other)-1] ^= 1
+	if r := tr.RemoveDamaged(k, remote.Damage{Size: -1, Head: other}); r != remote.DamageGone {
+		t.Fatalf("bytes that differ in the last block: %v, want DamageGone", r)
+	}
+	if r := tr.RemoveDamaged(k, remote.Damage{Size: len(data), Head: data[:100], Off: 100, Part: data[100:]}); r != remote.DamageRemoved {
+		t.Fatalf("the matching file: %v, want DamageRemoved", r)
+	}
+}

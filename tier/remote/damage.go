@@ -15,13 +15,34 @@ import (
 type Damage struct {
 	// Size is the object's length when the read learnt it, else -1.
 	Size int
-	// Head is the object's first bytes as read (the whole object after a
-	// whole read).
+	// Head is the object's first bytes as read (the header; at most
+	// damageWindow after a whole read).
 	Head []byte
-	// Part is further bytes read at Off (the pieces a range read found
-	// damaged), or nil.
+	// Part is further bytes read at Off (the piece a range read found
+	// damaged, or the last bytes of a whole read), or nil.
 	Off  int
 	Part []byte
+}
+
+// damageWindow bounds what a Damage holds of an object: its first bytes
+// and one window of its last bytes, each at most this long.
+const damageWindow = 4096
+
+// wholeDamage describes obj, a whole object that failed its checks, by its
+// length, its first bytes (the header) and its last bytes, not all of it:
+// an object can be tens of MiB, and the store compares what the Damage
+// holds (Redis: as script arguments, while it blocks). That is exact
+// enough because chunk keys are content hashes of the tokens: every good
+// object under a key holds the same KV, so an object that matches but
+// differs elsewhere can only be a good one stored since with the same
+// codec, whose removal costs one more store of the same bytes.
+func wholeDamage(obj []byte) Damage {
+	d := Damage{Size: len(obj), Head: obj[:min(len(obj), damageWindow)]}
+	if len(obj) > damageWindow {
+		d.Off = max(damageWindow, len(obj)-damageWindow)
+		d.Part = obj[d.Off:]
+	}
+	return d
 }
 
 // Matches reports whether obj, a whole object, holds what d describes.

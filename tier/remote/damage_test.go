@@ -318,3 +318,41 @@ func TestTruncatedRangeReadSparesAGoodObject(t *testing.T) {
 		})
 	}
 }
+
+// TestWholeDamageIsBounded: a whole read of a large damaged object hands
+// the store a condition of its length, its first bytes and one window of
+// its last, not the object (was: all of it, which Redis received as a
+// script argument and the shared filesystem read back whole), and the
+// object is removed all the same; an object of another length stays.
+func TestWholeDamageIsBounded(t *testing.T) {
+	f := newFake()
+	g := guard(t, pingFake{f}, GuardOptions{Threshold: 5})
+	e := Encode(g, "fake", nil, nil)
+	ctx := context.Background()
+	data := make([]byte, 1<<20)
+	for i := range data {
+		data[i] = byte(i * 13)
+	}
+	k := key(5)
+	bad := damagedObject(t, e, f, k, data)
+	if _, err := e.Get(ctx, k, make([]byte, len(data))); !errors.Is(err, tier.ErrCorrupt) {
+		t.Fatalf("Get of a damaged object: %v", err)
+	}
+	if _, ok := f.holds(k); ok {
+		t.Fatal("the damaged object was not removed")
+	}
+	f.mu.Lock()
+	compared := f.compared
+	f.mu.Unlock()
+	if compared > 2*damageWindow {
+		t.Fatalf("the condition held %d bytes of a %d-byte object, want at most %d", compared, len(bad), 2*damageWindow)
+	}
+	d := wholeDamage(bad)
+	if !d.Matches(bad) || d.Matches(bad[:len(bad)-1]) || d.Matches(append(bad[:len(bad):len(bad)], 0)) {
+		t.Fatal("the bounded condition does not tell the object from one of another length")
+	}
+	small := []byte("a small object")
+	if d := wholeDamage(small); !d.Matches(small) || len(d.Part) != 0 {
+		t.Fatalf("a small object's condition: %+v", d)
+	}
+}

@@ -209,7 +209,7 @@ func (e *Encoded) fetch(ctx context.Context, k chunk.Key, n int) ([]byte, codec.
 	obj = obj[:got]
 	info, err := codec.PeekInfo(obj)
 	if err != nil {
-		e.damaged(k, err, Damage{Size: len(obj), Head: obj})
+		e.damaged(k, err, wholeDamage(obj))
 		return nil, codec.Info{}, fmt.Errorf("%s: %v: %w", e.name, err, tier.ErrCorrupt)
 	}
 	return obj, info, nil
@@ -274,7 +274,7 @@ func (e *Encoded) Get(ctx context.Context, k chunk.Key, dst []byte) (int, error)
 		_, _, err = codec.Unseal(dst[:0], obj)
 	}
 	if err != nil {
-		e.damaged(k, err, Damage{Size: len(obj), Head: obj})
+		e.damaged(k, err, wholeDamage(obj))
 		return 0, fmt.Errorf("%s: %v: %v: %w", e.name, k, err, tier.ErrCorrupt)
 	}
 	e.verified()

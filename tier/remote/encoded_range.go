@@ -211,7 +211,10 @@ func (r *piecedRange) failed(ctx context.Context, i, lo, hi, n int) error {
 	if n < hi-lo {
 		size = codec.PiecedHeaderSize + lo + n
 	}
-	r.e.damaged(r.key, codec.ErrCorrupt, Damage{Size: size, Head: r.head, Off: codec.PiecedHeaderSize + lo, Part: r.dst[lo : lo+n]})
+	// The piece that failed, as read, not the whole range.
+	pl := r.p.PieceLen()
+	part := r.dst[i*pl : min((i+1)*pl, lo+n)]
+	r.e.damaged(r.key, codec.ErrCorrupt, Damage{Size: size, Head: r.head, Off: codec.PiecedHeaderSize + i*pl, Part: part})
 	return fmt.Errorf("%s: %v: piece %d of %d: %w", r.e.name, r.key, i, r.p.Count, tier.ErrCorrupt)
 }
 

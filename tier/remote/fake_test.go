@@ -39,6 +39,8 @@ type fake struct {
 
 	mu   sync.Mutex
 	data map[chunk.Key][]byte
+	// compared is how many bytes RemoveDamaged's conditions held, in all.
+	compared int
 }
 
 func newFake() *fake {
@@ -202,6 +204,7 @@ func (f *fake) RemoveDamaged(k chunk.Key, d Damage) Removal {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.compared += len(d.Head) + len(d.Part)
 	v, ok := f.data[k]
 	if !ok || !d.Matches(v) {
 		return DamageGone
