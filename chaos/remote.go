@@ -27,7 +27,10 @@ func remoteRig(t testing.TB, remoteURL string) (*servetest.Daemon, *conn) {
 	dir := t.TempDir()
 	// LRU: the fillers push the targets out of RAM whatever else touched
 	// them (a FLUSH that writes a refused chunk again takes a reference,
-	// which TREELFU counts as a hit worth keeping the chunk for).
+	// which TREELFU counts as a hit worth keeping the chunk for). So the
+	// remote faults do not exercise the default TREELFU: what they test is
+	// the remote tier under the daemon, with the targets read from it, and
+	// the policy's choices are the policy tests' concern (tier/policy).
 	d := servetest.Start(t, dir, baseConf+fmt.Sprintf("max_local_cpu_size: 0.0009765625\ncache_policy: LRU\nremote_url: %q\n", remoteURL))
 	c := dialUnix(t, d.Sock, newRun())
 	for i := range remoteTargets + remoteFillers {
