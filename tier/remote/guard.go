@@ -435,7 +435,7 @@ type call struct {
 	stage  Staged // a staged object's calls (stage.go)
 	dmg    Damage // RemoveDamaged's condition, over buf (damage.go)
 
-	n   int
+	n   int // a count, a size, or RemoveDamaged's Removal
 	ok  bool
 	err error
 
