@@ -7,11 +7,12 @@ import (
 	"kvtier/tier"
 )
 
-// Damage is what a reader found damaged in an object: the bytes it read,
-// so that the store removes the object only while it still holds those
-// bytes. Between the read and the removal another reader may have removed
-// the object and a writer stored a good one under the same key; an
-// unconditional delete would then remove the good object.
+// Damage is what a reader found damaged in an object: some of the bytes
+// it read (wholeDamage), so that the store removes the object only while
+// it still holds those bytes. Between the read and the removal another
+// reader may have removed the object and a writer stored a good one under
+// the same key; an unconditional delete would then remove the good
+// object (which costs one more store of the same KV: S3 takes that risk).
 type Damage struct {
 	// Size is the object's length when the read learnt it, else -1.
 	Size int
