@@ -121,15 +121,15 @@ func (e *Engine) Chunker(scope chunk.Scope) (*chunk.Chunker, error) {
 		c = prev
 	} else {
 		if len(e.chunkers) >= maxCachedScopes {
-			// Scopes come from requests: keep the caches bounded. The
-			// parsed tags go with the chunkers, so that every cached
-			// chunker's scope has its tag held (under e.mu, so that a
-			// clear cannot fall between the two).
+			clear(e.chunkers) // scopes come from requests: keep the cache bounded
+		}
+		// The parsed tags are bounded too; when they are cleared so are
+		// the chunkers, so that every cached chunker's tag is held (under
+		// e.mu, so that no chunker is cached between the two).
+		if e.specs.store(c.Scope(), t, tagged) {
 			clear(e.chunkers)
-			e.specs.clear()
 		}
 		e.chunkers[scope] = c
-		e.specs.store(c.Scope(), t, tagged)
 	}
 	e.mu.Unlock()
 	return c, nil

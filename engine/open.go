@@ -237,11 +237,12 @@ func cmpOr(s, def string) string {
 // or that it names no layout): the chunk format of a full tag
 // (kvformat.ParseTag), for the codecs of remote tiers, and the layout, for
 // layerwise geometries (scopes_tags.go). Scopes arrive with requests (a
-// namespace, a cache salt), so it is bounded like the chunker cache: it
-// holds the scopes of the chunkers made since that cache was last cleared,
-// is cleared with it (Engine.Chunker), and never holds more than
-// maxSpecScopes. A scope it does not hold is parsed again from the scope
-// book, where connections registered it, and held again.
+// namespace, a cache salt), so it is bounded, like the chunker cache but
+// further: it holds the scopes of the chunkers made since it was last
+// cleared, at most maxSpecScopes, and when it is cleared so is the chunker
+// cache (Engine.Chunker), so that every cached chunker's tag is held. A
+// scope it does not hold is parsed again from the scope book, where
+// connections registered it, and held again while there is room.
 type scopeSpecs struct {
 	chunkTokens int
 	book        *scopeBook // asked on a miss; nil: nowhere to ask
@@ -257,26 +258,42 @@ type specEntry struct {
 	ok bool
 }
 
-// maxSpecScopes bounds scopeSpecs: the chunker cache's scopes, and as
-// many again parsed from the scope book.
-const maxSpecScopes = 2 * maxCachedScopes
+// maxSpecScopes bounds scopeSpecs (some 164 bytes a scope): four times
+// the chunker cache, so that a scope whose chunker that cache dropped
+// keeps its tag a good while longer.
+const maxSpecScopes = 4 * maxCachedScopes
 
 // store holds id's parsed tag, clearing everything first when the cap is
-// reached.
-func (s *scopeSpecs) store(id uint64, t scopeTag, ok bool) {
+// reached; it reports whether it cleared (the caller then clears the
+// chunker cache).
+func (s *scopeSpecs) store(id uint64, t scopeTag, ok bool) (cleared bool) {
 	s.mu.Lock()
 	if _, held := s.m.Load(id); !held {
 		if s.n >= maxSpecScopes {
 			s.m.Clear()
 			s.n = 0
+			cleared = true
 		}
 		s.n++
 	}
 	s.m.Store(id, specEntry{t: t, ok: ok})
 	s.mu.Unlock()
+	return cleared
 }
 
-// clear forgets every scope.
+// remember holds id's tag, parsed again from the scope book, if there is
+// room: it never clears, since the chunker cache would not be cleared with
+// it.
+func (s *scopeSpecs) remember(id uint64, t scopeTag, ok bool) {
+	s.mu.Lock()
+	if _, held := s.m.Load(id); !held && s.n < maxSpecScopes {
+		s.n++
+		s.m.Store(id, specEntry{t: t, ok: ok})
+	}
+	s.mu.Unlock()
+}
+
+// clear forgets every scope (tests).
 func (s *scopeSpecs) clear() {
 	s.mu.Lock()
 	s.m.Clear()

@@ -51,8 +51,8 @@ func (t scopeTag) parts() int {
 
 // tag returns what scope id's format tag says, and false when its tag
 // names no layout or the scope is not known: neither held (its chunker
-// made since the chunker cache was last cleared) nor registered by a
-// connection (the scope book). It allocates nothing for a held scope.
+// made since the tags were last cleared) nor registered by a connection
+// (the scope book). It allocates nothing for a held scope.
 func (s *scopeSpecs) tag(id uint64) (scopeTag, bool) {
 	if v, ok := s.m.Load(id); ok {
 		e := v.(specEntry)
@@ -66,6 +66,6 @@ func (s *scopeSpecs) tag(id uint64) (scopeTag, bool) {
 		return scopeTag{}, false
 	}
 	t, ok := parseScopeTag(scope.Format, s.chunkTokens)
-	s.store(id, t, ok)
+	s.remember(id, t, ok)
 	return t, ok
 }

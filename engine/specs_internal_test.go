@@ -9,9 +9,9 @@ import (
 )
 
 // TestScopeSpecsStayBounded: scopes arrive with requests (a namespace per
-// cache salt), so the parsed format tags are bounded like the chunker
-// cache: requests of three times as many scopes as it holds leave at
-// most maxSpecScopes tags (was: one per scope ever seen, for good), and
+// cache salt), so the parsed format tags are bounded: requests of more
+// scopes than they hold leave at most maxSpecScopes tags (was: one per
+// scope ever seen, for good), and
 // the tags of the scopes in use still answer: a registered one, whose
 // chunker is cached; the same once its tag was cleared, parsed again from
 // the scope book; one with a tag that names no layout.
@@ -27,7 +27,7 @@ func TestScopeSpecsStayBounded(t *testing.T) {
 	}
 	most := 0
 	var id uint64
-	for i := range 3 * maxCachedScopes {
+	for i := range maxSpecScopes + 2*maxCachedScopes {
 		if _, err := e.Chunker(scopeOf(i)); err != nil {
 			t.Fatal(err)
 		}
