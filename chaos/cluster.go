@@ -144,11 +144,11 @@ func clusterKill(t testing.TB, o Options, r *Report) {
 	}
 	r.Stored, r.Durable = n, n
 	p2pRead(t, rd, 0, "d2 to read d1's chunk through P2P")
-	verify(t, rd, span(1, 16), func(int) bool { return true }, r)
+	verifyRereading(t, rd, span(1, 16), func(int) bool { return true }, r)
 
 	// The controller dies: both daemons go on serving and storing.
 	c.kill()
-	verify(t, rd, span(0, 16), func(int) bool { return true }, r) // now in d2's RAM
+	verifyRereading(t, rd, span(0, 16), func(int) bool { return true }, r) // now in d2's RAM
 	// Stores go on for the load time while the controller is dead.
 	deadline := time.Now().Add(o.load())
 	outage := 100
@@ -195,10 +195,10 @@ func clusterKill(t testing.TB, o Options, r *Report) {
 	for i := 18; i < n; i++ {
 		p2pRead(t, rd, i, fmt.Sprintf("P2P to serve the restarted peer's chunk %d", i))
 	}
-	verify(t, rd, span(18, n), func(int) bool { return true }, r)
+	verifyRereading(t, rd, span(18, n), func(int) bool { return true }, r)
 	w = dialTCP(t, d1.TCP, run)
-	verify(t, w, span(0, n), func(int) bool { return true }, r)
-	verify(t, w, span(100, outage), func(int) bool { return durableOutage }, r)
+	verifyRereading(t, w, span(0, n), func(int) bool { return true }, r)
+	verifyRereading(t, w, span(100, outage), func(int) bool { return durableOutage }, r)
 	select {
 	case err := <-c.exited:
 		t.Errorf("the restarted controller exited: %v", err)

@@ -27,7 +27,10 @@ func remoteRig(t testing.TB, remoteURL string) (*servetest.Daemon, *conn) {
 	dir := t.TempDir()
 	// LRU: the fillers push the targets out of RAM whatever else touched
 	// them (a FLUSH that writes a refused chunk again takes a reference,
-	// which TREELFU counts as a hit worth keeping the chunk for).
+	// which TREELFU counts as a hit worth keeping the chunk for). So the
+	// remote faults do not exercise the default TREELFU: what they test is
+	// the remote tier under the daemon, with the targets read from it, and
+	// the policy's choices are the policy tests' concern (tier/policy).
 	d := servetest.Start(t, dir, baseConf+fmt.Sprintf("max_local_cpu_size: 0.0009765625\ncache_policy: LRU\nremote_url: %q\n", remoteURL))
 	c := dialUnix(t, d.Sock, newRun())
 	for i := range remoteTargets + remoteFillers {
@@ -140,7 +143,7 @@ func pushOut(t testing.TB, c *conn, from, sick, sickN int, r *Report) {
 func verifyRemote(t testing.TB, d *servetest.Daemon, c *conn, name string, r *Report) {
 	t.Helper()
 	failed, late := remoteFailures(t, d, name)
-	verify(t, c, allRemote(), func(int) bool { return true }, r)
+	verifyRereading(t, c, allRemote(), func(int) bool { return true }, r)
 	failed2, late2 := remoteFailures(t, d, name)
 	if failed2 > failed {
 		r.Note("%d calls to %s failed while reading back, %d of them past their deadline", failed2-failed, name, late2-late)

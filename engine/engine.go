@@ -81,10 +81,11 @@ func New(mgr *tier.Manager, chunkSize int, saveUnfull bool, log *slog.Logger) (*
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	book := newScopeBook()
 	return &Engine{chunkSize: chunkSize, saveUnfull: saveUnfull, mgr: mgr, log: log,
 		chunkers: make(map[chunk.Scope]*chunk.Chunker),
-		leases:   newLeaseTable(mgr.RAM().Arena()), book: newScopeBook(),
-		specs: &scopeSpecs{chunkTokens: chunkSize}}, nil
+		leases:   newLeaseTable(mgr.RAM().Arena()), book: book,
+		specs: &scopeSpecs{chunkTokens: chunkSize, book: book}}, nil
 }
 
 // ChunkSize returns the number of tokens per chunk.
@@ -114,13 +115,19 @@ func (e *Engine) Chunker(scope chunk.Scope) (*chunk.Chunker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	e.specs.note(c.Scope(), scope.Format)
+	t, tagged := parseScopeTag(scope.Format, e.chunkSize)
 	e.mu.Lock()
 	if prev, ok := e.chunkers[scope]; ok {
 		c = prev
 	} else {
 		if len(e.chunkers) >= maxCachedScopes {
 			clear(e.chunkers) // scopes come from requests: keep the cache bounded
+		}
+		// The parsed tags are bounded too; when they are cleared so are
+		// the chunkers, so that every cached chunker's tag is held (under
+		// e.mu, so that no chunker is cached between the two).
+		if e.specs.store(c.Scope(), t, tagged) {
+			clear(e.chunkers)
 		}
 		e.chunkers[scope] = c
 	}

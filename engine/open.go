@@ -107,7 +107,8 @@ func Open(o Options) (*Engine, error) {
 	if t := openP2P(o); t != nil {
 		lower = append(lower, t)
 	}
-	specs := &scopeSpecs{chunkTokens: o.ChunkSize}
+	// The remote tiers ask specs from now on: its book is the engine's.
+	specs := &scopeSpecs{chunkTokens: o.ChunkSize, book: newScopeBook()}
 	remotes, err := openRemotes(o, specs.get)
 	if err != nil {
 		closeTiers(lower)
@@ -125,7 +126,7 @@ func Open(o Options) (*Engine, error) {
 	e, err := New(mgr, o.ChunkSize, o.SaveUnfull, o.Logger)
 	if err == nil {
 		e.namespace = o.Namespace
-		e.specs = specs
+		e.specs, e.book = specs, specs.book
 		e.leases.setRule(o.LeaseTTL, o.MaxLeaseTTL)
 		e.setQuotas(o.Quotas)
 	}
@@ -232,19 +233,79 @@ func cmpOr(s, def string) string {
 	return s
 }
 
-// scopeSpecs remembers what the format tag of each scope whose tag names
-// a layout says (scopeTag): the chunk format of a full tag
+// scopeSpecs remembers what the format tag of each scope says (scopeTag,
+// or that it names no layout): the chunk format of a full tag
 // (kvformat.ParseTag), for the codecs of remote tiers, and the layout, for
-// layerwise geometries (scopes_tags.go). It never forgets a scope.
+// layerwise geometries (scopes_tags.go). Scopes arrive with requests (a
+// namespace, a cache salt), so it is bounded, like the chunker cache but
+// further: it holds the scopes of the chunkers made since it was last
+// cleared, at most maxSpecScopes, and when it is cleared so is the chunker
+// cache (Engine.Chunker), so that every cached chunker's tag is held. A
+// scope it does not hold is parsed again from the scope book, where
+// connections registered it, and held again while there is room.
 type scopeSpecs struct {
 	chunkTokens int
-	m           sync.Map // uint64 → scopeTag
+	book        *scopeBook // asked on a miss; nil: nowhere to ask
+	mu          sync.Mutex // serialises stores and clears
+	n           int        // ids stored since the last clear
+	m           sync.Map   // uint64 → specEntry
 }
 
-func (s *scopeSpecs) note(id uint64, format string) {
-	if t, ok := parseScopeTag(format, s.chunkTokens); ok {
-		s.m.Store(id, t)
+// specEntry is a scope's parsed tag; ok is false when the tag names no
+// layout (remembered too, so that such a scope is not parsed again).
+type specEntry struct {
+	t  scopeTag
+	ok bool
+}
+
+// maxSpecScopes bounds scopeSpecs (some 164 bytes a scope): four times
+// the chunker cache, so that a scope whose chunker that cache dropped
+// keeps its tag a good while longer.
+const maxSpecScopes = 4 * maxCachedScopes
+
+// store holds id's parsed tag, clearing everything first when the cap is
+// reached; it reports whether it cleared (the caller then clears the
+// chunker cache).
+func (s *scopeSpecs) store(id uint64, t scopeTag, ok bool) (cleared bool) {
+	s.mu.Lock()
+	if _, held := s.m.Load(id); !held {
+		if s.n >= maxSpecScopes {
+			s.m.Clear()
+			s.n = 0
+			cleared = true
+		}
+		s.n++
 	}
+	s.m.Store(id, specEntry{t: t, ok: ok})
+	s.mu.Unlock()
+	return cleared
+}
+
+// remember holds id's tag, parsed again from the scope book, if there is
+// room: it never clears, since the chunker cache would not be cleared with
+// it.
+func (s *scopeSpecs) remember(id uint64, t scopeTag, ok bool) {
+	s.mu.Lock()
+	if _, held := s.m.Load(id); !held && s.n < maxSpecScopes {
+		s.n++
+		s.m.Store(id, specEntry{t: t, ok: ok})
+	}
+	s.mu.Unlock()
+}
+
+// clear forgets every scope (tests).
+func (s *scopeSpecs) clear() {
+	s.mu.Lock()
+	s.m.Clear()
+	s.n = 0
+	s.mu.Unlock()
+}
+
+// len returns how many scopes are held.
+func (s *scopeSpecs) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n
 }
 
 func (s *scopeSpecs) get(id uint64) kvformat.Spec {

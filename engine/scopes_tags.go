@@ -49,12 +49,23 @@ func (t scopeTag) parts() int {
 	return 0
 }
 
-// tag returns what scope id's format tag says, and false when no chunker
-// of the scope was made since the engine started or its tag names no
-// layout. It allocates nothing.
+// tag returns what scope id's format tag says, and false when its tag
+// names no layout or the scope is not known: neither held (its chunker
+// made since the tags were last cleared) nor registered by a connection
+// (the scope book). It allocates nothing for a held scope.
 func (s *scopeSpecs) tag(id uint64) (scopeTag, bool) {
 	if v, ok := s.m.Load(id); ok {
-		return v.(scopeTag), true
+		e := v.(specEntry)
+		return e.t, e.ok
 	}
-	return scopeTag{}, false
+	if s.book == nil {
+		return scopeTag{}, false
+	}
+	scope, ok := s.book.lookup(id)
+	if !ok {
+		return scopeTag{}, false
+	}
+	t, ok := parseScopeTag(scope.Format, s.chunkTokens)
+	s.remember(id, t, ok)
+	return t, ok
 }

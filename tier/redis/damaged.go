@@ -37,9 +37,9 @@ return redis.call('DEL', KEYS[1])
 // match, so that a good object stored since the damaged read (after
 // another reader removed the damaged one) stays. A Redis that refuses
 // scripts keeps the damaged object; the breaker is what stops its reads.
-func (t *Tier) RemoveDamaged(key chunk.Key, d remote.Damage) bool {
+func (t *Tier) RemoveDamaged(key chunk.Key, d remote.Damage) remote.Removal {
 	if t.closed.Load() || len(d.Head) == 0 {
-		return false
+		return remote.DamageKept
 	}
 	ctx, cancel := remote.BoundCall(context.Background(), t.timeout, t.bandwidth, len(d.Head)+len(d.Part))
 	defer cancel()
@@ -47,12 +47,12 @@ func (t *Tier) RemoveDamaged(key chunk.Key, d remote.Damage) bool {
 		d.Size, d.Head, d.Off, d.Part).Int()
 	if err != nil {
 		t.logError("remove damaged", key, err)
-		return false
+		return remote.DamageKept
 	}
 	if n == 0 {
-		return false
+		return remote.DamageGone
 	}
 	t.known.forget(key)
 	t.stats.removes.Add(1)
-	return true
+	return remote.DamageRemoved
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"kvtier/chunk"
 	"kvtier/tier"
 	"kvtier/tier/remote"
 )
@@ -47,6 +48,48 @@ func TestForeignValueLeavesRedisServing(t *testing.T) {
 	}
 }
 
+// TestForeignValueInLookupsLeavesRedisServing: whole reads (Encoded.Get,
+// which asks Size first) and prefix lookups of a key holding a list find
+// it not stored and count it in the tier's Corrupt, never as a failure of
+// Redis (was: STRLEN's WRONGTYPE counted as a failure, and two of them
+// opened the circuit).
+func TestForeignValueInLookupsLeavesRedisServing(t *testing.T) {
+	srv := sharedServer(t)
+	rt := openTier(t, srv.url(""))
+	ctx := context.Background()
+	scope := uniqueScope()
+	good, foreign := testKey(scope, 1), testKey(scope, 2)
+	if err := rt.Put(ctx, good, payload(1000, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.rawClient().RPush(ctx, rt.keyName(foreign), "someone", "else's").Err(); err != nil {
+		t.Fatal(err)
+	}
+	g := remote.Guard(rt, remote.GuardOptions{Timeout: 10 * time.Second, Threshold: 2, ProbeInterval: time.Hour})
+	e := remote.Encode(g, "redis", nil, nil)
+	t.Cleanup(func() { e.Close() })
+	for range 4 {
+		if _, err := e.Get(ctx, foreign, make([]byte, 4096)); err == nil {
+			t.Fatal("Get of a list succeeded")
+		}
+		if n := g.PrefixContains([]chunk.Key{good, foreign, good}); n != 1 {
+			t.Fatalf("PrefixContains = %d, want 1", n)
+		}
+		if n, ok, err := rt.SizeErr(foreign); ok || n != 0 || err != nil {
+			t.Fatalf("SizeErr of a list = %d, %v, %v; want not stored, no error", n, ok, err)
+		}
+		if _, err := rt.PrefixContainsErr([]chunk.Key{foreign}); err != nil {
+			t.Fatalf("PrefixContainsErr of a list: %v", err)
+		}
+	}
+	if h := g.Health(); h.State != remote.StateClosed || h.Failures != 0 {
+		t.Fatalf("after lookups of a foreign value: %+v, want closed, no failure", h)
+	}
+	if rt.Stats().Corrupt == 0 {
+		t.Fatal("the foreign value was not counted")
+	}
+}
+
 // TestRemoveDamagedComparesTheValue: RemoveDamaged deletes only a value
 // that still holds the damaged bytes, at the head and at the offset given,
 // with the length given.
@@ -68,27 +111,27 @@ func TestRemoveDamagedComparesTheValue(t *testing.T) {
 		"other part":   {Size: -1, Head: v[:100], Off: 5990, Part: other[5990:6010]},
 		"past the end": {Size: -1, Head: v[:100], Off: 9990, Part: v[:20]},
 	} {
-		if rt.RemoveDamaged(k, d) {
-			t.Fatalf("%s: removed", name)
+		if r := rt.RemoveDamaged(k, d); r != remote.DamageGone {
+			t.Fatalf("%s: %v, want DamageGone (replaced)", name, r)
 		}
 		if n, _ := srv.rawClient().Exists(ctx, rt.keyName(k)).Result(); n != 1 {
 			t.Fatalf("%s: the value is gone", name)
 		}
 	}
-	if !rt.RemoveDamaged(k, remote.Damage{Size: -1, Head: v[:100], Off: 5990, Part: v[5990:6010]}) {
+	if rt.RemoveDamaged(k, remote.Damage{Size: -1, Head: v[:100], Off: 5990, Part: v[5990:6010]}) != remote.DamageRemoved {
 		t.Fatal("the matching value was not removed")
 	}
 	if err := rt.Put(ctx, k, v); err != nil {
 		t.Fatal(err)
 	}
-	if !rt.RemoveDamaged(k, remote.Damage{Size: len(v), Head: v}) {
+	if rt.RemoveDamaged(k, remote.Damage{Size: len(v), Head: v}) != remote.DamageRemoved {
 		t.Fatal("the matching whole value was not removed")
 	}
 	if n, _ := srv.rawClient().Exists(ctx, rt.keyName(k)).Result(); n != 0 || rt.Stats().Removes != 2 {
 		t.Fatalf("after two removals: exists %d, removes %d", n, rt.Stats().Removes)
 	}
-	if rt.RemoveDamaged(k, remote.Damage{Size: -1, Head: v[:100]}) {
-		t.Fatal("removed a missing key")
+	if r := rt.RemoveDamaged(k, remote.Damage{Size: -1, Head: v[:100]}); r != remote.DamageGone {
+		t.Fatalf("a missing key: %v, want DamageGone", r)
 	}
 }
 

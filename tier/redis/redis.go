@@ -234,6 +234,12 @@ func (t *Tier) SizeErr(key chunk.Key) (int, bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), t.timeout)
 	defer cancel()
 	n, err := t.client.StrLen(ctx, t.keyName(key)).Result()
+	if isWrongType(err) {
+		// Another program's value (a list, a hash) under the key: not
+		// stored, as far as this tier goes, and no sign of Redis' health.
+		t.stats.corrupt.Add(1)
+		return 0, false, nil
+	}
 	if err != nil {
 		t.logError("strlen", key, err)
 		return 0, false, err
@@ -268,13 +274,28 @@ func (t *Tier) PrefixContainsErr(keys []chunk.Key) (int, error) {
 		}
 		return nil
 	})
+	if isWrongType(err) {
+		// The pipeline reports its first failed command. A foreign value
+		// (WRONGTYPE) is "not stored", not a failure of Redis: report only
+		// a command that failed otherwise.
+		err = nil
+		for _, c := range lens {
+			if e := c.Err(); e != nil && !isWrongType(e) && !errors.Is(e, goredis.Nil) {
+				err = e
+				break
+			}
+		}
+	}
 	if err != nil {
 		t.logError("prefix strlen", keys[0], err)
 	}
 	n := 0
 	for ; n < len(keys); n++ {
-		size, err := lens[n].Result()
-		if err != nil || size <= 0 {
+		size, e := lens[n].Result()
+		if isWrongType(e) {
+			t.stats.corrupt.Add(1)
+		}
+		if e != nil || size <= 0 {
 			break
 		}
 		t.known.add(keys[n], int(size))

@@ -1,8 +1,10 @@
 package remote
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -192,5 +194,165 @@ func TestProbationEndRacesAnOpening(t *testing.T) {
 	g.cor.mu.Unlock()
 	if next != 4*time.Minute {
 		t.Fatalf("next back-off %v, want 4m (the back-off was reset)", next)
+	}
+}
+
+// TestReadersOfOneDamagedObjectCountOnce: several readers that found one
+// object damaged at once (a hot chunk read by concurrent requests) each
+// come to remove it; the first does and counts the read against the
+// store, the others find it gone and do not (was: all five counted, and
+// the circuit opened for corruption over one damaged object). All five
+// count in the tier's own Corrupt.
+func TestReadersOfOneDamagedObjectCountOnce(t *testing.T) {
+	f := newFake()
+	g := guard(t, pingFake{f}, GuardOptions{Threshold: 2})
+	e := Encode(g, "fake", nil, nil)
+	k := key(4)
+	bad := damagedObject(t, e, f, k, []byte("a hot chunk of KV, damaged in the store"))
+	for range 5 {
+		e.damaged(k, codec.ErrCorrupt, Damage{Size: len(bad), Head: bad})
+	}
+	if _, ok := f.holds(k); ok {
+		t.Fatal("the damaged object was not removed")
+	}
+	if h := g.Health(); h.State != StateClosed || h.Corrupt != 1 {
+		t.Fatalf("after five readers of one damaged object: %+v, want closed, one corrupt read", h)
+	}
+	if got := e.corrupt.Load(); got != 5 {
+		t.Fatalf("tier Corrupt = %d, want 5", got)
+	}
+}
+
+// rangeStore is a fake that reads ranges, short at an object's end; after,
+// when set, runs after each range read.
+type rangeStore struct {
+	*fake
+	after func(off int)
+}
+
+func (r *rangeStore) Ping(context.Context) error { return nil }
+
+func (r *rangeStore) GetRange(_ context.Context, k chunk.Key, off int, dst []byte) (int, error) {
+	r.mu.Lock()
+	v := r.data[k]
+	n := 0
+	if off < len(v) {
+		n = copy(dst, v[off:])
+	}
+	r.mu.Unlock()
+	if r.after != nil {
+		r.after(off)
+	}
+	return n, nil
+}
+
+// TestTruncatedRangeReadSparesAGoodObject: a range read that comes back
+// short (a truncated object) states the length it found, so that a good
+// object stored under the key since (another reader removed the truncated
+// one, a writer stored the chunk again), which begins with the same
+// bytes, is not removed in its place (was: no length, and the good object
+// matched). The error names the piece that was cut, not the first piece
+// read. A truncated object still there is removed; so is a truncated
+// header, and a good object that replaced it is spared likewise.
+func TestTruncatedRangeReadSparesAGoodObject(t *testing.T) {
+	data := make([]byte, 3*4096+100) // four pieces of 4 KiB
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	good, err := codec.SealPieced(nil, kvformat.Spec{}, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name        string
+		cut         int  // bytes of the object stored
+		swap        bool // the good object replaces it after the read
+		headerFails bool // OpenRange fails
+	}{
+		{"cut in the last piece, replaced", len(good) - 50, true, false},
+		{"cut in the last piece, still there", len(good) - 50, false, false},
+		{"cut in the header, replaced", 100, true, true},
+		{"cut in the header, still there", 100, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFake()
+			s := &rangeStore{fake: f}
+			e := Encode(s, "fake", nil, nil)
+			k := key(3)
+			f.data[k] = append([]byte(nil), good[:tc.cut]...)
+			swapAfter := func(off int) {
+				if tc.swap && (off > 0 || tc.headerFails) {
+					s.after = nil
+					f.mu.Lock()
+					f.data[k] = append([]byte(nil), good...)
+					f.mu.Unlock()
+				}
+			}
+			dst := make([]byte, len(data))
+			if tc.headerFails {
+				s.after = swapAfter
+			}
+			rr, err := e.OpenRange(ctx, k, dst)
+			if tc.headerFails {
+				if !errors.Is(err, tier.ErrCorrupt) {
+					t.Fatalf("OpenRange of a cut header: %v", err)
+				}
+			} else {
+				if err != nil {
+					t.Fatal(err)
+				}
+				s.after = swapAfter
+				err = rr.ReadRange(ctx, 0, len(data))
+				if !errors.Is(err, tier.ErrCorrupt) || !strings.Contains(err.Error(), "piece 3 of 4") {
+					t.Fatalf("ReadRange of a cut object: %v, want piece 3 corrupt", err)
+				}
+			}
+			v, ok := f.holds(k)
+			switch {
+			case tc.swap && (!ok || !bytes.Equal(v, good)):
+				t.Fatal("the good object stored since the short read was removed")
+			case !tc.swap && ok:
+				t.Fatal("the truncated object was not removed")
+			}
+		})
+	}
+}
+
+// TestWholeDamageIsBounded: a whole read of a large damaged object hands
+// the store a condition of its length, its first bytes and one window of
+// its last, not the object (was: all of it, which Redis received as a
+// script argument and the shared filesystem read back whole), and the
+// object is removed all the same; an object of another length stays.
+func TestWholeDamageIsBounded(t *testing.T) {
+	f := newFake()
+	g := guard(t, pingFake{f}, GuardOptions{Threshold: 5})
+	e := Encode(g, "fake", nil, nil)
+	ctx := context.Background()
+	data := make([]byte, 1<<20)
+	for i := range data {
+		data[i] = byte(i * 13)
+	}
+	k := key(5)
+	bad := damagedObject(t, e, f, k, data)
+	if _, err := e.Get(ctx, k, make([]byte, len(data))); !errors.Is(err, tier.ErrCorrupt) {
+		t.Fatalf("Get of a damaged object: %v", err)
+	}
+	if _, ok := f.holds(k); ok {
+		t.Fatal("the damaged object was not removed")
+	}
+	f.mu.Lock()
+	compared := f.compared
+	f.mu.Unlock()
+	if compared > 2*damageWindow {
+		t.Fatalf("the condition held %d bytes of a %d-byte object, want at most %d", compared, len(bad), 2*damageWindow)
+	}
+	d := wholeDamage(bad)
+	if !d.Matches(bad) || d.Matches(bad[:len(bad)-1]) || d.Matches(append(bad[:len(bad):len(bad)], 0)) {
+		t.Fatal("the bounded condition does not tell the object from one of another length")
+	}
+	small := []byte("a small object")
+	if d := wholeDamage(small); !d.Matches(small) || len(d.Part) != 0 {
+		t.Fatalf("a small object's condition: %+v", d)
 	}
 }

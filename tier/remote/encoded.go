@@ -100,12 +100,18 @@ func Encode(inner tier.Tier, name string, c codec.Codec, specOf SpecFunc) *Encod
 // comes first because the report may open the circuit (at once, on
 // probation), and an open circuit refuses the removal: the object would
 // survive to reopen the circuit at the next read, and so on forever.
+// When the object is already gone or replaced, another reader of the same
+// damaged object (a hot chunk read by several requests at once) removed it
+// and counted it: this read does not count again, so that one damaged
+// object does not look like a sick store.
 func (e *Encoded) damaged(k chunk.Key, err error, d Damage) {
 	e.corrupt.Add(1)
 	if !errors.Is(err, codec.ErrCorrupt) {
 		return
 	}
-	removeDamaged(e.inner, k, d)
+	if removeDamaged(e.inner, k, d) == DamageGone {
+		return
+	}
 	if e.guard != nil {
 		e.guard.ReportCorrupt()
 	}
@@ -203,7 +209,7 @@ func (e *Encoded) fetch(ctx context.Context, k chunk.Key, n int) ([]byte, codec.
 	obj = obj[:got]
 	info, err := codec.PeekInfo(obj)
 	if err != nil {
-		e.damaged(k, err, Damage{Size: len(obj), Head: obj})
+		e.damaged(k, err, wholeDamage(obj))
 		return nil, codec.Info{}, fmt.Errorf("%s: %v: %w", e.name, err, tier.ErrCorrupt)
 	}
 	return obj, info, nil
@@ -268,7 +274,7 @@ func (e *Encoded) Get(ctx context.Context, k chunk.Key, dst []byte) (int, error)
 		_, _, err = codec.Unseal(dst[:0], obj)
 	}
 	if err != nil {
-		e.damaged(k, err, Damage{Size: len(obj), Head: obj})
+		e.damaged(k, err, wholeDamage(obj))
 		return 0, fmt.Errorf("%s: %v: %v: %w", e.name, k, err, tier.ErrCorrupt)
 	}
 	e.verified()

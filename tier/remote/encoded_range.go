@@ -125,7 +125,14 @@ func (e *Encoded) OpenRange(ctx context.Context, k chunk.Key, dst []byte) (tier.
 		err = fmt.Errorf("chunk of %d bytes, buffer of %d: %w", r.p.Info.RawLen, len(dst), io.ErrShortBuffer)
 	}
 	if err != nil {
-		e.damaged(k, err, Damage{Size: -1, Head: head[:n]})
+		// A short header is the whole object (a range read comes back
+		// short only at its end): its length goes into the condition, so
+		// that a good object, which begins with the same bytes, is spared.
+		size := -1
+		if n < len(head) {
+			size = n
+		}
+		e.damaged(k, err, Damage{Size: size, Head: head[:n]})
 		return nil, fmt.Errorf("%s: %v: %v: %w", e.name, k, err, tier.ErrCorrupt)
 	}
 	r.head = head[:n]
@@ -172,8 +179,9 @@ func (r *piecedRange) ReadRange(ctx context.Context, from, to int) error {
 		return fmt.Errorf("%s: %v: %w", r.e.name, r.key, tier.ErrNotFound)
 	}
 	for i := first; i < end; i++ {
-		if n != hi-lo || !r.p.Check(i, r.dst[i*pl:min((i+1)*pl, len(r.dst))]) {
-			return r.failed(ctx, i, lo, n)
+		plo, phi := i*pl, min((i+1)*pl, len(r.dst))
+		if phi > lo+n || !r.p.Check(i, r.dst[plo:phi]) {
+			return r.failed(ctx, i, lo, hi, n)
 		}
 		r.have[i/64] |= 1 << (i % 64)
 	}
@@ -181,14 +189,16 @@ func (r *piecedRange) ReadRange(ctx context.Context, from, to int) error {
 	return nil
 }
 
-// failed handles piece i of the range read at lo (n bytes of it) failing
-// its check. The object may have been replaced since OpenRange (expired,
-// then stored again, perhaps with another codec), and the piece table is
-// the old object's: so the header is read again first, and a header that
-// changed, or is gone, makes the read a miss, not damage. Otherwise the
-// object is damaged, and is removed only if the store still holds the
-// header and the bytes that failed.
-func (r *piecedRange) failed(ctx context.Context, i, lo, n int) error {
+// failed handles piece i of the range read of [lo, hi) (n bytes of it)
+// failing its check, or cut short before its end. The object may have been
+// replaced since OpenRange (expired, then stored again, perhaps with
+// another codec), and the piece table is the old object's: so the header
+// is read again first, and a header that changed, or is gone, makes the
+// read a miss, not damage. Otherwise the object is damaged, and is removed
+// only if the store still holds the header and the bytes that failed and,
+// when the read came back short (the object ends there: it is truncated),
+// has that length: a good object stored since begins with the same bytes.
+func (r *piecedRange) failed(ctx context.Context, i, lo, hi, n int) error {
 	head := make([]byte, len(r.head))
 	got, err := r.e.ranged.GetRange(ctx, r.key, 0, head)
 	if err != nil {
@@ -197,7 +207,14 @@ func (r *piecedRange) failed(ctx context.Context, i, lo, n int) error {
 	if got != len(r.head) || !bytes.Equal(head, r.head) {
 		return fmt.Errorf("%s: %v: replaced since its header was read: %w", r.e.name, r.key, tier.ErrNotFound)
 	}
-	r.e.damaged(r.key, codec.ErrCorrupt, Damage{Size: -1, Head: r.head, Off: codec.PiecedHeaderSize + lo, Part: r.dst[lo : lo+n]})
+	size := -1
+	if n < hi-lo {
+		size = codec.PiecedHeaderSize + lo + n
+	}
+	// The piece that failed, as read, not the whole range.
+	pl := r.p.PieceLen()
+	part := r.dst[i*pl : min((i+1)*pl, lo+n)]
+	r.e.damaged(r.key, codec.ErrCorrupt, Damage{Size: size, Head: r.head, Off: codec.PiecedHeaderSize + i*pl, Part: part})
 	return fmt.Errorf("%s: %v: piece %d of %d: %w", r.e.name, r.key, i, r.p.Count, tier.ErrCorrupt)
 }
 

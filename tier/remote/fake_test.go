@@ -39,6 +39,8 @@ type fake struct {
 
 	mu   sync.Mutex
 	data map[chunk.Key][]byte
+	// compared is how many bytes RemoveDamaged's conditions held, in all.
+	compared int
 }
 
 func newFake() *fake {
@@ -196,16 +198,17 @@ func noLeak(t *testing.T) {
 
 // RemoveDamaged implements DamageRemover: the object goes only while it
 // matches d.
-func (f *fake) RemoveDamaged(k chunk.Key, d Damage) bool {
+func (f *fake) RemoveDamaged(k chunk.Key, d Damage) Removal {
 	if f.enter(nil) != nil {
-		return false
+		return DamageKept
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.compared += len(d.Head) + len(d.Part)
 	v, ok := f.data[k]
 	if !ok || !d.Matches(v) {
-		return false
+		return DamageGone
 	}
 	delete(f.data, k)
-	return true
+	return DamageRemoved
 }

@@ -435,7 +435,7 @@ type call struct {
 	stage  Staged // a staged object's calls (stage.go)
 	dmg    Damage // RemoveDamaged's condition, over buf (damage.go)
 
-	n   int
+	n   int // a count, a size, or RemoveDamaged's Removal
 	ok  bool
 	err error
 
@@ -615,7 +615,7 @@ func (g *Guarded) execPlain(c *call) {
 	case opRemove:
 		c.ok = tier.Remove(g.inner, c.key)
 	case opRemoveDamaged:
-		c.ok = removeDamaged(g.inner, c.key, c.dmg)
+		c.n = int(removeDamaged(g.inner, c.key, c.dmg))
 	case opPing:
 		c.err = g.ping.Ping(c.ctx)
 	case opGetRange:

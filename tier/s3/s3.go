@@ -422,6 +422,43 @@ func (t *Tier) Remove(key chunk.Key) bool {
 	return true
 }
 
+var _ remote.DamageRemover = (*Tier)(nil)
+
+// RemoveDamaged implements remote.DamageRemover. S3 offers no conditional
+// delete through its client, so the delete is unconditional once a HEAD
+// finds an object of the damaged length (a length that differs, or no
+// object, means it was replaced or is gone: it stays). The trade: another
+// reader may have removed the damaged object and a writer stored a good
+// one since the damaged read, and this deletes the good one. Chunk keys
+// are content hashes of the tokens, so every object under a key holds the
+// same KV: that costs at most one more store of identical bytes, while a
+// damaged object that stayed would never heal (Put keeps an existing
+// object) and would keep counting against the store.
+func (t *Tier) RemoveDamaged(key chunk.Key, d remote.Damage) remote.Removal {
+	if t.closed.Load() {
+		return remote.DamageKept
+	}
+	t.known.forget(key)
+	ctx, cancel := t.bound(context.Background(), 0)
+	defer cancel()
+	name := objectName(t.cfg.Prefix, key)
+	info, err := t.client.StatObject(ctx, t.cfg.Bucket, name, minio.StatObjectOptions{})
+	switch {
+	case isNotFound(err):
+		return remote.DamageGone
+	case err != nil:
+		return remote.DamageKept
+	case d.Size >= 0 && info.Size != int64(d.Size):
+		return remote.DamageGone // replaced
+	}
+	if err := t.client.RemoveObject(ctx, t.cfg.Bucket, name, minio.RemoveObjectOptions{}); err != nil {
+		t.logs.Log(t.log, slog.LevelWarn, "s3 remove of a damaged object failed", "object", name, "err", err)
+		return remote.DamageKept
+	}
+	t.removes.Add(1)
+	return remote.DamageRemoved
+}
+
 // Stats implements tier.StatsReporter. Capacity, Used and Objects are unknown to a
 // client of a shared bucket and stay zero.
 func (t *Tier) Stats() tier.Stats {
