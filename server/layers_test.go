@@ -28,7 +28,7 @@ const (
 
 // startDiskService serves an engine with a disk tier in diskDir on a
 // local socket.
-func startDiskService(t *testing.T, diskDir string) *daemon {
+func startDiskService(t testing.TB, diskDir string) *daemon {
 	t.Helper()
 	eng, err := engine.Open(engine.Options{ChunkSize: pChunkTokens, RAMBytes: 16 << 20, Policy: "LRU", SaveUnfull: true,
 		DiskDir: diskDir, DiskBytes: 64 << 20})

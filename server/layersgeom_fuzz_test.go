@@ -4,14 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"path/filepath"
 	"testing"
-	"time"
 
 	"kvtier/chunk"
 	"kvtier/client"
 	"kvtier/engine"
-	"kvtier/server"
 	"kvtier/tier"
 	"kvtier/wire"
 )
@@ -148,28 +145,4 @@ func geometryFits(format string, layers, parts int) error {
 
 // startFuzzDisk serves an engine with a disk tier on a local socket for
 // the whole of a fuzz test (each worker process has its own).
-func startFuzzDisk(tb testing.TB) *daemon {
-	tb.Helper()
-	eng, err := engine.Open(engine.Options{ChunkSize: pChunkTokens, RAMBytes: 16 << 20, Policy: "LRU", SaveUnfull: true,
-		DiskDir: tb.TempDir(), DiskBytes: 64 << 20})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	svc := server.NewService(eng, server.ServiceOptions{Token: testToken})
-	d := &daemon{eng: eng, svc: svc, sock: filepath.Join(tb.TempDir(), "kvtier.sock")}
-	ln, err := server.ListenUnix(d.sock, 0)
-	if err != nil {
-		eng.Close()
-		tb.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- svc.Serve(ln) }()
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := errors.Join(svc.Shutdown(ctx), <-served, eng.Close()); err != nil {
-			tb.Error(err)
-		}
-	})
-	return d
-}
+func startFuzzDisk(tb testing.TB) *daemon { return startDiskService(tb, tb.TempDir()) }
