@@ -16,9 +16,10 @@ import (
 //
 // Layout. A directory of segments, chosen by the top bits of a hash seeded
 // per index (extendible hashing); each segment is a Robin Hood table with
-// linear probing, homed by a second hash seeded per segment. A segment
+// linear probing, homed by a window of a second hash that the segment
+// chooses (its rotation, drawn at random when it is made). A segment
 // doubles up to maxSegSlots and then splits in two, and a probe that runs
-// too long draws new seeds for that segment alone, so no change rebuilds
+// too long draws a new rotation for that segment alone, so no change rebuilds
 // more than one segment (at most maxSegSlots slots) under the tier's write
 // lock, which lookups wait for: a few microseconds, not a rehash of
 // millions of keys.
@@ -38,12 +39,15 @@ import (
 // the slot must not follow from them alone: both hashes mix all 16 bytes
 // of the chunk hash and the scope with random seeds, and a client cannot
 // aim collisions at a slot it cannot compute. A probe longer than maxDist
-// (not seen with random hashes at a load of 3/4) draws new seeds for its
-// segment; after maxReseeds of them the segment grows (doubles or splits,
-// either of which lowers its load), and a key that still finds no slot —
-// possible only for keys that share both hashes whatever the segment's
-// seeds, which needs the index's seeds — goes to a short list (spill) that
-// misses then scan. Every step is bounded: nothing loops on bad luck.
+// (not seen with random hashes at a load of 3/4) makes its segment draw a
+// new rotation, which homes its keys by other bits of the slot hash; after
+// maxReseeds of them the segment grows (doubles or splits, either of which
+// lowers its load), and a key that still finds no slot — possible only for
+// keys that share the slot hash, which needs the index's seeds — goes to a
+// short list (spill) that misses then scan. Every step is bounded: nothing
+// loops on bad luck. (A rotation rather than a multiply by per-segment
+// seeds: a multiply after the segment is loaded, or a third one beside
+// the directory's, made a hit 1.5–3 ns slower.)
 //
 // Memory: 33 bytes per slot (the 24-byte key, the 8-byte id, the
 // distance byte). A segment grows before its load passes 3/4 and doubles
@@ -60,16 +64,17 @@ type keyIndex struct {
 }
 
 // segment is one Robin Hood table. ctrl[i] is 0 for an empty slot, else
-// 1 + the distance of slots[i] from its home.
+// 1 + the distance of slots[i] from its home. The fields a lookup reads
+// come first, within one cache line.
 type segment struct {
-	depth   uint // local depth: how many top hash bits all its keys share
 	mask    uint64
-	seed    [2]uint64 // the slot hash's, drawn when the segment is made or rebuilt
-	n       int
-	far     uint8 // the longest distance of a key from its home since the segment was made
-	reseeds uint8 // rebuilds with new seeds at this size
-	ctrl    []uint8
 	slots   []islot
+	ctrl    []uint8
+	rot     uint8 // homes are the slot hash rotated left by rot, masked; drawn when the segment is made or rebuilt
+	far     uint8 // the longest distance of a key from its home since the segment was made
+	reseeds uint8 // rebuilds with a new rotation at this size
+	depth   uint  // local depth: how many top hash bits all its keys share
+	n       int
 }
 
 type islot struct {
@@ -79,6 +84,8 @@ type islot struct {
 
 // The sizes and bounds, variables so that tests can shrink them and reach
 // splits, reseeds and the spill list with a few keys.
+//
+// maxReseeds stays well below 64: a segment's rotations are 64.
 var (
 	minSegSlots = 8
 	maxSegSlots = 1024 // a split rehashes at most 768 keys
@@ -98,11 +105,11 @@ func newKeyIndex() *keyIndex {
 
 // reset empties the index and draws fresh seeds.
 func (ix *keyIndex) reset() {
-	// Any seeds do: for some key a factor below is zero (the first hash
+	// Any seeds do: for some keys a factor in hash is zero (the first hash
 	// word equal to seed[0], the scope equal to seed[3]) and the product
-	// drops the other words, but finding such keys needs the seeds. Keys
-	// that collide so in the directory hash still differ in the slot hash
-	// (x below), unless they collide in both.
+	// drops the other words (the second hash word, or x), but finding such
+	// keys needs the seeds; the slot hash adds x back, so a scope equal to
+	// seed[3] does not give all of that scope's keys one home.
 	for i := range ix.seed {
 		ix.seed[i] = rand.Uint64()
 	}
@@ -113,8 +120,7 @@ func (ix *keyIndex) reset() {
 }
 
 func newSegment(slots int, depth uint) *segment {
-	return &segment{depth: depth, mask: uint64(slots - 1),
-		seed: [2]uint64{rand.Uint64(), rand.Uint64()},
+	return &segment{depth: depth, mask: uint64(slots - 1), rot: uint8(rand.Uint32N(64)),
 		ctrl: make([]uint8, slots), slots: make([]islot, slots)}
 }
 
@@ -122,22 +128,23 @@ func newSegment(slots int, depth uint) *segment {
 func (ix *keyIndex) Len() int { return ix.n }
 
 // hash mixes the key with the index's seeds: a multiply-fold of the two
-// halves of the chunk hash (x), then of that with the scope (g). The
-// directory takes g's top bits; a segment homes the key by g and x with
-// its own seeds (home).
-func (ix *keyIndex) hash(k *chunk.Key) (g, x uint64) {
+// halves of the chunk hash (x), then of that with the scope (g). g's top
+// bits choose the directory entry; a window of y = g^x homes the key in
+// its segment (home): g's top bits are the same for all of a segment's
+// keys, x's are not, and y stays x where a zero factor makes g 0. Get has
+// its own copy.
+func (ix *keyIndex) hash(k *chunk.Key) (g, y uint64) {
 	lo := binary.LittleEndian.Uint64(k.Hash[0:8])
 	hi := binary.LittleEndian.Uint64(k.Hash[8:16])
 	a, b := bits.Mul64(lo^ix.seed[0], hi^ix.seed[1])
-	x = a ^ b
+	x := a ^ b
 	c, d := bits.Mul64(x^ix.seed[2], k.Scope^ix.seed[3])
-	return c ^ d, x
+	return c ^ d, c ^ d ^ x
 }
 
-// home returns the home slot in s of a key of hashes g and x.
-func (s *segment) home(g, x uint64) uint64 {
-	a, b := bits.Mul64(g^s.seed[0], x^s.seed[1])
-	return (a ^ b) & s.mask
+// home returns the home slot in s of a key whose slot hash is y.
+func (s *segment) home(y uint64) uint64 {
+	return bits.RotateLeft64(y, int(s.rot)) & s.mask
 }
 
 // segment returns the segment holding hash g. A shift by 64 (depth 0)
@@ -150,9 +157,16 @@ func (ix *keyIndex) segment(g uint64) *segment {
 // were usually just written, and copying each to the stack made the CPU
 // wait for the stores.
 func (ix *keyIndex) Get(k *chunk.Key) (arena.ID, bool) {
-	g, x := ix.hash(k)
+	// hash, written out: with two results it is past the inliner's
+	// budget, and the call cost a hit 2 ns.
+	lo := binary.LittleEndian.Uint64(k.Hash[0:8])
+	hi := binary.LittleEndian.Uint64(k.Hash[8:16])
+	a, b := bits.Mul64(lo^ix.seed[0], hi^ix.seed[1])
+	x := a ^ b
+	c, d := bits.Mul64(x^ix.seed[2], k.Scope^ix.seed[3])
+	g := c ^ d
 	s := ix.segment(g)
-	i := s.home(g, x)
+	i := s.home(g ^ x)
 	// Keys first (a hit reads no ctrl); after a mismatch, stop where the
 	// slot is empty or its key nearer its home than d (Robin Hood: k would
 	// have taken that slot), or past the longest distance the segment has
@@ -190,9 +204,9 @@ func (ix *keyIndex) Has(k *chunk.Key) bool {
 
 // Set stores id, which is not 0, under k, replacing an earlier id.
 func (ix *keyIndex) Set(k chunk.Key, id arena.ID) {
-	g, x := ix.hash(&k)
+	g, y := ix.hash(&k)
 	s := ix.segment(g)
-	if i, ok := s.find(&k, s.home(g, x)); ok {
+	if i, ok := s.find(&k, s.home(y)); ok {
 		s.slots[i].id = id
 		return
 	}
@@ -214,7 +228,7 @@ func (ix *keyIndex) Set(k chunk.Key, id arena.ID) {
 // reseeds, or grows a segment (which bounds reseeds again), so add ends.
 func (ix *keyIndex) add(e islot) {
 	for {
-		g, x := ix.hash(&e.key)
+		g, y := ix.hash(&e.key)
 		s := ix.segment(g)
 		if (s.n+1)*4 > len(s.slots)*3 {
 			if !ix.grow(s, g) {
@@ -223,7 +237,7 @@ func (ix *keyIndex) add(e islot) {
 			}
 			continue
 		}
-		carried, ok := s.insert(e, s.home(g, x))
+		carried, ok := s.insert(e, s.home(y))
 		if ok {
 			return
 		}
@@ -281,10 +295,13 @@ func (s *segment) insert(e islot, i uint64) (islot, bool) {
 }
 
 // rebuild replaces s, which holds hash g, by a segment of the same size
-// and new seeds, one reseed further. Keys it cannot place go back
+// and a new rotation, one reseed further. Keys it cannot place go back
 // through add (bounded: see add).
 func (ix *keyIndex) rebuild(s *segment, g uint64) {
 	to := newSegment(len(s.slots), s.depth)
+	for to.rot == s.rot {
+		to.rot = uint8(rand.Uint32N(64))
+	}
 	to.reseeds = s.reseeds + 1
 	left := ix.moveAll(s, to, to, 0)
 	ix.replace(s, g, to, to)
@@ -340,12 +357,12 @@ func (ix *keyIndex) moveAll(s, left, right *segment, bit uint64) []islot {
 			continue
 		}
 		e := s.slots[i]
-		g, x := ix.hash(&e.key)
+		g, y := ix.hash(&e.key)
 		to := left
 		if g&bit != 0 {
 			to = right
 		}
-		if e, ok := to.insert(e, to.home(g, x)); !ok {
+		if e, ok := to.insert(e, to.home(y)); !ok {
 			out = append(out, e)
 		}
 	}
@@ -376,9 +393,9 @@ func (ix *keyIndex) replace(old *segment, g uint64, left, right *segment) {
 
 // Delete removes k and reports whether it was held.
 func (ix *keyIndex) Delete(k *chunk.Key) bool {
-	g, x := ix.hash(k)
+	g, y := ix.hash(k)
 	s := ix.segment(g)
-	i, ok := s.find(k, s.home(g, x))
+	i, ok := s.find(k, s.home(y))
 	if !ok {
 		return ix.unspill(k)
 	}

@@ -65,11 +65,11 @@ func checkIndex(t *testing.T, ix *keyIndex, want map[chunk.Key]arena.ID) {
 				continue
 			}
 			n++
-			g, x := ix.hash(&s.slots[i].key)
+			g, y := ix.hash(&s.slots[i].key)
 			if ix.segment(g) != s {
 				t.Fatalf("key %v in the wrong segment", s.slots[i].key)
 			}
-			if dist := (uint64(i) - s.home(g, x)) & s.mask; uint64(c) != dist+1 {
+			if dist := (uint64(i) - s.home(y)) & s.mask; uint64(c) != dist+1 {
 				t.Fatalf("slot %d: ctrl %d, distance %d", i, c, dist)
 			}
 			if prev := s.ctrl[(uint64(i)-1)&s.mask]; c > 1 && prev+1 < c {
@@ -461,7 +461,8 @@ func BenchmarkKeyIndexPrefix16(b *testing.B) {
 // ends on one), in an index of n keys after 4n replacements of a random
 // key held by a new one (count constant; segments split, far grows), and
 // in a Go map through the same churn. far-mean and far-max are the
-// segments' longest distances after the churn.
+// segments' longest distances after the churn, slot-B/key the index's
+// slots (33 bytes each) per key held.
 func BenchmarkKeyIndexMissChurn(b *testing.B) {
 	for _, n := range []int{10000, 1000000} {
 		keys := benchKeys(5 * n)
@@ -486,8 +487,9 @@ func BenchmarkKeyIndexMissChurn(b *testing.B) {
 			held[j] = next
 		}
 		misses := benchKeys(n + 1) // another seed: keys never stored
-		farSum, farMax, segs := 0, 0, 0
+		farSum, farMax, segs, slots := 0, 0, 0, 0
 		for j := 0; j < len(ix.dir); j += 1 << (ix.depth - ix.dir[j].depth) {
+			slots += len(ix.dir[j].slots)
 			farSum += int(ix.dir[j].far)
 			farMax = max(farMax, int(ix.dir[j].far))
 			segs++
@@ -502,6 +504,7 @@ func BenchmarkKeyIndexMissChurn(b *testing.B) {
 			}
 			b.ReportMetric(float64(farSum)/float64(segs), "far-mean")
 			b.ReportMetric(float64(farMax), "far-max")
+			b.ReportMetric(33*float64(slots)/float64(n), "slot-B/key")
 		})
 		b.Run(fmt.Sprintf("map/%d", n), func(b *testing.B) {
 			b.ReportAllocs()
