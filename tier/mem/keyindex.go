@@ -11,18 +11,18 @@ import (
 
 // keyIndex maps a chunk key to its arena object. It replaces a Go map on
 // the LOOKUP path, where a map of 24-byte keys spends most of a probe in
-// the runtime's generic hashing and key comparison; here the hash is three
+// the runtime's generic hashing and key comparison; here the hash is two
 // 64×64→128-bit multiplies and the comparison three words.
 //
 // Layout. A directory of segments, chosen by the top bits of a hash seeded
 // per index (extendible hashing); each segment is a Robin Hood table with
-// linear probing, homed by a window of a second hash that the segment
-// chooses (its rotation, drawn at random when it is made). A segment
-// doubles up to maxSegSlots and then splits in two, and a probe that runs
-// too long draws a new rotation for that segment alone, so no change rebuilds
-// more than one segment (at most maxSegSlots slots) under the tier's write
-// lock, which lookups wait for: a few microseconds, not a rehash of
-// millions of keys.
+// linear probing, homed by a window of the slot hash (see hash) that the
+// segment chooses (its rotation, drawn at random when it is made). A
+// segment doubles up to maxSegSlots and then splits in two, and a probe
+// that runs too long draws a new rotation for that segment alone, so no
+// change rebuilds more than one segment (at most maxSegSlots slots) under
+// the tier's write lock, which lookups wait for: tens of microseconds, not
+// a rehash of millions of keys.
 //
 // Robin Hood keeps each key's distance from its home in a byte (ctrl)
 // and keeps the distances short and even (an insert takes the slot of a
@@ -30,14 +30,15 @@ import (
 // there are no tombstones. A lookup compares keys from the home slot and
 // stops at the first slot whose key sits nearer its home than the probe
 // has come (no key further on can be the one sought), and at the longest
-// distance the segment has had (far, which only grows: 3–9 with random
-// keys under churn, at most maxDist-1). A hit compares keys only and mostly
-// costs one cache line of slots; a miss reads ctrl from the first
-// mismatch, usually one more line.
+// distance the segment has had (far, which only grows: about 6–10 on
+// average with random keys after churn, up to 17 seen, at most
+// maxDist-1). A hit at its home compares keys only and mostly costs one
+// cache line of slots; a miss reads ctrl from the first mismatch, usually
+// one more line, and stops within a slot or two.
 //
 // Hashing. Key kind 1 lets a client choose the chunk hashes it stores, so
-// the slot must not follow from them alone: both hashes mix all 16 bytes
-// of the chunk hash and the scope with random seeds, and a client cannot
+// the slot must not follow from them alone: the directory and slot hashes
+// mix all 16 bytes of the chunk hash and the scope with random seeds, and a client cannot
 // aim collisions at a slot it cannot compute. A probe longer than maxDist
 // (not seen with random hashes at a load of 3/4) makes its segment draw a
 // new rotation, which homes its keys by other bits of the slot hash; after
@@ -46,8 +47,8 @@ import (
 // keys that share the slot hash, which needs the index's seeds — goes to a
 // short list (spill) that misses then scan. Every step is bounded: nothing
 // loops on bad luck. (A rotation rather than a multiply by per-segment
-// seeds: a multiply after the segment is loaded, or a third one beside
-// the directory's, made a hit 1.5–3 ns slower.)
+// seeds: a multiply after the segment is loaded made a hit about 2 ns
+// slower.)
 //
 // Memory: 33 bytes per slot (the 24-byte key, the 8-byte id, the
 // distance byte). A segment grows before its load passes 3/4 and doubles
