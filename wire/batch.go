@@ -35,8 +35,8 @@ func (m *LookupBatch) Decode(body []byte) error {
 	return m.decode(decoder{b: body})
 }
 
-// DecodeView is Decode that leaves token ids in body, as
-// Lookup.DecodeView does: m is valid only as long as body is.
+// DecodeView is Decode that leaves token ids and kind-1 hashes in body,
+// as Lookup.DecodeView does: m is valid only as long as body is.
 func (m *LookupBatch) DecodeView(body []byte) error {
 	return m.decode(decoder{b: body, view: true})
 }

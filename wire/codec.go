@@ -14,7 +14,8 @@ type decoder struct {
 	b   []byte
 	off int
 	err error
-	// view leaves token ids in b (Keys.Encoded) instead of copying them.
+	// view leaves token ids and kind-1 hashes in b (Keys.Encoded) instead
+	// of copying them.
 	view bool
 }
 

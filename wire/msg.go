@@ -312,9 +312,10 @@ func (m *Lookup) Decode(body []byte) error {
 	return m.decode(decoder{b: body})
 }
 
-// DecodeView is Decode that leaves token ids in body: token keys come
-// back in Keys.Encoded, not Tokens, so m is valid only as long as body
-// is. The daemon answers a LOOKUP from the bytes it read, with no copy.
+// DecodeView is Decode that leaves token ids and kind-1 hashes in body:
+// such keys come back in Keys.Encoded, not Tokens or Hashes, so m is valid
+// only as long as body is. The daemon answers a LOOKUP from the bytes it
+// read, with no copy.
 func (m *Lookup) DecodeView(body []byte) error {
 	return m.decode(decoder{b: body, view: true})
 }

@@ -14,46 +14,68 @@ import (
 // the runtime's generic hashing and key comparison; here the hash is two
 // 64×64→128-bit multiplies and the comparison three words.
 //
-// Layout. A directory of segments, chosen by the hash's top bits
-// (extendible hashing); each segment is a Robin Hood table with linear
-// probing, homed by the hash's low bits. A segment doubles up to
-// maxSegSlots and then splits in two, so growth never rehashes more than
-// one segment at a time: the tier's write lock, which lookups wait for, is
-// held for a few microseconds, not for a rehash of millions of keys.
+// Layout. A directory of segments, chosen by the top bits of a hash seeded
+// per index (extendible hashing); each segment is a Robin Hood table with
+// linear probing, homed by a window of the slot hash (see hash) that the
+// segment chooses (its rotation, drawn at random when it is made). A
+// segment doubles up to maxSegSlots and then splits in two, and a probe
+// that runs too long draws a new rotation for that segment alone, so no
+// change rebuilds more than one segment (at most maxSegSlots slots) under
+// the tier's write lock, which lookups wait for: tens of microseconds, not
+// a rehash of millions of keys.
 //
 // Robin Hood keeps each key's distance from its home in a byte (ctrl)
 // and keeps the distances short and even (an insert takes the slot of a
 // key nearer its own home); a delete shifts the following run back, so
-// there are no tombstones. A lookup compares keys only, from the home
-// slot up to the longest distance the segment has had (far, single
-// digits at these loads), and reads no ctrl: a hit mostly costs one
-// cache line of slots, a miss a few more, contiguous.
+// there are no tombstones. A lookup compares keys from the home slot and
+// stops at the first slot whose key sits nearer its home than the probe
+// has come (no key further on can be the one sought), and at the longest
+// distance the segment has had (far, which only grows: about 6–10 on
+// average with random keys after churn, up to 17 seen, at most
+// maxDist-1). A hit at its home compares keys only and mostly costs one
+// cache line of slots; a miss reads ctrl from the first mismatch, usually
+// one more line, and stops within a slot or two.
 //
 // Hashing. Key kind 1 lets a client choose the chunk hashes it stores, so
-// the slot must not follow from them alone: the hash mixes the key with
-// seeds drawn per index, and a client cannot aim collisions at a slot it
-// cannot compute. A probe longer than maxDist (not seen with random
-// hashes at a load of 3/4) draws new seeds and rehashes every key:
-// splitting would not separate keys of one hash.
+// the slot must not follow from them alone: the directory and slot hashes
+// mix all 16 bytes of the chunk hash and the scope with random seeds, and a client cannot
+// aim collisions at a slot it cannot compute. A probe longer than maxDist
+// (not seen with random hashes at a load of 3/4) makes its segment draw a
+// new rotation, which homes its keys by other bits of the slot hash; after
+// maxReseeds of them the segment grows (doubles or splits, either of which
+// lowers its load), and a key that still finds no slot — possible only for
+// keys that share the slot hash, which needs the index's seeds — goes to a
+// short list (spill) that misses then scan. Every step is bounded: nothing
+// loops on bad luck. (A rotation rather than a multiply by per-segment
+// seeds: a multiply after the segment is loaded made a hit about 2 ns
+// slower.)
 //
 // Memory: 33 bytes per slot (the 24-byte key, the 8-byte id, the
-// distance byte) at a load between 3/8 and 3/4, 44–88 bytes per key.
+// distance byte). A segment grows before its load passes 3/4 and doubles
+// or splits to 3/8, but never shrinks or merges (as a Go map does not):
+// after deletes, or under churn that splits segments at a constant count,
+// the bytes per key follow the peak, not the count (44–88 bytes per key
+// while the table only grows). Clear of every scope resets it.
 type keyIndex struct {
 	dir   []*segment // 1 << depth entries; a segment of local depth d fills 1 << (depth-d) of them
 	depth uint       // global depth: the hash's top depth bits choose the directory entry
 	n     int
 	seed  [4]uint64
+	spill []islot // keys no segment could place (see add); empty but for hashes aimed with the seeds
 }
 
 // segment is one Robin Hood table. ctrl[i] is 0 for an empty slot, else
-// 1 + the distance of slots[i] from its home.
+// 1 + the distance of slots[i] from its home. The fields a lookup reads
+// come first, within one cache line.
 type segment struct {
-	depth uint // local depth: how many top hash bits all its keys share
-	mask  uint64
-	n     int
-	far   uint8 // the longest distance of a key from its home since the segment was made
-	ctrl  []uint8
-	slots []islot
+	mask    uint64
+	slots   []islot
+	ctrl    []uint8
+	rot     uint8 // homes are the slot hash rotated left by rot, masked; drawn when the segment is made or rebuilt
+	far     uint8 // the longest distance of a key from its home since the segment was made
+	reseeds uint8 // rebuilds with a new rotation at this size
+	depth   uint  // local depth: how many top hash bits all its keys share
+	n       int
 }
 
 type islot struct {
@@ -61,10 +83,19 @@ type islot struct {
 	id  arena.ID
 }
 
-const (
+// The sizes and bounds, variables so that tests can shrink them and reach
+// splits, reseeds and the spill list with a few keys.
+//
+// maxReseeds stays well below 64: a segment's rotations are 64.
+var (
 	minSegSlots = 8
 	maxSegSlots = 1024 // a split rehashes at most 768 keys
-	maxDist     = 64   // the largest ctrl value; an insert that needs more rehashes
+	// maxDist is the largest distance plus one (ctrl value) a segment
+	// accepts; an insert that needs more rebuilds the segment. At most 255.
+	maxDist uint8 = 64
+	// maxReseeds is how many times a segment of one size draws new seeds
+	// before it grows instead.
+	maxReseeds uint8 = 3
 )
 
 func newKeyIndex() *keyIndex {
@@ -75,17 +106,22 @@ func newKeyIndex() *keyIndex {
 
 // reset empties the index and draws fresh seeds.
 func (ix *keyIndex) reset() {
+	// Any seeds do: for some keys a factor in hash is zero (the first hash
+	// word equal to seed[0], the scope equal to seed[3]) and the product
+	// drops the other words (the second hash word, or x), but finding such
+	// keys needs the seeds; the slot hash adds x back, so a scope equal to
+	// seed[3] does not give all of that scope's keys one home.
 	for i := range ix.seed {
 		ix.seed[i] = rand.Uint64()
 	}
-	ix.seed[3] |= 1
 	ix.dir = []*segment{newSegment(minSegSlots, 0)}
 	ix.depth = 0
 	ix.n = 0
+	ix.spill = nil
 }
 
 func newSegment(slots int, depth uint) *segment {
-	return &segment{depth: depth, mask: uint64(slots - 1),
+	return &segment{depth: depth, mask: uint64(slots - 1), rot: uint8(rand.Uint32N(64)),
 		ctrl: make([]uint8, slots), slots: make([]islot, slots)}
 }
 
@@ -93,35 +129,70 @@ func newSegment(slots int, depth uint) *segment {
 func (ix *keyIndex) Len() int { return ix.n }
 
 // hash mixes the key with the index's seeds: a multiply-fold of the two
-// halves of the chunk hash, then of that with the scope.
-func (ix *keyIndex) hash(k *chunk.Key) uint64 {
+// halves of the chunk hash (x), then of that with the scope (g). g's top
+// bits choose the directory entry; a window of y = g^x homes the key in
+// its segment (home): g's top bits are the same for all of a segment's
+// keys, x's are not, and y stays x where a zero factor makes g 0. Get has
+// its own copy.
+func (ix *keyIndex) hash(k *chunk.Key) (g, y uint64) {
 	lo := binary.LittleEndian.Uint64(k.Hash[0:8])
 	hi := binary.LittleEndian.Uint64(k.Hash[8:16])
 	a, b := bits.Mul64(lo^ix.seed[0], hi^ix.seed[1])
-	c, d := bits.Mul64(a^b^ix.seed[2], k.Scope^ix.seed[3])
-	return c ^ d
+	x := a ^ b
+	c, d := bits.Mul64(x^ix.seed[2], k.Scope^ix.seed[3])
+	return c ^ d, c ^ d ^ x
 }
 
-// segment returns the segment holding hash h. A shift by 64 (depth 0)
+// home returns the home slot in s of a key whose slot hash is y.
+func (s *segment) home(y uint64) uint64 {
+	return bits.RotateLeft64(y, int(s.rot)) & s.mask
+}
+
+// segment returns the segment holding hash g. A shift by 64 (depth 0)
 // gives 0 in Go.
-func (ix *keyIndex) segment(h uint64) *segment {
-	return ix.dir[h>>(64-ix.depth)]
+func (ix *keyIndex) segment(g uint64) *segment {
+	return ix.dir[g>>(64-ix.depth)]
 }
 
 // Get returns key's id. The key is passed by pointer: a lookup's keys
 // were usually just written, and copying each to the stack made the CPU
 // wait for the stores.
 func (ix *keyIndex) Get(k *chunk.Key) (arena.ID, bool) {
-	h := ix.hash(k)
-	s := ix.segment(h)
-	i := h & s.mask
-	// The keys alone, up to the longest distance the segment has had (see
-	// keyIndex). An empty slot's id is 0, which no object has.
-	for range s.far + 1 {
+	// hash, written out: with two results it is past the inliner's
+	// budget, and the call cost a hit 2 ns.
+	lo := binary.LittleEndian.Uint64(k.Hash[0:8])
+	hi := binary.LittleEndian.Uint64(k.Hash[8:16])
+	a, b := bits.Mul64(lo^ix.seed[0], hi^ix.seed[1])
+	x := a ^ b
+	c, d := bits.Mul64(x^ix.seed[2], k.Scope^ix.seed[3])
+	g := c ^ d
+	s := ix.segment(g)
+	i := s.home(g ^ x)
+	// Keys first (a hit reads no ctrl); after a mismatch, stop where the
+	// slot is empty or its key nearer its home than d (Robin Hood: k would
+	// have taken that slot), or past the longest distance the segment has
+	// had. An empty slot's id is 0, which no object has.
+	for d := uint8(1); ; d++ {
 		if sl := &s.slots[i]; sl.key == *k && sl.id != 0 {
 			return sl.id, true
 		}
+		if s.ctrl[i] < d || d > s.far {
+			break
+		}
 		i = (i + 1) & s.mask
+	}
+	if len(ix.spill) != 0 {
+		return ix.spilled(k)
+	}
+	return 0, false
+}
+
+// spilled looks k up in the spill list.
+func (ix *keyIndex) spilled(k *chunk.Key) (arena.ID, bool) {
+	for _, e := range ix.spill {
+		if e.key == *k {
+			return e.id, true
+		}
 	}
 	return 0, false
 }
@@ -134,53 +205,57 @@ func (ix *keyIndex) Has(k *chunk.Key) bool {
 
 // Set stores id, which is not 0, under k, replacing an earlier id.
 func (ix *keyIndex) Set(k chunk.Key, id arena.ID) {
-	h := ix.hash(&k)
-	if i, ok := ix.segment(h).find(&k, h); ok {
-		ix.segment(h).slots[i].id = id
+	g, y := ix.hash(&k)
+	s := ix.segment(g)
+	if i, ok := s.find(&k, s.home(y)); ok {
+		s.slots[i].id = id
 		return
 	}
-	ix.n++
-	ix.add(islot{k, id}, h)
-}
-
-// add places e, absent from the index, whose hash is h.
-func (ix *keyIndex) add(e islot, h uint64) {
-	s := ix.segment(h)
-	for (s.n+1)*4 > len(s.slots)*3 {
-		if !ix.grow(s, h) {
-			ix.rehash(e)
+	for j := range ix.spill {
+		if ix.spill[j].key == k {
+			ix.spill[j].id = id
 			return
 		}
-		s = ix.segment(h)
 	}
-	if e, ok := s.insert(e, h&s.mask); !ok {
-		// A probe ran past maxDist: the segment holds every key but e (which
-		// may be another key than the one added, displaced on the way).
-		ix.rehash(e)
+	ix.n++
+	ix.add(islot{k, id})
+}
+
+// add places e, absent from the index. It grows e's segment while an
+// insert would pass a load of 3/4; when a probe runs past maxDist it
+// rebuilds the segment with new seeds, at most maxReseeds times at one
+// size, then grows it, and as a last resort puts the key in ix.spill.
+// Each round either places a key, or spends one of a segment's bounded
+// reseeds, or grows a segment (which bounds reseeds again), so add ends.
+func (ix *keyIndex) add(e islot) {
+	for {
+		g, y := ix.hash(&e.key)
+		s := ix.segment(g)
+		if (s.n+1)*4 > len(s.slots)*3 {
+			if !ix.grow(s, g) {
+				ix.spill = append(ix.spill, e)
+				return
+			}
+			continue
+		}
+		carried, ok := s.insert(e, s.home(y))
+		if ok {
+			return
+		}
+		// A probe ran past maxDist: s holds every key but carried (which
+		// may be another key than e, displaced on the way).
+		e = carried
+		if s.reseeds < maxReseeds {
+			ix.rebuild(s, g)
+		} else if !ix.grow(s, g) {
+			ix.spill = append(ix.spill, e)
+			return
+		}
 	}
 }
 
-// rehash draws fresh seeds and places every key again, and extra. A
-// probe of maxDist does not happen with random hashes at a load of 3/4;
-// should one happen, new seeds make other probes, where growing would
-// split the same run again.
-func (ix *keyIndex) rehash(extra islot) {
-	all := make([]islot, 0, ix.n)
-	ix.Range(func(k chunk.Key, id arena.ID) bool {
-		all = append(all, islot{k, id})
-		return true
-	})
-	all = append(all, extra)
-	ix.reset()
-	for _, e := range all {
-		ix.add(e, ix.hash(&e.key))
-	}
-	ix.n = len(all) // after the loop: a rehash within it counted only part
-}
-
-// find returns the slot of k, whose hash is h.
-func (s *segment) find(k *chunk.Key, h uint64) (uint64, bool) {
-	i := h & s.mask
+// find returns the slot of k in s, whose home there is i.
+func (s *segment) find(k *chunk.Key, i uint64) (uint64, bool) {
 	for d := uint8(1); ; d++ {
 		c := s.ctrl[i]
 		if c < d {
@@ -212,7 +287,7 @@ func (s *segment) insert(e islot, i uint64) (islot, bool) {
 			s.ctrl[i], d = d, c
 			s.slots[i], e = e, s.slots[i]
 		}
-		if d == maxDist {
+		if d >= maxDist {
 			return e, false
 		}
 		d++
@@ -220,22 +295,47 @@ func (s *segment) insert(e islot, i uint64) (islot, bool) {
 	}
 }
 
-// grow doubles s, or splits it in two once it has maxSegSlots; h is
-// the hash of a key in s. It reports false, changing nothing, when a
-// key could not be placed within maxDist of its home.
-func (ix *keyIndex) grow(s *segment, h uint64) bool {
+// rebuild replaces s, which holds hash g, by a segment of the same size
+// and a new rotation, one reseed further. Keys it cannot place go back
+// through add (bounded: see add).
+func (ix *keyIndex) rebuild(s *segment, g uint64) {
+	to := newSegment(len(s.slots), s.depth)
+	for to.rot == s.rot {
+		to.rot = uint8(rand.Uint32N(64))
+	}
+	to.reseeds = s.reseeds + 1
+	left := ix.moveAll(s, to, to, 0)
+	ix.replace(s, g, to, to)
+	ix.readd(left)
+}
+
+// grow doubles s, or splits it in two once it has maxSegSlots; g is the
+// hash of a key in s. Either lowers the load of the segments the keys are
+// in. It reports false, changing nothing, when a split would leave every
+// key on one side (keys that share the directory hash's bits down to
+// there, which needs the index's seeds to find).
+func (ix *keyIndex) grow(s *segment, g uint64) bool {
 	if len(s.slots) < maxSegSlots {
 		bigger := newSegment(2*len(s.slots), s.depth)
-		if !ix.moveAll(s, bigger, bigger, 0) {
-			return false
-		}
-		ix.replace(s, h, bigger, bigger)
+		left := ix.moveAll(s, bigger, bigger, 0)
+		ix.replace(s, g, bigger, bigger)
+		ix.readd(left)
 		return true
 	}
-	left, right := newSegment(len(s.slots), s.depth+1), newSegment(len(s.slots), s.depth+1)
-	if !ix.moveAll(s, left, right, uint64(1)<<(63-s.depth)) {
+	bit := uint64(1) << (63 - s.depth)
+	right := 0
+	for i, c := range s.ctrl {
+		if c != 0 {
+			if h, _ := ix.hash(&s.slots[i].key); h&bit != 0 {
+				right++
+			}
+		}
+	}
+	if s.depth == 63 || right == 0 || right == s.n {
 		return false
 	}
+	l, r := newSegment(len(s.slots), s.depth+1), newSegment(len(s.slots), s.depth+1)
+	left := ix.moveAll(s, l, r, bit)
 	if s.depth == ix.depth {
 		dir := make([]*segment, 2*len(ix.dir))
 		for i, p := range ix.dir {
@@ -243,35 +343,46 @@ func (ix *keyIndex) grow(s *segment, h uint64) bool {
 		}
 		ix.dir, ix.depth = dir, ix.depth+1
 	}
-	ix.replace(s, h, left, right)
+	ix.replace(s, g, l, r)
+	ix.readd(left)
 	return true
 }
 
 // moveAll copies every key of s into left, or into right when its hash
-// has bit set, and reports false if one could not be placed.
-func (ix *keyIndex) moveAll(s, left, right *segment, bit uint64) bool {
+// has bit set, and returns the keys it could not place (nil but when a
+// probe passed maxDist).
+func (ix *keyIndex) moveAll(s, left, right *segment, bit uint64) []islot {
+	var out []islot
 	for i, c := range s.ctrl {
 		if c == 0 {
 			continue
 		}
 		e := s.slots[i]
-		h := ix.hash(&e.key)
+		g, y := ix.hash(&e.key)
 		to := left
-		if h&bit != 0 {
+		if g&bit != 0 {
 			to = right
 		}
-		if _, ok := to.insert(e, h&to.mask); !ok {
-			return false
+		if e, ok := to.insert(e, to.home(y)); !ok {
+			out = append(out, e)
 		}
 	}
-	return true
+	return out
 }
 
-// replace points the directory entries of old, which holds hash h, at
+// readd places keys that a rebuild or a growth could not place, once
+// the directory points at the new segments.
+func (ix *keyIndex) readd(left []islot) {
+	for _, e := range left {
+		ix.add(e)
+	}
+}
+
+// replace points the directory entries of old, which holds hash g, at
 // left (the first half of them) and right (the second).
-func (ix *keyIndex) replace(old *segment, h uint64, left, right *segment) {
+func (ix *keyIndex) replace(old *segment, g uint64, left, right *segment) {
 	span := uint64(1) << (ix.depth - old.depth) // entries old fills: an aligned block
-	first := (h >> (64 - ix.depth)) &^ (span - 1)
+	first := (g >> (64 - ix.depth)) &^ (span - 1)
 	for j := range span {
 		if j < span/2 || span == 1 {
 			ix.dir[first+j] = left
@@ -283,11 +394,11 @@ func (ix *keyIndex) replace(old *segment, h uint64, left, right *segment) {
 
 // Delete removes k and reports whether it was held.
 func (ix *keyIndex) Delete(k *chunk.Key) bool {
-	h := ix.hash(k)
-	s := ix.segment(h)
-	i, ok := s.find(k, h)
+	g, y := ix.hash(k)
+	s := ix.segment(g)
+	i, ok := s.find(k, s.home(y))
 	if !ok {
-		return false
+		return ix.unspill(k)
 	}
 	// Shift the run after i back by one, each key a slot nearer its home,
 	// until an empty slot or a key already at its home.
@@ -305,6 +416,20 @@ func (ix *keyIndex) Delete(k *chunk.Key) bool {
 	return true
 }
 
+// unspill removes k from the spill list and reports whether it was there.
+func (ix *keyIndex) unspill(k *chunk.Key) bool {
+	for j := range ix.spill {
+		if ix.spill[j].key == *k {
+			last := len(ix.spill) - 1
+			ix.spill[j] = ix.spill[last]
+			ix.spill = ix.spill[:last]
+			ix.n--
+			return true
+		}
+	}
+	return false
+}
+
 // Range calls fn for every key and its id until fn returns false. fn must
 // not change the index.
 func (ix *keyIndex) Range(fn func(chunk.Key, arena.ID) bool) {
@@ -316,5 +441,10 @@ func (ix *keyIndex) Range(fn func(chunk.Key, arena.ID) bool) {
 			}
 		}
 		j += 1 << (ix.depth - s.depth)
+	}
+	for _, e := range ix.spill {
+		if !fn(e.key, e.id) {
+			return
+		}
 	}
 }

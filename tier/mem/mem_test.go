@@ -129,6 +129,51 @@ func TestClearByScope(t *testing.T) {
 	}
 }
 
+// TestClearAllResetsTheIndex: Clear(0) drops every object (a reader's
+// reference keeps its bytes until it lets go), tells the observer of each,
+// and leaves the index at its smallest, not at its peak size; the tier
+// works as new afterwards.
+func TestClearAllResetsTheIndex(t *testing.T) {
+	m := newTier(t, 1<<20, "LRU")
+	ctx := context.Background()
+	obs := &countObserver{}
+	m.SetObserver(obs)
+	for i := range 200 {
+		if err := m.Put(ctx, chunk.Key{Scope: uint64(1 + i%3), Hash: chunk.Hash{byte(i), byte(i >> 8)}}, []byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var held [1]arena.ID
+	if m.Acquire([]chunk.Key{{Scope: 1, Hash: chunk.Hash{0}}}, held[:]) != 1 {
+		t.Fatal("Acquire missed")
+	}
+	if n := m.Clear(0); n != 200 {
+		t.Fatalf("Clear(0) = %d", n)
+	}
+	if obs.dropped != 200 {
+		t.Fatalf("observer told of %d drops, want 200", obs.dropped)
+	}
+	if len(m.index.dir) != 1 || len(m.index.dir[0].slots) != minSegSlots || m.index.Len() != 0 {
+		t.Fatalf("index after Clear(0): %d segments, %d slots in the first, %d keys",
+			len(m.index.dir), len(m.index.dir[0].slots), m.index.Len())
+	}
+	if m.Arena().Used() == 0 || m.Arena().Bytes(held[0])[0] != 0 {
+		t.Fatal("a held object was freed by Clear(0)")
+	}
+	m.Arena().Unref(held[0])
+	if m.Arena().Used() != 0 {
+		t.Fatalf("%d bytes used after Clear(0) and the last reference", m.Arena().Used())
+	}
+	if err := m.Put(ctx, k(1, 1), []byte{1}); err != nil || !m.Contains(k(1, 1)) || m.Clear(0) != 1 {
+		t.Fatal("the tier does not work after Clear(0)")
+	}
+}
+
+type countObserver struct{ admitted, dropped int }
+
+func (o *countObserver) Admitted(string, chunk.Key) { o.admitted++ }
+func (o *countObserver) Dropped(string, chunk.Key)  { o.dropped++ }
+
 func TestGetShortBufferAndMiss(t *testing.T) {
 	m := newTier(t, 1<<20, "LRU")
 	ctx := context.Background()
