@@ -106,11 +106,12 @@ func newKeyIndex() *keyIndex {
 
 // reset empties the index and draws fresh seeds.
 func (ix *keyIndex) reset() {
-	// Any seeds do: for some keys a factor in hash is zero (the first hash
-	// word equal to seed[0], the scope equal to seed[3]) and the product
-	// drops the other words (the second hash word, or x), but finding such
-	// keys needs the seeds; the slot hash adds x back, so a scope equal to
-	// seed[3] does not give all of that scope's keys one home.
+	// Any seeds do: for some keys a factor in hash is 0 or 1 (the first
+	// hash word equal to seed[0], the scope equal to seed[3] or to
+	// seed[3]^1) and the product drops or passes through the other words,
+	// but finding such keys needs the seeds; the slot hash adds x back
+	// multiplied by an odd constant, so such a scope's keys still get
+	// homes that differ with x.
 	for i := range ix.seed {
 		ix.seed[i] = rand.Uint64()
 	}
@@ -130,18 +131,24 @@ func (ix *keyIndex) Len() int { return ix.n }
 
 // hash mixes the key with the index's seeds: a multiply-fold of the two
 // halves of the chunk hash (x), then of that with the scope (g). g's top
-// bits choose the directory entry; a window of y = g^x homes the key in
-// its segment (home): g's top bits are the same for all of a segment's
-// keys, x's are not, and y stays x where a zero factor makes g 0. Get has
-// its own copy.
+// bits choose the directory entry; a window of y = g^(x·slotMix) homes
+// the key in its segment (home): g's top bits are the same for all of a
+// segment's keys, x's are not, and y still varies with x where a factor of
+// 0 or 1 makes g 0 or x^seed[2] (a plain g^x would then be the same for
+// every key of the scope). Get has its own copy.
 func (ix *keyIndex) hash(k *chunk.Key) (g, y uint64) {
 	lo := binary.LittleEndian.Uint64(k.Hash[0:8])
 	hi := binary.LittleEndian.Uint64(k.Hash[8:16])
 	a, b := bits.Mul64(lo^ix.seed[0], hi^ix.seed[1])
 	x := a ^ b
 	c, d := bits.Mul64(x^ix.seed[2], k.Scope^ix.seed[3])
-	return c ^ d, c ^ d ^ x
+	return c ^ d, c ^ d ^ x*slotMix
 }
+
+// slotMix is an odd constant (2^64 over the golden ratio) that x is
+// multiplied by in the slot hash, so that no linear relation between g
+// and x cancels it.
+const slotMix = 0x9e3779b97f4a7c15
 
 // home returns the home slot in s of a key whose slot hash is y.
 func (s *segment) home(y uint64) uint64 {
@@ -167,7 +174,7 @@ func (ix *keyIndex) Get(k *chunk.Key) (arena.ID, bool) {
 	c, d := bits.Mul64(x^ix.seed[2], k.Scope^ix.seed[3])
 	g := c ^ d
 	s := ix.segment(g)
-	i := s.home(g ^ x)
+	i := s.home(g ^ x*slotMix)
 	// Keys first (a hit reads no ctrl); after a mismatch, stop where the
 	// slot is empty or its key nearer its home than d (Robin Hood: k would
 	// have taken that slot), or past the longest distance the segment has

@@ -517,3 +517,25 @@ func BenchmarkKeyIndexMissChurn(b *testing.B) {
 		})
 	}
 }
+
+// TestKeyIndexScopeFactorOneSpreads: a scope that makes the second
+// product's factor 1 (scope = seed[3]^1) turns g into x^seed[2]; a slot
+// hash of g^x would then be seed[2] for every key of that scope, one home
+// in every segment under every rotation. The slot hash multiplies x in, so
+// those keys still spread.
+func TestKeyIndexScopeFactorOneSpreads(t *testing.T) {
+	ix := newKeyIndex()
+	ix.seed = [4]uint64{11, 22, 33, 44}
+	homes := map[uint64]bool{}
+	for i := range 1000 {
+		var k chunk.Key
+		k.Scope = ix.seed[3] ^ 1
+		binary.LittleEndian.PutUint64(k.Hash[0:8], uint64(i)*0x9e3779b97f4a7c15+7)
+		binary.LittleEndian.PutUint64(k.Hash[8:16], uint64(i)+1)
+		_, y := ix.hash(&k)
+		homes[y] = true
+	}
+	if len(homes) < 990 {
+		t.Fatalf("1,000 keys of a factor-1 scope have %d distinct slot hashes, want nearly 1,000", len(homes))
+	}
+}
