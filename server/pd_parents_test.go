@@ -2,10 +2,8 @@ package server_test
 
 import (
 	"context"
-	"net"
 	"strconv"
 	"testing"
-	"time"
 
 	"kvtier/chunk"
 	"kvtier/client"
@@ -18,30 +16,9 @@ import (
 // (TREELRU: the least recently used leaf first) and a RAM tier of ramBytes.
 func startTreeService(t *testing.T, ramBytes int64) *daemon {
 	t.Helper()
-	eng, err := engine.Open(engine.Options{ChunkSize: pChunkTokens, RAMBytes: ramBytes, Policy: "TREELRU", SaveUnfull: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc := server.NewService(eng, server.ServiceOptions{Token: testToken})
-	ln, err := svc.ListenTCP("127.0.0.1:0", nil)
-	if err != nil {
-		eng.Close()
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func(ln net.Listener) { served <- svc.Serve(ln) }(ln)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := svc.Shutdown(ctx); err != nil {
-			t.Error(err)
-		}
-		<-served
-		if err := eng.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	return &daemon{eng: eng, svc: svc, tcp: ln.Addr().String()}
+	eopts := lruEngine(ramBytes)
+	eopts.Policy = "TREELRU"
+	return startServing(t, eopts, server.ServiceOptions{}, "")
 }
 
 // present says which of keys the daemon's RAM holds, one key at a time

@@ -35,7 +35,14 @@ type daemon struct {
 
 func startService(t testing.TB, ramBytes int64, opts server.ServiceOptions) *daemon {
 	t.Helper()
-	d, stop, err := newDaemon(ramBytes, opts, filepath.Join(t.TempDir(), "kvtier.sock"))
+	return startServing(t, lruEngine(ramBytes), opts, filepath.Join(t.TempDir(), "kvtier.sock"))
+}
+
+// startServing is startService with the engine's options given, serving
+// on sock too unless it is "".
+func startServing(t testing.TB, eopts engine.Options, opts server.ServiceOptions, sock string) *daemon {
+	t.Helper()
+	d, stop, err := newDaemonWith(eopts, opts, sock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +57,18 @@ func startService(t testing.TB, ramBytes int64, opts server.ServiceOptions) *dae
 // newDaemon starts an engine and serves it on sock and a loopback TCP
 // port; stop shuts it all down.
 func newDaemon(ramBytes int64, opts server.ServiceOptions, sock string) (*daemon, func() error, error) {
-	eng, err := engine.Open(engine.Options{ChunkSize: pChunkTokens, RAMBytes: ramBytes, Policy: "LRU", SaveUnfull: true})
+	return newDaemonWith(lruEngine(ramBytes), opts, sock)
+}
+
+// lruEngine is the tests' usual engine: chunks of pChunkTokens, a RAM
+// tier of ramBytes evicted by LRU.
+func lruEngine(ramBytes int64) engine.Options {
+	return engine.Options{ChunkSize: pChunkTokens, RAMBytes: ramBytes, Policy: "LRU", SaveUnfull: true}
+}
+
+// newDaemonWith is newDaemon with the engine's options given.
+func newDaemonWith(eopts engine.Options, opts server.ServiceOptions, sock string) (*daemon, func() error, error) {
+	eng, err := engine.Open(eopts)
 	if err != nil {
 		return nil, nil, err
 	}
