@@ -322,15 +322,8 @@ def test_close_on_another_thread_during_a_save(own_daemon, cuda):
         state["n"] = state.get("n", 0) + 1
         if state["n"] != 10:  # layer 1's second copy (8 per layer: 4 chunks x K, V)
             return
-        c = conn.link.client
-        cuda.client = c
-        state["client"], state["gate"] = c, len(cuda.calls)
-        closer = threading.Thread(target=conn.link.fail, args=(ConnectionLost("test: another call broke"),))
-        state["closer"] = closer
-        closer.start()
-        closer.join(timeout=0.5)
         # This thread holds the client's copy lock: the close must not have started its hooks.
-        state["closer_waited"] = closer.is_alive()
+        _closer(conn, cuda, state)
         state["early"] = [x[0] for x in cuda.calls[state["gate"]:] if x[0] in ("synchronize", "unregister", "remap")]
     cuda.on_save_record = on_save_record
 
